@@ -1,0 +1,79 @@
+"""Local adapter: a terminal conversation (``gateway chat``) through the same bus, platform ``local``."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections.abc import Callable
+
+from aiohttp import web
+
+from gateway.ports import InboundSink
+from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
+
+
+class LocalAdapter:
+    """Reads lines from ``read_line`` (stdin by default) and prints replies with ``write``.
+
+    ``on_eof`` is called when input ends (Ctrl-D), so the CLI can shut down.
+    """
+
+    platform = "local"
+
+    def __init__(self, *, user: str = "local-user", read_line: Callable[[], str] | None = None,
+                 write: Callable[[str], None] | None = None, on_eof: Callable[[], None] | None = None) -> None:
+        self.address = ChatAddress("local", "local", user)
+        self._user = user
+        self._read_line = read_line or sys.stdin.readline
+        self._write = write or (lambda text: print(text, flush=True))
+        self._on_eof = on_eof
+        self._task: asyncio.Task[None] | None = None
+        self.waiting = asyncio.Event()
+
+    def routes(self) -> list[web.RouteDef]:
+        return []
+
+    async def start(self, sink: InboundSink) -> None:
+        self._task = asyncio.create_task(self._read(sink), name="local-input")
+
+    async def _read(self, sink: InboundSink) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._write_prompt()
+            line = await loop.run_in_executor(None, self._read_line)
+            if not line:
+                if self._on_eof:
+                    self._on_eof()
+                return
+            text = line.strip()
+            if not text:
+                continue
+            command = text[1:].split()[0].lower() if text.startswith("/") else None
+            if command:
+                text = text.partition(" ")[2].strip()
+            await sink(InboundMessage(
+                address=self.address, message_id=uuid.uuid4().hex, chat_type="dm",
+                sender=Sender(self._user, "You"), text=text, command=command,
+            ))
+            self.waiting.clear()
+            await self.waiting.wait()
+
+    def _write_prompt(self) -> None:
+        sys.stdout.write("you> ")
+        sys.stdout.flush()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def send(self, message: OutboundMessage) -> DeliveryResult:
+        self._write(f"agent> {message.text}")
+        self.waiting.set()
+        return DeliveryResult(True, (uuid.uuid4().hex,))
+
+    async def send_typing(self, address: ChatAddress) -> None:
+        return None
+
+    async def check(self) -> str:
+        return "terminal"

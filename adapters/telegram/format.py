@@ -1,0 +1,126 @@
+"""Pure outbound formatting for Telegram: model Markdown -> plain text + entities, in chunks.
+
+Sending plain text with ``entities`` (no ``parse_mode``) means Telegram never has markup to
+misparse; the Markdown is converted by ``telegramify_markdown`` (CommonMark via markdown-it).
+Chunks respect Telegram Bot API: sendMessage, 1-4096 characters counted in UTF-16 code units;
+entity offsets and lengths are UTF-16 code units too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from telegramify_markdown import convert
+
+MAX_MESSAGE_UTF16 = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Entity:
+    """A Telegram MessageEntity: ``type`` with offset/length in UTF-16 units."""
+
+    type: str
+    offset: int
+    length: int
+    url: str | None = None
+    language: str | None = None
+
+    def to_api(self) -> dict[str, object]:
+        data: dict[str, object] = {"type": self.type, "offset": self.offset, "length": self.length}
+        if self.url:
+            data["url"] = self.url
+        if self.language:
+            data["language"] = self.language
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One sendMessage worth of text and its entities."""
+
+    text: str
+    entities: tuple[Entity, ...]
+
+
+def utf16_len(text: str) -> int:
+    """Length of ``text`` in UTF-16 code units (astral characters count 2)."""
+    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
+
+
+def render_markdown(markdown: str) -> tuple[str, list[Entity]]:
+    """Converts model Markdown to ``(plain_text, entities)``; plain text if conversion fails."""
+    try:
+        text, raw_entities = convert(markdown, latex_escape=False)
+    except Exception:
+        return markdown, []
+    entities = [
+        Entity(e.type, e.offset, e.length, getattr(e, "url", None), getattr(e, "language", None))
+        for e in raw_entities
+        if e.length > 0
+    ]
+    return text.rstrip("\n"), entities
+
+
+def _split_points(text: str, start: int, limit_index: int) -> int:
+    """Best cut in ``text[start:limit_index]``: after a blank line, a newline, then a space;
+    else a hard cut that does not split a surrogate pair (Python str indexes code points)."""
+    window = text[start:limit_index]
+    fallback = 0
+    for sep in ("\n\n", "\n", " "):
+        cut = window.rfind(sep)
+        if cut >= len(window) // 2:  # a separator that keeps the chunk at least half full
+            return start + cut + len(sep)
+        fallback = max(fallback, cut + len(sep) if cut > 0 else 0)
+    return start + fallback if fallback else limit_index
+
+
+def chunk_text(text: str, entities: list[Entity], limit: int = MAX_MESSAGE_UTF16) -> list[Chunk]:
+    """Splits ``(text, entities)`` into chunks of at most ``limit`` UTF-16 units.
+
+    Cuts fall after paragraph breaks, line breaks or spaces where possible. The chunks' texts
+    concatenated equal ``text`` exactly; an entity crossing a cut is clipped into both chunks
+    (a code block is closed at the cut and reopened in the next chunk with its language).
+    """
+    # UTF-16 offset of every code point index, for entity mapping.
+    offsets = [0] * (len(text) + 1)
+    total = 0
+    for i, ch in enumerate(text):
+        offsets[i] = total
+        total += 2 if ord(ch) > 0xFFFF else 1
+    offsets[len(text)] = total
+    if total <= limit:
+        return [Chunk(text, tuple(entities))]
+
+    chunks: list[Chunk] = []
+    start = 0
+    while start < len(text):
+        # Largest end index whose UTF-16 span from start fits the limit.
+        budget = offsets[start] + limit
+        end = start
+        lo, hi = start, len(text)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if offsets[mid] <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        end = lo
+        if end < len(text):
+            end = _split_points(text, start, end)
+        u_start, u_end = offsets[start], offsets[end]
+        clipped = []
+        for entity in entities:
+            e_start, e_end = entity.offset, entity.offset + entity.length
+            lo_u, hi_u = max(e_start, u_start), min(e_end, u_end)
+            if hi_u > lo_u:
+                clipped.append(Entity(entity.type, lo_u - u_start, hi_u - lo_u, entity.url, entity.language))
+        chunks.append(Chunk(text[start:end], tuple(clipped)))
+        start = end
+    return chunks
+
+
+def format_reply(markdown: str, limit: int = MAX_MESSAGE_UTF16) -> list[Chunk]:
+    """Model Markdown -> the chunks to send, in order. Whitespace-only chunks are dropped
+    (Telegram rejects empty text)."""
+    text, entities = render_markdown(markdown)
+    return [chunk for chunk in chunk_text(text, entities, limit) if chunk.text.strip()]

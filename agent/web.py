@@ -1,0 +1,134 @@
+"""``web_fetch``: an async tool on the AsyncBridge that returns a page's readable text.
+
+Its aiohttp ``ClientSession`` is created on the bridge loop at first use and kept for the life
+of the process (connection reuse across turns); it is closed when the bridge stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from html.parser import HTMLParser
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from agent.bridge import AsyncBridge
+from agent.tools import Tool
+
+_SKIP = {"script", "style", "noscript", "template", "svg", "head"}
+_BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section", "article", "pre", "ul", "ol"}
+
+
+class _TextExtractor(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.title = ""
+        self._skip = 0
+        self._in_title = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "title":
+            self._in_title = True
+        if tag in _SKIP:
+            self._skip += 1
+        elif tag in _BLOCK:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "title":
+            self._in_title = False
+        if tag in _SKIP and self._skip:
+            self._skip -= 1
+        elif tag in _BLOCK:
+            self.parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self.title += data
+        if not self._skip:
+            self.parts.append(data)
+
+
+def readable_text(html: str) -> tuple[str, str]:
+    """Returns ``(title, text)`` of an HTML page: scripts/styles dropped, whitespace collapsed."""
+    parser = _TextExtractor()
+    parser.feed(html)
+    parser.close()
+    lines = (" ".join(line.split()) for line in "".join(parser.parts).splitlines())
+    return " ".join(parser.title.split()), "\n".join(line for line in lines if line)
+
+
+class WebFetcher:
+    """Holds the bridge-bound HTTP session. ``tool()`` returns the ``web_fetch`` Tool."""
+
+    def __init__(self, bridge: AsyncBridge, *, allow_private: bool = False, max_bytes: int = 2_000_000,
+                 max_chars: int = 12000, timeout_s: float = 20.0) -> None:
+        self._bridge = bridge
+        self._allow_private = allow_private
+        self._max_bytes = max_bytes
+        self._max_chars = max_chars
+        self._timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self._timeout_s),
+                headers={"User-Agent": "agent-gateway/0.1 (+web_fetch)"},
+            )
+            self._bridge.on_stop(self._session.close)
+        return self._session
+
+    async def _check_host(self, host: str) -> None:
+        if self._allow_private:
+            return
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        for info in infos:
+            address = ipaddress.ip_address(info[4][0])
+            if address.is_private or address.is_loopback or address.is_link_local or address.is_reserved:
+                raise PermissionError(f"{host} resolves to a private address; fetching it is not allowed")
+
+    async def fetch(self, url: str) -> str:
+        """Fetches ``url`` (http/https) and returns its title and readable text, capped."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return "Error: only absolute http:// or https:// URLs can be fetched."
+        await self._check_host(parts.hostname)
+        client = await self._client()
+        async with client.get(url, allow_redirects=True, max_redirects=5) as response:
+            body = await response.content.read(self._max_bytes + 1)
+            truncated = len(body) > self._max_bytes
+            charset = response.charset or "utf-8"
+            raw = body[: self._max_bytes].decode(charset, errors="replace")
+            content_type = response.content_type or ""
+            status = response.status
+        if "html" in content_type:
+            title, text = readable_text(raw)
+        else:
+            title, text = "", raw
+        if len(text) > self._max_chars:
+            text, truncated = text[: self._max_chars], True
+        header = f"URL: {url}\nStatus: {status}\n" + (f"Title: {title}\n" if title else "")
+        return header + "\n" + text + ("\n[truncated]" if truncated else "")
+
+    def tool(self) -> Tool:
+        return Tool(
+            name="web_fetch",
+            description=(
+                "Fetch a web page by URL and return its readable text. Use it when the user gives a "
+                "link or asks about a page's content. Not for searching the web."
+            ),
+            parameters={
+                "type": "object",
+                "properties": {"url": {"type": "string", "description": "Absolute http(s) URL."}},
+                "required": ["url"],
+                "additionalProperties": False,
+            },
+            fn=self.fetch,
+            is_async=True,
+            timeout_s=self._timeout_s + 5,
+            side_effect="read",
+        )

@@ -1,0 +1,139 @@
+"""The session bus (DESIGN §3.3): one lane per session key, at most one turn per key at a time.
+
+The main loop only schedules: ``kick(key)`` asks a worker thread to drain that key's pending
+inbox rows. The worker first claims the key's lease in the database (so two instances never run
+the same session at once), then runs the oldest pending message's turn, then the next, and
+releases the lease when none is left. A lease keeper renews held leases; a sweeper picks up keys
+whose rows wait without a live lease (after a crash, or on another instance's behalf).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from gateway.store.sql import PendingInbound, Store
+from gateway.types import ChatAddress
+
+log = logging.getLogger("gateway.bus")
+
+
+class SessionBus:
+    """Dispatches inbox rows to turns.
+
+    Args:
+        run_turn: runs one turn on the calling worker thread (``TurnRunner.run``).
+        on_turn_start / on_turn_end: called on the main loop with the chat address (typing).
+        on_replies: called on the main loop after a turn queued replies (wakes delivery).
+    """
+
+    def __init__(self, *, store: Store, run_turn: Callable[[PendingInbound], None], workers: ThreadPoolExecutor,
+                 instance_id: str, lease_s: float, sweep_interval_s: float,
+                 on_turn_start: Callable[[ChatAddress], None], on_turn_end: Callable[[ChatAddress], None],
+                 on_replies: Callable[[], None]) -> None:
+        self.store = store
+        self._run_turn = run_turn
+        self._workers = workers
+        self.instance_id = instance_id
+        self.lease_s = lease_s
+        self.sweep_interval_s = sweep_interval_s
+        self._on_turn_start = on_turn_start
+        self._on_turn_end = on_turn_end
+        self._on_replies = on_replies
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._active: set[str] = set()  # keys with a drain scheduled or running here (main loop only)
+        self._again: set[str] = set()  # keys kicked while active: drain once more
+        self._held: set[str] = set()  # keys whose lease this instance holds (worker threads)
+        self._held_lock = threading.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.turns_done = 0
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._tasks = [asyncio.create_task(self._sweep(), name="bus-sweep"),
+                       asyncio.create_task(self._keep_leases(), name="bus-leases")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    def kick(self, key: str) -> None:
+        """Ensures ``key`` gets drained (main loop only; cheap, never blocks)."""
+        if key in self._active:
+            self._again.add(key)
+            return
+        self._active.add(key)
+        assert self._loop is not None
+        future = self._loop.run_in_executor(self._workers, self._drain, key)
+        future.add_done_callback(lambda f, k=key: self._drained(k, f))
+
+    def _drained(self, key: str, future: asyncio.Future[None]) -> None:
+        self._active.discard(key)
+        if future.exception() is not None:
+            log.error("lane %s failed", key, exc_info=future.exception())
+        if key in self._again:
+            self._again.discard(key)
+            self.kick(key)
+
+    @property
+    def idle(self) -> bool:
+        return not self._active
+
+    # -- worker thread -----------------------------------------------------------------------
+    def _drain(self, key: str) -> None:
+        if not self.store.claim_lane(key, self.instance_id, self.lease_s):
+            return  # another instance runs this session; it drains what waits
+        with self._held_lock:
+            self._held.add(key)
+        try:
+            while True:
+                pending = self.store.next_pending(key)
+                if pending is None:
+                    break
+                self._call_main(self._on_turn_start, pending.message.address)
+                try:
+                    self._run_turn(pending)
+                finally:
+                    self._call_main(self._on_turn_end, pending.message.address)
+                self.turns_done += 1
+                self._call_main(self._on_replies)
+        finally:
+            with self._held_lock:
+                self._held.discard(key)
+            self.store.release_lane(key, self.instance_id)
+        # A message stored between the last check and the release would wait for the sweeper:
+        # look once more and drain again if so.
+        if self.store.next_pending(key) is not None:
+            self._call_main(self.kick, key)
+
+    def _call_main(self, fn: Callable[..., None], *args: object) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(fn, *args)
+
+    # -- background --------------------------------------------------------------------------
+    async def _sweep(self) -> None:
+        while True:
+            try:
+                keys = await asyncio.to_thread(self.store.keys_waiting, time.time())
+                for key in keys:
+                    self.kick(key)
+            except Exception:
+                log.exception("sweep failed")
+            await asyncio.sleep(self.sweep_interval_s)
+
+    async def _keep_leases(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            with self._held_lock:
+                keys = list(self._held)
+            if keys:
+                try:
+                    await asyncio.to_thread(self.store.renew_lanes, keys, self.instance_id, self.lease_s)
+                except Exception:
+                    log.exception("lease renewal failed")

@@ -1,0 +1,107 @@
+"""Command line: ``gateway run | chat | db upgrade | doctor`` (also ``python -m gateway``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+from gateway.config import GatewayConfig, load_config
+from gateway.errors import ConfigError
+
+log = logging.getLogger("gateway.cli")
+
+
+def _secrets(config: GatewayConfig) -> list[str]:
+    names = [config.llm.api_key_env, config.telegram.token_env, config.telegram.webhook_secret_env,
+             config.slack.bot_token_env, config.slack.signing_secret_env, config.slack.app_token_env,
+             config.feishu.app_secret_env, config.feishu.verification_token_env, config.feishu.encrypt_key_env]
+    return [value for name in names if (value := config.secret(name))]
+
+
+async def _run(config: GatewayConfig) -> None:
+    from gateway.app import Gateway
+    from gateway.wiring import build_adapters
+
+    gateway = Gateway(config, build_adapters(config))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await gateway.start()
+    if not gateway.adapters:
+        log.warning("no platform is enabled: set telegram.enabled (see deploy/gateway.example.toml), "
+                    "or try `gateway chat` for a terminal conversation")
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await gateway.stop()
+
+
+async def _chat(config: GatewayConfig) -> None:
+    from adapters.local.adapter import LocalAdapter
+    from gateway.app import Gateway
+
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    local = LocalAdapter(on_eof=lambda: loop.call_soon_threadsafe(done.set))
+    gateway = Gateway(config, [local], serve_http=False)
+    await gateway.start()
+    print("Chatting with the agent (Ctrl-D to quit).", flush=True)
+    try:
+        await done.wait()
+    finally:
+        await gateway.stop()
+
+
+def _upgrade(config: GatewayConfig) -> None:
+    from gateway.store.db import create_db_engine, upgrade
+
+    engine = create_db_engine(config.database.url)
+    upgrade(engine)
+    engine.dispose()
+    print(f"database is up to date ({engine.url.render_as_string(hide_password=True)})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gateway", description="LLM agent gateway for Telegram, Slack and Feishu")
+    parser.add_argument("--config", help="TOML config file (default: $GATEWAY_CONFIG, else built-in defaults)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="serve the enabled platforms")
+    sub.add_parser("chat", help="talk to the agent in this terminal (platform 'local')")
+    db = sub.add_parser("db", help="database commands")
+    db.add_argument("action", choices=["upgrade"])
+    sub.add_parser("doctor", help="check config, database, model endpoint and platforms")
+    args = parser.parse_args(argv)
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from gateway.logs import setup_logging
+
+    setup_logging(config.logging.level, _secrets(config))
+    try:
+        if args.command == "run":
+            asyncio.run(_run(config))
+        elif args.command == "chat":
+            logging.getLogger().setLevel(logging.WARNING)
+            asyncio.run(_chat(config))
+        elif args.command == "db":
+            _upgrade(config)
+        elif args.command == "doctor":
+            from gateway.doctor import run_doctor
+
+            return asyncio.run(run_doctor(config))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,81 @@
+"""The context window: a projection of the transcript into model-facing messages (DESIGN §5).
+
+Rendering is deterministic, so the same transcript always yields the same bytes (prompt cache):
+per-message facts (when a user wrote, who wrote in a group) come from the row's ``meta`` and go
+into that user message, never into the system prompt. Internal fields are stripped.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.store.sql import StoredMessage
+from gateway.types import InboundMessage
+
+INTERRUPTED = "Error: this tool call was interrupted before it returned a result."
+
+
+def user_meta(message: InboundMessage, now: float) -> dict[str, Any]:
+    """Facts about a user message stored with it and rendered into its text."""
+    meta: dict[str, Any] = {"time": now}
+    if message.chat_type != "dm":
+        meta["from"] = message.sender.display_name or message.sender.username or message.sender.user_id
+    if message.attachments:
+        meta["attachments"] = [
+            {"kind": a.kind, "name": a.name, "mime_type": a.mime_type, "size": a.size} for a in message.attachments
+        ]
+    return meta
+
+
+def render_user(content: str | None, meta: dict[str, Any] | None) -> str:
+    """``[2026-11-30 09:00 UTC, from Bob]`` header line, attachment notes, then the text."""
+    meta = meta or {}
+    header = []
+    if "time" in meta:
+        header.append(datetime.fromtimestamp(meta["time"], UTC).strftime("%Y-%m-%d %H:%M UTC"))
+    if meta.get("from"):
+        header.append(f"from {meta['from']}")
+    lines = [f"[{', '.join(header)}]"] if header else []
+    for attachment in meta.get("attachments", ()):
+        described = ", ".join(f"{k}={v}" for k, v in attachment.items() if v is not None and k != "kind")
+        lines.append(f"[attached {attachment['kind']}{': ' + described if described else ''}]")
+    if content:
+        lines.append(content)
+    return "\n".join(lines)
+
+
+def render_history(window: list[StoredMessage]) -> list[dict[str, Any]]:
+    """Model-facing messages for a transcript window, oldest first.
+
+    The window starts at a user message (a cut never separates tool calls from their results),
+    orphan tool results are dropped, and a tool call left unanswered by an interrupted older turn
+    gets an explicit "interrupted" result, so the sequence is always valid for the API. Tool calls
+    of the newest assistant message are left for the loop to answer (resume after a crash).
+    """
+    start = next((i for i, m in enumerate(window) if m.role == "user"), len(window))
+    rows = window[start:]
+    out: list[dict[str, Any]] = []
+    open_calls: list[str] = []  # ids of the latest assistant tool_calls not yet answered
+
+    def close_open_calls() -> None:
+        for call_id in open_calls:
+            out.append({"role": "tool", "tool_call_id": call_id, "content": INTERRUPTED})
+        open_calls.clear()
+
+    for row in rows:
+        if row.role == "tool":
+            if row.tool_call_id in open_calls:
+                open_calls.remove(row.tool_call_id)
+                out.append({"role": "tool", "tool_call_id": row.tool_call_id, "content": row.content or ""})
+            continue
+        close_open_calls()
+        if row.role == "user":
+            out.append({"role": "user", "content": render_user(row.content, row.meta)})
+        elif row.role == "assistant":
+            message: dict[str, Any] = {"role": "assistant", "content": row.content}
+            if row.tool_calls:
+                message["tool_calls"] = row.tool_calls
+                open_calls.extend(call["id"] for call in row.tool_calls)
+            out.append(message)
+    return out

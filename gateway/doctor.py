@@ -1,0 +1,66 @@
+"""``gateway doctor``: checks config, database, model endpoint and each enabled platform, and says
+what is wrong in plain words."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+
+from gateway.config import GatewayConfig
+from gateway.errors import ConfigError
+
+
+async def run_doctor(config: GatewayConfig) -> int:
+    """Prints one line per check (``ok`` / ``FAIL``); returns 0 when everything passed, else 1."""
+    failures = 0
+
+    def report(ok: bool, what: str, detail: str) -> None:
+        nonlocal failures
+        failures += 0 if ok else 1
+        print(f"[{'ok' if ok else 'FAIL'}] {what}: {detail}", flush=True)
+
+    report(True, "config", "loaded")
+    try:
+        from gateway.store.db import create_db_engine, upgrade
+
+        engine = create_db_engine(config.database.url)
+        await asyncio.to_thread(upgrade, engine)
+        engine.dispose()
+        report(True, "database", f"{engine.url.render_as_string(hide_password=True)} reachable, migrations applied")
+    except Exception as exc:
+        report(False, "database", f"cannot use {config.database.url.split('@')[-1]}: {type(exc).__name__}: {exc}")
+
+    key = config.secret(config.llm.api_key_env)
+    if key is None:
+        report(False, "model", f"environment variable {config.llm.api_key_env} is not set")
+    else:
+        try:
+            client = openai.OpenAI(base_url=config.llm.base_url, api_key=key, timeout=10, max_retries=0)
+            models = await asyncio.to_thread(lambda: [m.id for m in client.models.list()])
+            found = "listed" if config.llm.model in models else "not in the endpoint's model list"
+            report(True, "model", f"{config.llm.base_url} reachable; model {config.llm.model} {found}")
+        except openai.AuthenticationError:
+            report(False, "model", f"{config.llm.base_url} rejected the API key in {config.llm.api_key_env}")
+        except openai.APIConnectionError:
+            report(False, "model", f"cannot reach {config.llm.base_url}")
+        except openai.APIStatusError as exc:
+            report(False, "model", f"{config.llm.base_url} answered {exc.status_code}")
+
+    try:
+        from gateway.wiring import build_adapters
+
+        adapters = build_adapters(config)
+    except ConfigError as exc:
+        report(False, "platforms", str(exc))
+        adapters = []
+    if not adapters:
+        report(True, "platforms", "none enabled")
+    for adapter in adapters:
+        try:
+            detail = await adapter.check()
+            report(True, adapter.platform, detail)
+        except Exception as exc:
+            report(False, adapter.platform, f"{type(exc).__name__}: {exc}")
+    print("all checks passed" if failures == 0 else f"{failures} check(s) failed", flush=True)
+    return 0 if failures == 0 else 1

@@ -1,0 +1,69 @@
+"""Engine creation and migrations. SQLAlchemy is used only under ``gateway/store/``.
+
+SQLite: WAL journal, ``synchronous=NORMAL``, a busy timeout, and ``BEGIN IMMEDIATE`` for write
+transactions so two writers queue on the lock instead of failing on a read->write upgrade.
+PostgreSQL: a plain pooled engine (psycopg 3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def create_db_engine(url: str, pool_size: int = 10) -> Engine:
+    """Builds the engine for ``url``; creates the SQLite file's folder if needed."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        immediate = conn.get_execution_options().get("sqlite_immediate", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+@contextlib.contextmanager
+def write_tx(engine: Engine) -> Iterator[Connection]:
+    """A write transaction (``BEGIN IMMEDIATE`` on SQLite), committed on success."""
+    with engine.connect().execution_options(sqlite_immediate=True) as conn, conn.begin():
+        yield conn
+
+
+@contextlib.contextmanager
+def read_tx(engine: Engine) -> Iterator[Connection]:
+    """A read-only transaction (deferred; WAL readers never wait on writers)."""
+    with engine.connect() as conn, conn.begin():
+        yield conn
+
+
+def upgrade(engine: Engine) -> None:
+    """Applies every Alembic migration not yet applied (``alembic upgrade head``)."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")

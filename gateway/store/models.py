@@ -1,0 +1,111 @@
+"""SQLAlchemy tables: the durable state of the gateway (DESIGN §3-5).
+
+Times are epoch seconds (float) so that lease and retry comparisons are plain numbers on both
+SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class SessionRow(Base):
+    """One conversation. Its system prompt is built once and read back byte for byte (DESIGN §5)."""
+
+    __tablename__ = "sessions"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), index=True)
+    system_prompt: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class LaneRow(Base):
+    """The serial lane of a session key: which session is current and who holds the lease.
+
+    At most one turn per key runs at a time across all instances: the lease is claimed with a
+    conditional UPDATE (owner free or lease expired), renewed while the turn runs.
+    """
+
+    __tablename__ = "lanes"
+
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    session_id: Mapped[str | None] = mapped_column(String(32))
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_until: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class MessageRow(Base):
+    """The transcript: every message of a session, written as it happens."""
+
+    __tablename__ = "messages"
+    __table_args__ = (Index("ix_messages_session_id_id", "session_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(String(32))
+    turn_id: Mapped[str | None] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str | None] = mapped_column(Text)
+    tool_calls: Mapped[list[Any] | None] = mapped_column(JSON)
+    tool_call_id: Mapped[str | None] = mapped_column(String(128))
+    name: Mapped[str | None] = mapped_column(String(128))
+    meta: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """Facts rendered into the model-facing text deterministically (e.g. when a user wrote)."""
+    platform_message_id: Mapped[str | None] = mapped_column(String(255))
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class InboxRow(Base):
+    """Every inbound message, once (DESIGN §3.2). The unique key drops platform retries."""
+
+    __tablename__ = "inbox"
+    __table_args__ = (
+        UniqueConstraint("platform", "tenant", "platform_message_id", name="uq_inbox_platform_message"),
+        Index("ix_inbox_key_status_id", "session_key", "status", "id"),
+        Index("ix_inbox_status", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    platform: Mapped[str] = mapped_column(String(32))
+    tenant: Mapped[str] = mapped_column(String(128))
+    platform_message_id: Mapped[str] = mapped_column(String(255))
+    session_key: Mapped[str] = mapped_column(String(255))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    """``pending`` -> ``done`` | ``failed``."""
+    received_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+
+
+class OutboxRow(Base):
+    """A reply waiting for delivery (DESIGN §3.5). ``idempotency_key`` = turn id + sequence."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (Index("ix_outbox_status_next", "status", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    idempotency_key: Mapped[str] = mapped_column(String(128), unique=True)
+    session_id: Mapped[str | None] = mapped_column(String(32))
+    address: Mapped[dict[str, Any]] = mapped_column(JSON)
+    text: Mapped[str] = mapped_column(Text)
+    reply_to_id: Mapped[str | None] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    """``pending`` -> ``sending`` -> ``sent`` | ``failed`` (after the last attempt)."""
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[float] = mapped_column(Float, default=0.0)
+    claimed_by: Mapped[str | None] = mapped_column(String(128))
+    claim_until: Mapped[float] = mapped_column(Float, default=0.0)
+    platform_message_ids: Mapped[list[Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+    sent_at: Mapped[float | None] = mapped_column(Float)

@@ -1,0 +1,490 @@
+"""A wire-level fake of the OpenAI Chat Completions API, driven by the real ``openai`` client.
+
+Usage::
+
+    with FakeOpenAI(api_key="sk-test") as fake:
+        fake.script(text("hi"), tool_calls(call("get_weather", {"city": "Oslo"})))
+        client = openai.OpenAI(base_url=f"{fake.url}/v1", api_key="sk-test")
+
+Scripted replies are consumed one per valid ``POST /v1/chat/completions`` request (FIFO); when the
+queue is empty ``fake.responder(request_json)`` is asked, else ``text("(no scripted reply)")`` is sent.
+Requests are validated the way the real API validates the message sequence (orphan tool messages,
+unanswered ``tool_call_id``s, ...) *before* a scripted reply is consumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from tests.fakes.server import ThreadedServer
+
+NO_REPLY = "(no scripted reply)"
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
+_ROLES = ("system", "assistant", "user", "function", "tool", "developer")
+_CACHE_BLOCK_CHARS = 128 * 4  # the provider caches in 128-token blocks; 1 token ~ 4 chars here
+_CACHE_MIN_TOKENS = 1024
+
+
+# --------------------------------------------------------------------------------------- replies
+
+
+@dataclass(frozen=True)
+class TextReply:
+    """An assistant text message: ``message.content = content``, ``finish_reason`` as given."""
+
+    content: str
+    finish_reason: str = "stop"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One ``tool_calls[i]`` entry; ``arguments`` is the raw JSON string sent on the wire."""
+
+    name: str
+    arguments: str
+    id: str
+
+
+@dataclass(frozen=True)
+class ToolCallsReply:
+    """An assistant message with ``tool_calls`` (parallel when several); ``finish_reason="tool_calls"``."""
+
+    calls: tuple[ToolCall, ...]
+    content: str | None = None
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """An HTTP error: ``status`` with body ``{"error": {"message", "type", "param", "code"}}``."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    code: str | None = None
+    param: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DelayedReply:
+    """``reply`` answered after ``await asyncio.sleep(seconds)`` on the server loop (non-blocking)."""
+
+    seconds: float
+    reply: Reply
+
+
+Reply = TextReply | ToolCallsReply | ErrorReply | DelayedReply
+
+
+def text(content: str, finish_reason: str = "stop") -> TextReply:
+    """A plain assistant reply (``finish_reason`` may be e.g. ``"length"`` to emulate truncation)."""
+    return TextReply(content, finish_reason)
+
+
+def call(name: str, arguments: dict[str, Any] | str, id: str | None = None) -> ToolCall:
+    """One tool call. A dict is ``json.dumps``'d; a str goes out verbatim (so it may be invalid JSON).
+    ``id`` defaults to a fresh ``call_<24 hex>`` fixed at construction, so tests can read ``.id``."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return ToolCall(name, args, id or f"call_{uuid.uuid4().hex[:24]}")
+
+
+def tool_calls(*calls: ToolCall, content: str | None = None) -> ToolCallsReply:
+    """An assistant message carrying ``calls`` (content null unless given)."""
+    if not calls:
+        raise ValueError("tool_calls() needs at least one call()")
+    return ToolCallsReply(tuple(calls), content)
+
+
+def error(
+    status: int,
+    message: str,
+    type: str = "invalid_request_error",
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
+) -> ErrorReply:
+    """An error response, e.g. ``error(429, "Rate limit reached", "requests", "rate_limit_exceeded",
+    headers={"retry-after": "0"})`` or ``error(500, "The server had an error", "server_error")``."""
+    return ErrorReply(status, message, type, code, param, dict(headers or {}))
+
+
+def delay(seconds: float, reply: Reply | str) -> DelayedReply:
+    """Wraps ``reply`` so the server waits ``seconds`` (without blocking other requests) first."""
+    return DelayedReply(seconds, _coerce(reply))
+
+
+def _coerce(reply: Reply | str) -> Reply:
+    return text(reply) if isinstance(reply, str) else reply
+
+
+# ------------------------------------------------------------------------------------ validation
+
+
+class _Invalid(Exception):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.reply = ErrorReply(400, message, "invalid_request_error", code, param)
+
+
+def _missing(name: str) -> _Invalid:
+    return _Invalid(f"Missing required parameter: '{name}'.", name, "missing_required_parameter")
+
+
+def validate_chat_request(body: Any) -> None:
+    """Raises ``_Invalid`` (a 400) where the real API rejects a chat completions request.
+
+    Emulated rules: ``model`` and a non-empty ``messages`` array are required; every message has a
+    valid ``role``; an assistant ``tool_calls`` array is non-empty and must be followed immediately by
+    consecutive tool messages answering each of its ids; a tool message must answer a call of that
+    assistant message; tools need ``type: "function"`` and a ``function.name`` matching
+    ``^[a-zA-Z0-9_-]{1,64}$``; ``stream_options`` only with ``stream: true``.
+    """
+    if not isinstance(body, dict):
+        raise _Invalid("We could not parse the JSON body of your request.")
+    if not body.get("model"):
+        raise _Invalid("you must provide a model parameter")
+    messages = body.get("messages")
+    if messages is None:
+        raise _missing("messages")
+    if not isinstance(messages, list):
+        raise _Invalid("Invalid type for 'messages': expected an array.", "messages", "invalid_type")
+    if not messages:
+        raise _Invalid(
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, "
+            "but got an empty array instead.", "messages", "empty_array")
+    for i, tool in enumerate(body.get("tools") or []):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or "type" not in tool:
+            raise _missing(f"tools[{i}].type")
+        if tool["type"] != "function":
+            raise _Invalid(f"Invalid value: '{tool['type']}'. Supported values are: 'function'.",
+                           f"tools[{i}].type", "invalid_value")
+        if not isinstance(fn, dict) or not fn.get("name"):
+            raise _missing(f"tools[{i}].function.name")
+        name, param = str(fn["name"]), f"tools[{i}].function.name"
+        if len(name) > 64:
+            raise _Invalid(f"Invalid '{param}': string too long. Expected a string with maximum length "
+                           f"64, but got a string with length {len(name)} instead.",
+                           param, "string_above_max_length")
+        if not _TOOL_NAME.match(name):
+            raise _Invalid(f"Invalid '{param}': string does not match pattern. Expected a string that "
+                           "matches the pattern '^[a-zA-Z0-9_-]+$'.", param, "invalid_value")
+    if body.get("stream_options") is not None and not body.get("stream"):
+        raise _Invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                       "stream_options")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or "role" not in msg:
+            raise _missing(f"messages[{i}].role")
+        if msg["role"] not in _ROLES:
+            raise _Invalid(f"Invalid value: '{msg['role']}'. Supported values are: 'system', 'assistant', "
+                           "'user', 'function', 'tool', and 'developer'.", f"messages[{i}].role",
+                           "invalid_value")
+        if msg["role"] == "assistant" and msg.get("tool_calls") == []:
+            raise _Invalid(f"Invalid 'messages[{i}].tool_calls': empty array. Expected an array with "
+                           "minimum length 1, but got an empty array instead.",
+                           f"messages[{i}].tool_calls", "empty_array")
+    _validate_tool_sequence(messages)
+
+
+def _validate_tool_sequence(messages: list[dict[str, Any]]) -> None:
+    open_ids: list[str] | None = None  # ids of the assistant tool_calls block being answered
+    owner = -1  # index of that assistant message
+    answered: set[str] = set()
+
+    def close() -> None:
+        missing = [cid for cid in open_ids or [] if cid not in answered]
+        if missing:
+            raise _Invalid(
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to "
+                "each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                + ", ".join(missing), f"messages.[{owner}].role")
+
+    for i, msg in enumerate(messages):
+        if msg["role"] == "tool":
+            if open_ids is None or msg.get("tool_call_id") not in open_ids:
+                raise _Invalid("Invalid parameter: messages with role 'tool' must be a response to a "
+                               "preceeding message with 'tool_calls'.", f"messages.[{i}].role")
+            answered.add(msg["tool_call_id"])
+            continue
+        close()
+        open_ids, answered = None, set()
+        if msg["role"] == "assistant" and msg.get("tool_calls"):
+            open_ids = [str(tc.get("id")) for tc in msg["tool_calls"] if isinstance(tc, dict)]
+            owner = i
+    close()
+
+
+# ---------------------------------------------------------------------------------------- server
+
+
+def _canon(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _new_id(prefix: str, n: int = 24) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:n]}"
+
+
+def _pieces(s: str, n: int = 3) -> list[str]:
+    """Splits ``s`` into at most ``n`` non-empty pieces (as a stream would deliver it)."""
+    if not s:
+        return []
+    size = max(1, -(-len(s) // n))
+    return [s[k:k + size] for k in range(0, len(s), size)]
+
+
+class FakeOpenAI(ThreadedServer):
+    """The fake server. ``POST /v1/chat/completions`` and ``GET /v1/models``, Bearer auth required.
+
+    Public state (all thread-safe): ``responder`` (``fn(request_json) -> Reply | str | None``, used
+    when the queue is empty), ``requests`` (list of records ``{"path", "json", "headers", "time",
+    "status", "prompt_tokens", "cached_tokens"}``; a record is appended on arrival and its ``status``
+    and token fields are filled in once answered), ``last_request``, ``pending`` (queued replies).
+
+    ``usage.prompt_tokens`` is ``len(serialized tools + messages) // 4``; ``cached_tokens`` emulates the
+    provider prompt cache: the longest prefix shared with any earlier valid request, in whole
+    128-token blocks, and 0 below 1024 tokens.
+    """
+
+    def __init__(self, api_key: str = "sk-test", models: Iterable[str] = ("gpt-4o-mini",),
+                 port: int = 0) -> None:
+        super().__init__(port)
+        self.api_key = api_key
+        self.models = list(models)
+        self.responder: Callable[[dict[str, Any]], Reply | str | None] | None = None
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._queue: deque[Reply] = deque()
+        self._requests: list[dict[str, Any]] = []
+        self._prefixes: set[bytes] = set()
+
+    # ---- scripting and inspection (any thread)
+
+    def script(self, *replies: Reply | str) -> None:
+        """Appends replies to the FIFO queue (a plain str means ``text(str)``)."""
+        with self._lock:
+            self._queue.extend(_coerce(r) for r in replies)
+
+    def reset(self) -> None:
+        """Clears the queue, the responder, recorded requests and the emulated prompt cache."""
+        with self._lock:
+            self._queue.clear()
+            self._requests.clear()
+            self._prefixes.clear()
+            self.responder = None
+
+    @property
+    def pending(self) -> int:
+        """Number of scripted replies not yet consumed."""
+        with self._lock:
+            return len(self._queue)
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """Snapshot of all chat completion request records, oldest first."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def last_request(self) -> dict[str, Any] | None:
+        """The newest request record, or None."""
+        with self._lock:
+            return self._requests[-1] if self._requests else None
+
+    def wait_for_requests(self, n: int, timeout: float = 5) -> list[dict[str, Any]]:
+        """Blocks until at least ``n`` requests arrived; returns the records. Raises TimeoutError."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self._requests) >= n, timeout):
+                raise TimeoutError(f"expected {n} requests, got {len(self._requests)}")
+            return list(self._requests)
+
+    def cache_hit_ratio(self) -> float:
+        """Sum of ``cached_tokens`` over sum of ``prompt_tokens`` across answered valid requests."""
+        recs = [r for r in self.requests if r["prompt_tokens"]]
+        total = sum(r["prompt_tokens"] for r in recs)
+        return sum(r["cached_tokens"] for r in recs) / total if total else 0.0
+
+    # ---- HTTP
+
+    def build_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        return app
+
+    def _auth_error(self, request: web.Request) -> ErrorReply | None:
+        header = request.headers.get("Authorization", "")
+        if not header.startswith("Bearer ") or not header[7:].strip():
+            return ErrorReply(401, "You didn't provide an API key. You need to provide your API key in "
+                              "an Authorization header using Bearer auth (i.e. Authorization: Bearer "
+                              "YOUR_KEY).")
+        key = header[7:].strip()
+        if key != self.api_key:
+            shown = f"{key[:3]}{'*' * max(0, len(key) - 7)}{key[-4:]}" if len(key) > 7 else key
+            return ErrorReply(401, f"Incorrect API key provided: {shown}. You can find your API key at "
+                              "https://platform.openai.com/account/api-keys.", code="invalid_api_key")
+        return None
+
+    @staticmethod
+    def _error_response(err: ErrorReply) -> web.Response:
+        body = {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
+        headers = {"x-request-id": _new_id("req_", 32), **err.headers}
+        return web.json_response(body, status=err.status, headers=headers)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if (err := self._auth_error(request)) is not None:
+            return self._error_response(err)
+        data = [{"id": m, "object": "model", "created": 1700000000, "owned_by": "openai"}
+                for m in self.models]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        record: dict[str, Any] = {
+            "path": request.path, "json": body, "time": time.time(), "status": None,
+            "headers": {k.lower(): v for k, v in request.headers.items()},
+            "prompt_tokens": None, "cached_tokens": None,
+        }
+        with self._cond:
+            self._requests.append(record)
+            self._cond.notify_all()
+        reply = self._auth_error(request)
+        if reply is None:
+            try:
+                validate_chat_request(body)
+            except _Invalid as exc:
+                reply = exc.reply
+        if reply is not None:
+            record["status"] = reply.status
+            return self._error_response(reply)
+
+        prompt_tokens, cached = self._account(body)
+        record["prompt_tokens"], record["cached_tokens"] = prompt_tokens, cached
+        reply = self._next_reply(body)
+        while isinstance(reply, DelayedReply):
+            await asyncio.sleep(reply.seconds)
+            reply = reply.reply
+        record["status"] = reply.status if isinstance(reply, ErrorReply) else 200
+        if isinstance(reply, ErrorReply):
+            return self._error_response(reply)
+        if body.get("stream"):
+            return await self._stream(request, body, reply, prompt_tokens, cached)
+        return web.json_response(self._completion(body, reply, prompt_tokens, cached),
+                                 headers={"x-request-id": _new_id("req_", 32)})
+
+    def _next_reply(self, body: dict[str, Any]) -> Reply:
+        with self._lock:
+            if self._queue:
+                return self._queue.popleft()
+            responder = self.responder
+        reply = responder(body) if responder is not None else None
+        return _coerce(reply if reply is not None else NO_REPLY)
+
+    def _account(self, body: dict[str, Any]) -> tuple[int, int]:
+        """Returns (prompt_tokens, cached_tokens) and remembers this prompt's block prefixes."""
+        serialized = (_canon(body["tools"]) if body.get("tools") else "") + "".join(
+            _canon(m) for m in body["messages"])
+        h = hashlib.blake2b(digest_size=16)
+        digests: list[bytes] = []
+        for end in range(_CACHE_BLOCK_CHARS, len(serialized) + 1, _CACHE_BLOCK_CHARS):
+            h.update(serialized[end - _CACHE_BLOCK_CHARS:end].encode())
+            digests.append(h.digest())
+        with self._lock:
+            hit = 0
+            for d in digests:  # prefixes nest, so the first miss ends the shared prefix
+                if d not in self._prefixes:
+                    break
+                hit += 1
+            self._prefixes.update(digests)
+        cached = hit * _CACHE_BLOCK_CHARS // 4
+        return max(1, len(serialized) // 4), cached if cached >= _CACHE_MIN_TOKENS else 0
+
+    @staticmethod
+    def _usage(reply: TextReply | ToolCallsReply, prompt_tokens: int, cached: int) -> dict[str, Any]:
+        if isinstance(reply, TextReply):
+            out = reply.content
+        else:
+            out = (reply.content or "") + "".join(c.name + c.arguments for c in reply.calls)
+        completion = max(1, len(out) // 4)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion,
+                "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+                "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
+                                              "accepted_prediction_tokens": 0,
+                                              "rejected_prediction_tokens": 0}}
+
+    def _completion(self, body: dict[str, Any], reply: TextReply | ToolCallsReply, prompt_tokens: int,
+                    cached: int) -> dict[str, Any]:
+        """The non-streaming ``chat.completion`` object."""
+        message: dict[str, Any] = {"role": "assistant", "refusal": None}
+        if isinstance(reply, TextReply):
+            message["content"], finish = reply.content, reply.finish_reason
+        else:
+            message["content"], finish = reply.content, "tool_calls"
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in reply.calls]
+        return {"id": _new_id("chatcmpl-", 29), "object": "chat.completion", "created": int(time.time()),
+                "model": body["model"], "system_fingerprint": "fp_fake",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                "usage": self._usage(reply, prompt_tokens, cached)}
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], reply: TextReply | ToolCallsReply,
+                      prompt_tokens: int, cached: int) -> web.StreamResponse:
+        """SSE: role delta, content/tool-call deltas, finish_reason chunk, optional usage, ``[DONE]``."""
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        base = {"id": _new_id("chatcmpl-", 29), "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": body["model"], "system_fingerprint": "fp_fake"}
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            c = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            if include_usage:
+                c["usage"] = None
+            return c
+
+        chunks: list[dict[str, Any]] = []
+        if isinstance(reply, TextReply):
+            chunks.append(chunk({"role": "assistant", "content": "", "refusal": None}))
+            chunks += [chunk({"content": p}) for p in _pieces(reply.content)]
+            finish = reply.finish_reason
+        else:
+            chunks.append(chunk({"role": "assistant", "content": None, "refusal": None}))
+            chunks += [chunk({"content": p}) for p in _pieces(reply.content or "")]
+            for idx, c in enumerate(reply.calls):
+                chunks.append(chunk({"tool_calls": [{"index": idx, "id": c.id, "type": "function",
+                                                     "function": {"name": c.name, "arguments": ""}}]}))
+                chunks += [chunk({"tool_calls": [{"index": idx, "function": {"arguments": p}}]})
+                           for p in _pieces(c.arguments)]
+            finish = "tool_calls"
+        chunks.append(chunk({}, finish))
+        if include_usage:
+            chunks.append({**base, "choices": [], "usage": self._usage(reply, prompt_tokens, cached)})
+
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache",
+                                           "x-request-id": _new_id("req_", 32)})
+        await resp.prepare(request)
+        try:
+            for c in chunks:
+                await resp.write(f"data: {json.dumps(c)}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionError:  # the client stopped reading the stream
+            pass
+        return resp

@@ -1,0 +1,798 @@
+"""A wire-level fake of the Telegram Bot API for the real python-telegram-bot to talk to.
+
+Point PTB at it with ``Bot(token, base_url=f"{fake.url}/bot", base_file_url=f"{fake.url}/file/bot")``
+(or the same two ``ApplicationBuilder`` settings). What is emulated follows PLATFORMS.md §1.4 and the
+Bot API docs (https://core.telegram.org/bots/api): the ``{"ok", "result"}`` / ``{"ok": false,
+"error_code", "description", "parameters"}`` envelope with HTTP status = ``error_code``; PTB's
+form-urlencoded/multipart request bodies (nested objects arrive as JSON strings); ``getUpdates`` long
+polling with offsets and 409 conflicts; per-chat message ids; the 4096-UTF-16-unit text limit (1024 for
+captions); and small HTML / MarkdownV2 checkers that reject what Telegram rejects most often.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import html
+import itertools
+import json
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from tests.fakes.server import ThreadedServer
+
+TEXT_LIMIT = 4096  # sendMessage / editMessageText, UTF-16 code units after entity parsing
+CAPTION_LIMIT = 1024  # media captions, UTF-16 code units
+JSON = dict[str, Any]
+Predicate = Callable[["Call"], bool]
+
+_JSON_FIELDS = {
+    "reply_parameters", "reply_markup", "entities", "caption_entities", "allowed_updates",
+    "link_preview_options", "commands", "reaction", "scope",
+}
+_INT_FIELDS = {
+    "chat_id", "message_id", "message_thread_id", "offset", "limit", "timeout", "reply_to_message_id",
+    "draft_id", "user_id", "cache_time", "max_connections", "from_chat_id",
+}
+_BOOL_FIELDS = {
+    "drop_pending_updates", "disable_notification", "protect_content", "show_alert", "is_big",
+    "allow_sending_without_reply", "disable_web_page_preview",
+}
+_HTML_TAGS = {
+    "b": "bold", "strong": "bold", "i": "italic", "em": "italic", "u": "underline", "ins": "underline",
+    "s": "strikethrough", "strike": "strikethrough", "del": "strikethrough", "tg-spoiler": "spoiler",
+    "span": "spoiler", "a": "text_link", "code": "code", "pre": "pre", "blockquote": "blockquote",
+    "tg-emoji": "custom_emoji",
+}
+_HTML_TAG_RE = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9-]*)((?:\s[^<>]*)?)/?>")
+_HTML_ATTR_RE = re.compile(r"""([\w-]+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+)))?""")
+_HTML_ENTITY_RE = re.compile(r"&(lt|gt|amp|quot|#[0-9]+|#x[0-9A-Fa-f]+);")
+_MD_PRE_LANG_RE = re.compile(r"([\w+#.-]*)\n")
+_MD_RESERVED = set("_*[]()~`>#+-=|{}.!\\")
+_MD_NAMES = {
+    "bold": "Bold", "italic": "Italic", "underline": "Underline", "strikethrough": "Strikethrough",
+    "spoiler": "Spoiler", "code": "Code", "pre": "Pre", "text_link": "TextUrl",
+}
+_WEBHOOK_CONFLICT = (
+    "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the "
+    "webhook first"
+)
+_POLL_CONFLICT = (
+    "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running"
+)
+_NOT_MODIFIED = (
+    "Bad Request: message is not modified: specified new message content and reply markup are exactly "
+    "the same as a current content and reply markup of the message"
+)
+
+
+def utf16_len(text: str) -> int:
+    """Length of ``text`` in UTF-16 code units, the unit of Telegram limits and entity offsets."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+@dataclass
+class Call:
+    """One recorded Bot API call. ``time`` is ``time.monotonic()`` seconds at arrival; ``params`` are
+    the merged, decoded parameters; ``files`` lists multipart file parts as
+    ``{"name", "filename", "size" (bytes), "content_type"}``."""
+
+    time: float
+    method: str
+    params: dict[str, Any]
+    files: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ApiError(Exception):
+    """A Bot API error answer: HTTP ``status`` = ``error_code``, plus ``description``/``parameters``."""
+
+    def __init__(self, status: int, description: str, parameters: dict[str, Any] | None = None) -> None:
+        super().__init__(description)
+        self.status, self.description, self.parameters = status, description, parameters
+
+    def response(self) -> web.Response:
+        body: dict[str, Any] = {"ok": False, "error_code": self.status, "description": self.description}
+        if self.parameters:
+            body["parameters"] = self.parameters
+        return web.json_response(body, status=self.status)
+
+
+def _bad(reason: str) -> ApiError:
+    return ApiError(400, f"Bad Request: {reason}")
+
+
+def _entity_error(reason: str) -> ApiError:
+    return _bad(f"can't parse entities: {reason}")
+
+
+class _Text:
+    """Accumulates plain text with a running UTF-16 offset (for entity offsets)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.pos = 0
+
+    def add(self, s: str) -> None:
+        self.parts.append(s)
+        self.pos += utf16_len(s)
+
+    def value(self) -> str:
+        return "".join(self.parts)
+
+
+def _finish(out: _Text, entities: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    entities = [e for e in entities if e["length"] > 0]
+    entities.sort(key=lambda e: (e["offset"], -e["length"]))
+    return out.value(), entities
+
+
+def parse_html(src: str) -> tuple[str, list[dict[str, Any]]]:
+    """Telegram ``parse_mode="HTML"`` (approximation): returns ``(plain_text, entities)`` or raises
+    ``ApiError`` 400 "can't parse entities: ..." for unsupported or unbalanced tags and bare ``<``/``&``."""
+    out, entities, stack = _Text(), [], []  # stack: (tag, type, start, attrs)
+    i = 0
+    while i < len(src):
+        j = min((k for k in (src.find("<", i), src.find("&", i)) if k >= 0), default=len(src))
+        out.add(src[i:j])
+        if j >= len(src):
+            break
+        byte_off = len(src[:j].encode())
+        if src[j] == "&":
+            m = _HTML_ENTITY_RE.match(src, j)
+            if not m:
+                raise _entity_error(f"Character '&' must be escaped as &amp; at byte offset {byte_off}")
+            out.add(html.unescape(m.group(0)))
+            i = m.end()
+            continue
+        m = _HTML_TAG_RE.match(src, j)
+        if not m:
+            raise _entity_error(f'Unsupported start tag "" at byte offset {byte_off}')
+        closing, tag, attr_src = m.group(1) == "/", m.group(2).lower(), m.group(3)
+        if tag not in _HTML_TAGS:
+            kind = "end" if closing else "start"
+            raise _entity_error(f'Unsupported {kind} tag "{tag}" at byte offset {byte_off}')
+        if closing:
+            if not stack:
+                raise _entity_error(f"Unexpected end tag at byte offset {byte_off}")
+            open_tag, etype, start, attrs = stack.pop()
+            if open_tag != tag:
+                raise _entity_error(
+                    f'Unmatched end tag at byte offset {byte_off}, expected "</{open_tag}>", found "</{tag}>"'
+                )
+            entity: dict[str, Any] = {"type": etype, "offset": start, "length": out.pos - start}
+            if etype == "text_link":
+                if not attrs.get("href"):
+                    entity["length"] = 0
+                entity["url"] = attrs.get("href", "")
+            elif etype == "custom_emoji":
+                entity["custom_emoji_id"] = attrs.get("emoji-id", "")
+            elif etype == "blockquote" and "expandable" in attrs:
+                entity["type"] = "expandable_blockquote"
+            elif etype == "code" and stack and stack[-1][0] == "pre" and "class" in attrs:
+                entity["length"] = 0  # <pre><code class="language-x"> sets the pre's language
+                stack[-1][3]["language"] = attrs["class"].removeprefix("language-")
+            elif etype == "pre" and attrs.get("language"):
+                entity["language"] = attrs["language"]
+            entities.append(entity)
+        else:
+            attrs = {
+                a.group(1).lower(): html.unescape(a.group(2) or a.group(3) or a.group(4) or "")
+                for a in _HTML_ATTR_RE.finditer(attr_src)
+            }
+            attrs.pop("language", None)
+            stack.append((tag, _HTML_TAGS[tag], out.pos, attrs))
+        i = m.end()
+    if stack:
+        raise _entity_error(f'Can\'t find end tag corresponding to start tag "{stack[-1][0]}"')
+    return _finish(out, entities)
+
+
+def parse_markdown_v2(src: str) -> tuple[str, list[dict[str, Any]]]:
+    """Telegram ``parse_mode="MarkdownV2"`` (approximation): ``* _ __ ~ || ` ```
+    [text](url)`` and ``>`` quotes; returns ``(plain_text, entities)``. Raises ``ApiError`` 400 for an
+    unescaped reserved character (``_*[]()~`>#+-=|{}.!``) or an unclosed entity."""
+    out, entities = _Text(), []
+    stack: list[tuple[str, str, int, int]] = []  # (marker, type, start, byte offset)
+    quote_start: int | None = None
+    pre_lang, i, n = "", 0, len(src)
+
+    def toggle(marker: str, etype: str, at: int) -> None:
+        for k in range(len(stack) - 1, -1, -1):
+            if stack[k][0] == marker:
+                _, _, start, _ = stack.pop(k)
+                entities.append({"type": etype, "offset": start, "length": out.pos - start})
+                return
+        stack.append((marker, etype, out.pos, len(src[:at].encode())))
+
+    while i < n:
+        c = src[i]
+        in_code = bool(stack) and stack[-1][1] in ("code", "pre")
+        if c == "\\":
+            if i + 1 < n and 0 < ord(src[i + 1]) < 127:
+                out.add(src[i + 1])
+                i += 2
+                continue
+            raise _entity_error("Character '\\' is reserved and must be escaped with the preceding '\\'")
+        if src.startswith("```", i) and (not in_code or stack[-1][1] == "pre"):
+            toggle("```", "pre", i)
+            if in_code:
+                if pre_lang:
+                    entities[-1]["language"] = pre_lang
+                i += 3
+            else:
+                m = _MD_PRE_LANG_RE.match(src, i + 3)  # optional language line
+                pre_lang, i = (m.group(1), m.end()) if m else ("", i + 3)
+            continue
+        if c == "`":
+            toggle("`", "code", i)
+            i += 1
+            continue
+        if in_code:
+            out.add(c)
+            i += 1
+            continue
+        if c == ">" and (i == 0 or src[i - 1] == "\n"):
+            if quote_start is None:
+                quote_start = out.pos
+            i += 1
+            continue
+        if c == "\n" and quote_start is not None and not src.startswith(">", i + 1):
+            entities.append({"type": "blockquote", "offset": quote_start, "length": out.pos - quote_start})
+            quote_start = None
+        step = 2 if src.startswith(("__", "||"), i) else 1
+        if c == "*":
+            toggle("*", "bold", i)
+        elif c == "_":
+            toggle(src[i : i + step], "underline" if step == 2 else "italic", i)
+        elif c == "~":
+            toggle("~", "strikethrough", i)
+        elif c == "|" and step == 2:
+            toggle("||", "spoiler", i)
+        elif c == "[":
+            stack.append(("[", "text_link", out.pos, len(src[:i].encode())))
+        elif c == "]" and stack and stack[-1][0] == "[" and src.startswith("(", i + 1):
+            url, k = [], i + 2
+            while k < n and src[k] != ")":
+                if src[k] == "\\" and k + 1 < n:
+                    k += 1
+                url.append(src[k])
+                k += 1
+            if k >= n:
+                raise _entity_error(f"Can't find end of a URL at byte offset {len(src[: i + 1].encode())}")
+            _, _, start, _ = stack.pop()
+            link = {"type": "text_link", "offset": start, "length": out.pos - start, "url": "".join(url)}
+            entities.append(link)
+            i = k + 1
+            continue
+        elif c in _MD_RESERVED:
+            raise _entity_error(f"Character '{c}' is reserved and must be escaped with the preceding '\\'")
+        else:
+            out.add(c)
+        i += step if c in "_|" else 1
+    if stack:
+        _, etype, _, byte_off = stack[-1]
+        raise _entity_error(f"Can't find end of {_MD_NAMES[etype]} entity at byte offset {byte_off}")
+    if quote_start is not None:
+        entities.append({"type": "blockquote", "offset": quote_start, "length": out.pos - quote_start})
+    return _finish(out, entities)
+
+
+def render(
+    text: Any, parse_mode: Any, entities: Any, limit: int = TEXT_LIMIT, *, caption: bool = False
+) -> tuple[str, list[dict[str, Any]] | None]:
+    """Applies ``parse_mode`` or validates explicit ``entities`` the way sendMessage/editMessageText/
+    captions do; returns ``(plain_text, entities or None)`` or raises ``ApiError`` 400 (empty text,
+    longer than ``limit`` UTF-16 units, unparsable markup, entity out of bounds)."""
+    text = "" if text is None else str(text)
+    if not caption and not text.strip():
+        raise _bad("message text is empty")
+    ents: list[dict[str, Any]] | None = None
+    if entities:
+        if not isinstance(entities, list):
+            raise _entity_error("entities must be an array")
+        size = utf16_len(text)
+        for k, e in enumerate(entities):
+            off, length = (e.get("offset"), e.get("length")) if isinstance(e, dict) else (None, None)
+            if not (isinstance(off, int) and isinstance(length, int) and "type" in e):
+                raise _entity_error(f"entity {k} must have type, offset and length")
+            if off < 0 or length <= 0 or off + length > size:
+                raise _entity_error(f"entity {k} (offset {off}, length {length}) is out of the text bounds")
+        ents = entities
+    elif parse_mode:
+        mode = str(parse_mode).lower()
+        if mode == "html":
+            text, ents = parse_html(text)
+        elif mode == "markdownv2":
+            text, ents = parse_markdown_v2(text)
+        elif mode != "markdown":  # legacy Markdown: accepted as-is, not emulated
+            raise _bad("unsupported parse_mode")
+        ents = ents or None
+    if not caption and not text.strip():
+        raise _bad("message text is empty")
+    if utf16_len(text) > limit:
+        raise _bad("message caption is too long" if caption else "message is too long")
+    return text, ents
+
+
+class _Queued:
+    __slots__ = ("delivered", "update", "update_id")
+
+    def __init__(self, update: dict[str, Any]) -> None:
+        self.update, self.update_id, self.delivered = update, int(update["update_id"]), False
+
+
+class _Poller:
+    __slots__ = ("event", "terminated")
+
+    def __init__(self) -> None:
+        self.event, self.terminated = asyncio.Event(), False
+
+
+class FakeTelegram(ThreadedServer):
+    """Fake Telegram Bot API server (PLATFORMS.md §1.4) on 127.0.0.1; defaults are the fixture bot.
+
+    Routes ``POST|GET /bot{token}/{method}`` and ``GET /file/bot{token}/{file_path}``. Test-facing
+    state: ``forum_chats`` (set of chat ids; when non-empty, ``message_thread_id`` is only accepted for
+    these), ``files`` (file_id -> bytes served by ``getFile`` + the file route), ``webhook_url``,
+    ``webhook_secret``, ``commands`` and ``webhook_deliveries`` (``(update_id, status)`` pairs).
+    """
+
+    def __init__(
+        self,
+        token: str = "7000000001:AAFakeTokenForLoopbackTestsOnly0000",
+        bot_id: int = 7000000001,
+        username: str = "gateway_test_bot",
+        first_name: str = "Gateway Test Bot",
+        port: int = 0,
+    ) -> None:
+        super().__init__(port)
+        self.token, self.bot_id, self.username, self.first_name = token, bot_id, username, first_name
+        self.forum_chats: set[int] = set()
+        self.files: dict[str, bytes] = {}
+        self.webhook_url: str = ""
+        self.webhook_secret: str | None = None
+        self.commands: list[dict[str, Any]] = []
+        self.webhook_deliveries: list[tuple[int, int]] = []
+        self._lock = threading.Lock()
+        self._calls: list[Call] = []
+        self._faults: dict[str, deque[ApiError]] = {}
+        self._updates: list[_Queued] = []
+        self._last_update_id = 0
+        self._confirmed_offset = 0
+        self._pollers: list[_Poller] = []
+        self._closing = False
+        self._messages: dict[tuple[Any, int], dict[str, Any]] = {}  # bot and injected messages
+        self._last_message_id: dict[Any, int] = {}
+        self._chats: dict[Any, dict[str, Any]] = {}
+        self._file_ids = itertools.count(1)
+        self._methods: dict[str, tuple[str, Callable[..., Any]]] = {
+            name.lower(): (name, handler)
+            for name, handler in {
+                "getMe": self._get_me, "deleteWebhook": self._delete_webhook,
+                "setWebhook": self._set_webhook, "getWebhookInfo": self._get_webhook_info,
+                "getUpdates": self._get_updates, "sendMessage": self._send_message,
+                "editMessageText": self._edit_message_text, "deleteMessage": self._delete_message,
+                "sendChatAction": self._true, "answerCallbackQuery": self._true,
+                "setMyCommands": self._set_my_commands, "getMyCommands": lambda p, f: self.commands,
+                "setMessageReaction": self._true, "sendMessageDraft": self._send_message_draft,
+                "sendPhoto": self._send_photo, "sendDocument": self._send_document, "getFile": self._get_file,
+            }.items()
+        }
+
+    # ---- test-facing API -------------------------------------------------------------------------
+
+    def bot_user(self) -> JSON:
+        """The bot as a Telegram ``User`` dict (the ``from`` of every message it sends)."""
+        return {"id": self.bot_id, "is_bot": True, "first_name": self.first_name, "username": self.username}
+
+    def calls(self, method: str | None = None) -> list[Call]:
+        """Recorded calls (valid token only) in arrival order, optionally only those of ``method``."""
+        with self._lock:
+            calls = list(self._calls)
+        name = self._canonical(method) if method else None
+        return [c for c in calls if name is None or c.method == name]
+
+    def _find_call(self, method: str, predicate: Predicate | None, since: int) -> Call | None:
+        with self._lock:
+            calls = self._calls[since:]
+        name = self._canonical(method)
+        return next((c for c in calls if c.method == name and (predicate is None or predicate(c))), None)
+
+    def _timeout_error(self, method: str, timeout: float) -> TimeoutError:
+        seen = [c.method for c in self.calls()]
+        return TimeoutError(f"no matching {method} call within {timeout} s; calls so far: {seen}")
+
+    async def wait_for_call(
+        self, method: str, predicate: Predicate | None = None, timeout: float = 5.0, *, since: int = 0
+    ) -> Call:
+        """Waits (from any event loop, by polling every 10 ms) for a recorded ``method`` call matching
+        ``predicate(call)``; ``since`` skips the first N entries of the full log (pass
+        ``len(fake.calls())`` taken before acting). Raises ``TimeoutError`` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while (found := self._find_call(method, predicate, since)) is None:
+            if time.monotonic() >= deadline:
+                raise self._timeout_error(method, timeout)
+            await asyncio.sleep(0.01)
+        return found
+
+    def wait_for_call_sync(
+        self, method: str, predicate: Predicate | None = None, timeout: float = 5.0, *, since: int = 0
+    ) -> Call:
+        """Blocking twin of ``wait_for_call`` for synchronous tests or worker threads."""
+        deadline = time.monotonic() + timeout
+        while (found := self._find_call(method, predicate, since)) is None:
+            if time.monotonic() >= deadline:
+                raise self._timeout_error(method, timeout)
+            time.sleep(0.01)
+        return found
+
+    def sent_messages(self, chat_id: int | str | None = None) -> list[dict[str, Any]]:
+        """Messages the bot sent and that still exist, in send order, as they are now (after edits)."""
+        with self._lock:
+            msgs = [copy.deepcopy(m) for m in self._messages.values() if self._is_own(m)]
+        return [m for m in msgs if chat_id is None or m["chat"]["id"] == chat_id]
+
+    def inject(self, update: dict[str, Any]) -> int:
+        """Queues an Update for ``getUpdates`` (callable from any thread) and wakes a waiting poller.
+
+        Assigns ``update_id`` (last + 1) when absent and keeps an explicit one, so replaying a fixture
+        duplicate keeps the original id. Every injected update is returned at least once, even when its
+        id is below an offset confirmed earlier (models Telegram re-sending an unconfirmed update);
+        after that, a ``getUpdates`` with ``offset > update_id`` removes it. Returns the update_id."""
+        upd = copy.deepcopy(update)
+        with self._lock:
+            if "update_id" not in upd:
+                upd["update_id"] = self._last_update_id + 1
+            self._last_update_id = max(self._last_update_id, int(upd["update_id"]))
+            self._updates.append(_Queued(upd))
+            self._learn(upd)
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._wake_pollers)
+        return int(upd["update_id"])
+
+    @property
+    def confirmed_offset(self) -> int:
+        """Highest positive ``offset`` any getUpdates call has sent (0 before the first)."""
+        with self._lock:
+            return self._confirmed_offset
+
+    async def post_webhook(
+        self, url: str | None, update: dict[str, Any], secret_token: str | None = None
+    ) -> int:
+        """Delivers ``update`` the way Telegram's webhook does: POST JSON to ``url`` (default: the
+        ``setWebhook`` URL) with ``X-Telegram-Bot-Api-Secret-Token: secret_token`` (default: the
+        ``setWebhook`` secret; ``""`` sends no header). Usable from the test's loop; returns the HTTP
+        status, also appended to ``webhook_deliveries``."""
+        upd = dict(update)
+        with self._lock:
+            if "update_id" not in upd:
+                upd["update_id"] = self._last_update_id + 1
+            self._last_update_id = max(self._last_update_id, int(upd["update_id"]))
+            self._learn(upd)
+        secret = self.webhook_secret if secret_token is None else secret_token
+        headers = {"X-Telegram-Bot-Api-Secret-Token": secret} if secret else {}
+        async with aiohttp.ClientSession() as session, session.post(
+            url or self.webhook_url, json=upd, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
+        ) as resp:
+            status = resp.status
+        self.webhook_deliveries.append((int(upd["update_id"]), status))
+        return status
+
+    def fail_next(
+        self, method: str, status: int, description: str | None = None, parameters: JSON | None = None
+    ) -> None:
+        """Queues a canned error for the next call of ``method`` (one per call; queue several for a
+        streak), e.g. ``fail_next("sendMessage", 429, parameters={"retry_after": 1})``. The call is
+        still recorded; no state changes. ``description`` defaults to Telegram's wording per status."""
+        if description is None:
+            retry = (parameters or {}).get("retry_after")
+            description = {
+                400: "Bad Request: can't parse entities: Character '.' is reserved and must be escaped "
+                "with the preceding '\\'",
+                403: "Forbidden: bot was blocked by the user",
+                409: _POLL_CONFLICT,
+                429: f"Too Many Requests: retry after {retry}",
+            }.get(status, "Bad Gateway")
+        with self._lock:
+            self._faults.setdefault(self._canonical(method), deque()).append(
+                ApiError(status, description, parameters)
+            )
+
+    def stop(self) -> None:
+        """Releases pending long polls (so shutdown is instant), then stops the server."""
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._release_pollers)
+        super().stop()
+
+    # ---- plumbing --------------------------------------------------------------------------------
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/bot{token}/{method}", self._handle_method)
+        app.router.add_get("/file/bot{token}/{file_path:.+}", self._handle_file)
+        return app
+
+    def _canonical(self, method: str) -> str:
+        return self._methods.get(method.lower(), (method, None))[0]
+
+    async def _handle_method(self, request: web.Request) -> web.StreamResponse:
+        if request.match_info["token"] != self.token:
+            return ApiError(401, "Unauthorized").response()
+        entry = self._methods.get(request.match_info["method"].lower())
+        if entry is None:
+            return ApiError(404, "Not Found").response()
+        name, handler = entry
+        try:
+            params, files = await self._read_params(request)
+        except ApiError as exc:
+            return exc.response()
+        recorded = [{k: v for k, v in f.items() if k != "data"} for f in files]
+        with self._lock:
+            self._calls.append(Call(time.monotonic(), name, params, recorded))
+            faults = self._faults.get(name)
+            fault = faults.popleft() if faults else None
+        if fault is not None:
+            return fault.response()
+        try:
+            result = handler(params, files)
+            if asyncio.iscoroutine(result):
+                result = await result
+        except ApiError as exc:
+            return exc.response()
+        return web.json_response({"ok": True, "result": result})
+
+    async def _handle_file(self, request: web.Request) -> web.StreamResponse:
+        if request.match_info["token"] != self.token:
+            return ApiError(401, "Unauthorized").response()
+        data = self.files.get(request.match_info["file_path"].removeprefix("files/"))
+        if data is None:
+            return ApiError(404, "Not Found").response()
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    async def _read_params(self, request: web.Request) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        params: dict[str, Any] = dict(request.query)
+        files: list[dict[str, Any]] = []
+        if request.content_type == "application/json":
+            try:
+                body = await request.json() if request.can_read_body else {}
+            except ValueError:
+                raise _bad("can't parse JSON request body") from None
+            params.update(body if isinstance(body, dict) else {})
+        elif request.content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
+            for key, value in (await request.post()).items():
+                if isinstance(value, web.FileField):
+                    data = value.file.read()
+                    files.append({"name": key, "filename": value.filename, "size": len(data),
+                                  "content_type": value.content_type, "data": data})
+                else:
+                    params[key] = value
+        for key, value in list(params.items()):
+            if key in _JSON_FIELDS and isinstance(value, str):
+                try:
+                    params[key] = json.loads(value)
+                except ValueError:
+                    raise _bad(f"can't parse {key} JSON object") from None
+            elif key in _INT_FIELDS and isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+                params[key] = int(value)
+            elif key in _BOOL_FIELDS and isinstance(value, str) and value.lower() in ("true", "false"):
+                params[key] = value.lower() == "true"
+        return params, files
+
+    def _learn(self, update: dict[str, Any]) -> None:
+        """Remembers chats and messages seen in an update (caller holds the lock)."""
+        for kind in ("message", "edited_message", "channel_post", "edited_channel_post"):
+            msg = update.get(kind)
+            if isinstance(msg, dict) and isinstance(msg.get("chat"), dict) and "message_id" in msg:
+                chat_id = msg["chat"]["id"]
+                self._chats[chat_id] = msg["chat"]
+                self._messages[(chat_id, msg["message_id"])] = copy.deepcopy(msg)
+                self._last_message_id[chat_id] = max(self._last_message_id.get(chat_id, 0), msg["message_id"])
+
+    def _is_own(self, msg: JSON) -> bool:
+        return (msg.get("from") or {}).get("id") == self.bot_id
+
+    def _wake_pollers(self) -> None:
+        for poller in self._pollers:
+            poller.event.set()
+
+    def _release_pollers(self) -> None:
+        self._closing = True
+        self._wake_pollers()
+
+    def _chat(self, chat_id: Any) -> JSON:
+        if chat_id in self._chats:
+            return copy.deepcopy(self._chats[chat_id])
+        if isinstance(chat_id, int) and chat_id > 0:
+            return {"id": chat_id, "type": "private", "first_name": "User"}
+        if isinstance(chat_id, int) and not str(chat_id).startswith("-100"):
+            return {"id": chat_id, "type": "group", "title": "Group"}
+        chat = {"id": chat_id, "type": "supergroup", "title": "Supergroup"}
+        if chat_id in self.forum_chats:
+            chat["is_forum"] = True
+        return chat
+
+    def _require_chat(self, params: dict[str, Any]) -> Any:
+        chat_id = params.get("chat_id")
+        if chat_id in (None, ""):
+            raise _bad("chat_id is empty")
+        thread = params.get("message_thread_id")
+        if thread is not None and self.forum_chats and chat_id not in self.forum_chats:
+            raise _bad("message thread not found")
+        return chat_id
+
+    def _new_message(self, params: dict[str, Any], content: dict[str, Any]) -> JSON:
+        chat_id = self._require_chat(params)
+        with self._lock:
+            message_id = self._last_message_id.get(chat_id, 0) + 1
+            self._last_message_id[chat_id] = message_id
+            msg: JSON = {"message_id": message_id, "from": self.bot_user(), "chat": self._chat(chat_id),
+                         "date": int(time.time())}
+            thread = params.get("message_thread_id")
+            if thread is not None:
+                msg["message_thread_id"] = thread
+                if chat_id in self.forum_chats or msg["chat"].get("is_forum"):
+                    msg["is_topic_message"] = True
+            reply = params.get("reply_parameters")
+            if not isinstance(reply, dict) and params.get("reply_to_message_id") is not None:
+                reply = {"message_id": params["reply_to_message_id"]}
+            if isinstance(reply, dict):
+                quoted = self._messages.get((reply.get("chat_id", chat_id), reply.get("message_id")))
+                if quoted is not None:
+                    msg["reply_to_message"] = {k: v for k, v in quoted.items() if k != "reply_to_message"}
+            msg.update({k: v for k, v in content.items() if v is not None})
+            if isinstance(params.get("reply_markup"), dict):
+                msg["reply_markup"] = params["reply_markup"]
+            self._messages[(chat_id, message_id)] = msg
+            return copy.deepcopy(msg)
+
+    # ---- Bot API methods -------------------------------------------------------------------------
+
+    def _true(self, params: JSON, files: list[JSON]) -> bool:
+        return True
+
+    def _get_me(self, params: JSON, files: list[JSON]) -> JSON:
+        return {**self.bot_user(), "can_join_groups": True, "can_read_all_group_messages": False,
+                "supports_inline_queries": False}
+
+    def _set_webhook(self, params: JSON, files: list[JSON]) -> bool:
+        secret = params.get("secret_token")
+        if secret and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", str(secret)):
+            raise _bad("secret token contains unallowed characters")
+        self.webhook_url, self.webhook_secret = str(params.get("url") or ""), secret or None
+        if params.get("drop_pending_updates"):
+            with self._lock:
+                self._updates.clear()
+        return True
+
+    def _delete_webhook(self, params: JSON, files: list[JSON]) -> bool:
+        return self._set_webhook({"drop_pending_updates": params.get("drop_pending_updates")}, files)
+
+    def _get_webhook_info(self, params: JSON, files: list[JSON]) -> JSON:
+        with self._lock:
+            pending = len(self._updates)
+        return {"url": self.webhook_url, "has_custom_certificate": False, "pending_update_count": pending}
+
+    def _take_updates(self, offset: int, limit: int) -> list[dict[str, Any]]:
+        with self._lock:
+            if offset < 0:
+                self._updates = self._updates[offset:]
+            elif offset > 0:
+                self._confirmed_offset = max(self._confirmed_offset, offset)
+                self._updates = [q for q in self._updates if not (q.delivered and q.update_id < offset)]
+            batch = self._updates[:limit]
+            for queued in batch:
+                queued.delivered = True
+            return [copy.deepcopy(q.update) for q in batch]
+
+    async def _get_updates(self, params: JSON, files: list[JSON]) -> list[dict[str, Any]]:
+        """Long poll: terminates an overlapping older poll with 409, then waits ≤ ``timeout`` s."""
+        if self.webhook_url:
+            raise ApiError(409, _WEBHOOK_CONFLICT)
+        offset = params.get("offset") if isinstance(params.get("offset"), int) else 0
+        limit = min(max(params["limit"], 1), 100) if isinstance(params.get("limit"), int) else 100
+        timeout = max(params["timeout"], 0) if isinstance(params.get("timeout"), int) else 0
+        for older in self._pollers:
+            older.terminated = True
+            older.event.set()
+        me = _Poller()
+        self._pollers.append(me)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                me.event.clear()
+                if me.terminated:
+                    raise ApiError(409, _POLL_CONFLICT)
+                batch = self._take_updates(offset, limit)
+                remaining = deadline - loop.time()
+                if batch or remaining <= 0 or self._closing:
+                    return batch
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(me.event.wait(), remaining)
+        finally:
+            self._pollers.remove(me)
+
+    def _send_message(self, params: JSON, files: list[JSON]) -> JSON:
+        text, entities = render(params.get("text"), params.get("parse_mode"), params.get("entities"))
+        return self._new_message(params, {"text": text, "entities": entities})
+
+    def _send_message_draft(self, params: JSON, files: list[JSON]) -> bool:
+        self._require_chat(params)
+        render(params.get("text"), params.get("parse_mode"), params.get("entities"))
+        return True
+
+    def _edit_message_text(self, params: JSON, files: list[JSON]) -> JSON:
+        key = (params.get("chat_id"), params.get("message_id"))
+        text, entities = render(params.get("text"), params.get("parse_mode"), params.get("entities"))
+        with self._lock:
+            msg = self._messages.get(key)
+            if msg is None:
+                raise _bad("message to edit not found")
+            if not self._is_own(msg):
+                raise _bad("message can't be edited")
+            if "text" not in msg:
+                raise _bad("there is no text in the message to edit")
+            markup = params.get("reply_markup") if isinstance(params.get("reply_markup"), dict) else None
+            if (text, entities, markup) == (msg["text"], msg.get("entities"), msg.get("reply_markup")):
+                raise ApiError(400, _NOT_MODIFIED)
+            msg["text"], msg["edit_date"] = text, int(time.time())
+            for name, value in (("entities", entities), ("reply_markup", markup)):
+                if value:
+                    msg[name] = value
+                else:
+                    msg.pop(name, None)
+            return copy.deepcopy(msg)
+
+    def _delete_message(self, params: JSON, files: list[JSON]) -> bool:
+        with self._lock:
+            if self._messages.pop((params.get("chat_id"), params.get("message_id")), None) is None:
+                raise _bad("message to delete not found")
+        return True
+
+    def _set_my_commands(self, params: JSON, files: list[JSON]) -> bool:
+        self.commands = list(params.get("commands") or [])
+        return True
+
+    def _media(self, kind: str, params: JSON, files: list[JSON]) -> JSON:
+        part = next((f for f in files if f["name"] == kind), None)
+        if part is None and not isinstance(params.get(kind), str):
+            raise _bad(f"there is no {kind} in the request")
+        if part is not None or str(params[kind]).startswith(("http://", "https://", "attach://")):
+            file_id = f"FAKE{kind}{next(self._file_ids):06d}"
+            self.files[file_id] = part["data"] if part else b"fake-" + file_id.encode()
+        else:
+            file_id = str(params[kind])
+        caption, entities = render(params.get("caption"), params.get("parse_mode"),
+                                   params.get("caption_entities"), CAPTION_LIMIT, caption=True)
+        size = len(self.files.get(file_id, b""))
+        meta = {"file_id": file_id, "file_unique_id": f"U{file_id}"[:32], "file_size": size}
+        if kind == "photo":
+            media: Any = [{**meta, "width": 640, "height": 480}]
+        else:
+            media = {**meta, "file_name": (part or {}).get("filename") or "document",
+                     "mime_type": (part or {}).get("content_type") or "application/octet-stream"}
+        content = {kind: media, "caption": caption or None, "caption_entities": entities}
+        return self._new_message(params, content)
+
+    def _send_photo(self, params: JSON, files: list[JSON]) -> JSON:
+        return self._media("photo", params, files)
+
+    def _send_document(self, params: JSON, files: list[JSON]) -> JSON:
+        return self._media("document", params, files)
+
+    def _get_file(self, params: JSON, files: list[JSON]) -> JSON:
+        file_id = str(params.get("file_id") or "")
+        if not file_id:
+            raise _bad("invalid file_id")
+        data = self.files.setdefault(file_id, b"fake file content for " + file_id.encode())
+        return {"file_id": file_id, "file_unique_id": f"U{file_id}"[:32], "file_size": len(data),
+                "file_path": f"files/{file_id}"}

@@ -1,0 +1,202 @@
+"""Self-test of tests/fakes/openai.py against the real ``openai`` client."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import openai
+import pytest
+
+from tests.fakes.openai import FakeOpenAI, call, delay, error, text, tool_calls
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+MODEL = "gpt-4o-mini"
+
+
+@pytest.fixture(scope="module")
+def fake():
+    with FakeOpenAI(api_key="sk-test") as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _clean(fake, monkeypatch):
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    fake.reset()
+
+
+@pytest.fixture
+def client(fake):
+    return openai.OpenAI(base_url=f"{fake.url}/v1", api_key="sk-test", max_retries=0, timeout=5)
+
+
+def user(content="hi"):
+    return {"role": "user", "content": content}
+
+
+def assistant_calls(*ids):
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": i, "type": "function", "function": {"name": "get_weather", "arguments": "{}"}} for i in ids]}
+
+
+def tool_msg(call_id, content="sunny"):
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def test_text_reply(fake, client):
+    fake.script(text("hello there"))
+    resp = client.chat.completions.create(model=MODEL, messages=[user()])
+    assert resp.choices[0].message.content == "hello there"
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.model == MODEL and resp.id.startswith("chatcmpl-")
+    assert resp.usage.prompt_tokens > 0 and resp.usage.prompt_tokens_details.cached_tokens == 0
+    rec = fake.last_request
+    assert rec["json"]["messages"] == [user()] and rec["headers"]["authorization"] == "Bearer sk-test"
+    assert rec["status"] == 200 and fake.wait_for_requests(1)
+
+
+def test_parallel_tool_calls_and_follow_up(fake, client):
+    a, b = call("get_weather", {"city": "Oslo"}, id="call_a"), call("get_weather", '{"city": "Rome"}')
+    fake.script(tool_calls(a, b), text("both sunny"))
+    resp = client.chat.completions.create(model=MODEL, messages=[user()], tools=TOOLS)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    got = [(c.id, c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+    assert got == [("call_a", "get_weather", {"city": "Oslo"}), (b.id, "get_weather", {"city": "Rome"})]
+    follow = [user(), assistant_calls("call_a", b.id), tool_msg(b.id), tool_msg("call_a")]
+    resp = client.chat.completions.create(model=MODEL, messages=follow, tools=TOOLS)
+    assert resp.choices[0].message.content == "both sunny"
+
+
+def test_orphan_tool_message_is_rejected(fake, client):
+    fake.script(text("never sent"))
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=MODEL, messages=[user(), tool_msg("call_x")])
+    assert "must be a response to a preceeding message with 'tool_calls'" in exc.value.message
+    assert exc.value.body["param"] == "messages.[1].role"
+    with pytest.raises(openai.BadRequestError):  # a user message between call and answer breaks it
+        client.chat.completions.create(
+            model=MODEL, messages=[user(), assistant_calls("c1"), user(), tool_msg("c1")])
+    assert fake.pending == 1
+
+
+def test_missing_tool_answer_is_rejected_without_eating_script(fake, client):
+    fake.script(text("kept"))
+    msgs = [user(), assistant_calls("call_1", "call_2"), tool_msg("call_1"), user("next")]
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=MODEL, messages=msgs)
+    assert "did not have response messages: call_2" in exc.value.message
+    assert fake.pending == 1 and fake.last_request["status"] == 400
+    resp = client.chat.completions.create(model=MODEL, messages=[user()])
+    assert resp.choices[0].message.content == "kept"
+
+
+def test_schema_validation(fake, client):
+    bad_tools = [{"type": "function", "function": {"name": "bad name"}}]
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=[user()], tools=bad_tools)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=[{"content": "no role"}])
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=[])
+
+
+def test_auth_errors_and_models(fake):
+    bad = openai.OpenAI(base_url=f"{fake.url}/v1", api_key="sk-wrong-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as exc:
+        bad.chat.completions.create(model=MODEL, messages=[user()])
+    assert exc.value.code == "invalid_api_key" and "Incorrect API key provided" in exc.value.message
+    good = openai.OpenAI(base_url=f"{fake.url}/v1", api_key="sk-test")
+    assert [m.id for m in good.models.list()] == [MODEL]
+
+
+def test_scripted_http_errors(fake, client):
+    fake.script(error(429, "Rate limit reached", "requests", "rate_limit_exceeded",
+                      headers={"retry-after": "0"}), error(500, "boom", "server_error"))
+    with pytest.raises(openai.RateLimitError) as exc:
+        client.chat.completions.create(model=MODEL, messages=[user()])
+    assert exc.value.response.headers["retry-after"] == "0"
+    with pytest.raises(openai.InternalServerError):
+        client.chat.completions.create(model=MODEL, messages=[user()])
+
+
+def test_streaming_text(fake, client):
+    fake.script(text("streamed words arrive in pieces"))
+    stream = client.chat.completions.create(model=MODEL, messages=[user()], stream=True,
+                                            stream_options={"include_usage": True})
+    parts, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            parts.append(ch.delta.content or "")
+            finish = ch.finish_reason or finish
+    assert "".join(parts) == "streamed words arrive in pieces" and len(parts) > 2
+    assert finish == "stop" and usage.total_tokens > 0
+
+
+def test_streaming_tool_calls(fake, client):
+    fake.script(tool_calls(call("get_weather", {"city": "Oslo"}, id="c1"),
+                           call("lookup", {"q": "x" * 20}, id="c2")))
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(model=MODEL, messages=[user()], stream=True):
+        ch = chunk.choices[0]
+        finish = ch.finish_reason or finish
+        for tc in ch.delta.tool_calls or []:
+            slot = calls.setdefault(tc.index, {"id": None, "name": "", "args": ""})
+            slot["id"] = tc.id or slot["id"]
+            slot["name"] += tc.function.name or ""
+            slot["args"] += tc.function.arguments or ""
+    assert finish == "tool_calls"
+    assert [(c["id"], c["name"], json.loads(c["args"])) for c in calls.values()] == [
+        ("c1", "get_weather", {"city": "Oslo"}), ("c2", "lookup", {"q": "x" * 20})]
+
+
+def test_delays_are_concurrent(fake, client):
+    fake.script(delay(0.6, "a"), delay(0.6, "b"))
+    out: list[str] = []
+
+    def ask():
+        out.append(client.chat.completions.create(model=MODEL, messages=[user()]).choices[0].message.content)
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    elapsed = time.monotonic() - start
+    assert sorted(out) == ["a", "b"] and 0.55 < elapsed < 1.1
+
+
+def test_responder_used_when_queue_empty(fake, client):
+    fake.responder = lambda req: text(f"echo: {req['messages'][-1]['content']}")
+    fake.script("scripted first")
+    contents = [client.chat.completions.create(model=MODEL, messages=[user(w)]).choices[0].message.content
+                for w in ("one", "two")]
+    assert contents == ["scripted first", "echo: two"]
+    fake.reset()
+    assert client.chat.completions.create(model=MODEL, messages=[user()]).choices[0].message.content == (
+        "(no scripted reply)")
+
+
+def test_prompt_cache_emulation(fake, client):
+    system = {"role": "system", "content": "rules " * 1500}
+    first = client.chat.completions.create(model=MODEL, messages=[system, user("a")])
+    second = client.chat.completions.create(model=MODEL, messages=[system, user("b")])
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 1024 and cached % 128 == 0 and cached <= second.usage.prompt_tokens
+    assert fake.last_request["cached_tokens"] == cached and 0 < fake.cache_hit_ratio() < 1
+
+
+async def test_async_client(fake):
+    fake.script(text("async ok"))
+    aclient = openai.AsyncOpenAI(base_url=f"{fake.url}/v1", api_key="sk-test", max_retries=0)
+    resp = await aclient.chat.completions.create(model=MODEL, messages=[user()])
+    assert resp.choices[0].message.content == "async ok"
+    await aclient.close()

@@ -1,0 +1,218 @@
+"""End to end through the real python-telegram-bot and openai clients against loopback fakes:
+a Telegram message reaches the agent, the agent uses ``web_fetch``, and the reply comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from gateway.store.models import InboxRow, MessageRow
+from tests.conftest import fixture, gateway_config, start_gateway
+from tests.fakes import openai as oa
+
+
+async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def dm_update(text: str, message_id: int, user_id: int = 5550001) -> dict[str, Any]:
+    update = fixture("telegram", "dm_text.json")
+    update.pop("update_id")
+    update["message"]["message_id"] = message_id
+    update["message"]["text"] = text
+    update["message"]["from"]["id"] = update["message"]["chat"]["id"] = user_id
+    return update
+
+
+def sends_to(fake, chat_id: int) -> list:
+    return [c for c in fake.calls("sendMessage") if int(c.params["chat_id"]) == chat_id]
+
+
+def echo_tool_result(request: dict[str, Any]) -> oa.TextReply:
+    """Answers from the last tool result, so the reply proves the tool really ran."""
+    last = request["messages"][-1]
+    if last["role"] == "tool":
+        codename = "amber-falcon-42" if "amber-falcon-42" in last["content"] else "nothing found"
+        return oa.text(f"The page says the codename is **{codename}**.")
+    return oa.text(f"echo: {last['content'][-40:]}")
+
+
+async def test_dm_uses_web_fetch_and_replies(tmp_path, fake_telegram, fake_openai, page_server, running):
+    fake_openai.reset()
+    url = f"{page_server.url}/page"
+    fetch = oa.call("web_fetch", {"url": url})
+    fake_openai.script(oa.tool_calls(fetch))
+    fake_openai.responder = echo_tool_result
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+
+    fake_telegram.inject(dm_update(f"summarize {url}", 9001, user_id=5551001))
+    call = await fake_telegram.wait_for_call("sendMessage", lambda c: int(c.params["chat_id"]) == 5551001, timeout=10)
+
+    assert call.params["text"] == "The page says the codename is amber-falcon-42."
+    assert {"type": "bold", "offset": 30, "length": 15} in call.params["entities"]
+    assert "reply_parameters" not in call.params  # DMs are answered without quoting
+    assert len(sends_to(fake_telegram, 5551001)) == 1
+
+    # The model saw the tool result under the same tool_call_id; the page's script was not text.
+    second = fake_openai.requests[1]["json"]["messages"]
+    tool_msg = second[-1]
+    assert tool_msg["role"] == "tool" and tool_msg["tool_call_id"] == fetch.id
+    assert "Release 2.0" in tool_msg["content"] and "not text" not in tool_msg["content"]
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "tool"]
+    # The current time is in the newest user message, not in the system prompt.
+    assert second[1]["content"].startswith("[20") and url in second[1]["content"]
+    assert "UTC" not in second[0]["content"]
+
+    with gateway.engine.connect() as conn:
+        rows = conn.execute(select(MessageRow.role, MessageRow.tool_call_id, MessageRow.content)
+                            .order_by(MessageRow.id)).all()
+        inbox = conn.execute(select(InboxRow.status)).scalars().all()
+    assert [r.role for r in rows] == ["user", "assistant", "tool", "assistant"]
+    assert rows[2].tool_call_id == fetch.id and "amber-falcon-42" in rows[2].content
+    assert rows[3].content == "The page says the codename is **amber-falcon-42**."
+    assert inbox == ["done"]
+    await wait_until(lambda: any(c.method == "sendChatAction" for c in fake_telegram.calls()), what="typing")
+
+
+async def test_restart_keeps_history_and_identical_system_prompt(tmp_path, fake_telegram, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text(f"answer {len(req['messages'])}")
+    config = gateway_config(tmp_path, fake_openai, fake_telegram)
+    first = await start_gateway(config, running)
+    fake_telegram.inject(dm_update("remember the word kiwi", 9101, user_id=5551002))
+    await fake_telegram.wait_for_call("sendMessage", lambda c: int(c.params["chat_id"]) == 5551002)
+    await first.stop()
+    running.remove(first)
+
+    await start_gateway(config, running)
+    fake_telegram.inject(dm_update("what word?", 9102, user_id=5551002))
+    await wait_until(lambda: len(sends_to(fake_telegram, 5551002)) == 2, what="second reply")
+
+    before, after = (r["json"] for r in fake_openai.requests[-2:])
+    assert json.dumps(after["messages"][0]) == json.dumps(before["messages"][0])  # byte-identical system prompt
+    assert json.dumps(after["tools"]) == json.dumps(before["tools"])
+    assert [m["role"] for m in after["messages"]] == ["system", "user", "assistant", "user"]
+    assert "remember the word kiwi" in after["messages"][1]["content"]
+    assert after["messages"][2]["content"] == "answer 2"
+    assert after["messages"][1] == before["messages"][1]  # history renders the same bytes every turn
+
+
+async def test_groups_answer_only_when_addressed(tmp_path, fake_telegram, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("group answer")
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+
+    # Same chat: the unaddressed message comes first, so a reply to it would be seen first.
+    fake_telegram.inject(fixture("telegram", "group_no_mention.json"))
+    fake_telegram.inject(fixture("telegram", "group_mention.json"))
+    call = await fake_telegram.wait_for_call("sendMessage", lambda c: int(c.params["chat_id"]) == -4000000001)
+    assert call.params["reply_parameters"]["message_id"] == 2201
+    user_texts = [r["json"]["messages"][-1]["content"] for r in fake_openai.requests]
+    assert len(user_texts) == 1 and user_texts[0].endswith("what is the status of the release?")
+    assert "from Bob" in user_texts[0]
+
+    # Forum topic: an emoji before the mention (UTF-16 offsets); the reply goes into topic 77.
+    fake_telegram.inject(fixture("telegram", "forum_topic_mention.json"))
+    topic = await fake_telegram.wait_for_call("sendMessage",
+                                              lambda c: int(c.params["chat_id"]) == -1001000000001)
+    assert int(topic.params["message_thread_id"]) == 77
+    assert topic.params["reply_parameters"]["message_id"] == 3305
+    assert fake_openai.requests[-1]["json"]["messages"][-1]["content"].endswith("👋 draft the changelog, please")
+    await asyncio.sleep(0.3)
+    assert len(sends_to(fake_telegram, -4000000001)) == 1
+
+
+async def test_duplicate_update_is_answered_once(tmp_path, fake_telegram, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("hello Alice")
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    fake_telegram.inject(fixture("telegram", "dm_text.json"))
+    await fake_telegram.wait_for_call("sendMessage", lambda c: int(c.params["chat_id"]) == 5550001)
+    fake_telegram.inject(fixture("telegram", "dm_text_duplicate.json"))
+    await wait_until(lambda: gateway.duplicates == 1, what="duplicate seen")
+    await asyncio.sleep(0.3)
+    assert len(sends_to(fake_telegram, 5550001)) == 1
+    assert len(fake_openai.requests) == 1
+
+
+async def test_long_markdown_reply_is_split_and_accepted(tmp_path, fake_telegram, fake_openai, running):
+    fake_openai.reset()
+    entries = [f"file_name_{i} 2 * {i} = {2 * i};" for i in range(700)]
+    body = "\n".join(" ".join(entries[j:j + 40]) for j in range(0, len(entries), 40))
+    model_text = "**Report** for `snake_case_var` and *emphasis*\n\n" + body
+    assert len(model_text) > 10_000
+    fake_openai.script(oa.text(model_text))
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+
+    fake_telegram.inject(dm_update("give me the long report", 9301, user_id=5551003))
+    await wait_until(lambda: sum(len(c.params["text"]) for c in sends_to(fake_telegram, 5551003)) >= 10_000,
+                     what="all parts")
+    calls = sends_to(fake_telegram, 5551003)
+    assert len(calls) >= 3
+    for call in calls:
+        assert len(call.params["text"].encode("utf-16-le")) // 2 <= 4096
+    stored = [m["text"] for m in fake_telegram.sent_messages(5551003)]
+    assert len(stored) == len(calls)  # every part was accepted by the Bot API fake
+    displayed = "Report for snake_case_var and emphasis\n\n" + body
+    assert "".join(stored) == displayed
+    first_entities = calls[0].params["entities"]
+    assert {"type": "bold", "offset": 0, "length": 6} in first_entities
+    assert {"type": "code", "offset": 11, "length": 14} in first_entities
+
+
+async def test_entities_rejected_are_resent_as_plain_text(tmp_path, fake_telegram, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.script(oa.text("Use **bold** here"))
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    fake_telegram.fail_next("sendMessage", 400, "Bad Request: can't parse entities: unsupported entity")
+    fake_telegram.inject(dm_update("format please", 9401, user_id=5551004))
+    await wait_until(lambda: len(fake_telegram.sent_messages(5551004)) == 1, what="plain resend")
+    calls = sends_to(fake_telegram, 5551004)
+    assert len(calls) == 2 and calls[0].params.get("entities") and not calls[1].params.get("entities")
+    assert fake_telegram.sent_messages(5551004)[0]["text"] == "Use bold here"
+
+
+async def test_flood_control_is_retried_after_retry_after(tmp_path, fake_telegram, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.script(oa.text("after the flood"))
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    fake_telegram.fail_next("sendMessage", 429, "Too Many Requests: retry after 1", {"retry_after": 1})
+    fake_telegram.inject(dm_update("hi", 9501, user_id=5551005))
+    await wait_until(lambda: len(fake_telegram.sent_messages(5551005)) == 1, timeout=10, what="retry")
+    calls = sends_to(fake_telegram, 5551005)
+    assert len(calls) == 2 and calls[1].time - calls[0].time >= 0.9
+    assert len(fake_telegram.sent_messages(5551005)) == 1
+
+
+@pytest.mark.parametrize("mode", ["webhook"])
+async def test_webhook_checks_secret_and_stores_nothing_on_401(tmp_path, fake_telegram, fake_openai, running, mode):
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("via webhook")
+    config = gateway_config(tmp_path, fake_openai, fake_telegram, telegram={"mode": mode})
+    gateway = await start_gateway(config, running)
+    url = f"http://127.0.0.1:{gateway.http_port}/telegram/webhook"
+
+    status = await fake_telegram.post_webhook(url, dm_update("sneaky", 9601, user_id=5551006), "wrong-secret")
+    assert status == 401
+    status = await fake_telegram.post_webhook(url, dm_update("sneaky", 9602, user_id=5551006), "")
+    assert status == 401
+    assert gateway.store.count_inbox("pending") + gateway.store.count_inbox("done") == 0
+
+    secret = "webhook-secret-0123456789"
+    assert await fake_telegram.post_webhook(url, dm_update("hello hook", 9603, user_id=5551006), secret) == 200
+    call = await fake_telegram.wait_for_call("sendMessage", lambda c: int(c.params["chat_id"]) == 5551006)
+    assert call.params["text"] == "via webhook"
+    async with __import__("aiohttp").ClientSession() as http:
+        async with http.post(url, data=b"{not json", headers={"X-Telegram-Bot-Api-Secret-Token": secret}) as resp:
+            assert resp.status == 200  # malformed: acknowledged, logged, nothing stored
+    assert gateway.store.count_inbox("done") == 1
