@@ -99,10 +99,13 @@ class Gateway:
     async def receive(self, message: InboundMessage) -> bool:
         """The adapters' sink: stores ``message`` in the inbox (dedupe) and schedules its lane.
 
-        Returns ``False`` for a duplicate. Raises if the database write failed (the adapter must
+        Returns ``False`` for a duplicate or an unaddressed message in a conversation the bot is
+        not part of. Raises if the database write failed (the adapter must
         not acknowledge the platform then).
         """
         key = session_key_for(message)
+        if not message.addressed and not await self.run_db(self.store.lane_exists, key):
+            return False  # a thread message not for us: the bot is not part of that thread
         stored = await self.run_db(self.store.insert_inbound, message, key)
         if stored:
             self.received += 1

@@ -77,6 +77,8 @@ class InboundMessage:
         attachments: files that came with the message.
         received_at: epoch seconds when the gateway received it.
         event_id: the platform's delivery/event id (Telegram ``update_id``), when it has one.
+        addressed: ``False`` for a group/thread message that did not mention the bot: the gateway
+            takes it only when its session already exists (a thread the bot is part of).
     """
 
     address: ChatAddress
@@ -89,6 +91,7 @@ class InboundMessage:
     attachments: tuple[Attachment, ...] = ()
     received_at: float = field(default_factory=time.time)
     event_id: str | None = None
+    addressed: bool = True
 
     @property
     def platform(self) -> str:
@@ -111,6 +114,7 @@ class InboundMessage:
             attachments=tuple(Attachment(**a) for a in data.get("attachments", ())),
             received_at=data.get("received_at", 0.0),
             event_id=data.get("event_id"),
+            addressed=data.get("addressed", True),
         )
 
 

@@ -167,6 +167,11 @@ class Store:
                 .values(lease_owner=None, lease_until=0.0)
             )
 
+    def lane_exists(self, key: str) -> bool:
+        """Whether the session key has been used before (the bot is part of that conversation)."""
+        with read_tx(self.engine) as conn:
+            return conn.execute(select(_lanes.c.key).where(_lanes.c.key == key)).first() is not None
+
     # -- sessions and transcript -------------------------------------------------------------
     def current_session(self, key: str, build_system_prompt: Callable[[], str]) -> tuple[str, str]:
         """Returns ``(session_id, system_prompt)`` of the key's current session, creating the
