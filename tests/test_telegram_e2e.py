@@ -155,15 +155,16 @@ async def test_long_markdown_reply_is_split_and_accepted(tmp_path, fake_telegram
     await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
 
     fake_telegram.inject(dm_update("give me the long report", 9301, user_id=5551003))
-    await wait_until(lambda: sum(len(c.params["text"]) for c in sends_to(fake_telegram, 5551003)) >= 10_000,
+    displayed = "Report for snake_case_var and emphasis\n\n" + body
+    await wait_until(lambda: sum(len(c.params["text"]) for c in sends_to(fake_telegram, 5551003)) >= len(displayed),
                      what="all parts")
+    await asyncio.sleep(0.2)
     calls = sends_to(fake_telegram, 5551003)
     assert len(calls) >= 3
     for call in calls:
         assert len(call.params["text"].encode("utf-16-le")) // 2 <= 4096
     stored = [m["text"] for m in fake_telegram.sent_messages(5551003)]
     assert len(stored) == len(calls)  # every part was accepted by the Bot API fake
-    displayed = "Report for snake_case_var and emphasis\n\n" + body
     assert "".join(stored) == displayed
     first_entities = calls[0].params["entities"]
     assert {"type": "bold", "offset": 0, "length": 6} in first_entities
