@@ -18,9 +18,9 @@ from tests.fakes.telegram import FakeTelegram
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ["no_proxy"] = os.environ["NO_PROXY"]
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "platforms"
-if not FIXTURES.is_dir():  # a clone with shared/ inside it
-    FIXTURES = Path(__file__).resolve().parents[1] / "shared" / "fixtures" / "platforms"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "platforms"
+"""Recorded platform payloads with their expected normalized results (copied from the team's
+shared fixtures so the repository tests itself wherever it is cloned)."""
 
 TEST_TOKEN = "7000000001:AAFakeTokenForLoopbackTestsOnly0000"
 os.environ["GATEWAY_TEST_TELEGRAM_TOKEN"] = TEST_TOKEN
@@ -29,7 +29,7 @@ os.environ["GATEWAY_TEST_OPENAI_KEY"] = "sk-test"
 
 
 def fixture(platform: str, name: str) -> dict[str, Any]:
-    """Loads ``shared/fixtures/platforms/<platform>/<name>``."""
+    """Loads ``tests/fixtures/platforms/<platform>/<name>``."""
     return json.loads((FIXTURES / platform / name).read_text())
 
 
