@@ -131,7 +131,7 @@ def pg_database() -> Iterator[str]:
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         admin.dispose()
         if os.environ.get("CI"):
             raise RuntimeError(f"PostgreSQL is required in CI but unreachable at {PG_ADMIN_URL}: {exc}") from exc

@@ -64,7 +64,8 @@ def test_invalid_json_arguments_go_back_as_a_tool_error(model, fake_openai):
     fake_openai.script(oa.tool_calls(bad), oa.text("sorry"))
     outcome, recorded = run(model, registry(), [{"role": "user", "content": "x"}])
     tool_msg = recorded[1]
-    assert tool_msg["tool_call_id"] == bad.id and tool_msg["content"].startswith("Error: the arguments are not valid JSON")
+    assert tool_msg["tool_call_id"] == bad.id
+    assert tool_msg["content"].startswith("Error: the arguments are not valid JSON")
     sent = fake_openai.requests[1]["json"]["messages"][-1]
     assert sent == {"role": "tool", "tool_call_id": bad.id, "content": tool_msg["content"]}
     assert outcome.reply == "sorry"
@@ -89,11 +90,12 @@ def test_iteration_budget_ends_the_turn_with_a_clear_reply(model, fake_openai):
 
 def test_resumed_turn_answers_only_the_missing_tool_call(model, fake_openai):
     done, missing = oa.call("add", {"a": 1, "b": 1}), oa.call("add", {"a": 2, "b": 2})
+    args = {c.id: json.dumps(a) for c, a in ((done, {"a": 1, "b": 1}), (missing, {"a": 2, "b": 2}))}
     history = [
         {"role": "user", "content": "two sums"},
         {"role": "assistant", "content": None, "tool_calls": [
-            {"id": done.id, "type": "function", "function": {"name": "add", "arguments": json.dumps({"a": 1, "b": 1})}},
-            {"id": missing.id, "type": "function", "function": {"name": "add", "arguments": json.dumps({"a": 2, "b": 2})}},
+            {"id": c.id, "type": "function", "function": {"name": "add", "arguments": args[c.id]}}
+            for c in (done, missing)
         ]},
         {"role": "tool", "tool_call_id": done.id, "content": "2"},
     ]

@@ -26,7 +26,7 @@ def test_toml_then_env_overrides(tmp_path, monkeypatch):
 def test_unknown_keys_and_missing_files_are_clear_errors(tmp_path):
     path = tmp_path / "g.toml"
     path.write_text("[telegram]\ntokn_env = 'X'\n")
-    with pytest.raises(ConfigError, match="telegram.tokn_env"):
+    with pytest.raises(ConfigError, match=r"telegram\.tokn_env"):
         load_config(path)
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.toml")
