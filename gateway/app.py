@@ -79,7 +79,7 @@ class Gateway:
         self.delivery = Delivery(
             store=self.store, adapters=self.adapters, instance_id=self.instance_id, run_db=self.run_db,
             max_attempts=config.delivery.max_attempts, backoff_base_s=config.delivery.backoff_base_s,
-            backoff_max_s=config.delivery.backoff_max_s,
+            backoff_max_s=config.delivery.backoff_max_s, claim_s=config.delivery.claim_s,
         )
         self.bus = SessionBus(
             store=self.store, run_turn=self.runner.run, workers=self._workers, instance_id=self.instance_id,
@@ -150,7 +150,7 @@ class Gateway:
                         held = name in await self.run_db(self.store.renew_lanes, [name], self.instance_id, lease_s)
                     else:
                         held = await self.run_db(self.store.claim_lane, name, self.instance_id, lease_s)
-                except Exception:  # noqa: BLE001 - a DB hiccup: keep the current state, try again
+                except Exception:
                     log.exception("receiver lease %s: database error", name)
                     held = receiving
                 if held and not receiving:
@@ -175,7 +175,8 @@ class Gateway:
 
         async def keep_typing() -> None:
             while True:
-                await adapter.send_typing(address)
+                if not self.delivery.chat_waiting(address.platform, address.tenant, address.chat_id):
+                    await adapter.send_typing(address)
                 await asyncio.sleep(TYPING_INTERVAL_S)
 
         self._typing[address] = asyncio.create_task(keep_typing())

@@ -83,6 +83,9 @@ class DeliveryConfig(_Section):
     max_attempts: int = 8
     backoff_base_s: float = 1.0
     backoff_max_s: float = 300.0
+    claim_s: float = 30.0
+    """How long one send attempt may take before another instance (or this one after a crash)
+    reclaims the reply; a reply reclaimed this way never has its part in flight sent again."""
 
 
 class TelegramConfig(_Section):

@@ -1,7 +1,13 @@
 """Delivery (DESIGN §3.5): sends outbox rows through the adapters, retrying with backoff.
 
-Sole owner of delivery retries. Rows of one chat go out in order; different chats in parallel.
-A platform's retry-after is honoured; parts of a reply already delivered are never resent.
+The one owner of delivery retries. Rows of one chat go out strictly in order (the store hands
+out at most the oldest unsettled row per chat), different chats in parallel. A platform's
+retry-after is honoured, and no other call goes to a chat while its reply waits to be retried.
+
+Exactly once: a row is claimed (``claimed``), and each part is marked ``sending`` right before
+its API call and recorded right after. A row found ``sending`` after its owner died may or may not
+have reached the platform: unless the platform dedupes by our key, that part is never sent again
+and the row ends ``unconfirmed`` (logged), the only case where we cannot know.
 """
 
 from __future__ import annotations
@@ -11,7 +17,6 @@ import dataclasses
 import logging
 import random
 import time
-from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,6 +24,11 @@ from gateway.ports import Adapter
 from gateway.store.sql import OutboxItem, Store
 
 log = logging.getLogger("gateway.delivery")
+
+
+class ClaimLost(Exception):
+    """Our claim on an outbox row expired and another instance took it: stop sending its parts."""
+
 
 UNCONFIRMED = "?"
 """Stands in the row's platform message ids for a part that may or may not have arrived."""
@@ -29,7 +39,7 @@ class Delivery:
 
     def __init__(self, *, store: Store, adapters: Mapping[str, Adapter], instance_id: str,
                  run_db: Callable[..., Any], max_attempts: int = 8, backoff_base_s: float = 1.0,
-                 backoff_max_s: float = 300.0, claim_s: float = 120.0, poll_s: float = 2.0) -> None:
+                 backoff_max_s: float = 300.0, claim_s: float = 30.0, poll_s: float = 2.0) -> None:
         self.store = store
         self.adapters = adapters
         self.instance_id = instance_id
@@ -41,10 +51,17 @@ class Delivery:
         self.poll_s = poll_s
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._waiting: dict[tuple[str, str, str], float] = {}  # chat -> retry time (this instance)
         self.sent = 0
 
     def wake(self) -> None:
         self._wake.set()
+
+    def chat_waiting(self, platform: str, tenant: str, chat_id: str) -> bool:
+        """Whether a reply to this chat waits for a retry (rate limit): no other call may go to
+        the chat meanwhile, typing indicators included."""
+        until = self._waiting.get((platform, tenant, chat_id))
+        return until is not None and until > time.time()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="delivery")
@@ -68,70 +85,63 @@ class Delivery:
                     items = await self._run_db(self.store.claim_outbox, self.instance_id, 100, self.claim_s)
                     if not items:
                         break
-                    by_chat: dict[tuple[str, str, str], list[OutboxItem]] = defaultdict(list)
-                    for item in items:
-                        a = item.message.address
-                        by_chat[(a.platform, a.tenant, a.chat_id)].append(item)
-                    await asyncio.gather(*(self._send_in_order(group) for group in by_chat.values()))
+                    await asyncio.gather(*(self._send(item) for item in items))
             except Exception:
                 log.exception("delivery pass failed")
                 await asyncio.sleep(1.0)
 
-    async def _send_in_order(self, items: list[OutboxItem]) -> None:
-        for index, item in enumerate(items):
-            retry_at = await self._send(item)
-            if retry_at is not None:
-                # Keep chat order: later rows of this chat wait until the earlier one is retried.
-                for later in items[index + 1 :]:
-                    await self._run_db(self.store.mark_retry, later.id, retry_at + 0.001 * (index + 1),
-                                       "waiting for an earlier reply", later.sent_ids)
-                return
-
-    async def _send(self, item: OutboxItem) -> float | None:
-        """Sends one row; returns ``None`` when it is settled (sent or failed for good), else the
-        time of its next attempt."""
+    async def _send(self, item: OutboxItem) -> None:
         adapter = self.adapters.get(item.message.address.platform)
         if adapter is None:
-            await self._run_db(self.store.mark_failed, item.id, "no adapter for platform", item.sent_ids)
-            return None
+            await self._run_db(self.store.mark_failed, item.id, self.instance_id, "no adapter for platform",
+                               item.sent_ids)
+            return
         message, prior, note = item.message, list(item.sent_ids), None
         if item.unconfirmed and not getattr(adapter, "idempotent_send", False):
-            # The previous owner died while sending part `resume_from`: it may have arrived.
+            # The previous owner died during part `resume_from`'s API call: it may have arrived.
             # Never send it twice: skip it and record that it is unconfirmed.
             message = dataclasses.replace(message, resume_from=message.resume_from + 1)
             prior.append(UNCONFIRMED)
             note = f"part {message.resume_from} unconfirmed after a crash; not resent"
             log.warning("delivery %s: %s", message.idempotency_key, note)
-            await self._run_db(self.store.mark_progress, item.id, prior, self.claim_s)
+
+        async def before_part(index: int) -> None:
+            if not await self._run_db(self.store.mark_sending, item.id, self.instance_id, list(prior), self.claim_s):
+                raise ClaimLost(f"outbox row {item.id} was reclaimed by another instance")
 
         async def on_part(platform_id: str) -> None:
             prior.append(platform_id)
-            await self._run_db(self.store.mark_progress, item.id, list(prior), self.claim_s)
+            if not await self._run_db(self.store.mark_progress, item.id, self.instance_id, list(prior), self.claim_s):
+                raise ClaimLost(f"outbox row {item.id} was reclaimed by another instance")
 
         try:
-            result = await adapter.send(message, on_part)
+            result = await adapter.send(message, on_part, before_part)
+        except ClaimLost as exc:
+            log.warning("delivery %s stopped: %s", message.idempotency_key, exc)
+            return
         except Exception as exc:
             log.exception("adapter %s raised on send", adapter.platform)
-            result_ok, ids, retryable, retry_after, error = False, (), True, None, f"{type(exc).__name__}"
+            ok, ids, retryable, retry_after, error = False, (), True, None, type(exc).__name__
         else:
-            result_ok, ids, retryable, retry_after, error = (result.ok, result.platform_message_ids, result.retryable,
-                                                            result.retry_after, result.error)
+            ok, ids = result.ok, result.platform_message_ids
+            retryable, retry_after, error = result.retryable, result.retry_after, result.error
+        chat = (message.address.platform, message.address.tenant, message.address.chat_id)
+        self._waiting.pop(chat, None)
         sent_ids = list(prior)
         sent_ids += [i for i in ids if i not in sent_ids]
-        if result_ok:
+        if ok:
             status = "unconfirmed" if UNCONFIRMED in sent_ids else "sent"
-            await self._run_db(self.store.mark_sent, item.id, sent_ids, status, note)
+            await self._run_db(self.store.mark_sent, item.id, self.instance_id, sent_ids, status, note)
             self.sent += 1
-            return None
-        if retryable and item.attempts < self.max_attempts:
-            delay = retry_after if retry_after is not None else min(
-                self.backoff_max_s, self.backoff_base_s * 2 ** (item.attempts - 1)) * (0.5 + random.random())
-            log.warning("delivery %s failed (%s); retry %d in %.1f s", item.message.idempotency_key, error,
+        elif retryable and item.attempts < self.max_attempts:
+            backoff = min(self.backoff_max_s, self.backoff_base_s * 2 ** (item.attempts - 1))
+            delay = retry_after if retry_after is not None else backoff * (0.5 + random.random())
+            log.warning("delivery %s failed (%s); attempt %d, retry in %.1f s", message.idempotency_key, error,
                         item.attempts, delay)
-            retry_at = time.time() + delay
-            await self._run_db(self.store.mark_retry, item.id, retry_at, error or "", sent_ids)
+            self._waiting[chat] = time.time() + delay
+            await self._run_db(self.store.mark_retry, item.id, self.instance_id, time.time() + delay, error or "",
+                               sent_ids)
             asyncio.get_running_loop().call_later(delay, self.wake)
-            return retry_at
-        log.error("delivery %s failed permanently: %s", item.message.idempotency_key, error)
-        await self._run_db(self.store.mark_failed, item.id, error or "failed", sent_ids)
-        return None
+        else:
+            log.error("delivery %s failed permanently: %s", message.idempotency_key, error)
+            await self._run_db(self.store.mark_failed, item.id, self.instance_id, error or "failed", sent_ids)

@@ -12,6 +12,10 @@ from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundM
 PartSent = Callable[[str], Awaitable[None]]
 """Called by ``Adapter.send`` with each part's platform message id as soon as it is delivered."""
 
+BeforePart = Callable[[int], Awaitable[None]]
+"""Called by ``Adapter.send`` with a part's index right before that part's API call. It raises
+(and the adapter must let it propagate) when the reply may no longer be sent by us."""
+
 InboundSink = Callable[[InboundMessage], Awaitable[bool]]
 """Stores a normalized message durably; returns ``False`` for a duplicate. Raises if storing failed
 (the adapter must then not acknowledge the platform, so the platform delivers it again)."""
@@ -49,7 +53,8 @@ class Adapter(Protocol):
 
     async def stop(self) -> None: ...
 
-    async def send(self, message: OutboundMessage, on_part: PartSent | None = None) -> DeliveryResult:
+    async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
+                   before_part: BeforePart | None = None) -> DeliveryResult:
         """Delivers one reply (split into several platform messages if needed), skipping the first
         ``message.resume_from`` parts. Never raises for platform errors: they are reported in the
         result, with the ids of the parts delivered before the error."""

@@ -94,10 +94,11 @@ def test_outbox_claim_is_exclusive_and_keeps_delivered_parts(store):
     items = store.claim_outbox("a", 10, claim_s=60)
     assert len(items) == 1 and items[0].message.resume_from == 0
     assert store.claim_outbox("b", 10, claim_s=60) == []
-    store.mark_retry(items[0].id, time.time() - 1, "rate limited", ["m1"])
+    store.mark_retry(items[0].id, "a", time.time() - 1, "rate limited", ["m1"])
     again = store.claim_outbox("b", 10, claim_s=60)
     assert again[0].message.resume_from == 1 and again[0].sent_ids == ("m1",) and again[0].attempts == 2
-    store.mark_sent(again[0].id, ["m1", "m2"])
+    assert not store.mark_sent(again[0].id, "a", ["m1", "x"])  # "a" lost its claim: fenced off
+    assert store.mark_sent(again[0].id, "b", ["m1", "m2"])
     assert store.outbox_rows()[0]["status"] == "sent"
 
 
@@ -118,8 +119,8 @@ def test_outbox_keeps_chat_order_across_retries(store):
     store.finish_turn([p.inbox_id], "done", [reply_row("a"), reply_row("b"), reply_row("c", chat="6")])
     first = store.claim_outbox("x", 10, claim_s=60)
     assert [i.message.idempotency_key for i in first] == ["a", "c"]  # one row per chat
-    store.mark_retry(first[0].id, time.time() + 60, "429", [])  # chat 5 waits for its retry
-    store.mark_sent(first[1].id, ["9"])
+    store.mark_retry(first[0].id, "x", time.time() + 60, "429", [])  # chat 5 waits for its retry
+    store.mark_sent(first[1].id, "x", ["9"])
     assert store.claim_outbox("x", 10, claim_s=60) == []  # "b" may not overtake "a"
 
 
@@ -155,5 +156,9 @@ def test_row_left_sending_by_a_dead_owner_is_reclaimed_as_unconfirmed(store):
     [item] = store.claim_outbox("dead", 10, claim_s=0.01)
     assert not item.unconfirmed
     time.sleep(0.05)
-    [again] = store.claim_outbox("alive", 10, claim_s=60)
-    assert again.id == item.id and again.unconfirmed
+    [again] = store.claim_outbox("next", 10, claim_s=0.01)  # claimed, nothing in flight: a safe retry
+    assert again.id == item.id and not again.unconfirmed
+    assert store.mark_sending(again.id, "next", [], claim_s=0.01)  # the API call starts ... and it dies
+    time.sleep(0.05)
+    [third] = store.claim_outbox("alive", 10, claim_s=60)
+    assert third.id == item.id and third.unconfirmed

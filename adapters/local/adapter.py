@@ -76,7 +76,8 @@ class LocalAdapter:
         if self._task is not None:
             self._task.cancel()
 
-    async def send(self, message: OutboundMessage, on_part: object = None) -> DeliveryResult:
+    async def send(self, message: OutboundMessage, on_part: object = None, before_part: object = None
+                   ) -> DeliveryResult:
         self._write(f"agent> {message.text}")
         self.waiting.set()
         return DeliveryResult(True, (uuid.uuid4().hex,))

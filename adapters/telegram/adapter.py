@@ -23,7 +23,7 @@ from telegram.request import HTTPXRequest
 
 from adapters.telegram.format import Chunk, chunk_text, format_reply
 from adapters.telegram.inbound import BotIdentity, Ignored, to_inbound
-from gateway.ports import InboundSink, PartSent
+from gateway.ports import BeforePart, InboundSink, PartSent
 from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
 
 log = logging.getLogger("adapters.telegram")
@@ -186,7 +186,8 @@ class TelegramAdapter:
         return web.json_response({"ok": True})
 
     # -- outbound ----------------------------------------------------------------------------
-    async def send(self, message: OutboundMessage, on_part: PartSent | None = None) -> DeliveryResult:
+    async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
+                   before_part: BeforePart | None = None) -> DeliveryResult:
         """Sends the reply as one or more sendMessage calls (text + entities, ≤ 4096 UTF-16 units
         each), quoting ``reply_to_id`` on the first. Parts already sent (``resume_from``) are
         skipped, so a retried delivery never repeats a part."""
@@ -199,6 +200,8 @@ class TelegramAdapter:
             if index < message.resume_from:
                 continue
             quote = message.reply_to_id if index == 0 else None
+            if before_part is not None:
+                await before_part(index)
             try:
                 sent_id = await self._send_chunk(message.address, chunk, quote)
             except RetryAfter as exc:

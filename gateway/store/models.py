@@ -111,9 +111,9 @@ class OutboxRow(Base):
     text: Mapped[str] = mapped_column(Text)
     reply_to_id: Mapped[str | None] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(16), default="pending")
-    """``pending`` -> ``sending`` -> ``sent`` | ``failed`` (permanent error or attempts used up) |
-    ``cancelled`` (its turn was stopped). A row found ``sending`` after its owner died may or may
-    not have reached the platform: its part in flight is not sent again (``unconfirmed``)."""
+    """``pending`` -> ``claimed`` (``sending`` during a part's API call) -> ``sent`` | ``failed``
+    (permanent error or attempts used up) | ``cancelled`` (its turn was stopped) | ``unconfirmed``
+    (a part was in flight when its sender died; it is never sent again)."""
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[float] = mapped_column(Float, default=0.0)
     claimed_by: Mapped[str | None] = mapped_column(String(128))

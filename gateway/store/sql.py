@@ -363,18 +363,19 @@ class Store:
 
         Rows whose lane generation moved on (``/stop``, interrupt) become ``cancelled`` instead.
         A row left ``sending`` by an owner whose claim expired is reclaimed as ``unconfirmed``.
-        Claimed rows are ``sending`` until ``mark_sent``/``mark_retry``/``mark_failed``.
+        Claimed rows are ``claimed`` (``sending`` during a part's API call, see ``mark_sending``)
+        until ``mark_sent``/``mark_retry``/``mark_failed``.
         """
         now = time.time()
         earlier = _outbox.alias("earlier")
         due = or_(
             and_(_outbox.c.status == "pending", _outbox.c.next_attempt_at <= now),
-            and_(_outbox.c.status == "sending", _outbox.c.claim_until < now),
+            and_(_outbox.c.status.in_(("claimed", "sending")), _outbox.c.claim_until < now),
         )
         blocked = exists().where(
             earlier.c.chat_key == _outbox.c.chat_key,
             earlier.c.id < _outbox.c.id,
-            earlier.c.status.in_(("pending", "sending")),
+            earlier.c.status.in_(("pending", "claimed", "sending")),
         )
         items: list[OutboxItem] = []
         with write_tx(self.engine) as conn:
@@ -398,7 +399,7 @@ class Store:
                 claimed = conn.execute(
                     update(_outbox)
                     .where(_outbox.c.id == row.id, due)
-                    .values(status="sending", claimed_by=owner, claim_until=now + claim_s, attempts=row.attempts + 1)
+                    .values(status="claimed", claimed_by=owner, claim_until=now + claim_s, attempts=row.attempts + 1)
                 ).rowcount
                 if claimed:
                     sent_ids = tuple(row.platform_message_ids or ())
@@ -420,47 +421,47 @@ class Store:
         return items
 
     @retry_locked
-    def mark_sent(self, outbox_id: int, platform_message_ids: Sequence[str], status: str = "sent",
-                  note: str | None = None) -> None:
+    def mark_sent(self, outbox_id: int, owner: str, platform_message_ids: Sequence[str], status: str = "sent",
+                  note: str | None = None) -> bool:
         """Settles a delivered row (``status`` ``unconfirmed`` when a part in flight at a crash was
-        skipped rather than risk sending it twice)."""
-        with write_tx(self.engine) as conn:
-            conn.execute(
-                update(_outbox)
-                .where(_outbox.c.id == outbox_id)
-                .values(status=status, platform_message_ids=list(platform_message_ids), sent_at=time.time(),
-                        error=note)
-            )
+        skipped rather than risk sending it twice). Like every ``mark_*``, it writes only while
+        ``owner`` still holds the claim and returns whether it did (fencing a stale sender)."""
+        return self._settle(outbox_id, owner, status=status, platform_message_ids=list(platform_message_ids),
+                            sent_at=time.time(), error=note)
 
     @retry_locked
-    def mark_progress(self, outbox_id: int, platform_message_ids: Sequence[str], claim_s: float) -> None:
-        """Records the parts of a multi-part reply delivered so far (and extends the claim)."""
-        with write_tx(self.engine) as conn:
-            conn.execute(
-                update(_outbox)
-                .where(_outbox.c.id == outbox_id)
-                .values(platform_message_ids=list(platform_message_ids), claim_until=time.time() + claim_s)
-            )
+    def mark_sending(self, outbox_id: int, owner: str, platform_message_ids: Sequence[str], claim_s: float) -> bool:
+        """Marks that a part's API call is about to start: from now until ``mark_progress`` /
+        ``mark_sent``, a crash leaves the part unconfirmed."""
+        return self._settle(outbox_id, owner, status="sending", platform_message_ids=list(platform_message_ids),
+                            claim_until=time.time() + claim_s)
 
     @retry_locked
-    def mark_retry(self, outbox_id: int, next_attempt_at: float, error: str, sent_ids: Sequence[str]) -> None:
+    def mark_progress(self, outbox_id: int, owner: str, platform_message_ids: Sequence[str], claim_s: float) -> bool:
+        """Records the parts of a multi-part reply delivered so far and extends the claim."""
+        return self._settle(outbox_id, owner, status="claimed", platform_message_ids=list(platform_message_ids),
+                            claim_until=time.time() + claim_s)
+
+    @retry_locked
+    def mark_retry(self, outbox_id: int, owner: str, next_attempt_at: float, error: str,
+                   sent_ids: Sequence[str]) -> bool:
         """Schedules another attempt, keeping the ids of parts already delivered."""
-        with write_tx(self.engine) as conn:
-            conn.execute(
-                update(_outbox)
-                .where(_outbox.c.id == outbox_id)
-                .values(status="pending", next_attempt_at=next_attempt_at, error=error, claimed_by=None,
-                        platform_message_ids=list(sent_ids))
-            )
+        return self._settle(outbox_id, owner, status="pending", next_attempt_at=next_attempt_at, error=error,
+                            claimed_by=None, platform_message_ids=list(sent_ids))
 
     @retry_locked
-    def mark_failed(self, outbox_id: int, error: str, sent_ids: Sequence[str]) -> None:
+    def mark_failed(self, outbox_id: int, owner: str, error: str, sent_ids: Sequence[str]) -> bool:
+        return self._settle(outbox_id, owner, status="failed", error=error, platform_message_ids=list(sent_ids))
+
+    def _settle(self, outbox_id: int, owner: str, **values: Any) -> bool:
         with write_tx(self.engine) as conn:
-            conn.execute(
+            result = conn.execute(
                 update(_outbox)
-                .where(_outbox.c.id == outbox_id)
-                .values(status="failed", error=error, platform_message_ids=list(sent_ids))
+                .where(_outbox.c.id == outbox_id, _outbox.c.claimed_by == owner,
+                       _outbox.c.status.in_(("claimed", "sending")))
+                .values(**values)
             )
+        return result.rowcount == 1
 
     def outbox_rows(self) -> list[dict[str, Any]]:
         """All outbox rows as dicts (tests and admin)."""
