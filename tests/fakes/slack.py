@@ -215,6 +215,12 @@ class FakeSlack(ThreadedServer):
         """
         if isinstance(payload, bytes):
             body = payload
+            try:
+                event = json.loads(body).get("event")
+            except (ValueError, AttributeError):
+                event = None
+            if isinstance(event, dict):
+                self._learn(event)
         else:
             if payload.get("type") not in ("event_callback", "url_verification"):
                 payload = self.envelope(payload)
