@@ -74,19 +74,22 @@ class OpenAIChatModel:
         try:
             response = self._client.chat.completions.create(**kwargs)
         except openai.APIConnectionError as exc:
-            raise ModelError(f"model endpoint unreachable: {exc}", "The model is unreachable right now.") from exc
+            raise ModelError(f"model endpoint unreachable: {exc}",
+                             "The model is unreachable right now.") from exc
         except openai.AuthenticationError as exc:
             raise ModelError(f"model endpoint rejected the API key: {exc.status_code}",
                              "The model rejected the gateway's credentials.") from exc
         except openai.RateLimitError as exc:
-            raise ModelError(f"model rate limited: {exc.status_code}", "The model is rate limited; try again shortly.") from exc
+            raise ModelError(f"model rate limited: {exc.status_code}",
+                             "The model is rate limited; try again shortly.") from exc
         except openai.APIStatusError as exc:
             raise ModelError(f"model endpoint error {exc.status_code}: {exc.message}",
                              f"The model returned an error ({exc.status_code}).") from exc
         choice = response.choices[0]
         message = choice.message
         tool_calls = [
-            {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}
+            {"id": call.id, "type": "function",
+             "function": {"name": call.function.name, "arguments": call.function.arguments}}
             for call in (message.tool_calls or [])
             if getattr(call, "function", None) is not None
         ]

@@ -42,5 +42,5 @@ def setup_logging(level: str, secrets: Iterable[str]) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     # These log every request URL at INFO (Telegram URLs contain the token): keep them quiet.
-    for noisy in ("httpx", "httpcore", "telegram.ext", "apscheduler", "alembic.runtime.migration"):
+    for noisy in ("httpx", "httpcore", "telegram.ext", "apscheduler", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -19,9 +19,9 @@ from tests.fakes.telegram import FakeTelegram
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ["no_proxy"] = os.environ["NO_PROXY"]
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "platforms"
-if not FIXTURES.is_dir():  # a clone with shared/ inside it
-    FIXTURES = Path(__file__).resolve().parents[1] / "shared" / "fixtures" / "platforms"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "platforms"
+"""Recorded platform payloads with their expected normalized results (copied from the team's
+shared fixtures so the repository tests itself wherever it is cloned)."""
 
 TEST_TOKEN = "7000000001:AAFakeTokenForLoopbackTestsOnly0000"
 os.environ["GATEWAY_TEST_TELEGRAM_TOKEN"] = TEST_TOKEN
@@ -33,7 +33,7 @@ os.environ["GATEWAY_TEST_SLACK_APP_TOKEN"] = "xapp-1-fake"
 
 
 def fixture(platform: str, name: str) -> dict[str, Any]:
-    """Loads ``shared/fixtures/platforms/<platform>/<name>``."""
+    """Loads ``tests/fixtures/platforms/<platform>/<name>``."""
     return json.loads((FIXTURES / platform / name).read_text())
 
 
@@ -124,3 +124,51 @@ async def start_gateway(config, gateways: list[Any]):
     await gateway.start()
     gateways.append(gateway)
     return gateway
+
+
+PG_ADMIN_URL = os.environ.get("GATEWAY_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test run; its URL. Dropped at the end.
+
+    Skips when no server answers, except in CI (``CI`` set), where PostgreSQL tests must run.
+    """
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"gw_test_{uuid.uuid4().hex[:10]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        admin.dispose()
+        if os.environ.get("CI"):
+            raise RuntimeError(f"PostgreSQL is required in CI but unreachable at {PG_ADMIN_URL}: {exc}") from exc
+        pytest.skip(f"PostgreSQL unreachable ({type(exc).__name__}); set GATEWAY_TEST_PG_URL")
+    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path) -> Iterator[str]:
+    """A migrated, empty database URL of each backend (store contract tests run on both)."""
+    from gateway.store.db import create_db_engine, upgrade
+    from gateway.store.sql import Store
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        url = request.getfixturevalue("pg_database")
+    engine = create_db_engine(url)
+    upgrade(engine)
+    Store(engine).purge_all()
+    engine.dispose()
+    yield url

@@ -15,7 +15,7 @@ from telegram.error import BadRequest, Conflict, InvalidToken, RetryAfter
 
 from tests.fakes.telegram import FakeTelegram
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "platforms" / "telegram"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "platforms" / "telegram"
 BOT = json.loads((FIXTURES / "expected.json").read_text())["_bot"]
 DM_CHAT = 5550001
 

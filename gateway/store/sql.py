@@ -252,7 +252,8 @@ class Store:
         return self.load_window(session_id, 1_000_000)
 
     # -- turn completion and outbox ----------------------------------------------------------
-    def finish_turn(self, inbox_id: int, status: str, replies: Sequence[OutboundMessage], session_id: str | None) -> None:
+    def finish_turn(self, inbox_id: int, status: str, replies: Sequence[OutboundMessage],
+                    session_id: str | None) -> None:
         """Marks the inbox row done (or failed) and queues ``replies`` in one transaction.
 
         A reply whose idempotency key is already queued (a resumed turn) is not queued again.

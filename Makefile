@@ -1,0 +1,38 @@
+# The two commands a newcomer needs:  make run   |   make test
+# Both create the virtualenv (.venv) and install the project on first use.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+CONFIG ?= $(firstword $(wildcard gateway.toml))
+PYTEST_ARGS ?=
+
+.PHONY: run test chat doctor demo lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)  ## run the gateway (config: ./gateway.toml if present, else defaults + GATEWAY__* env)
+	$(BIN)/gateway $(if $(CONFIG),--config $(CONFIG)) run
+
+test: $(STAMP)  ## run the whole test suite (needs PostgreSQL on 127.0.0.1 for the multi-instance tests)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+chat: $(STAMP)  ## talk to the agent in this terminal
+	$(BIN)/gateway $(if $(CONFIG),--config $(CONFIG)) chat
+
+doctor: $(STAMP)
+	$(BIN)/gateway $(if $(CONFIG),--config $(CONFIG)) doctor
+
+demo: $(STAMP)  ## fake Telegram + fake model on loopback, and a gateway pointed at them
+	$(BIN)/python -m tests.fakes.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) data .pytest_cache

@@ -1,0 +1,132 @@
+"""A gateway against loopback fakes of Telegram and of an OpenAI-compatible model, to try it
+without any account: ``make demo`` (or ``python -m tests.fakes.demo``).
+
+Each line you type is sent as a Telegram DM from "Alice" into the fake Bot API; the real
+python-telegram-bot inside the gateway receives it, the agent calls the fake model (which asks
+for ``web_fetch`` when your line contains a URL), and the reply the gateway sends to the fake Bot
+API is printed. ``--fakes-only`` starts just the fakes and prints the environment to point a
+separately started ``make run`` at them. ``--say TEXT`` sends one line and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import sys
+import time
+from typing import Any
+
+from tests.fakes import openai as oa
+from tests.fakes.openai import FakeOpenAI
+from tests.fakes.telegram import FakeTelegram
+
+TOKEN = "7000000001:AAFakeTokenForLoopbackTestsOnly0000"
+URL = re.compile(r"https?://\S+")
+
+
+def demo_model(request: dict[str, Any]) -> oa.Reply:
+    """A tiny scripted "model": fetches URLs it is given, then quotes the page; else echoes."""
+    last = request["messages"][-1]
+    if last["role"] == "tool":
+        lines = [line for line in last["content"].splitlines() if line.strip()]
+        return oa.text("Here is what I found:\n\n" + "\n".join(f"- {line}" for line in lines[:6]))
+    found = URL.search(last.get("content") or "")
+    if found:
+        return oa.tool_calls(oa.call("web_fetch", {"url": found.group(0)}))
+    text = (last.get("content") or "").splitlines()[-1]
+    return oa.text(f"You said: **{text}**")
+
+
+def environment(telegram: FakeTelegram, model: FakeOpenAI) -> dict[str, str]:
+    return {
+        "GATEWAY__TELEGRAM__ENABLED": "true",
+        "GATEWAY__TELEGRAM__BASE_URL": telegram.url,
+        "GATEWAY__TELEGRAM__POLL_TIMEOUT_S": "5",
+        "TELEGRAM_BOT_TOKEN": TOKEN,
+        "GATEWAY__LLM__BASE_URL": f"{model.url}/v1",
+        "OPENAI_API_KEY": "sk-test",
+        "GATEWAY__TOOLS__WEB_FETCH_ALLOW_PRIVATE": "true",
+        "GATEWAY__DATABASE__URL": "sqlite:///./data/demo.db",
+        "GATEWAY__HTTP__PORT": "8080",
+    }
+
+
+def dm(text: str, message_id: int) -> dict[str, Any]:
+    user = {"id": 5550001, "is_bot": False, "first_name": "Alice", "username": "alice_example"}
+    chat = {"id": 5550001, "first_name": "Alice", "type": "private"}
+    return {"message": {"message_id": message_id, "from": user, "chat": chat, "date": int(time.time()), "text": text}}
+
+
+async def converse(telegram: FakeTelegram, lines: list[str] | None) -> None:
+    loop = asyncio.get_running_loop()
+    message_id = int(time.time())
+    while True:
+        if lines is None:
+            line = await loop.run_in_executor(None, lambda: input("alice> "))
+        elif lines:
+            line = lines.pop(0)
+            print(f"alice> {line}")
+        else:
+            return
+        if not line.strip():
+            continue
+        before = len(telegram.calls("sendMessage"))
+        message_id += 1000
+        telegram.inject(dm(line, message_id))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(telegram.calls("sendMessage")) == before:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # long replies arrive in several messages
+        for call in telegram.calls("sendMessage")[before:]:
+            print(f"bot>   {call.params['text']}")
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    from gateway.app import Gateway
+    from gateway.config import load_config
+    from gateway.logs import setup_logging
+    from gateway.wiring import build_adapters
+
+    with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
+        model.responder = demo_model
+        env = environment(telegram, model)
+        if args.fakes_only:
+            print("Fakes are running. Start the gateway in another shell with:\n")
+            print("  " + " \\\n  ".join(f"{k}={v}" for k, v in env.items()) + " \\\n  make run\n")
+            print("Then type lines here to send them as Telegram DMs (Ctrl-C to stop).")
+            try:
+                await converse(telegram, None)
+            except (EOFError, KeyboardInterrupt):
+                return
+            return
+        os.environ.update(env)
+        config = load_config(None)
+        setup_logging(os.environ.get("DEMO_LOG", "WARNING"), ["sk-test", TOKEN])
+        gateway = Gateway(config, build_adapters(config))
+        await gateway.start()
+        print(f"Gateway running against fakes (Telegram {telegram.url}, model {model.url}); "
+              f"health: http://127.0.0.1:{gateway.http_port}/healthz. Type a message, Ctrl-D to quit.")
+        try:
+            await converse(telegram, [args.say] if args.say else None)
+        except (EOFError, KeyboardInterrupt):
+            pass
+        finally:
+            await gateway.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fakes-only", action="store_true", help="start only the fakes; print the gateway env")
+    parser.add_argument("--say", help="send one message, print the reply, exit")
+    args = parser.parse_args()
+    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+    try:
+        asyncio.run(main_async(args))
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

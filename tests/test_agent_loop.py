@@ -1,0 +1,124 @@
+"""The agent loop with the real openai client against the fake chat-completions server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from agent.bridge import AsyncBridge
+from agent.loop import Limits, cap_text, run_turn
+from agent.model import ModelError, OpenAIChatModel
+from agent.tools import Tool, ToolRegistry
+from tests.fakes import openai as oa
+
+
+@pytest.fixture
+def model(fake_openai):
+    fake_openai.reset()
+    return OpenAIChatModel(base_url=f"{fake_openai.url}/v1", api_key="sk-test", model="gpt-4o-mini", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def bridge():
+    b = AsyncBridge()
+    b.start()
+    yield b
+    b.stop()
+
+
+def registry() -> ToolRegistry:
+    tools = ToolRegistry()
+    tools.add(Tool("add", "Add two integers.", {"type": "object", "properties": {"a": {"type": "integer"},
+              "b": {"type": "integer"}}, "required": ["a", "b"]}, fn=lambda a, b: str(a + b)))
+
+    async def slow(seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return "slept"
+
+    tools.add(Tool("sleep", "Sleep.", {"type": "object", "properties": {"seconds": {"type": "number"}}},
+                   fn=slow, is_async=True, timeout_s=0.2))
+    return tools
+
+
+def run(model, tools, history, bridge=None, **limits):
+    recorded: list[dict] = []
+    outcome = run_turn(system_prompt="sys", history=history, model=model, tools=tools, bridge=bridge,
+                       limits=Limits(**limits), record=lambda m, u: recorded.append(m))
+    return outcome, recorded
+
+
+def test_parallel_tool_calls_each_get_exactly_one_answer(model, fake_openai):
+    c1, c2 = oa.call("add", {"a": 1, "b": 2}), oa.call("add", {"a": 40, "b": 2})
+    fake_openai.script(oa.tool_calls(c1, c2), oa.text("3 and 42"))
+    outcome, recorded = run(model, registry(), [{"role": "user", "content": "sums"}])
+    assert outcome.reply == "3 and 42" and outcome.steps == 2
+    assert [(m["role"], m.get("tool_call_id"), m.get("content")) for m in recorded[1:3]] == [
+        ("tool", c1.id, "3"), ("tool", c2.id, "42")]
+    assert all(r["status"] == 200 for r in fake_openai.requests)  # the fake would 400 on a bad sequence
+
+
+def test_invalid_json_arguments_go_back_as_a_tool_error(model, fake_openai):
+    bad = oa.call("add", '{"a": 1, "b": ')
+    fake_openai.script(oa.tool_calls(bad), oa.text("sorry"))
+    outcome, recorded = run(model, registry(), [{"role": "user", "content": "x"}])
+    tool_msg = recorded[1]
+    assert tool_msg["tool_call_id"] == bad.id
+    assert tool_msg["content"].startswith("Error: the arguments are not valid JSON")
+    sent = fake_openai.requests[1]["json"]["messages"][-1]
+    assert sent == {"role": "tool", "tool_call_id": bad.id, "content": tool_msg["content"]}
+    assert outcome.reply == "sorry"
+
+
+def test_unknown_tool_non_object_args_and_timeouts_are_model_visible(model, fake_openai, bridge):
+    calls = [oa.call("nope", {}), oa.call("add", "[1, 2]"), oa.call("sleep", {"seconds": 5})]
+    fake_openai.script(oa.tool_calls(*calls), oa.text("done"))
+    _, recorded = run(model, registry(), [{"role": "user", "content": "x"}], bridge=bridge)
+    contents = [m["content"] for m in recorded if m["role"] == "tool"]
+    assert "no tool named 'nope'" in contents[0]
+    assert contents[1] == "Error: the arguments must be a JSON object."
+    assert "timed out" in contents[2]
+
+
+def test_iteration_budget_ends_the_turn_with_a_clear_reply(model, fake_openai):
+    fake_openai.responder = lambda req: oa.tool_calls(oa.call("add", {"a": 1, "b": 1}))
+    outcome, _ = run(model, registry(), [{"role": "user", "content": "loop"}], iteration_budget=3)
+    assert outcome.stop_reason == "iteration_budget" and outcome.steps == 3
+    assert "iteration budget" in outcome.reply and len(fake_openai.requests) == 3
+
+
+def test_resumed_turn_answers_only_the_missing_tool_call(model, fake_openai):
+    done, missing = oa.call("add", {"a": 1, "b": 1}), oa.call("add", {"a": 2, "b": 2})
+    args = {c.id: json.dumps(a) for c, a in ((done, {"a": 1, "b": 1}), (missing, {"a": 2, "b": 2}))}
+    history = [
+        {"role": "user", "content": "two sums"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": "add", "arguments": args[c.id]}}
+            for c in (done, missing)
+        ]},
+        {"role": "tool", "tool_call_id": done.id, "content": "2"},
+    ]
+    fake_openai.script(oa.text("2 and 4"))
+    outcome, recorded = run(model, registry(), history)
+    assert recorded[0] == {"role": "tool", "tool_call_id": missing.id, "content": "4"}
+    assert outcome.reply == "2 and 4" and len(fake_openai.requests) == 1
+
+
+def test_model_errors_are_raised_with_a_safe_user_message(model, fake_openai):
+    fake_openai.script(oa.error(500, "boom", type="server_error"))
+    with pytest.raises(ModelError) as info:
+        run(model, registry(), [{"role": "user", "content": "x"}])
+    assert "500" in info.value.user_message and "sk-test" not in str(info.value)
+
+
+def test_tool_results_are_capped_head_and_tail():
+    capped = cap_text("a" * 100 + "b" * 100, 50)
+    assert capped.startswith("a" * 25) and capped.endswith("b" * 25) and "of 200" in capped
+
+
+def test_tool_schemas_render_in_a_stable_order():
+    a, b = registry(), ToolRegistry()
+    for name in reversed(sorted(a.tools)):
+        b.add(a.tools[name])
+    assert json.dumps(a.schemas()) == json.dumps(b.schemas())

@@ -1,0 +1,88 @@
+"""Config contract (DESIGN §10) and the deterministic context projection (DESIGN §5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import load_config
+from gateway.context import INTERRUPTED, render_history
+from gateway.errors import ConfigError
+from gateway.logs import RedactSecrets
+from gateway.sessions import session_key_for
+from gateway.store.sql import StoredMessage
+from gateway.types import ChatAddress, InboundMessage, Sender
+from gateway.wiring import build_adapters
+
+
+def test_toml_then_env_overrides(tmp_path, monkeypatch):
+    path = tmp_path / "g.toml"
+    path.write_text('[llm]\nmodel = "from-file"\nbase_url = "http://127.0.0.1:1/v1"\n[http]\nport = 9000\n')
+    monkeypatch.setenv("GATEWAY__LLM__MODEL", "from-env")
+    config = load_config(path)
+    assert config.llm.model == "from-env" and config.llm.base_url == "http://127.0.0.1:1/v1"
+    assert config.http.port == 9000 and config.database.url == "sqlite:///./data/gateway.db"
+
+
+def test_unknown_keys_and_missing_files_are_clear_errors(tmp_path):
+    path = tmp_path / "g.toml"
+    path.write_text("[telegram]\ntokn_env = 'X'\n")
+    with pytest.raises(ConfigError, match=r"telegram\.tokn_env"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_enabled_platform_without_token_names_the_variable(monkeypatch):
+    monkeypatch.delenv("MY_TG_TOKEN", raising=False)
+    config = load_config(None, telegram={"enabled": True, "token_env": "MY_TG_TOKEN"})
+    with pytest.raises(ConfigError, match="MY_TG_TOKEN"):
+        build_adapters(config)
+
+
+def test_example_config_loads():
+    from pathlib import Path
+
+    config = load_config(Path(__file__).resolve().parents[1] / "deploy" / "gateway.example.toml")
+    assert config.telegram.token_env == "TELEGRAM_BOT_TOKEN"
+
+
+def test_secrets_are_redacted_from_log_records():
+    import logging
+
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "POST %s failed for key %s",
+                               ("https://api.telegram.org/bot7000000001:AAFakeTokenForLoopbackTestsOnly0000/getMe",
+                                "sk-live-secret-value"), None)
+    RedactSecrets(["sk-live-secret-value"]).filter(record)
+    assert "AAFake" not in record.getMessage() and "sk-live" not in record.getMessage()
+
+
+@pytest.mark.parametrize(("chat_type", "thread", "expected"), [
+    ("dm", None, "telegram:1:dm:42"),
+    ("group", None, "telegram:1:chat:-100"),
+    ("group", "77", "telegram:1:chat:-100:thread:77"),
+])
+def test_session_keys(chat_type, thread, expected):
+    chat = "42" if chat_type == "dm" else "-100"
+    msg = InboundMessage(ChatAddress("telegram", "1", chat, thread), "m", chat_type, Sender("42"), "hi")
+    assert session_key_for(msg) == expected
+
+
+def row(i, role, content=None, tool_calls=None, tool_call_id=None, meta=None):
+    return StoredMessage(i, "t", role, content, tool_calls, tool_call_id, None, meta)
+
+
+def test_history_starts_at_a_user_message_and_closes_interrupted_calls():
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    window = [
+        row(1, "tool", "orphan", tool_call_id="c0"),
+        row(2, "assistant", "cut-off answer"),
+        row(3, "user", "q1", meta={"time": 0}),
+        row(4, "assistant", None, tool_calls=[call]),
+        row(5, "user", "q2", meta={"time": 60, "from": "Bob"}),
+    ]
+    out = render_history(window)
+    assert [m["role"] for m in out] == ["user", "assistant", "tool", "user"]
+    assert out[0]["content"] == "[1970-01-01 00:00 UTC]\nq1"
+    assert out[2] == {"role": "tool", "tool_call_id": "c1", "content": INTERRUPTED}
+    assert out[3]["content"] == "[1970-01-01 00:01 UTC, from Bob]\nq2"
+    assert render_history(window) == out  # deterministic bytes

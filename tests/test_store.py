@@ -1,0 +1,108 @@
+"""Store contract: the durable rules hold on SQLite and on PostgreSQL alike."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from gateway.store.db import create_db_engine, upgrade
+from gateway.store.sql import Store
+from gateway.types import ChatAddress, InboundMessage, OutboundMessage, Sender
+
+
+@pytest.fixture
+def store(db_url):
+    engine = create_db_engine(db_url)
+    yield Store(engine)
+    engine.dispose()
+
+
+def message(message_id: str, chat: str = "5", text: str = "hi") -> InboundMessage:
+    return InboundMessage(ChatAddress("telegram", "1", chat), message_id, "dm", Sender(chat, "A"), text)
+
+
+def test_inbox_drops_duplicates_and_keeps_arrival_order(store):
+    assert store.insert_inbound(message("5:1", text="first"), "k") is True
+    assert store.insert_inbound(message("5:1", text="again"), "k") is False
+    assert store.insert_inbound(message("5:2", text="second"), "k") is True
+    pending = store.next_pending("k")
+    assert pending is not None and pending.message.text == "first"
+    store.finish_turn(pending.inbox_id, "done", [], None)
+    assert store.next_pending("k").message.text == "second"
+    # Same message id on another tenant is a different message.
+    other = InboundMessage(ChatAddress("telegram", "2", "5"), "5:1", "dm", Sender("5"), "x")
+    assert store.insert_inbound(other, "k2") is True
+
+
+def test_lane_lease_is_exclusive_until_released_or_expired(store):
+    assert store.claim_lane("k", "a", lease_s=60)
+    assert not store.claim_lane("k", "b", lease_s=60)
+    assert store.claim_lane("k", "a", lease_s=60)  # re-entrant for the owner
+    store.release_lane("k", "a")
+    assert store.claim_lane("k", "b", lease_s=0.05)
+    time.sleep(0.1)
+    assert store.claim_lane("k", "a", lease_s=60)  # b's lease expired
+
+
+def test_concurrent_claims_have_one_winner(store):
+    winners: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def claim(owner: str) -> None:
+        barrier.wait()
+        if store.claim_lane("fresh-key", owner, lease_s=60):
+            winners.append(owner)
+
+    threads = [threading.Thread(target=claim, args=(f"o{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(winners) == 1
+
+
+def test_system_prompt_is_stored_once_and_read_back(store):
+    store.claim_lane("k", "a", 60)
+    built: list[int] = []
+
+    def build() -> str:
+        built.append(1)
+        return "You are helpful. ✓"
+
+    first = store.current_session("k", build)
+    second = store.current_session("k", build)
+    assert first == second and first[1] == "You are helpful. ✓" and len(built) == 1
+
+
+def test_transcript_window_is_the_newest_messages_in_order(store):
+    store.claim_lane("k", "a", 60)
+    session_id, _ = store.current_session("k", lambda: "s")
+    for i in range(10):
+        store.append_message(session_id, "t", "user", f"m{i}")
+    window = store.load_window(session_id, 3)
+    assert [m.content for m in window] == ["m7", "m8", "m9"]
+
+
+def test_outbox_claim_is_exclusive_and_keeps_delivered_parts(store):
+    reply = OutboundMessage(ChatAddress("telegram", "1", "5"), "hello", idempotency_key="in1:0")
+    store.insert_inbound(message("5:9"), "k")
+    pending = store.next_pending("k")
+    store.finish_turn(pending.inbox_id, "done", [reply], None)
+    store.finish_turn(pending.inbox_id, "done", [reply], None)  # a resumed turn queues nothing twice
+    items = store.claim_outbox("a", 10, claim_s=60)
+    assert len(items) == 1 and items[0].message.resume_from == 0
+    assert store.claim_outbox("b", 10, claim_s=60) == []
+    store.mark_retry(items[0].id, time.time() - 1, "rate limited", ["m1"])
+    again = store.claim_outbox("b", 10, claim_s=60)
+    assert again[0].message.resume_from == 1 and again[0].sent_ids == ("m1",) and again[0].attempts == 2
+    store.mark_sent(again[0].id, ["m1", "m2"])
+    assert store.outbox_rows()[0]["status"] == "sent"
+
+
+def test_migrations_are_idempotent(db_url):
+    engine = create_db_engine(db_url)
+    upgrade(engine)
+    upgrade(engine)
+    engine.dispose()

@@ -1,0 +1,90 @@
+"""Pure Telegram translation: fixtures -> normalized messages; Markdown -> chunks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from telegram import Update
+
+from adapters.telegram.format import chunk_text, format_reply, render_markdown, utf16_len
+from adapters.telegram.inbound import BotIdentity, Ignored, to_inbound
+from tests.conftest import FIXTURES
+
+EXPECTED = json.loads((FIXTURES / "telegram" / "expected.json").read_text())
+BOT = BotIdentity(EXPECTED["_bot"]["id"], EXPECTED["_bot"]["username"])
+CASES = sorted(name for name in EXPECTED if not name.startswith("_"))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_fixture_normalizes_as_expected(name):
+    expected = EXPECTED[name]
+    update = Update.de_json(json.loads((FIXTURES / "telegram" / name).read_text()), None)
+    result = to_inbound(update, BOT)
+    if name == "callback_query.json":
+        assert isinstance(result, Ignored)  # answered by the adapter, not a turn
+        return
+    if expected["ignore_reason"] in ("edited_message", "not_addressed"):
+        assert isinstance(result, Ignored) and result.reason == expected["ignore_reason"]
+        return
+    assert not isinstance(result, Ignored)
+    if expected["ignore_reason"] and expected["ignore_reason"].startswith("duplicate"):
+        # Normalizes exactly like the original; the inbox drops it (see the e2e duplicate test).
+        original = Update.de_json(json.loads((FIXTURES / "telegram" / "dm_text.json").read_text()), None)
+        assert to_inbound(original, BOT) == result
+        return
+    assert result.address.tenant == expected["tenant"]
+    assert result.address.chat_id == expected["chat_id"]
+    assert result.address.thread_id == expected["thread_id"]
+    assert result.sender.user_id == expected["user_id"]
+    assert result.chat_type == expected["chat_type"]
+    assert result.message_id == expected["platform_message_id"]
+    assert result.text == expected["text"]
+    assert [a.file_id for a in result.attachments] == [a["file_id"] for a in expected["attachments"]]
+    quote = expected["reply"].get("reply_parameters", {}).get("message_id")
+    assert result.reply_to_id == (str(quote) if quote else None)
+    assert result.command == expected.get("command")
+
+
+def test_message_from_a_bot_and_command_for_another_bot_are_ignored():
+    raw = json.loads((FIXTURES / "telegram" / "group_command.json").read_text())
+    raw["message"]["text"] = raw["message"]["text"].replace("gateway_test_bot", "other_bot")
+    assert to_inbound(Update.de_json(raw, None), BOT) == Ignored("not_addressed")
+    own = json.loads((FIXTURES / "telegram" / "dm_text.json").read_text())
+    own["message"]["from"].update(id=BOT.id, is_bot=True)
+    assert to_inbound(Update.de_json(own, None), BOT) == Ignored("from_bot")
+
+
+def test_markdown_becomes_text_and_utf16_entities():
+    text, entities = render_markdown("😀 **bold** and `x_y`")
+    assert text == "😀 bold and x_y"
+    bold = next(e for e in entities if e.type == "bold")
+    assert (bold.offset, bold.length) == (3, 4)  # the emoji is 2 UTF-16 units
+
+
+@pytest.mark.parametrize("limit", [50, 200, 4096])
+def test_chunks_fit_join_exactly_and_clip_entities(limit):
+    markdown = "Intro line\n\n```python\n" + "\n".join(f"print({i})  # 😀" for i in range(300)) + "\n```\nThe end."
+    text, entities = render_markdown(markdown)
+    chunks = chunk_text(text, entities, limit)
+    assert "".join(c.text for c in chunks) == text
+    for chunk in chunks:
+        assert utf16_len(chunk.text) <= limit
+        for entity in chunk.entities:
+            assert entity.offset + entity.length <= utf16_len(chunk.text)
+    pre_chunks = [c for c in chunks if any(e.type == "pre" for e in c.entities)]
+    assert all(e.language == "python" for c in pre_chunks for e in c.entities if e.type == "pre")
+    if limit < 4096:
+        assert len(pre_chunks) > 1  # the code block is closed and reopened across chunks
+
+
+def test_hard_split_never_breaks_a_surrogate_pair():
+    text = "😀" * 5000  # no separators at all
+    chunks = chunk_text(text, [], 4096)
+    assert "".join(c.text for c in chunks) == text
+    assert all(utf16_len(c.text) <= 4096 for c in chunks)
+    assert all(c.text.encode("utf-16-le").decode("utf-16-le") == c.text for c in chunks)
+
+
+def test_whitespace_only_reply_sends_nothing():
+    assert format_reply("   \n\n ") == []
