@@ -76,6 +76,7 @@ async def test_channel_mention_starts_a_thread_and_the_thread_continues(tmp_path
     fake_openai.responder = lambda req: oa.text(f"answer {len(req['messages'])}")
     gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_slack=fake_slack), running)
     url, since = events_url(gateway), len(fake_slack.calls("chat.postMessage"))
+    lookups_before = len(fake_slack.calls("users.info"))
 
     assert (await fake_slack.post_event(url, raw("channel_app_mention.json"))).status == 200
     await wait_until(lambda: len(posts(fake_slack, since, CHANNEL)) == 1, what="reply to the mention")
@@ -103,9 +104,16 @@ async def test_channel_mention_starts_a_thread_and_the_thread_continues(tmp_path
     assert history[1]["content"] == mention_turn and history[2]["content"] == "answer 2"
     assert history[3]["content"].endswith("and who fixed it?") and "from Bob" in history[3]["content"]
 
-    # A thread the bot is not part of, the bot's own message and an edit: no turn at all.
+    # Names come from users.info once per user (cached), not once per message.
+    looked_up = [c.params["user"] for c in fake_slack.calls("users.info")[lookups_before:]]
+    assert sorted(looked_up) == ["U0ALICE001", "U0BOB00001"]
+
+    # A thread the bot is not part of, the bot's own message, an edit and an event type the adapter
+    # has no use for: acknowledged with 200 (Bolt would answer 404 without a listener), no turn.
     stranger = message("unrelated chatter", "1735689800.000950", channel=CHANNEL, thread_ts="1735680000.000001")
-    for body in (stranger, raw("bot_own_message.json"), raw("message_changed.json")):
+    reaction = {"type": "reaction_added", "user": "U0ALICE001", "reaction": "tada", "event_ts": "1735689801.1",
+                "item": {"type": "message", "channel": CHANNEL, "ts": MENTION_TS}}
+    for body in (stranger, raw("bot_own_message.json"), raw("message_changed.json"), reaction):
         assert (await fake_slack.post_event(url, body)).status == 200
     await asyncio.sleep(0.4)
     assert len(posts(fake_slack, since, CHANNEL)) == 2

@@ -129,7 +129,7 @@ class FakeSlack(ThreadedServer):
         self.acks: list[JSON] = []
         self._lock = threading.Lock()
         self._calls: list[Call] = []
-        self._faults: dict[str, deque[SlackError]] = {}
+        self._faults: dict[str, deque[SlackError | None]] = {}
         self._ts = itertools.count(1)
         self._envelopes = itertools.count(1)
         self._sockets: list[web.WebSocketResponse] = []
@@ -179,13 +179,17 @@ class FakeSlack(ThreadedServer):
         return [m for m in msgs if thread_ts is None or m.get("thread_ts") == thread_ts]
 
     def fail_next(self, method: str, error: str = "ratelimited", status: int | None = None,
-                  retry_after: int | None = None) -> None:
-        """Queues a canned error for the next call of ``method`` (the call is still recorded), e.g.
-        ``fail_next("chat.postMessage", "ratelimited", retry_after=1)`` -> HTTP 429 + ``Retry-After``."""
+                  retry_after: int | None = None, after: int = 0) -> None:
+        """Queues a canned error for a coming call of ``method`` (the call is still recorded), e.g.
+        ``fail_next("chat.postMessage", "ratelimited", retry_after=1)`` -> HTTP 429 + ``Retry-After``.
+        ``after`` lets that many calls succeed first. Status defaults to 429 for ``ratelimited``,
+        else 200 (Slack reports most errors with HTTP 200)."""
         headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
         status = status if status is not None else (429 if error == "ratelimited" else 200)
         with self._lock:
-            self._faults.setdefault(method, deque()).append(SlackError(error, status, headers))
+            queue = self._faults.setdefault(method, deque())
+            queue.extend([None] * after)
+            queue.append(SlackError(error, status, headers))
 
     def envelope(self, event: JSON, event_id: str | None = None) -> JSON:
         """Wraps ``event`` in an ``event_callback`` envelope for this app."""
@@ -220,13 +224,13 @@ class FakeSlack(ThreadedServer):
             except (ValueError, AttributeError):
                 event = None
             if isinstance(event, dict):
-                self._learn(event)
+                self.remember(event)
         else:
             if payload.get("type") not in ("event_callback", "url_verification"):
                 payload = self.envelope(payload)
             body = json.dumps(payload).encode()
             if isinstance(payload.get("event"), dict):
-                self._learn(payload["event"])
+                self.remember(payload["event"])
         timestamp = int(time.time()) - (301 if probe == "stale" else 0)
         signature = self.sign(body, timestamp)
         if probe == "bad_signature":
@@ -255,7 +259,7 @@ class FakeSlack(ThreadedServer):
                      "accepts_response_payload": False, "retry_attempt": retry_attempt,
                      "retry_reason": "timeout" if retry_attempt else "", "payload": payload}
         if isinstance(frame.get("payload", {}).get("event"), dict):
-            self._learn(frame["payload"]["event"])
+            self.remember(frame["payload"]["event"])
         text = json.dumps(frame)
 
         async def send() -> None:
@@ -289,8 +293,10 @@ class FakeSlack(ThreadedServer):
         app.router.add_get("/link", self._handle_socket)
         return app
 
-    def _learn(self, event: JSON) -> None:
-        """Remembers an event's channel and message so later replies and reactions can find them."""
+    def remember(self, event: JSON) -> None:
+        """Remembers an event's channel and (user) message, as Slack knows what users posted, so
+        replies, reactions and ``chat.update`` ownership checks can find it. ``post_event`` and
+        ``push`` call it; tests may call it for messages that never became events."""
         channel, ts = event.get("channel"), event.get("ts")
         if not channel:
             return
