@@ -97,6 +97,14 @@ def _failure(exc: SlackApiError, sent: list[str]) -> DeliveryResult:
     return DeliveryResult(False, tuple(sent), error=f"slack error: {code}")
 
 
+class _UnusedTokenNotice(logging.Filter):
+    """Drops Bolt's start-up warning that ``$SLACK_BOT_TOKEN`` is unused: ``AsyncApp`` reads that
+    variable by itself, and the adapter passes its own client (pointed at ``api_url``) instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`token` will be unused" not in record.getMessage()
+
+
 class SlackAdapter:
     """One Slack app in one workspace.
 
@@ -137,8 +145,11 @@ class SlackAdapter:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _build_app(self) -> AsyncApp:
+        bolt_log = logging.getLogger("adapters.slack.bolt")
+        if not any(isinstance(f, _UnusedTokenNotice) for f in bolt_log.filters):
+            bolt_log.addFilter(_UnusedTokenNotice())
         app = AsyncApp(client=self.client, signing_secret=self._signing_secret or "socket-mode-unused",
-                       process_before_response=True, logger=logging.getLogger("adapters.slack.bolt"),
+                       process_before_response=True, logger=bolt_log,
                        request_verification_enabled=self.mode == "events")
 
         async def on_message_event(body: dict[str, Any]) -> None:
