@@ -70,6 +70,15 @@ async def test_dm_is_answered_in_the_dm(tmp_path, fake_slack, fake_openai, runni
     await fake_slack.wait_for_call("reactions.remove", lambda c: c.params["timestamp"] == "1735689600.000100")
     assert fake_slack.reactions[(DM, "1735689600.000100")] == set()
 
+    # A file shared in the DM: the model is told about the attachment, in the same conversation.
+    fake_openai.script(oa.text("It shows the architecture."))
+    assert (await fake_slack.post_event(events_url(gateway), raw("dm_file_share.json"))).status == 200
+    await wait_until(lambda: len(posts(fake_slack, since, DM)) == 2, what="reply to the file")
+    file_turn = fake_openai.requests[-1]["json"]["messages"]
+    assert [m["role"] for m in file_turn] == ["system", "user", "assistant", "user"]
+    assert "[attached image: name=architecture.png, mime_type=image/png, size=48213]" in file_turn[-1]["content"]
+    assert file_turn[-1]["content"].endswith("What does this diagram show?")
+
 
 async def test_channel_mention_starts_a_thread_and_the_thread_continues(tmp_path, fake_slack, fake_openai, running):
     fake_openai.reset()
