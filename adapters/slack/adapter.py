@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import re
 import time
@@ -201,6 +202,15 @@ class SlackAdapter:
         if problem is not None:
             log.warning("slack request rejected with 401: %s", problem)
             return web.json_response({"error": "invalid request"}, status=401)
+        if request.content_type != "application/x-www-form-urlencoded":  # interactivity posts forms
+            try:
+                payload = json.loads(raw)
+            except ValueError:
+                payload = None
+            if not isinstance(payload, dict) or (
+                    payload.get("type") == "event_callback" and not isinstance(payload.get("event"), dict)):
+                log.warning("malformed slack payload ignored (%d bytes)", len(raw))
+                return web.json_response({"error": "malformed payload"}, status=400, headers={"X-Slack-No-Retry": "1"})
         bolt_request = AsyncBoltRequest(body=raw.decode("utf-8", "replace"), query=request.query_string,
                                         headers={k: v for k, v in request.headers.items()})
         response = await self.app.async_dispatch(bolt_request)
