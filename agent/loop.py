@@ -20,6 +20,8 @@ from agent.tools import ToolRegistry
 Record = Callable[[dict[str, Any], Usage | None], None]
 """Called with each new model-facing message (assistant or tool) and the step's usage."""
 
+INTERRUPTED = "Error: this tool call was interrupted (the gateway restarted) before it returned a result."
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -37,7 +39,7 @@ class TurnOutcome:
 
     reply: str
     stop_reason: str
-    """``stop`` | ``length`` | ``iteration_budget``."""
+    """``stop`` | ``length`` | ``iteration_budget`` | ``cancelled``."""
     steps: int = 0
     usage: list[Usage] = field(default_factory=list)
 
@@ -51,6 +53,7 @@ def run_turn(
     bridge: AsyncBridge | None,
     limits: Limits,
     record: Record,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TurnOutcome:
     """Runs the loop until the model stops or the iteration budget ends.
 
@@ -59,6 +62,8 @@ def run_turn(
         history: model-facing messages, oldest first, ending with the new user message (or with
             the state a crashed turn left: an assistant ``tool_calls`` message, tool results).
         record: persists each new message before the loop continues.
+        should_stop: checked at every step boundary (before each model call); ``True`` ends the
+            turn with ``stop_reason == "cancelled"`` (``/stop``, or a newer message interrupting).
 
     Raises:
         agent.model.ModelError: the model endpoint failed (an infrastructure fault).
@@ -67,6 +72,9 @@ def run_turn(
     outcome = TurnOutcome(reply="", stop_reason="stop")
     _answer_pending_tool_calls(messages, tools, bridge, limits, record)
     while outcome.steps < limits.iteration_budget:
+        if should_stop is not None and should_stop():
+            outcome.stop_reason = "cancelled"
+            return outcome
         reply = model.complete(messages, tools.schemas())
         outcome.steps += 1
         outcome.usage.append(reply.usage)
@@ -99,7 +107,8 @@ def _assistant_message(reply: ModelReply) -> dict[str, Any]:
 def _answer_pending_tool_calls(
     messages: list[dict[str, Any]], tools: ToolRegistry, bridge: AsyncBridge | None, limits: Limits, record: Record
 ) -> None:
-    """After a crash the transcript may end with tool calls not yet answered: answer those only."""
+    """After a crash the transcript may end with tool calls not yet answered: answer those only,
+    running idempotent tools again and answering the others as interrupted."""
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
         if message["role"] == "tool":
@@ -108,7 +117,11 @@ def _answer_pending_tool_calls(
             answered = {m.get("tool_call_id") for m in messages[index + 1 :]}
             for call in message["tool_calls"]:
                 if call["id"] not in answered:
-                    result = execute_tool_call(call, tools, bridge, limits)
+                    tool = tools.get(call["function"]["name"])
+                    if tool is not None and tool.idempotent:
+                        result = execute_tool_call(call, tools, bridge, limits)
+                    else:
+                        result = {"role": "tool", "tool_call_id": call["id"], "content": INTERRUPTED}
                     messages.append(result)
                     record(result, None)
         return

@@ -26,6 +26,8 @@ class Tool:
         is_async: ``fn`` is a coroutine function.
         timeout_s: limit for one call; ``None`` uses the agent's default.
         side_effect: ``none`` | ``read`` | ``write`` | ``external``.
+        idempotent: running it twice with the same arguments does no harm; a call interrupted by
+            a crash is then run again on resume (otherwise it is answered as interrupted).
     """
 
     name: str
@@ -35,6 +37,7 @@ class Tool:
     is_async: bool = False
     timeout_s: float | None = None
     side_effect: str = "read"
+    idempotent: bool = False
 
     def schema(self) -> dict[str, Any]:
         """The tool's entry in the chat-completions ``tools`` list."""

@@ -131,4 +131,5 @@ class WebFetcher:
             is_async=True,
             timeout_s=self._timeout_s + 5,
             side_effect="read",
+            idempotent=True,
         )

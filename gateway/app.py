@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import logging
 import os
 import socket
@@ -23,6 +24,7 @@ from agent.model import ChatModel, OpenAIChatModel
 from agent.tools import ToolRegistry
 from agent.web import WebFetcher
 from gateway.bus import SessionBus
+from gateway.commands import CONTROL_COMMANDS, control_reply
 from gateway.config import GatewayConfig
 from gateway.delivery import Delivery
 from gateway.http import build_app
@@ -31,7 +33,7 @@ from gateway.sessions import session_key_for
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import Store
 from gateway.turns import TurnRunner
-from gateway.types import ChatAddress, InboundMessage
+from gateway.types import ChatAddress, InboundMessage, OutboundMessage
 
 log = logging.getLogger("gateway")
 T = TypeVar("T")
@@ -82,9 +84,11 @@ class Gateway:
         self.bus = SessionBus(
             store=self.store, run_turn=self.runner.run, workers=self._workers, instance_id=self.instance_id,
             lease_s=config.bus.lease_s, sweep_interval_s=config.bus.sweep_interval_s,
+            busy_policy=config.bus.busy_policy,
             on_turn_start=self._typing_start, on_turn_end=self._typing_end, on_replies=self.delivery.wake,
         )
         self._typing: dict[ChatAddress, asyncio.Task[None]] = {}
+        self._receivers: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.received = 0
@@ -106,13 +110,62 @@ class Gateway:
         key = session_key_for(message)
         if not message.addressed and not await self.run_db(self.store.lane_exists, key):
             return False  # a thread message not for us: the bot is not part of that thread
-        stored = await self.run_db(self.store.insert_inbound, message, key)
+        if message.command in CONTROL_COMMANDS:
+            stored = await self._control(message, key)
+        else:
+            cancel = "if_busy" if self.config.bus.busy_policy == "interrupt" else None
+            stored = await self.run_db(functools.partial(self.store.insert_inbound, message, key, cancel=cancel))
         if stored:
             self.received += 1
             self.bus.kick(key)
         else:
             self.duplicates += 1
         return stored
+
+    async def _control(self, message: InboundMessage, key: str) -> bool:
+        """``/stop``: cancels the running turn (it stops at its next step and sends nothing) and
+        answers at once, without waiting for the lane."""
+        assert message.command is not None
+        was_running = await self.run_db(self.store.lane_busy, key)
+        digest = hashlib.sha256(f"{message.platform}:{message.address.tenant}:{message.message_id}".encode())
+        reply = OutboundMessage(message.address, control_reply(message.command, was_running),
+                                idempotency_key=f"ctl:{digest.hexdigest()[:40]}", reply_to_id=message.reply_to_id)
+        stored = await self.run_db(functools.partial(self.store.insert_inbound, message, key, cancel="always",
+                                                     control_reply=reply))
+        if stored:
+            self.delivery.wake()
+        return stored
+
+    async def _hold_receiver(self, adapter: Adapter) -> None:
+        """Receives on ``adapter`` only while this instance holds its receiver lease (Telegram
+        long polling: one poller per bot across instances; the others stand by)."""
+        name = adapter.receiver_lease
+        assert name is not None
+        lease_s = self.config.bus.lease_s
+        receiving = False
+        try:
+            while True:
+                try:
+                    if receiving:
+                        held = name in await self.run_db(self.store.renew_lanes, [name], self.instance_id, lease_s)
+                    else:
+                        held = await self.run_db(self.store.claim_lane, name, self.instance_id, lease_s)
+                except Exception:  # noqa: BLE001 - a DB hiccup: keep the current state, try again
+                    log.exception("receiver lease %s: database error", name)
+                    held = receiving
+                if held and not receiving:
+                    log.info("receiving on %s (lease %s held)", adapter.platform, name)
+                    await adapter.start_receiving()
+                    receiving = True
+                elif not held and receiving:
+                    log.warning("lost receiver lease %s; standing by", name)
+                    await adapter.stop_receiving()
+                    receiving = False
+                await asyncio.sleep(lease_s / 3)
+        finally:
+            if receiving:
+                await adapter.stop_receiving()
+                await self.run_db(self.store.release_lane, name, self.instance_id)
 
     # -- typing indicator ----------------------------------------------------------------------
     def _typing_start(self, address: ChatAddress) -> None:
@@ -150,10 +203,18 @@ class Gateway:
             log.info("http server on %s:%s", self.config.http.host, self.http_port)
         for adapter in self.adapters.values():
             await adapter.start(self.receive)
+            if getattr(adapter, "receiver_lease", None):
+                self._receivers.append(asyncio.create_task(self._hold_receiver(adapter)))
+            else:
+                await adapter.start_receiving()
         log.info("gateway %s started with %s", self.instance_id, ", ".join(self.adapters) or "no platforms")
 
     async def stop(self) -> None:
         """Stops receiving first, then lets running turns finish their step, then closes."""
+        for task in self._receivers:
+            task.cancel()
+        await asyncio.gather(*self._receivers, return_exceptions=True)
+        self._receivers.clear()
         for adapter in self.adapters.values():
             try:
                 await adapter.stop()

@@ -2,9 +2,10 @@
 
 The main loop only schedules: ``kick(key)`` asks a worker thread to drain that key's pending
 inbox rows. The worker first claims the key's lease in the database (so two instances never run
-the same session at once), then runs the oldest pending message's turn, then the next, and
-releases the lease when none is left. A lease keeper renews held leases; a sweeper picks up keys
-whose rows wait without a live lease (after a crash, or on another instance's behalf).
+the same session at once), then runs the oldest pending message's turn (or, with the ``merge``
+policy, one turn for every message waiting), then the next, and releases the lease when none is
+left. A lease keeper renews held leases; a sweeper picks up keys whose rows wait without a live
+lease (after a crash, or on another instance's behalf).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from gateway.store.sql import PendingInbound, Store
@@ -21,26 +22,33 @@ from gateway.types import ChatAddress
 
 log = logging.getLogger("gateway.bus")
 
+MERGE_LIMIT = 20
+"""Most messages answered together by one merged turn."""
+
 
 class SessionBus:
     """Dispatches inbox rows to turns.
 
     Args:
-        run_turn: runs one turn on the calling worker thread (``TurnRunner.run``).
+        run_turn: runs one turn on the calling worker thread: ``(batch, generation) -> status``.
+        busy_policy: ``queue`` (a turn per message, FIFO), ``merge`` (messages waiting when the
+            lane frees are answered in one turn) or ``interrupt`` (handled at receive time: a new
+            message cancels the running turn; then like ``queue``).
         on_turn_start / on_turn_end: called on the main loop with the chat address (typing).
         on_replies: called on the main loop after a turn queued replies (wakes delivery).
     """
 
-    def __init__(self, *, store: Store, run_turn: Callable[[PendingInbound], None], workers: ThreadPoolExecutor,
-                 instance_id: str, lease_s: float, sweep_interval_s: float,
-                 on_turn_start: Callable[[ChatAddress], None], on_turn_end: Callable[[ChatAddress], None],
-                 on_replies: Callable[[], None]) -> None:
+    def __init__(self, *, store: Store, run_turn: Callable[[Sequence[PendingInbound], int], str],
+                 workers: ThreadPoolExecutor, instance_id: str, lease_s: float, sweep_interval_s: float,
+                 busy_policy: str, on_turn_start: Callable[[ChatAddress], None],
+                 on_turn_end: Callable[[ChatAddress], None], on_replies: Callable[[], None]) -> None:
         self.store = store
         self._run_turn = run_turn
         self._workers = workers
         self.instance_id = instance_id
         self.lease_s = lease_s
         self.sweep_interval_s = sweep_interval_s
+        self.batch_size = MERGE_LIMIT if busy_policy == "merge" else 1
         self._on_turn_start = on_turn_start
         self._on_turn_end = on_turn_end
         self._on_replies = on_replies
@@ -75,8 +83,11 @@ class SessionBus:
 
     def _drained(self, key: str, future: asyncio.Future[None]) -> None:
         self._active.discard(key)
+        if future.cancelled():
+            return
         if future.exception() is not None:
-            log.error("lane %s failed", key, exc_info=future.exception())
+            log.error("lane %s failed; the sweeper will retry it", key, exc_info=future.exception())
+            return
         if key in self._again:
             self._again.discard(key)
             self.kick(key)
@@ -93,14 +104,16 @@ class SessionBus:
             self._held.add(key)
         try:
             while True:
-                pending = self.store.next_pending(key)
-                if pending is None:
+                batch = self.store.next_pending(key, self.batch_size)
+                if not batch:
                     break
-                self._call_main(self._on_turn_start, pending.message.address)
+                generation = self.store.lane_generation(key)
+                address = batch[-1].message.address
+                self._call_main(self._on_turn_start, address)
                 try:
-                    self._run_turn(pending)
+                    self._run_turn(batch, generation)
                 finally:
-                    self._call_main(self._on_turn_end, pending.message.address)
+                    self._call_main(self._on_turn_end, address)
                 self.turns_done += 1
                 self._call_main(self._on_replies)
         finally:
@@ -109,7 +122,7 @@ class SessionBus:
             self.store.release_lane(key, self.instance_id)
         # A message stored between the last check and the release would wait for the sweeper:
         # look once more and drain again if so.
-        if self.store.next_pending(key) is not None:
+        if self.store.next_pending(key):
             self._call_main(self.kick, key)
 
     def _call_main(self, fn: Callable[..., None], *args: object) -> None:

@@ -72,8 +72,9 @@ class ToolsConfig(_Section):
 
 class BusConfig(_Section):
     busy_policy: Literal["queue", "merge", "interrupt"] = "queue"
-    lease_s: float = 60.0
-    """How long a session lane is held without renewal before another instance may take it."""
+    lease_s: float = 15.0
+    """How long a lease (a session's lane, the Telegram poller) is held without renewal before
+    another instance, or this one after a crash, may take it; renewed every third of it."""
     sweep_interval_s: float = 5.0
     """How often pending inbox rows without a live lease are picked up (crash recovery)."""
 

@@ -7,6 +7,7 @@ A platform's retry-after is honoured; parts of a reply already delivered are nev
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -18,6 +19,9 @@ from gateway.ports import Adapter
 from gateway.store.sql import OutboxItem, Store
 
 log = logging.getLogger("gateway.delivery")
+
+UNCONFIRMED = "?"
+"""Stands in the row's platform message ids for a part that may or may not have arrived."""
 
 
 class Delivery:
@@ -90,17 +94,33 @@ class Delivery:
         if adapter is None:
             await self._run_db(self.store.mark_failed, item.id, "no adapter for platform", item.sent_ids)
             return None
+        message, prior, note = item.message, list(item.sent_ids), None
+        if item.unconfirmed and not getattr(adapter, "idempotent_send", False):
+            # The previous owner died while sending part `resume_from`: it may have arrived.
+            # Never send it twice: skip it and record that it is unconfirmed.
+            message = dataclasses.replace(message, resume_from=message.resume_from + 1)
+            prior.append(UNCONFIRMED)
+            note = f"part {message.resume_from} unconfirmed after a crash; not resent"
+            log.warning("delivery %s: %s", message.idempotency_key, note)
+            await self._run_db(self.store.mark_progress, item.id, prior, self.claim_s)
+
+        async def on_part(platform_id: str) -> None:
+            prior.append(platform_id)
+            await self._run_db(self.store.mark_progress, item.id, list(prior), self.claim_s)
+
         try:
-            result = await adapter.send(item.message)
+            result = await adapter.send(message, on_part)
         except Exception as exc:
             log.exception("adapter %s raised on send", adapter.platform)
             result_ok, ids, retryable, retry_after, error = False, (), True, None, f"{type(exc).__name__}"
         else:
             result_ok, ids, retryable, retry_after, error = (result.ok, result.platform_message_ids, result.retryable,
                                                             result.retry_after, result.error)
-        sent_ids = (*item.sent_ids, *ids)
+        sent_ids = list(prior)
+        sent_ids += [i for i in ids if i not in sent_ids]
         if result_ok:
-            await self._run_db(self.store.mark_sent, item.id, sent_ids)
+            status = "unconfirmed" if UNCONFIRMED in sent_ids else "sent"
+            await self._run_db(self.store.mark_sent, item.id, sent_ids, status, note)
             self.sent += 1
             return None
         if retryable and item.attempts < self.max_attempts:

@@ -9,6 +9,9 @@ from aiohttp import web
 
 from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
 
+PartSent = Callable[[str], Awaitable[None]]
+"""Called by ``Adapter.send`` with each part's platform message id as soon as it is delivered."""
+
 InboundSink = Callable[[InboundMessage], Awaitable[bool]]
 """Stores a normalized message durably; returns ``False`` for a duplicate. Raises if storing failed
 (the adapter must then not acknowledge the platform, so the platform delivers it again)."""
@@ -23,18 +26,33 @@ class Adapter(Protocol):
     """
 
     platform: str
+    idempotent_send: bool
+    """The platform dedupes a resent part by our idempotency key (Feishu ``uuid``): a send left in
+    flight by a crash may then be repeated safely; otherwise it is skipped (never sent twice)."""
+    receiver_lease: str | None
+    """Name of a lease that must be held to receive (Telegram long polling: one poller per bot
+    across instances), or ``None`` when every instance may receive (webhooks)."""
 
     def routes(self) -> list[web.RouteDef]:
         """Webhook routes this adapter serves on the gateway's HTTP server (may be empty)."""
         ...
 
-    async def start(self, sink: InboundSink) -> None: ...
+    async def start(self, sink: InboundSink) -> None:
+        """Prepares sending (identity, clients) and remembers ``sink``; does not receive yet."""
+        ...
+
+    async def start_receiving(self) -> None:
+        """Begins receiving (polling/socket). Webhook adapters receive through ``routes()``."""
+        ...
+
+    async def stop_receiving(self) -> None: ...
 
     async def stop(self) -> None: ...
 
-    async def send(self, message: OutboundMessage) -> DeliveryResult:
-        """Delivers one reply (split into several platform messages if needed). Never raises for
-        platform errors: they are reported in the result."""
+    async def send(self, message: OutboundMessage, on_part: PartSent | None = None) -> DeliveryResult:
+        """Delivers one reply (split into several platform messages if needed), skipping the first
+        ``message.resume_from`` parts. Never raises for platform errors: they are reported in the
+        result, with the ids of the parts delivered before the error."""
         ...
 
     async def send_typing(self, address: ChatAddress) -> None:

@@ -1,14 +1,16 @@
-"""A turn: one inbound message to its final reply (DESIGN §3.4). Runs on a worker thread.
+"""A turn: inbound message(s) to the final reply (DESIGN §3.4). Runs on a worker thread.
 
-Load the session (stored system prompt + transcript window), append the user message, run the
+Load the session (stored system prompt + transcript window), append the user message(s), run the
 agent loop (each message written to the transcript as it happens), then finish the turn: the
-reply goes to the outbox in the same transaction that marks the inbox row done.
+reply goes to the outbox in the same transaction that marks the inbox row(s) done. A turn
+resumed after a crash finds its user message already in the transcript and continues from there.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from agent.bridge import AsyncBridge
@@ -27,7 +29,7 @@ class TurnRunner:
     """Runs turns against one store, model and tool registry.
 
     Args:
-        build_system_prompt: called once per new session; its result is stored and reused.
+        system_prompt: stored on each new session at creation and reused byte for byte.
         history_window: transcript messages loaded per turn.
     """
 
@@ -41,30 +43,43 @@ class TurnRunner:
         self.history_window = history_window
         self.system_prompt = system_prompt
 
-    def run(self, pending: PendingInbound) -> None:
-        """Runs the turn for ``pending`` to completion (reply queued, inbox row finished).
+    def run(self, batch: Sequence[PendingInbound], generation: int) -> str:
+        """Runs one turn answering ``batch`` (one message, or several merged) to completion and
+        returns its outcome (``done``, ``failed``, ``cancelled``).
 
-        Raises only on database faults; the inbox row then stays pending and is retried.
+        ``generation`` is the lane generation the turn started under: once the lane's generation
+        moves on (``/stop``, an interrupting message) the turn stops at its next step and sends
+        nothing. Raises only on database faults; the inbox rows then stay pending and are retried.
         """
-        message = pending.message
-        turn_id = f"in{pending.inbox_id}"
-        quote = message.reply_to_id
+        last = batch[-1]
+        message = last.message
+        key = last.session_key
+        turn_id = f"in{last.inbox_id}"
+        inbox_ids = [p.inbox_id for p in batch]
 
-        def reply(text: str) -> OutboundMessage:
-            return OutboundMessage(message.address, text, idempotency_key=f"{turn_id}:0", reply_to_id=quote)
+        def finish(status: str, text: str | None, session_id: str | None) -> str:
+            replies = [] if text is None else [
+                OutboundMessage(message.address, text, idempotency_key=f"{turn_id}:0", reply_to_id=message.reply_to_id)
+            ]
+            self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
+                                   generation=generation,
+                                   merged_status="cancelled" if status == "cancelled" else "merged")
+            return status
 
-        direct = command_reply(message.command)
+        direct = command_reply(message.command) if len(batch) == 1 else None
         if direct is not None:
-            self.store.finish_turn(pending.inbox_id, "done", [reply(direct)], None)
-            return
+            return finish("done", direct, None)
 
-        session_id, system_prompt = self.store.current_session(pending.session_key, lambda: self.system_prompt)
+        session_id, system_prompt = self.store.current_session(key, lambda: self.system_prompt)
         window = self.store.load_window(session_id, self.history_window)
-        if not any(m.turn_id == turn_id and m.role == "user" for m in window):
-            meta = user_meta(message, time.time())
-            row_id = self.store.append_message(session_id, turn_id, "user", message.text, meta=meta,
-                                               platform_message_id=message.message_id)
-            window.append(StoredMessage(row_id, turn_id, "user", message.text, None, None, None, meta))
+        present = {(m.turn_id, m.role) for m in window}
+        for pending in batch:
+            pending_turn = f"in{pending.inbox_id}"
+            if (pending_turn, "user") not in present:
+                meta = user_meta(pending.message, time.time())
+                row_id = self.store.append_message(session_id, pending_turn, "user", pending.message.text,
+                                                   meta=meta, platform_message_id=pending.message.message_id)
+                window.append(StoredMessage(row_id, pending_turn, "user", pending.message.text, None, None, None, meta))
 
         def record(msg: dict[str, Any], usage: Usage | None) -> None:
             self.store.append_message(
@@ -74,14 +89,20 @@ class TurnRunner:
                 completion_tokens=usage.completion_tokens if usage else None,
             )
 
+        def should_stop() -> bool:
+            return self.store.lane_generation(key) != generation
+
         try:
             outcome = run_turn(system_prompt=system_prompt, history=render_history(window), model=self.model,
-                               tools=self.tools, bridge=self.bridge, limits=self.limits, record=record)
+                               tools=self.tools, bridge=self.bridge, limits=self.limits, record=record,
+                               should_stop=should_stop)
         except ModelError as exc:
             log.warning("turn %s failed: %s", turn_id, exc)
-            self.store.finish_turn(pending.inbox_id, "failed", [reply(f"⚠️ {exc.user_message}")], session_id)
-            return
+            return finish("failed", f"⚠️ {exc.user_message}", session_id)
+        if outcome.stop_reason == "cancelled":
+            log.info("turn %s cancelled at a step boundary", turn_id)
+            return finish("cancelled", None, session_id)
         text = outcome.reply.strip() or "(no answer)"
         if outcome.stop_reason == "iteration_budget":
             self.store.append_message(session_id, turn_id, "assistant", text, meta={"stop_reason": outcome.stop_reason})
-        self.store.finish_turn(pending.inbox_id, "done", [reply(text)], session_id)
+        return finish("done", text, session_id)

@@ -31,7 +31,9 @@ def bridge():
 def registry() -> ToolRegistry:
     tools = ToolRegistry()
     tools.add(Tool("add", "Add two integers.", {"type": "object", "properties": {"a": {"type": "integer"},
-              "b": {"type": "integer"}}, "required": ["a", "b"]}, fn=lambda a, b: str(a + b)))
+              "b": {"type": "integer"}}, "required": ["a", "b"]}, fn=lambda a, b: str(a + b), idempotent=True))
+    tools.add(Tool("send_mail", "Send an email.", {"type": "object", "properties": {}},
+                   fn=lambda: "sent", side_effect="external"))
 
     async def slow(seconds: float) -> str:
         await asyncio.sleep(seconds)
@@ -88,7 +90,7 @@ def test_iteration_budget_ends_the_turn_with_a_clear_reply(model, fake_openai):
     assert "iteration budget" in outcome.reply and len(fake_openai.requests) == 3
 
 
-def test_resumed_turn_answers_only_the_missing_tool_call(model, fake_openai):
+def test_resumed_turn_reruns_only_missing_idempotent_calls(model, fake_openai):
     done, missing = oa.call("add", {"a": 1, "b": 1}), oa.call("add", {"a": 2, "b": 2})
     args = {c.id: json.dumps(a) for c, a in ((done, {"a": 1, "b": 1}), (missing, {"a": 2, "b": 2}))}
     history = [
@@ -122,3 +124,30 @@ def test_tool_schemas_render_in_a_stable_order():
     for name in reversed(sorted(a.tools)):
         b.add(a.tools[name])
     assert json.dumps(a.schemas()) == json.dumps(b.schemas())
+
+
+def test_resumed_turn_does_not_rerun_a_side_effecting_call(model, fake_openai):
+    mail = oa.call("send_mail", {})
+    history = [
+        {"role": "user", "content": "mail it"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": mail.id, "type": "function", "function": {"name": "send_mail", "arguments": "{}"}}]},
+    ]
+    fake_openai.script(oa.text("I could not confirm the mail was sent."))
+    _, recorded = run(model, registry(), history)
+    assert recorded[0]["tool_call_id"] == mail.id and "interrupted" in recorded[0]["content"]
+
+
+def test_should_stop_ends_the_turn_at_the_next_step(model, fake_openai):
+    fake_openai.responder = lambda req: oa.tool_calls(oa.call("add", {"a": 1, "b": 1}))
+    checks: list[int] = []
+
+    def should_stop() -> bool:
+        checks.append(1)
+        return len(checks) > 2
+
+    recorded: list[dict] = []
+    outcome = run_turn(system_prompt="s", history=[{"role": "user", "content": "go"}], model=model,
+                       tools=registry(), bridge=None, limits=Limits(), record=lambda m, u: recorded.append(m),
+                       should_stop=should_stop)
+    assert outcome.stop_reason == "cancelled" and outcome.steps == 2 and len(fake_openai.requests) == 2

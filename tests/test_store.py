@@ -27,10 +27,10 @@ def test_inbox_drops_duplicates_and_keeps_arrival_order(store):
     assert store.insert_inbound(message("5:1", text="first"), "k") is True
     assert store.insert_inbound(message("5:1", text="again"), "k") is False
     assert store.insert_inbound(message("5:2", text="second"), "k") is True
-    pending = store.next_pending("k")
-    assert pending is not None and pending.message.text == "first"
-    store.finish_turn(pending.inbox_id, "done", [], None)
-    assert store.next_pending("k").message.text == "second"
+    [pending] = store.next_pending("k")
+    assert pending.message.text == "first"
+    store.finish_turn([pending.inbox_id], "done", [])
+    assert [p.message.text for p in store.next_pending("k", 5)] == ["second"]
     # Same message id on another tenant is a different message.
     other = InboundMessage(ChatAddress("telegram", "2", "5"), "5:1", "dm", Sender("5"), "x")
     assert store.insert_inbound(other, "k2") is True
@@ -88,9 +88,9 @@ def test_transcript_window_is_the_newest_messages_in_order(store):
 def test_outbox_claim_is_exclusive_and_keeps_delivered_parts(store):
     reply = OutboundMessage(ChatAddress("telegram", "1", "5"), "hello", idempotency_key="in1:0")
     store.insert_inbound(message("5:9"), "k")
-    pending = store.next_pending("k")
-    store.finish_turn(pending.inbox_id, "done", [reply], None)
-    store.finish_turn(pending.inbox_id, "done", [reply], None)  # a resumed turn queues nothing twice
+    [pending] = store.next_pending("k")
+    store.finish_turn([pending.inbox_id], "done", [reply])
+    store.finish_turn([pending.inbox_id], "done", [reply])  # a resumed turn queues nothing twice
     items = store.claim_outbox("a", 10, claim_s=60)
     assert len(items) == 1 and items[0].message.resume_from == 0
     assert store.claim_outbox("b", 10, claim_s=60) == []
@@ -106,3 +106,54 @@ def test_migrations_are_idempotent(db_url):
     upgrade(engine)
     upgrade(engine)
     engine.dispose()
+
+
+def reply_row(key: str, chat: str = "5") -> OutboundMessage:
+    return OutboundMessage(ChatAddress("telegram", "1", chat), f"text {key}", idempotency_key=key)
+
+
+def test_outbox_keeps_chat_order_across_retries(store):
+    store.insert_inbound(message("5:1"), "k")
+    [p] = store.next_pending("k")
+    store.finish_turn([p.inbox_id], "done", [reply_row("a"), reply_row("b"), reply_row("c", chat="6")])
+    first = store.claim_outbox("x", 10, claim_s=60)
+    assert [i.message.idempotency_key for i in first] == ["a", "c"]  # one row per chat
+    store.mark_retry(first[0].id, time.time() + 60, "429", [])  # chat 5 waits for its retry
+    store.mark_sent(first[1].id, ["9"])
+    assert store.claim_outbox("x", 10, claim_s=60) == []  # "b" may not overtake "a"
+
+
+def test_control_message_cancels_running_turn_and_its_pending_replies(store):
+    assert store.claim_lane("k", "a", 60)
+    gen = store.lane_generation("k")
+    store.insert_inbound(message("5:1"), "k")
+    [p] = store.next_pending("k")
+    store.finish_turn([p.inbox_id], "done", [reply_row("old")], session_key="k", generation=gen)
+    stop = InboundMessage(ChatAddress("telegram", "1", "5"), "5:2", "dm", Sender("5"), "", command="stop")
+    assert store.insert_inbound(stop, "k", cancel="always", control_reply=reply_row("stopped"))
+    assert store.lane_generation("k") == gen + 1
+    claimed = store.claim_outbox("x", 10, claim_s=60)
+    assert [i.message.idempotency_key for i in claimed] == ["stopped"]
+    assert {r["idempotency_key"]: r["status"] for r in store.outbox_rows()}["old"] == "cancelled"
+    assert store.next_pending("k") == []  # the control message never waits in the lane
+
+
+def test_interrupt_cancels_only_while_a_turn_runs(store):
+    store.insert_inbound(message("5:1"), "k", cancel="if_busy")
+    assert store.lane_generation("k") == 0  # idle lane: nothing to interrupt
+    store.claim_lane("k", "a", 60)
+    store.insert_inbound(message("5:2"), "k", cancel="if_busy")
+    assert store.lane_generation("k") == 1
+    assert store.insert_inbound(message("5:2"), "k", cancel="if_busy") is False
+    assert store.lane_generation("k") == 1  # a duplicate cancels nothing
+
+
+def test_row_left_sending_by_a_dead_owner_is_reclaimed_as_unconfirmed(store):
+    store.insert_inbound(message("5:1"), "k")
+    [p] = store.next_pending("k")
+    store.finish_turn([p.inbox_id], "done", [reply_row("a")])
+    [item] = store.claim_outbox("dead", 10, claim_s=0.01)
+    assert not item.unconfirmed
+    time.sleep(0.05)
+    [again] = store.claim_outbox("alive", 10, claim_s=60)
+    assert again.id == item.id and again.unconfirmed

@@ -20,6 +20,8 @@ class LocalAdapter:
     """
 
     platform = "local"
+    idempotent_send = False
+    receiver_lease = None
 
     def __init__(self, *, user: str = "local-user", read_line: Callable[[], str] | None = None,
                  write: Callable[[str], None] | None = None, on_eof: Callable[[], None] | None = None) -> None:
@@ -35,7 +37,14 @@ class LocalAdapter:
         return []
 
     async def start(self, sink: InboundSink) -> None:
-        self._task = asyncio.create_task(self._read(sink), name="local-input")
+        self._sink = sink
+
+    async def start_receiving(self) -> None:
+        self._task = asyncio.create_task(self._read(self._sink), name="local-input")
+
+    async def stop_receiving(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
     async def _read(self, sink: InboundSink) -> None:
         loop = asyncio.get_running_loop()
@@ -67,7 +76,7 @@ class LocalAdapter:
         if self._task is not None:
             self._task.cancel()
 
-    async def send(self, message: OutboundMessage) -> DeliveryResult:
+    async def send(self, message: OutboundMessage, on_part: object = None) -> DeliveryResult:
         self._write(f"agent> {message.text}")
         self.waiting.set()
         return DeliveryResult(True, (uuid.uuid4().hex,))

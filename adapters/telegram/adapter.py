@@ -9,6 +9,7 @@ handlers have run. Pending updates are never dropped at start-up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -22,7 +23,7 @@ from telegram.request import HTTPXRequest
 
 from adapters.telegram.format import Chunk, chunk_text, format_reply
 from adapters.telegram.inbound import BotIdentity, Ignored, to_inbound
-from gateway.ports import InboundSink
+from gateway.ports import InboundSink, PartSent
 from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
 
 log = logging.getLogger("adapters.telegram")
@@ -46,6 +47,7 @@ class TelegramAdapter:
     """
 
     platform = "telegram"
+    idempotent_send = False  # Bot API sendMessage has no idempotency key
 
     def __init__(self, *, token: str, base_url: str = "https://api.telegram.org", mode: str = "polling",
                  webhook_secret: str | None = None, webhook_url: str | None = None, poll_timeout_s: int = 30) -> None:
@@ -65,13 +67,16 @@ class TelegramAdapter:
         self._identity: BotIdentity | None = None
         self._poller: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        bot_id = token.partition(":")[0]
+        self.receiver_lease: str | None = f"receiver:telegram:{bot_id}" if mode == "polling" else None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def routes(self) -> list[web.RouteDef]:
         return [web.post(WEBHOOK_PATH, self._handle_webhook)] if self.mode == "webhook" else []
 
     async def start(self, sink: InboundSink) -> None:
-        """Reads the bot identity (``getMe``), then starts polling or registers the webhook.
+        """Reads the bot identity (``getMe``) and registers the command menu; in webhook mode
+        registers the webhook when ``webhook_url`` is set. Polling begins in ``start_receiving``.
 
         Raises:
             telegram.error.InvalidToken: the token is wrong (start-up must stop).
@@ -85,23 +90,28 @@ class TelegramAdapter:
             await self.bot.set_my_commands([BotCommand(name, text) for name, text in COMMANDS])
         except TelegramError as exc:
             log.warning("telegram setMyCommands failed: %s", exc)
-        if self.mode == "polling":
-            await self.bot.delete_webhook(drop_pending_updates=False)
-            self._stopping.clear()
-            self._poller = asyncio.create_task(self._poll(), name="telegram-poll")
-        elif self._webhook_url:
+        if self.mode == "webhook" and self._webhook_url:
             await self.bot.set_webhook(self._webhook_url, secret_token=self._webhook_secret,
                                        allowed_updates=ALLOWED_UPDATES, drop_pending_updates=False)
 
-    async def stop(self) -> None:
+    async def start_receiving(self) -> None:
+        """Starts long polling (polling mode; pending updates are kept, never dropped)."""
+        if self.mode != "polling" or self._poller is not None:
+            return
+        await self.bot.delete_webhook(drop_pending_updates=False)
+        self._stopping.clear()
+        self._poller = asyncio.create_task(self._poll(), name="telegram-poll")
+
+    async def stop_receiving(self) -> None:
         self._stopping.set()
         if self._poller is not None:
             self._poller.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._poller
-            except (asyncio.CancelledError, Exception):
-                pass
             self._poller = None
+
+    async def stop(self) -> None:
+        await self.stop_receiving()
         await self.bot.shutdown()
 
     async def check(self) -> str:
@@ -176,7 +186,7 @@ class TelegramAdapter:
         return web.json_response({"ok": True})
 
     # -- outbound ----------------------------------------------------------------------------
-    async def send(self, message: OutboundMessage) -> DeliveryResult:
+    async def send(self, message: OutboundMessage, on_part: PartSent | None = None) -> DeliveryResult:
         """Sends the reply as one or more sendMessage calls (text + entities, ≤ 4096 UTF-16 units
         each), quoting ``reply_to_id`` on the first. Parts already sent (``resume_from``) are
         skipped, so a retried delivery never repeats a part."""
@@ -203,6 +213,8 @@ class TelegramAdapter:
             except (NetworkError, TelegramError) as exc:
                 return DeliveryResult(False, tuple(ids), retryable=True, error=f"network: {exc}")
             ids.append(sent_id)
+            if on_part is not None and index < len(chunks) - 1:
+                await on_part(sent_id)  # recorded before the next part: a crash never repeats it
         return DeliveryResult(True, tuple(ids))
 
     async def _send_chunk(self, address: ChatAddress, chunk: Chunk, quote: str | None) -> str:

@@ -32,7 +32,7 @@ def create_db_engine(url: str, pool_size: int = 10) -> Engine:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA busy_timeout=5000")
         cur.close()
 
     @event.listens_for(engine, "begin")

@@ -41,6 +41,9 @@ class LaneRow(Base):
     session_id: Mapped[str | None] = mapped_column(String(32))
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_until: Mapped[float] = mapped_column(Float, default=0.0)
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    """Bumped by ``/stop`` and by an interrupting message: a turn started under an older
+    generation stops at its next step, and replies queued under it are not sent."""
 
 
 class MessageRow(Base):
@@ -82,7 +85,7 @@ class InboxRow(Base):
     session_key: Mapped[str] = mapped_column(String(255))
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), default="pending")
-    """``pending`` -> ``done`` | ``failed``."""
+    """``pending`` -> ``done`` | ``failed`` | ``cancelled`` | ``merged`` (answered with a later one)."""
     received_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
 
@@ -91,16 +94,26 @@ class OutboxRow(Base):
     """A reply waiting for delivery (DESIGN §3.5). ``idempotency_key`` = turn id + sequence."""
 
     __tablename__ = "outbox"
-    __table_args__ = (Index("ix_outbox_status_next", "status", "next_attempt_at"),)
+    __table_args__ = (
+        Index("ix_outbox_status_next", "status", "next_attempt_at"),
+        Index("ix_outbox_chat_status", "chat_key", "status", "id"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     idempotency_key: Mapped[str] = mapped_column(String(128), unique=True)
     session_id: Mapped[str | None] = mapped_column(String(32))
+    session_key: Mapped[str | None] = mapped_column(String(255))
+    chat_key: Mapped[str] = mapped_column(String(255))
+    """``platform:tenant:chat``: rows of one chat are delivered strictly in order."""
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    """The lane generation the reply was produced under (see ``LaneRow.generation``)."""
     address: Mapped[dict[str, Any]] = mapped_column(JSON)
     text: Mapped[str] = mapped_column(Text)
     reply_to_id: Mapped[str | None] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(16), default="pending")
-    """``pending`` -> ``sending`` -> ``sent`` | ``failed`` (after the last attempt)."""
+    """``pending`` -> ``sending`` -> ``sent`` | ``failed`` (permanent error or attempts used up) |
+    ``cancelled`` (its turn was stopped). A row found ``sending`` after its owner died may or may
+    not have reached the platform: its part in flight is not sent again (``unconfirmed``)."""
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[float] = mapped_column(Float, default=0.0)
     claimed_by: Mapped[str | None] = mapped_column(String(128))

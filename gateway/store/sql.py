@@ -12,12 +12,30 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, func, insert, or_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Engine, and_, delete, exists, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from gateway.store.db import read_tx, write_tx
 from gateway.store.models import InboxRow, LaneRow, MessageRow, OutboxRow, SessionRow
 from gateway.types import ChatAddress, InboundMessage, OutboundMessage
+
+
+def _is_lock_error(exc: BaseException) -> bool:
+    return isinstance(exc, OperationalError) and any(
+        word in str(exc.orig).lower() for word in ("database is locked", "database is busy", "deadlock detected",
+                                                    "could not serialize")
+    )
+
+
+retry_locked = retry(
+    retry=retry_if_exception(_is_lock_error),
+    wait=wait_random_exponential(multiplier=0.01, max=0.5),
+    stop=stop_after_attempt(6),
+    reraise=True,
+)
+"""Retries a whole write transaction, with jitter, when SQLite's busy timeout ran out (or PostgreSQL
+reported a deadlock); after the last attempt the error surfaces — a row is never dropped silently."""
 
 _inbox = InboxRow.__table__
 _lanes = LaneRow.__table__
@@ -58,6 +76,8 @@ class OutboxItem:
     message: OutboundMessage
     sent_ids: tuple[str, ...] = ()
     """Platform message ids of parts delivered by earlier attempts."""
+    unconfirmed: bool = False
+    """The previous owner died while sending: its part in flight may or may not have arrived."""
 
 
 class Store:
@@ -67,9 +87,19 @@ class Store:
         self.engine = engine
 
     # -- inbox -------------------------------------------------------------------------------
-    def insert_inbound(self, message: InboundMessage, session_key: str) -> bool:
+    @retry_locked
+    def insert_inbound(self, message: InboundMessage, session_key: str, *, cancel: str | None = None,
+                       control_reply: OutboundMessage | None = None) -> bool:
         """Writes ``message`` to the inbox once. Returns ``False`` for a duplicate (same platform,
-        tenant and message id), which the caller acknowledges and drops."""
+        tenant and message id), which the caller acknowledges and drops.
+
+        In the same transaction (so a turn that sees this row also sees the cancellation):
+        ``cancel="if_busy"`` bumps the lane generation when a turn is running (busy policy
+        ``interrupt``); ``cancel="always"`` bumps it unconditionally (``/stop``). A message with a
+        ``control_reply`` is handled outside the lane: its row is stored ``done`` and the reply
+        queued under the new generation.
+        """
+        now = time.time()
         try:
             with write_tx(self.engine) as conn:
                 conn.execute(
@@ -79,26 +109,36 @@ class Store:
                         platform_message_id=message.message_id,
                         session_key=session_key,
                         payload=message.to_dict(),
-                        status="pending",
+                        status="pending" if control_reply is None else "done",
                         received_at=message.received_at,
+                        finished_at=None if control_reply is None else now,
                     )
                 )
+                generation = 0
+                if cancel is not None:
+                    condition = [_lanes.c.key == session_key]
+                    if cancel == "if_busy":
+                        condition += [_lanes.c.lease_owner.is_not(None), _lanes.c.lease_until >= now]
+                    conn.execute(update(_lanes).where(*condition).values(generation=_lanes.c.generation + 1))
+                    generation = conn.execute(
+                        select(_lanes.c.generation).where(_lanes.c.key == session_key)
+                    ).scalar_one_or_none() or 0
+                if control_reply is not None:
+                    self._queue(conn, control_reply, None, session_key, generation, now)
         except IntegrityError:
             return False
         return True
 
-    def next_pending(self, session_key: str) -> PendingInbound | None:
-        """Oldest pending inbox row for ``session_key`` (arrival order), or ``None``."""
+    def next_pending(self, session_key: str, limit: int = 1) -> list[PendingInbound]:
+        """The oldest ``limit`` pending inbox rows of ``session_key``, in arrival order."""
         with read_tx(self.engine) as conn:
-            row = conn.execute(
+            rows = conn.execute(
                 select(_inbox.c.id, _inbox.c.payload)
                 .where(_inbox.c.session_key == session_key, _inbox.c.status == "pending")
                 .order_by(_inbox.c.id)
-                .limit(1)
-            ).first()
-        if row is None:
-            return None
-        return PendingInbound(row.id, session_key, InboundMessage.from_dict(row.payload))
+                .limit(limit)
+            ).all()
+        return [PendingInbound(row.id, session_key, InboundMessage.from_dict(row.payload)) for row in rows]
 
     def keys_waiting(self, now: float, limit: int = 100) -> list[str]:
         """Session keys with pending inbox rows whose lane is not leased (or the lease expired)."""
@@ -121,6 +161,7 @@ class Store:
             return conn.execute(select(func.count()).select_from(_inbox).where(_inbox.c.status == status)).scalar_one()
 
     # -- lanes (one turn per session key at a time) ------------------------------------------
+    @retry_locked
     def claim_lane(self, key: str, owner: str, lease_s: float) -> bool:
         """Takes the lease on ``key`` if it is free, expired or already ours. Atomic on both
         backends: one conditional UPDATE (the row is created on first use)."""
@@ -137,28 +178,33 @@ class Store:
                 )
                 if result.rowcount == 1:
                     return True
-                exists = conn.execute(select(_lanes.c.key).where(_lanes.c.key == key)).first()
-                if exists is not None:
+                if conn.execute(select(_lanes.c.key).where(_lanes.c.key == key)).first() is not None:
                     return False
             try:
                 with write_tx(self.engine) as conn:
-                    conn.execute(insert(_lanes).values(key=key, lease_owner=owner, lease_until=now + lease_s))
+                    conn.execute(insert(_lanes).values(key=key, lease_owner=owner, lease_until=now + lease_s,
+                                                       generation=0))
                 return True
             except IntegrityError:
                 continue  # another instance created it first: try the conditional update again
         return False
 
-    def renew_lanes(self, keys: Sequence[str], owner: str, lease_s: float) -> None:
-        """Extends the leases ``owner`` holds on ``keys``."""
+    @retry_locked
+    def renew_lanes(self, keys: Sequence[str], owner: str, lease_s: float) -> list[str]:
+        """Extends the leases ``owner`` holds on ``keys``; returns the keys it still holds."""
         if not keys:
-            return
+            return []
         with write_tx(self.engine) as conn:
             conn.execute(
                 update(_lanes)
                 .where(_lanes.c.key.in_(list(keys)), _lanes.c.lease_owner == owner)
                 .values(lease_until=time.time() + lease_s)
             )
+            held = conn.execute(select(_lanes.c.key).where(_lanes.c.key.in_(list(keys)),
+                                                           _lanes.c.lease_owner == owner)).scalars().all()
+        return list(held)
 
+    @retry_locked
     def release_lane(self, key: str, owner: str) -> None:
         with write_tx(self.engine) as conn:
             conn.execute(
@@ -172,10 +218,24 @@ class Store:
         with read_tx(self.engine) as conn:
             return conn.execute(select(_lanes.c.key).where(_lanes.c.key == key)).first() is not None
 
+    def lane_busy(self, key: str) -> bool:
+        """Whether a turn is running for ``key`` (a live lease is held)."""
+        with read_tx(self.engine) as conn:
+            row = conn.execute(select(_lanes.c.lease_owner, _lanes.c.lease_until).where(_lanes.c.key == key)).first()
+        return row is not None and row.lease_owner is not None and row.lease_until >= time.time()
+
+    def lane_generation(self, key: str) -> int:
+        """The lane's current generation (0 for a lane never used)."""
+        with read_tx(self.engine) as conn:
+            value = conn.execute(select(_lanes.c.generation).where(_lanes.c.key == key)).scalar_one_or_none()
+        return int(value or 0)
+
     # -- sessions and transcript -------------------------------------------------------------
+    @retry_locked
     def current_session(self, key: str, build_system_prompt: Callable[[], str]) -> tuple[str, str]:
         """Returns ``(session_id, system_prompt)`` of the key's current session, creating the
-        session (and storing its system prompt, built once) on first use."""
+        session (and storing its system prompt, built once) on first use. Call it while holding
+        the lane's lease (the lane row exists then)."""
         with read_tx(self.engine) as conn:
             row = conn.execute(
                 select(_sessions.c.id, _sessions.c.system_prompt)
@@ -194,6 +254,7 @@ class Store:
             conn.execute(update(_lanes).where(_lanes.c.key == key).values(session_id=session_id))
         return session_id, prompt
 
+    @retry_locked
     def append_message(
         self,
         session_id: str,
@@ -252,52 +313,87 @@ class Store:
         return self.load_window(session_id, 1_000_000)
 
     # -- turn completion and outbox ----------------------------------------------------------
-    def finish_turn(self, inbox_id: int, status: str, replies: Sequence[OutboundMessage],
-                    session_id: str | None) -> None:
-        """Marks the inbox row done (or failed) and queues ``replies`` in one transaction.
+    @retry_locked
+    def finish_turn(
+        self,
+        inbox_ids: Sequence[int],
+        status: str,
+        replies: Sequence[OutboundMessage],
+        *,
+        session_id: str | None = None,
+        session_key: str | None = None,
+        generation: int = 0,
+        merged_status: str = "merged",
+    ) -> None:
+        """Queues ``replies`` and marks the turn's inbox rows in one transaction: the last row gets
+        ``status``, earlier ones (answered together by a merged turn) ``merged_status``.
 
         A reply whose idempotency key is already queued (a resumed turn) is not queued again.
         """
         now = time.time()
         with write_tx(self.engine) as conn:
             for reply in replies:
-                exists = conn.execute(
-                    select(_outbox.c.id).where(_outbox.c.idempotency_key == reply.idempotency_key)
-                ).first()
-                if exists is None:
-                    conn.execute(
-                        insert(_outbox).values(
-                            idempotency_key=reply.idempotency_key,
-                            session_id=session_id,
-                            address=reply.address.to_dict(),
-                            text=reply.text,
-                            reply_to_id=reply.reply_to_id,
-                            status="pending",
-                            attempts=0,
-                            next_attempt_at=now,
-                            claim_until=0.0,
-                            created_at=now,
-                        )
-                    )
-            conn.execute(update(_inbox).where(_inbox.c.id == inbox_id).values(status=status, finished_at=now))
+                self._queue(conn, reply, session_id, session_key, generation, now)
+            *earlier, last = inbox_ids
+            if earlier:
+                conn.execute(update(_inbox).where(_inbox.c.id.in_(earlier))
+                             .values(status=merged_status, finished_at=now))
+            conn.execute(update(_inbox).where(_inbox.c.id == last).values(status=status, finished_at=now))
 
+    @staticmethod
+    def _queue(conn: Any, reply: OutboundMessage, session_id: str | None, session_key: str | None,
+               generation: int, now: float) -> None:
+        """Inserts an outbox row unless its idempotency key is already queued."""
+        if conn.execute(select(_outbox.c.id).where(_outbox.c.idempotency_key == reply.idempotency_key)).first():
+            return
+        a = reply.address
+        conn.execute(
+            insert(_outbox).values(
+                idempotency_key=reply.idempotency_key, session_id=session_id, session_key=session_key,
+                chat_key=f"{a.platform}:{a.tenant}:{a.chat_id}", generation=generation, address=a.to_dict(),
+                text=reply.text, reply_to_id=reply.reply_to_id, status="pending", attempts=0,
+                next_attempt_at=now, claim_until=0.0, created_at=now,
+            )
+        )
+
+    @retry_locked
     def claim_outbox(self, owner: str, limit: int, claim_s: float) -> list[OutboxItem]:
-        """Claims due outbox rows (pending and due, or ``sending`` with an expired claim), oldest
-        first. Claimed rows are ``sending`` until ``mark_sent``/``mark_retry``/``mark_failed``."""
+        """Claims due outbox rows, oldest first, at most one per chat: a row waits while an earlier
+        row of its chat is unsettled (chat order; no call to a chat during its retry wait).
+
+        Rows whose lane generation moved on (``/stop``, interrupt) become ``cancelled`` instead.
+        A row left ``sending`` by an owner whose claim expired is reclaimed as ``unconfirmed``.
+        Claimed rows are ``sending`` until ``mark_sent``/``mark_retry``/``mark_failed``.
+        """
         now = time.time()
+        earlier = _outbox.alias("earlier")
         due = or_(
             and_(_outbox.c.status == "pending", _outbox.c.next_attempt_at <= now),
             and_(_outbox.c.status == "sending", _outbox.c.claim_until < now),
         )
+        blocked = exists().where(
+            earlier.c.chat_key == _outbox.c.chat_key,
+            earlier.c.id < _outbox.c.id,
+            earlier.c.status.in_(("pending", "sending")),
+        )
         items: list[OutboxItem] = []
         with write_tx(self.engine) as conn:
-            rows = conn.execute(
-                select(_outbox.c.id, _outbox.c.attempts, _outbox.c.idempotency_key, _outbox.c.address,
-                       _outbox.c.text, _outbox.c.reply_to_id, _outbox.c.platform_message_ids)
-                .where(due)
-                .order_by(_outbox.c.id)
-                .limit(limit)
-            ).all()
+            while True:
+                rows = conn.execute(
+                    select(_outbox.c.id, _outbox.c.attempts, _outbox.c.idempotency_key, _outbox.c.address,
+                           _outbox.c.text, _outbox.c.reply_to_id, _outbox.c.platform_message_ids, _outbox.c.status,
+                           _outbox.c.generation, _lanes.c.generation.label("lane_generation"))
+                    .select_from(_outbox.outerjoin(_lanes, _lanes.c.key == _outbox.c.session_key))
+                    .where(due, ~blocked)
+                    .order_by(_outbox.c.id)
+                    .limit(limit)
+                ).all()
+                stale = [r.id for r in rows if r.lane_generation is not None and r.lane_generation > r.generation]
+                if not stale:
+                    break
+                # Replies of stopped turns are never sent; rows behind them may now go: select again.
+                conn.execute(update(_outbox).where(_outbox.c.id.in_(stale))
+                             .values(status="cancelled", error="turn stopped before delivery"))
             for row in rows:
                 claimed = conn.execute(
                     update(_outbox)
@@ -318,18 +414,35 @@ class Store:
                                 resume_from=len(sent_ids),
                             ),
                             sent_ids,
+                            unconfirmed=row.status == "sending",
                         )
                     )
         return items
 
-    def mark_sent(self, outbox_id: int, platform_message_ids: Sequence[str]) -> None:
+    @retry_locked
+    def mark_sent(self, outbox_id: int, platform_message_ids: Sequence[str], status: str = "sent",
+                  note: str | None = None) -> None:
+        """Settles a delivered row (``status`` ``unconfirmed`` when a part in flight at a crash was
+        skipped rather than risk sending it twice)."""
         with write_tx(self.engine) as conn:
             conn.execute(
                 update(_outbox)
                 .where(_outbox.c.id == outbox_id)
-                .values(status="sent", platform_message_ids=list(platform_message_ids), sent_at=time.time(), error=None)
+                .values(status=status, platform_message_ids=list(platform_message_ids), sent_at=time.time(),
+                        error=note)
             )
 
+    @retry_locked
+    def mark_progress(self, outbox_id: int, platform_message_ids: Sequence[str], claim_s: float) -> None:
+        """Records the parts of a multi-part reply delivered so far (and extends the claim)."""
+        with write_tx(self.engine) as conn:
+            conn.execute(
+                update(_outbox)
+                .where(_outbox.c.id == outbox_id)
+                .values(platform_message_ids=list(platform_message_ids), claim_until=time.time() + claim_s)
+            )
+
+    @retry_locked
     def mark_retry(self, outbox_id: int, next_attempt_at: float, error: str, sent_ids: Sequence[str]) -> None:
         """Schedules another attempt, keeping the ids of parts already delivered."""
         with write_tx(self.engine) as conn:
@@ -340,6 +453,7 @@ class Store:
                         platform_message_ids=list(sent_ids))
             )
 
+    @retry_locked
     def mark_failed(self, outbox_id: int, error: str, sent_ids: Sequence[str]) -> None:
         with write_tx(self.engine) as conn:
             conn.execute(
@@ -348,17 +462,16 @@ class Store:
                 .values(status="failed", error=error, platform_message_ids=list(sent_ids))
             )
 
-    def next_outbox_due(self) -> float | None:
-        """Earliest ``next_attempt_at`` of pending rows (for the delivery timer), or ``None``."""
-        with read_tx(self.engine) as conn:
-            return conn.execute(
-                select(func.min(_outbox.c.next_attempt_at)).where(_outbox.c.status == "pending")
-            ).scalar_one_or_none()
-
     def outbox_rows(self) -> list[dict[str, Any]]:
         """All outbox rows as dicts (tests and admin)."""
         with read_tx(self.engine) as conn:
             return [dict(r._mapping) for r in conn.execute(select(_outbox).order_by(_outbox.c.id)).all()]
+
+    def outbox_counts(self) -> dict[str, int]:
+        """Number of outbox rows by status (metrics)."""
+        with read_tx(self.engine) as conn:
+            rows = conn.execute(select(_outbox.c.status, func.count()).group_by(_outbox.c.status)).all()
+        return {status: count for status, count in rows}
 
     def purge_all(self) -> None:
         """Deletes every row (tests only)."""
