@@ -37,8 +37,14 @@ async def test_send_posts_in_the_thread_and_returns_the_ts(adapter, fake_slack):
 async def test_resume_skips_parts_already_delivered(adapter, fake_slack):
     text = "\n\n".join(f"paragraph {i} " + "x" * 1500 for i in range(6))
     since = len(fake_slack.calls("chat.postMessage"))
-    full = await adapter.send(reply(text))
+    reported: list[str] = []
+
+    async def on_part(ts: str) -> None:
+        reported.append(ts)
+
+    full = await adapter.send(reply(text), on_part)
     assert full.ok and len(full.platform_message_ids) == 3
+    assert reported == list(full.platform_message_ids[:2])  # each part but the last, as it is sent
     resumed = await adapter.send(reply(text, resume_from=2))
     calls = fake_slack.calls("chat.postMessage")[since:]
     assert resumed.ok and len(resumed.platform_message_ids) == 1

@@ -241,11 +241,11 @@ async def test_event_is_not_acknowledged_until_stored(tmp_path, fake_slack, fake
     insert = gateway.store.insert_inbound
     failures = []
 
-    def failing_once(*args: Any) -> bool:
+    def failing_once(*args: Any, **kwargs: Any) -> bool:
         if not failures:
             failures.append(args)
             raise OSError("disk full")
-        return insert(*args)
+        return insert(*args, **kwargs)
 
     gateway.store.insert_inbound = failing_once  # the inbox write fails once
     event = message("are you there?", "1735690300.000100")

@@ -35,7 +35,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.format import format_reply
 from adapters.slack.inbound import BotIdentity, Ignored, to_inbound, users_to_resolve
-from gateway.ports import InboundSink
+from gateway.ports import InboundSink, PartSent
 from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
 
 log = logging.getLogger("adapters.slack")
@@ -121,6 +121,8 @@ class SlackAdapter:
     """
 
     platform = "slack"
+    idempotent_send = False  # chat.postMessage has no idempotency key: a part in doubt is not resent
+    receiver_lease = None  # Events API and Socket Mode both spread events over every instance
 
     def __init__(self, *, bot_token: str, signing_secret: str | None = None, app_token: str | None = None,
                  mode: str = "events", api_url: str = "https://slack.com/api/", allow_bots: bool = False,
@@ -168,7 +170,8 @@ class SlackAdapter:
         return [web.post(EVENTS_PATH, self._handle_events)] if self.mode == "events" else []
 
     async def start(self, sink: InboundSink) -> None:
-        """Reads the app identity (``auth.test``), then connects Socket Mode if configured.
+        """Reads the app identity (``auth.test``) and remembers ``sink``. Events API requests are
+        served through ``routes()``; Socket Mode connects in ``start_receiving``.
 
         Raises:
             slack_sdk.errors.SlackApiError: the bot token is rejected (start-up must stop).
@@ -177,14 +180,23 @@ class SlackAdapter:
         self._identity = await self._auth_test()
         log.info("slack bot %s (bot %s) in team %s starting in %s mode", self._identity.user_id,
                  self._identity.bot_id, self._identity.team_id, self.mode)
-        if self.mode == "socket":
-            self._socket = AsyncSocketModeHandler(self.app, self._app_token, logger=log)
-            await self._socket.connect_async()
 
-    async def stop(self) -> None:
+    async def start_receiving(self) -> None:
+        """Socket Mode: opens the WebSocket (``apps.connections.open`` with the app token; the
+        SDK reconnects on ``disconnect`` frames). Slack hands each event to one of the app's
+        connections, so every instance may be connected."""
+        if self.mode != "socket" or self._socket is not None:
+            return
+        self._socket = AsyncSocketModeHandler(self.app, self._app_token, logger=log)
+        await self._socket.connect_async()
+
+    async def stop_receiving(self) -> None:
         if self._socket is not None:
             await self._socket.close_async()
             self._socket = None
+
+    async def stop(self) -> None:
+        await self.stop_receiving()
 
     async def check(self) -> str:
         auth = await self.client.auth_test()
@@ -273,14 +285,16 @@ class SlackAdapter:
         return names
 
     # -- outbound ----------------------------------------------------------------------------
-    async def send(self, message: OutboundMessage) -> DeliveryResult:
+    async def send(self, message: OutboundMessage, on_part: PartSent | None = None) -> DeliveryResult:
         """Posts the reply as one or more ``chat.postMessage`` calls (mrkdwn, ≤ 3,900 characters
         each; Slack Web API: chat.postMessage, text ≤ 40,000 characters, ≤ 4,000 advised) in
         ``thread_ts`` when the address has a thread. Parts already sent (``resume_from``) are
-        skipped, so a retried delivery never repeats a part."""
+        skipped, and each part but the last is reported to ``on_part`` (its ``ts``) before the next
+        is sent, so a retried or resumed delivery never repeats a part."""
         address = message.address
         ids: list[str] = []
-        for index, chunk in enumerate(format_reply(message.text, message.format)):
+        chunks = format_reply(message.text, message.format)
+        for index, chunk in enumerate(chunks):
             if index < message.resume_from:
                 continue
             kwargs: dict[str, Any] = {"channel": address.chat_id, "text": chunk, "mrkdwn": True}
@@ -293,6 +307,8 @@ class SlackAdapter:
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 return DeliveryResult(False, tuple(ids), retryable=True, error=f"network: {type(exc).__name__}")
             ids.append(str(response.get("ts") or ""))
+            if on_part is not None and index < len(chunks) - 1:
+                await on_part(ids[-1])  # recorded before the next part: a crash never repeats it
         await self._clear_typing(address)
         return DeliveryResult(True, tuple(ids))
 
