@@ -24,7 +24,15 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
         adapters.append(TelegramAdapter(token=token, base_url=tg.base_url, mode=tg.mode, webhook_secret=secret,
                                         webhook_url=tg.webhook_url, poll_timeout_s=tg.poll_timeout_s))
     if config.slack.enabled:
-        raise ConfigError("slack is enabled but the Slack adapter is not available in this version")
+        from adapters.slack.adapter import SlackAdapter
+
+        sl = config.slack
+        bot_token = config.require_secret(sl.bot_token_env, "slack")
+        events, socket = sl.mode == "events", sl.mode == "socket"
+        signing_secret = config.require_secret(sl.signing_secret_env, "slack events mode") if events else None
+        app_token = config.require_secret(sl.app_token_env, "slack socket mode") if socket else None
+        adapters.append(SlackAdapter(bot_token=bot_token, signing_secret=signing_secret, app_token=app_token,
+                                     mode=sl.mode, api_url=sl.api_url))
     if config.feishu.enabled:
         raise ConfigError("feishu is enabled but the Feishu adapter is not available in this version")
     return adapters

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.server import ThreadedServer
+from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
@@ -26,6 +27,9 @@ TEST_TOKEN = "7000000001:AAFakeTokenForLoopbackTestsOnly0000"
 os.environ["GATEWAY_TEST_TELEGRAM_TOKEN"] = TEST_TOKEN
 os.environ["GATEWAY_TEST_TELEGRAM_SECRET"] = "webhook-secret-0123456789"
 os.environ["GATEWAY_TEST_OPENAI_KEY"] = "sk-test"
+os.environ["GATEWAY_TEST_SLACK_BOT_TOKEN"] = "xoxb-fake-0001"
+os.environ["GATEWAY_TEST_SLACK_SIGNING_SECRET"] = "fake-signing-secret-0001"
+os.environ["GATEWAY_TEST_SLACK_APP_TOKEN"] = "xapp-1-fake"
 
 
 def fixture(platform: str, name: str) -> dict[str, Any]:
@@ -58,6 +62,12 @@ def fake_telegram() -> Iterator[FakeTelegram]:
 
 
 @pytest.fixture(scope="module")
+def fake_slack() -> Iterator[FakeSlack]:
+    with FakeSlack() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
 def fake_openai() -> Iterator[FakeOpenAI]:
     with FakeOpenAI(api_key="sk-test") as fake:
         yield fake
@@ -70,7 +80,7 @@ def page_server() -> Iterator[PageServer]:
 
 
 def gateway_config(tmp_path: Path, fake_openai: FakeOpenAI, fake_telegram: FakeTelegram | None = None,
-                   **sections: dict[str, Any]):
+                   fake_slack: FakeSlack | None = None, **sections: dict[str, Any]):
     """A ``GatewayConfig`` on a fresh SQLite file, pointed at the fakes."""
     from gateway.config import load_config
 
@@ -87,6 +97,10 @@ def gateway_config(tmp_path: Path, fake_openai: FakeOpenAI, fake_telegram: FakeT
         overrides["telegram"] = {"enabled": True, "token_env": "GATEWAY_TEST_TELEGRAM_TOKEN",
                                  "base_url": fake_telegram.url, "poll_timeout_s": 1,
                                  "webhook_secret_env": "GATEWAY_TEST_TELEGRAM_SECRET"}
+    if fake_slack is not None:
+        overrides["slack"] = {"enabled": True, "bot_token_env": "GATEWAY_TEST_SLACK_BOT_TOKEN",
+                              "signing_secret_env": "GATEWAY_TEST_SLACK_SIGNING_SECRET",
+                              "app_token_env": "GATEWAY_TEST_SLACK_APP_TOKEN", "api_url": f"{fake_slack.url}/api/"}
     for name, values in sections.items():
         overrides.setdefault(name, {}).update(values)
     return load_config(None, **overrides)

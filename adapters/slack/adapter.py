@@ -1,0 +1,347 @@
+"""Slack adapter: slack-bolt glue (Events API over HTTP or Socket Mode), send, typing indicator.
+
+Acknowledgement rule (DESIGN §3.1): Bolt runs with ``process_before_response=True``, so the HTTP
+response (or the Socket Mode ack) is sent only after the listener has handed the message to the
+inbox; a failed inbox write answers 500 (Socket Mode: no ack) and Slack delivers the event again.
+The listener does nothing else, so the ack stays well inside Slack's 3 seconds. Bolt does not
+dedupe redeliveries (``X-Slack-Retry-Num``); the inbox does, on ``"<channel>:<ts>"``.
+
+Before Bolt sees an HTTP request, ``signature_problem`` checks the Slack signature and the
+5-minute window and logs which check failed (never the secret or the signature); Bolt then
+checks again and answers ``url_verification`` itself. Every event type Slack may send has a
+listener, because Bolt answers 404 to unhandled events and Slack counts that as a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.errors import SlackApiError
+from slack_sdk.signature import SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
+
+from adapters.slack.format import format_reply
+from adapters.slack.inbound import BotIdentity, Ignored, to_inbound, users_to_resolve
+from gateway.ports import InboundSink, PartSent
+from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+
+log = logging.getLogger("adapters.slack")
+
+EVENTS_PATH = "/slack/events"
+SIGNATURE_WINDOW_S = 300  # Slack request signing: reject timestamps more than 5 minutes away
+RETRYABLE_ERRORS = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+NAME_TTL_S = 3600.0
+NAME_LOOKUP_TIMEOUT_S = 1.5  # users.info runs inside Slack's 3-second ack budget
+_MAX_REMEMBERED = 5000
+
+
+def signature_problem(body: bytes, headers: Mapping[str, str], signing_secret: str,
+                      now: float | None = None) -> str | None:
+    """Why a request fails Slack's signature check, or ``None`` when it passes.
+
+    Slack request signing: ``X-Slack-Signature`` = ``v0=`` + hex HMAC-SHA256(signing secret,
+    ``"v0:{X-Slack-Request-Timestamp}:{raw body}"``); the timestamp must be within 300 s of now.
+    The returned text names the failed check and never contains the secret or the signature.
+    """
+    timestamp = headers.get("X-Slack-Request-Timestamp")
+    signature = headers.get("X-Slack-Signature")
+    if not timestamp:
+        return "missing X-Slack-Request-Timestamp header"
+    if not signature:
+        return "missing X-Slack-Signature header"
+    try:
+        age = (time.time() if now is None else now) - int(timestamp)
+    except ValueError:
+        return "malformed X-Slack-Request-Timestamp header"
+    if abs(age) > SIGNATURE_WINDOW_S:
+        return f"timestamp outside the 5-minute window ({age:+.0f} s)"
+    expected = SignatureVerifier(signing_secret).generate_signature(timestamp=timestamp, body=body)
+    if expected is None or not hmac.compare_digest(expected.encode(), signature.encode()):
+        return "signature mismatch (body altered after signing, or another signing secret)"
+    return None
+
+
+def _header(headers: Mapping[str, Any] | None, name: str) -> str | None:
+    for key, value in (headers or {}).items():
+        if key.lower() == name.lower():
+            return str(value[0] if isinstance(value, list | tuple) else value)
+    return None
+
+
+def _failure(exc: SlackApiError, sent: list[str]) -> DeliveryResult:
+    """Maps a Web API error to a delivery result: 429/``ratelimited`` and 5xx are retryable (with
+    ``Retry-After`` seconds when given); any other error code is permanent."""
+    status = getattr(exc.response, "status_code", 0) or 0
+    code = str(exc.response.get("error") or f"http {status}") if exc.response is not None else "unknown"
+    if status == 429 or code == "ratelimited":
+        raw = _header(getattr(exc.response, "headers", None), "Retry-After")
+        try:
+            retry_after = float(raw) if raw is not None else 1.0
+        except ValueError:
+            retry_after = 1.0
+        return DeliveryResult(False, tuple(sent), retryable=True, retry_after=retry_after, error="slack ratelimited")
+    if status >= 500 or code in RETRYABLE_ERRORS:
+        return DeliveryResult(False, tuple(sent), retryable=True, error=f"slack error: {code}")
+    return DeliveryResult(False, tuple(sent), error=f"slack error: {code}")
+
+
+class _UnusedTokenNotice(logging.Filter):
+    """Drops Bolt's start-up warning that ``$SLACK_BOT_TOKEN`` is unused: ``AsyncApp`` reads that
+    variable by itself, and the adapter passes its own client (pointed at ``api_url``) instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`token` will be unused" not in record.getMessage()
+
+
+class SlackAdapter:
+    """One Slack app in one workspace.
+
+    Args:
+        bot_token: ``xoxb-…`` bot token (secret; never logged).
+        signing_secret: verifies Events API requests (required in ``events`` mode).
+        app_token: ``xapp-…`` app-level token (required in ``socket`` mode).
+        mode: ``events`` (HTTP at ``/slack/events``) or ``socket`` (Socket Mode WebSocket).
+        api_url: Web API root, e.g. ``https://slack.com/api/`` or a loopback fake.
+        allow_bots: take messages from other bots (never from this one).
+        typing_reaction: emoji name added to the user's message while a turn runs (Slack has no
+            typing API for bots; a reaction is the usual stand-in), ``""`` to disable.
+    """
+
+    platform = "slack"
+    idempotent_send = False  # chat.postMessage has no idempotency key: a part in doubt is not resent
+    receiver_lease = None  # Events API and Socket Mode both spread events over every instance
+
+    def __init__(self, *, bot_token: str, signing_secret: str | None = None, app_token: str | None = None,
+                 mode: str = "events", api_url: str = "https://slack.com/api/", allow_bots: bool = False,
+                 typing_reaction: str = "eyes", timeout_s: int = 15) -> None:
+        if mode == "events" and not signing_secret:
+            raise ValueError("Slack events mode needs a signing secret")
+        if mode == "socket" and not app_token:
+            raise ValueError("Slack socket mode needs an app-level token")
+        self.mode = mode
+        self.client = AsyncWebClient(token=bot_token, base_url=api_url, timeout=timeout_s,
+                                     logger=logging.getLogger("adapters.slack.sdk"))
+        self._signing_secret = signing_secret or ""
+        self._app_token = app_token
+        self._allow_bots = allow_bots
+        self._typing_reaction = typing_reaction
+        self._sink: InboundSink | None = None
+        self._identity: BotIdentity | None = None
+        self._socket: AsyncSocketModeHandler | None = None
+        self._names: dict[str, tuple[str, float]] = {}
+        self._last_seen: OrderedDict[ChatAddress, str] = OrderedDict()  # newest user message ts per chat
+        self._reacted: dict[ChatAddress, str] = {}
+        self.app = self._build_app()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _build_app(self) -> AsyncApp:
+        bolt_log = logging.getLogger("adapters.slack.bolt")
+        if not any(isinstance(f, _UnusedTokenNotice) for f in bolt_log.filters):
+            bolt_log.addFilter(_UnusedTokenNotice())
+        app = AsyncApp(client=self.client, signing_secret=self._signing_secret or "socket-mode-unused",
+                       process_before_response=True, logger=bolt_log,
+                       request_verification_enabled=self.mode == "events")
+
+        async def on_message_event(body: dict[str, Any]) -> None:
+            await self._receive(body)
+
+        async def on_other_event(body: dict[str, Any]) -> None:
+            log.debug("slack event %s ignored", (body.get("event") or {}).get("type"))
+
+        app.event("message")(on_message_event)
+        app.event("app_mention")(on_message_event)
+        app.event(re.compile(".*"))(on_other_event)  # anything else subscribed: ack, never 404
+        return app
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post(EVENTS_PATH, self._handle_events)] if self.mode == "events" else []
+
+    async def start(self, sink: InboundSink) -> None:
+        """Reads the app identity (``auth.test``) and remembers ``sink``. Events API requests are
+        served through ``routes()``; Socket Mode connects in ``start_receiving``.
+
+        Raises:
+            slack_sdk.errors.SlackApiError: the bot token is rejected (start-up must stop).
+        """
+        self._sink = sink
+        self._identity = await self._auth_test()
+        log.info("slack bot %s (bot %s) in team %s starting in %s mode", self._identity.user_id,
+                 self._identity.bot_id, self._identity.team_id, self.mode)
+
+    async def start_receiving(self) -> None:
+        """Socket Mode: opens the WebSocket (``apps.connections.open`` with the app token; the
+        SDK reconnects on ``disconnect`` frames). Slack hands each event to one of the app's
+        connections, so every instance may be connected."""
+        if self.mode != "socket" or self._socket is not None:
+            return
+        self._socket = AsyncSocketModeHandler(self.app, self._app_token, logger=log)
+        await self._socket.connect_async()
+
+    async def stop_receiving(self) -> None:
+        if self._socket is not None:
+            await self._socket.close_async()
+            self._socket = None
+
+    async def stop(self) -> None:
+        await self.stop_receiving()
+
+    async def check(self) -> str:
+        auth = await self.client.auth_test()
+        return f"bot {auth.get('user')} ({auth.get('user_id')}, bot id {auth.get('bot_id')}) " \
+               f"in workspace {auth.get('team')} ({auth.get('team_id')})"
+
+    async def _auth_test(self) -> BotIdentity:
+        auth = await self.client.auth_test()
+        return BotIdentity(*(str(auth.get(key) or "") for key in ("user_id", "bot_id", "team_id")))
+
+    # -- inbound -----------------------------------------------------------------------------
+    async def _handle_events(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        problem = signature_problem(raw, request.headers, self._signing_secret)
+        if problem is not None:
+            log.warning("slack request rejected with 401: %s", problem)
+            return web.json_response({"error": "invalid request"}, status=401)
+        if request.content_type != "application/x-www-form-urlencoded":  # interactivity posts forms
+            try:
+                payload = json.loads(raw)
+            except ValueError:
+                payload = None
+            if not isinstance(payload, dict) or (
+                    payload.get("type") == "event_callback" and not isinstance(payload.get("event"), dict)):
+                log.warning("malformed slack payload ignored (%d bytes)", len(raw))
+                return web.json_response({"error": "malformed payload"}, status=400, headers={"X-Slack-No-Retry": "1"})
+        bolt_request = AsyncBoltRequest(body=raw.decode("utf-8", "replace"), query=request.query_string,
+                                        headers={k: v for k, v in request.headers.items()})
+        response = await self.app.async_dispatch(bolt_request)
+        headers = response.first_headers_without_set_cookie()
+        content_type = headers.pop("content-type", None) or (
+            "application/json" if response.body.startswith("{") else "text/plain")
+        return web.Response(status=response.status, body=response.body, headers=headers,
+                            content_type=content_type.split(";")[0])
+
+    async def _receive(self, body: dict[str, Any]) -> None:
+        """The listener: normalize and hand to the inbox. Raises when storing failed, so Bolt
+        answers 500 (no ack) and Slack redelivers."""
+        if self._identity is None or self._sink is None:
+            raise RuntimeError("slack adapter not started")
+        result = to_inbound(body, self._identity, allow_bots=self._allow_bots)
+        if isinstance(result, Ignored):
+            log.debug("slack event %s ignored: %s", body.get("event_id"), result.reason)
+            return
+        wanted = users_to_resolve(body, self._identity)
+        if wanted:
+            names = await self._display_names(wanted)
+            named = to_inbound(body, self._identity, names, allow_bots=self._allow_bots)
+            result = named if isinstance(named, InboundMessage) else result
+        stored = await self._sink(result)
+        if stored:
+            self._remember(result.address, result.message_id.rsplit(":", 1)[-1])
+
+    def _remember(self, address: ChatAddress, ts: str) -> None:
+        self._last_seen[address] = ts
+        self._last_seen.move_to_end(address)
+        while len(self._last_seen) > _MAX_REMEMBERED:
+            self._last_seen.popitem(last=False)
+
+    async def _display_names(self, user_ids: set[str]) -> dict[str, str]:
+        """Display names by user id (``users.info``, cached for an hour; unknown ids are left out).
+        Lookups run in parallel and give up after ``NAME_LOOKUP_TIMEOUT_S``."""
+        now = time.monotonic()
+        names = {uid: cached[0] for uid in user_ids if (cached := self._names.get(uid)) and cached[1] > now}
+        missing = [uid for uid in user_ids if uid not in names]
+
+        async def lookup(uid: str) -> None:
+            try:
+                user = (await self.client.users_info(user=uid)).get("user") or {}
+            except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+                log.debug("users.info %s failed: %s", uid, type(exc).__name__)
+                return
+            profile = user.get("profile") or {}
+            name = profile.get("display_name") or profile.get("real_name") or user.get("real_name") or user.get("name")
+            if name:
+                names[uid] = str(name)
+                if len(self._names) > _MAX_REMEMBERED:
+                    self._names.clear()
+                self._names[uid] = (str(name), now + NAME_TTL_S)
+
+        if missing:
+            try:
+                await asyncio.wait_for(asyncio.gather(*(lookup(uid) for uid in missing)), NAME_LOOKUP_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("slack users.info too slow; %d mention(s) left as ids", len(missing))
+        return names
+
+    # -- outbound ----------------------------------------------------------------------------
+    async def send(self, message: OutboundMessage, on_part: PartSent | None = None) -> DeliveryResult:
+        """Posts the reply as one or more ``chat.postMessage`` calls (mrkdwn, ≤ 3,900 characters
+        each; Slack Web API: chat.postMessage, text ≤ 40,000 characters, ≤ 4,000 advised) in
+        ``thread_ts`` when the address has a thread. Parts already sent (``resume_from``) are
+        skipped, and each part but the last is reported to ``on_part`` (its ``ts``) before the next
+        is sent, so a retried or resumed delivery never repeats a part."""
+        address = message.address
+        ids: list[str] = []
+        chunks = format_reply(message.text, message.format)
+        for index, chunk in enumerate(chunks):
+            if index < message.resume_from:
+                continue
+            kwargs: dict[str, Any] = {"channel": address.chat_id, "text": chunk, "mrkdwn": True}
+            if address.thread_id:
+                kwargs["thread_ts"] = address.thread_id
+            try:
+                response = await self.client.chat_postMessage(**kwargs)
+            except SlackApiError as exc:
+                return _failure(exc, ids)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                return DeliveryResult(False, tuple(ids), retryable=True, error=f"network: {type(exc).__name__}")
+            ids.append(str(response.get("ts") or ""))
+            if on_part is not None and index < len(chunks) - 1:
+                await on_part(ids[-1])  # recorded before the next part: a crash never repeats it
+        await self._clear_typing(address)
+        return DeliveryResult(True, tuple(ids))
+
+    async def edit(self, address: ChatAddress, ts: str, text: str) -> DeliveryResult:
+        """Replaces the text of the bot's message ``ts`` (Slack Web API: chat.update; ≤ ~1/s per
+        message for streaming, Tier 3). Markdown is converted; only the first chunk is used."""
+        chunks = format_reply(text) or [" "]
+        try:
+            await self.client.chat_update(channel=address.chat_id, ts=ts, text=chunks[0])
+        except SlackApiError as exc:
+            return _failure(exc, [])
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return DeliveryResult(False, retryable=True, error=f"network: {type(exc).__name__}")
+        return DeliveryResult(True, (ts,))
+
+    async def send_typing(self, address: ChatAddress) -> None:
+        """Adds ``typing_reaction`` once to the newest user message of ``address`` seen by this
+        process (Slack Web API: reactions.add); later calls for the same message do nothing.
+        Best effort: errors are logged at debug level."""
+        ts = self._last_seen.get(address)
+        if not self._typing_reaction or ts is None or self._reacted.get(address) == ts:
+            return
+        self._reacted[address] = ts
+        try:
+            await self.client.reactions_add(channel=address.chat_id, timestamp=ts, name=self._typing_reaction)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.debug("slack reactions.add failed: %s", exc)
+
+    async def _clear_typing(self, address: ChatAddress) -> None:
+        ts = self._reacted.pop(address, None)
+        if ts is None:
+            return
+        try:
+            await self.client.reactions_remove(channel=address.chat_id, timestamp=ts, name=self._typing_reaction)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.debug("slack reactions.remove failed: %s", exc)

@@ -1,0 +1,461 @@
+"""A wire-level fake of the Slack Web API (and Socket Mode) for the real slack-sdk / slack-bolt.
+
+Point the SDK at it with ``AsyncWebClient(token, base_url=f"{fake.url}/api/")``. What is emulated
+follows PLATFORMS.md §2.4 and the Slack docs (docs.slack.dev/reference/methods/*): the
+``{"ok": true, ...}`` / ``{"ok": false, "error": "<code>"}`` envelope (HTTP 200, except 429 +
+``Retry-After`` for rate limits); parameters merged from query string, form body and JSON body;
+Bearer tokens (missing -> ``not_authed``, wrong -> ``invalid_auth``); per-channel messages keyed by
+unique ``ts`` strings; ``chat.postMessage`` limits (``no_text``, ``msg_too_long`` > 40,000 chars,
+``channel_not_found``); ``chat.update`` ownership (``cant_update_message``, ``message_not_found``).
+
+Events go the other way: ``post_event`` signs an Events API envelope with the signing secret
+(``v0=`` HMAC-SHA256 of ``v0:{timestamp}:{body}``) and POSTs it to the gateway, with probes for a
+bad signature, a stale timestamp and a body altered after signing. ``GET /link`` is the Socket
+Mode WebSocket (``hello`` on connect, ``push`` an ``events_api`` envelope, acks recorded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import hmac
+import itertools
+import json
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from tests.fakes.server import ThreadedServer
+
+TEXT_LIMIT = 40_000  # chat.postMessage / chat.update: longer text is rejected with msg_too_long
+JSON = dict[str, Any]
+Predicate = Callable[["Call"], bool]
+
+_MARKUP = re.compile(r"<([^<>]*)>")
+_VALID_MARKUP = re.compile(r"^(?:(?:https?|mailto|ftp|slack):[^|\s]+(?:\|[^|]*)?|[@#][UWC][A-Z0-9]+(?:\|[^|]*)?"
+                           r"|![a-z]+(?:\^[^|]*)?(?:\|[^|]*)?)$")
+_FENCED = re.compile(r"```.*?```", re.DOTALL)
+_INLINE_CODE = re.compile(r"`[^`\n]+`")
+
+
+def mrkdwn_problems(text: str) -> list[str]:
+    """What in ``text`` Slack would show wrongly (Slack: "Formatting text for app surfaces"): a bare
+    ``&``/``<``/``>``, malformed ``<…>`` markup, an unclosed code fence, or standard Markdown that
+    mrkdwn does not render (``**bold**``, ``[text](url)``, ``# heading``, ``| table |`` rows)."""
+    problems: list[str] = []
+    if text.count("```") % 2:
+        problems.append("unclosed code fence")
+    if re.search(r"&(?!amp;|lt;|gt;)", text):
+        problems.append("unescaped &")
+    for match in _MARKUP.finditer(text):
+        if not _VALID_MARKUP.match(match.group(1)):
+            problems.append(f"malformed markup {match.group(0)[:40]!r}")
+    if ">" in _MARKUP.sub("", text).replace("\n>", "\n").removeprefix(">"):
+        problems.append("unescaped >")
+    if "<" in _MARKUP.sub("", text):
+        problems.append("unescaped <")
+    prose = _INLINE_CODE.sub("", _FENCED.sub("", text))
+    if "**" in prose:
+        problems.append("markdown bold")
+    if re.search(r"\[[^\]]+\]\([^)]+\)", prose):
+        problems.append("markdown link")
+    if re.search(r"(?m)^#{1,6} ", prose):
+        problems.append("markdown heading")
+    if re.search(r"(?m)^\|.*\|\s*$", prose):
+        problems.append("markdown table")
+    return problems
+
+
+@dataclass
+class Call:
+    """One recorded Web API call: ``time`` (``time.monotonic()`` s), method, merged ``params``, and
+    the token the caller sent (``None`` when absent)."""
+
+    time: float
+    method: str
+    params: dict[str, Any]
+    token: str | None = None
+
+
+@dataclass
+class EventDelivery:
+    """One ``post_event``: HTTP ``status``, response ``body`` text, ``latency`` (s), ``headers``."""
+
+    status: int
+    body: str
+    latency: float
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class SlackError(Exception):
+    """A Web API error answer: ``{"ok": false, "error": code}`` with HTTP ``status`` and ``headers``."""
+
+    def __init__(self, error: str, status: int = 200, headers: dict[str, str] | None = None) -> None:
+        super().__init__(error)
+        self.error, self.status, self.headers = error, status, headers or {}
+
+    def response(self) -> web.Response:
+        return web.json_response({"ok": False, "error": self.error}, status=self.status, headers=self.headers)
+
+
+class FakeSlack(ThreadedServer):
+    """The fake server: ``/api/{method}`` (Web API), ``/link`` (Socket Mode WebSocket).
+
+    Args:
+        bot_token / app_token / signing_secret: the app's credentials (defaults: the fixture app's).
+        team_id / bot_user_id / bot_id / api_app_id: what ``auth.test`` returns; they must match the
+            events posted, or Bolt's own-message filter and the adapter's mention stripping miss.
+        users: user id -> display name, served by ``users.info``.
+    """
+
+    def __init__(self, *, bot_token: str = "xoxb-fake-0001", app_token: str = "xapp-1-fake",
+                 signing_secret: str = "fake-signing-secret-0001", team_id: str = "T0FAKE0001",
+                 bot_user_id: str = "U0BOT00001", bot_id: str = "B0BOT00001", api_app_id: str = "A0FAKE0001",
+                 users: dict[str, str] | None = None, port: int = 0) -> None:
+        super().__init__(port)
+        self.bot_token, self.app_token, self.signing_secret = bot_token, app_token, signing_secret
+        self.team_id, self.bot_user_id, self.bot_id, self.api_app_id = team_id, bot_user_id, bot_id, api_app_id
+        self.users = dict(users or {"U0ALICE001": "Alice", "U0BOB00001": "Bob"})
+        self.channels: dict[str, dict[str, JSON]] = {}  # channel -> ts -> message
+        self.deliveries: list[EventDelivery] = []
+        self.acks: list[JSON] = []
+        self._lock = threading.Lock()
+        self._calls: list[Call] = []
+        self._faults: dict[str, deque[SlackError | None]] = {}
+        self._ts = itertools.count(1)
+        self._envelopes = itertools.count(1)
+        self._sockets: list[web.WebSocketResponse] = []
+        self._methods: dict[str, Callable[[JSON], JSON]] = {
+            "auth.test": self._auth_test, "chat.postMessage": self._post_message, "chat.update": self._update,
+            "chat.delete": self._delete, "users.info": self._users_info, "conversations.info": self._conversation,
+            "reactions.add": self._reactions_add, "reactions.remove": self._reactions_remove,
+            "assistant.threads.setStatus": lambda p: {}, "apps.connections.open": self._connections_open,
+        }
+        self.reactions: dict[tuple[str, str], set[str]] = {}
+        for channel in ("D0ALICE001", "C0GENERAL1"):
+            self.add_channel(channel)
+
+    # ---- test-facing API -----------------------------------------------------------------------
+
+    def add_channel(self, channel: str) -> None:
+        """Makes ``channel`` known (posting elsewhere fails with ``channel_not_found``)."""
+        with self._lock:
+            self.channels.setdefault(channel, {})
+
+    def calls(self, method: str | None = None) -> list[Call]:
+        """Recorded calls with a valid token, in arrival order, optionally only ``method``."""
+        with self._lock:
+            return [c for c in self._calls if method is None or c.method == method]
+
+    async def wait_for_call(self, method: str, predicate: Predicate | None = None, timeout: float = 5.0, *,
+                            since: int = 0) -> Call:
+        """Waits (polling, from any loop) for a ``method`` call matching ``predicate``, skipping the
+        first ``since`` calls of the whole log. Raises ``TimeoutError``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                found = next((c for c in self._calls[since:]
+                              if c.method == method and (predicate is None or predicate(c))), None)
+            if found is not None:
+                return found
+            if time.monotonic() >= deadline:
+                seen = [c.method for c in self.calls()]
+                raise TimeoutError(f"no matching {method} within {timeout} s; calls: {seen}")
+            await asyncio.sleep(0.01)
+
+    def posted(self, channel: str, thread_ts: str | None = None) -> list[JSON]:
+        """Messages the bot posted in ``channel`` (only in thread ``thread_ts`` when given), in order."""
+        with self._lock:
+            msgs = [copy.deepcopy(m) for m in self.channels.get(channel, {}).values()
+                    if m.get("user") == self.bot_user_id]
+        return [m for m in msgs if thread_ts is None or m.get("thread_ts") == thread_ts]
+
+    def fail_next(self, method: str, error: str = "ratelimited", status: int | None = None,
+                  retry_after: int | None = None, after: int = 0) -> None:
+        """Queues a canned error for a coming call of ``method`` (the call is still recorded), e.g.
+        ``fail_next("chat.postMessage", "ratelimited", retry_after=1)`` -> HTTP 429 + ``Retry-After``.
+        ``after`` lets that many calls succeed first. Status defaults to 429 for ``ratelimited``,
+        else 200 (Slack reports most errors with HTTP 200)."""
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+        status = status if status is not None else (429 if error == "ratelimited" else 200)
+        with self._lock:
+            queue = self._faults.setdefault(method, deque())
+            queue.extend([None] * after)
+            queue.append(SlackError(error, status, headers))
+
+    def envelope(self, event: JSON, event_id: str | None = None) -> JSON:
+        """Wraps ``event`` in an ``event_callback`` envelope for this app."""
+        n = next(self._envelopes)
+        return {"token": "FakeLegacyVerificationToken0001", "team_id": self.team_id, "api_app_id": self.api_app_id,
+                "event": event, "type": "event_callback", "event_id": event_id or f"Ev0SIM{n:06d}",
+                "event_time": int(time.time()),
+                "authorizations": [{"enterprise_id": None, "team_id": self.team_id, "user_id": self.bot_user_id,
+                                    "is_bot": True, "is_enterprise_install": False}]}
+
+    def sign(self, body: bytes, timestamp: int) -> str:
+        """``v0=`` + hex HMAC-SHA256(signing secret, ``v0:{timestamp}:{body}``) (Slack request signing)."""
+        base = b"v0:" + str(timestamp).encode() + b":" + body
+        return "v0=" + hmac.new(self.signing_secret.encode(), base, hashlib.sha256).hexdigest()
+
+    async def post_event(self, url: str, payload: JSON | bytes, *, retry_num: int = 0,
+                         retry_reason: str = "http_timeout", probe: str | None = None,
+                         timeout: float = 10) -> EventDelivery:
+        """POSTs a signed event to ``url`` as Slack does; returns (and records) the delivery.
+
+        Args:
+            payload: an envelope (``event_callback``/``url_verification``), a bare event (wrapped by
+                ``envelope``), or the exact body bytes (e.g. a fixture file's).
+            retry_num: sends ``X-Slack-Retry-Num``/``-Reason`` (Slack's redelivery headers) when > 0.
+            probe: ``"bad_signature"`` (signed with another secret), ``"stale"`` (timestamp 301 s
+                old), ``"altered"`` (body changed after signing), ``"unsigned"`` (no headers).
+        """
+        if isinstance(payload, bytes):
+            body = payload
+            try:
+                event = json.loads(body).get("event")
+            except (ValueError, AttributeError):
+                event = None
+            if isinstance(event, dict):
+                self.remember(event)
+        else:
+            if payload.get("type") not in ("event_callback", "url_verification"):
+                payload = self.envelope(payload)
+            body = json.dumps(payload).encode()
+            if isinstance(payload.get("event"), dict):
+                self.remember(payload["event"])
+        timestamp = int(time.time()) - (301 if probe == "stale" else 0)
+        signature = self.sign(body, timestamp)
+        if probe == "bad_signature":
+            signature = "v0=" + hmac.new(b"not-the-secret", b"v0:%d:" % timestamp + body, hashlib.sha256).hexdigest()
+        if probe == "altered":
+            body = body.replace(b'"text": "', b'"text": "(altered) ', 1) if b'"text": "' in body else body + b" "
+        headers = {"Content-Type": "application/json"}
+        if probe != "unsigned":
+            headers.update({"X-Slack-Request-Timestamp": str(timestamp), "X-Slack-Signature": signature})
+        if retry_num:
+            headers.update({"X-Slack-Retry-Num": str(retry_num), "X-Slack-Retry-Reason": retry_reason})
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as session, session.post(
+                url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            delivery = EventDelivery(resp.status, await resp.text(), time.monotonic() - started, dict(resp.headers))
+        self.deliveries.append(delivery)
+        return delivery
+
+    def push(self, frame: JSON | None = None, *, event: JSON | None = None, envelope_id: str | None = None,
+             retry_attempt: int = 0) -> str:
+        """Sends a Socket Mode ``events_api`` frame to every connected client (any thread): either a
+        whole ``frame`` (e.g. a fixture) or one built around ``event``. Returns the envelope id."""
+        if frame is None:
+            payload = event if event and event.get("type") == "event_callback" else self.envelope(event or {})
+            frame = {"envelope_id": envelope_id or f"fake-envelope-sim-{next(self._envelopes)}", "type": "events_api",
+                     "accepts_response_payload": False, "retry_attempt": retry_attempt,
+                     "retry_reason": "timeout" if retry_attempt else "", "payload": payload}
+        if isinstance(frame.get("payload", {}).get("event"), dict):
+            self.remember(frame["payload"]["event"])
+        text = json.dumps(frame)
+
+        async def send() -> None:
+            for ws in list(self._sockets):
+                await ws.send_str(text)
+
+        self.call(send())
+        return str(frame["envelope_id"])
+
+    @property
+    def socket_clients(self) -> int:
+        """Number of Socket Mode connections open now."""
+        return len(self._sockets)
+
+    async def wait_for_ack(self, envelope_id: str, timeout: float = 5.0) -> JSON:
+        """Waits for the Socket Mode ack of ``envelope_id``; raises ``TimeoutError``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                ack = next((a for a in self.acks if a.get("envelope_id") == envelope_id), None)
+            if ack is not None:
+                return ack
+            await asyncio.sleep(0.01)
+        raise TimeoutError(f"no ack for {envelope_id}")
+
+    # ---- plumbing ------------------------------------------------------------------------------
+
+    def build_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/api/{method}", self._handle_method)
+        app.router.add_get("/link", self._handle_socket)
+        return app
+
+    def remember(self, event: JSON) -> None:
+        """Remembers an event's channel and (user) message, as Slack knows what users posted, so
+        replies, reactions and ``chat.update`` ownership checks can find it. ``post_event`` and
+        ``push`` call it; tests may call it for messages that never became events."""
+        channel, ts = event.get("channel"), event.get("ts")
+        if not channel:
+            return
+        with self._lock:
+            messages = self.channels.setdefault(str(channel), {})
+            if ts and event.get("type") in ("message", "app_mention") and not event.get("subtype"):
+                kept = {k: v for k, v in event.items() if k in ("user", "text", "ts", "thread_ts")}
+                messages.setdefault(str(ts), kept)
+
+    async def _params(self, request: web.Request) -> JSON:
+        params: JSON = dict(request.query)
+        if request.can_read_body:
+            if request.content_type == "application/json":
+                try:
+                    body = await request.json()
+                except ValueError:
+                    raise SlackError("invalid_json") from None
+                params.update(body if isinstance(body, dict) else {})
+            elif request.content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
+                params.update({k: v for k, v in (await request.post()).items() if isinstance(v, str)})
+        return params
+
+    async def _handle_method(self, request: web.Request) -> web.StreamResponse:
+        method = request.match_info["method"]
+        handler = self._methods.get(method)
+        if handler is None:
+            return SlackError("unknown_method", 404).response()
+        try:
+            params = await self._params(request)
+        except SlackError as exc:
+            return exc.response()
+        header = request.headers.get("Authorization", "")
+        token = header[7:].strip() if header.startswith("Bearer ") else params.get("token")
+        if not token:
+            return SlackError("not_authed").response()
+        expected = self.app_token if method == "apps.connections.open" else self.bot_token
+        if token != expected:
+            return SlackError("invalid_auth").response()
+        with self._lock:
+            self._calls.append(Call(time.monotonic(), method, params, token))
+            faults = self._faults.get(method)
+            fault = faults.popleft() if faults else None
+        if fault is not None:
+            return fault.response()
+        try:
+            result = handler(params)
+        except SlackError as exc:
+            return exc.response()
+        return web.json_response({"ok": True, **result})
+
+    async def _handle_socket(self, request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(autoping=True)  # answers the SDK's sdk-ping-pong pings
+        await ws.prepare(request)
+        self._sockets.append(ws)
+        await ws.send_str(json.dumps({"type": "hello", "num_connections": len(self._sockets),
+                                      "debug_info": {"host": "fake-slack"},
+                                      "connection_info": {"app_id": self.api_app_id}}))
+        try:
+            async for msg in ws:
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    with self._lock:
+                        self.acks.append(json.loads(msg.data))
+        finally:
+            self._sockets.remove(ws)
+        return ws
+
+    # ---- Web API methods -----------------------------------------------------------------------
+
+    def _auth_test(self, params: JSON) -> JSON:
+        return {"url": "https://fake-workspace.slack.com/", "team": "Fake Workspace", "user": "gateway",
+                "team_id": self.team_id, "user_id": self.bot_user_id, "bot_id": self.bot_id,
+                "is_enterprise_install": False}
+
+    def _channel(self, params: JSON, key: str = "channel") -> dict[str, JSON]:
+        channel = str(params.get(key) or "")
+        if channel not in self.channels:
+            raise SlackError("channel_not_found")
+        return self.channels[channel]
+
+    @staticmethod
+    def _text(params: JSON) -> str:
+        text = params.get("text")
+        if not text and not params.get("blocks"):
+            raise SlackError("no_text")
+        text = str(text or "")
+        if len(text) > TEXT_LIMIT:
+            raise SlackError("msg_too_long")
+        return text
+
+    def _new_ts(self) -> str:
+        return f"{int(time.time())}.{next(self._ts):06d}"
+
+    def _post_message(self, params: JSON) -> JSON:
+        text = self._text(params)
+        with self._lock:
+            messages = self._channel(params)
+            ts = self._new_ts()
+            msg: JSON = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id, "text": text, "ts": ts,
+                         "team": self.team_id, "mrkdwn_problems": mrkdwn_problems(text)}
+            if params.get("thread_ts"):
+                msg["thread_ts"] = str(params["thread_ts"])
+            messages[ts] = msg
+            return {"channel": params["channel"], "ts": ts, "message": copy.deepcopy(msg)}
+
+    def _update(self, params: JSON) -> JSON:
+        text = self._text(params)
+        with self._lock:
+            msg = self._channel(params).get(str(params.get("ts") or ""))
+            if msg is None:
+                raise SlackError("message_not_found")
+            if msg.get("user") != self.bot_user_id:
+                raise SlackError("cant_update_message")
+            msg.update(text=text, edited={"user": self.bot_user_id, "ts": self._new_ts()},
+                       mrkdwn_problems=mrkdwn_problems(text))
+            return {"channel": params["channel"], "ts": msg["ts"], "text": text, "message": copy.deepcopy(msg)}
+
+    def _delete(self, params: JSON) -> JSON:
+        with self._lock:
+            messages = self._channel(params)
+            if messages.pop(str(params.get("ts") or ""), None) is None:
+                raise SlackError("message_not_found")
+        return {"channel": params["channel"], "ts": params["ts"]}
+
+    def _users_info(self, params: JSON) -> JSON:
+        user = str(params.get("user") or "")
+        if user not in self.users:
+            raise SlackError("user_not_found")
+        name = self.users[user]
+        return {"user": {"id": user, "team_id": self.team_id, "name": name.lower().replace(" ", "."),
+                         "real_name": name, "is_bot": False,
+                         "profile": {"display_name": name, "real_name": name}}}
+
+    def _conversation(self, params: JSON) -> JSON:
+        channel = str(params.get("channel") or "")
+        self._channel(params)
+        return {"channel": {"id": channel, "name": channel.lower(), "is_im": channel.startswith("D"),
+                            "is_channel": channel.startswith("C"), "is_private": channel.startswith("G")}}
+
+    def _message_for_reaction(self, params: JSON) -> tuple[str, str]:
+        with self._lock:
+            messages = self._channel(params)
+            ts = str(params.get("timestamp") or "")
+            if ts not in messages:
+                raise SlackError("message_not_found")
+        return str(params["channel"]), ts
+
+    def _reactions_add(self, params: JSON) -> JSON:
+        names = self.reactions.setdefault(self._message_for_reaction(params), set())
+        if params.get("name") in names:
+            raise SlackError("already_reacted")
+        names.add(str(params.get("name")))
+        return {}
+
+    def _reactions_remove(self, params: JSON) -> JSON:
+        names = self.reactions.setdefault(self._message_for_reaction(params), set())
+        if params.get("name") not in names:
+            raise SlackError("no_reaction")
+        names.discard(str(params.get("name")))
+        return {}
+
+    def _connections_open(self, params: JSON) -> JSON:
+        return {"url": f"ws://127.0.0.1:{self.port}/link"}

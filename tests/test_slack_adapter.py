@@ -1,0 +1,136 @@
+"""``SlackAdapter`` outbound and the fake Slack Web API, through the real slack-sdk on loopback:
+error mapping for delivery, parts skipped on resume, edits, the signature check, the fake's limits."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from adapters.slack.adapter import SlackAdapter, signature_problem
+from gateway.types import ChatAddress, OutboundMessage
+from tests.fakes.slack import TEXT_LIMIT, FakeSlack
+
+DM = ChatAddress("slack", "T0FAKE0001", "D0ALICE001")
+THREAD = ChatAddress("slack", "T0FAKE0001", "C0GENERAL1", "1735689660.000200")
+
+
+@pytest.fixture
+def adapter(fake_slack: FakeSlack) -> SlackAdapter:
+    return SlackAdapter(bot_token=fake_slack.bot_token, signing_secret=fake_slack.signing_secret,
+                        api_url=f"{fake_slack.url}/api/")
+
+
+def reply(text: str, address: ChatAddress = DM, resume_from: int = 0, fmt: str = "markdown") -> OutboundMessage:
+    return OutboundMessage(address, text, idempotency_key="t:0", resume_from=resume_from, format=fmt)  # type: ignore[arg-type]
+
+
+async def test_send_posts_in_the_thread_and_returns_the_ts(adapter, fake_slack):
+    result = await adapter.send(reply("**done**", THREAD))
+    assert result.ok and len(result.platform_message_ids) == 1
+    posted = fake_slack.posted("C0GENERAL1", THREAD.thread_id)[-1]
+    assert posted["ts"] == result.platform_message_ids[0] and posted["text"] == "*done*"
+
+
+async def test_resume_skips_parts_already_delivered(adapter, fake_slack):
+    text = "\n\n".join(f"paragraph {i} " + "x" * 1500 for i in range(6))
+    since = len(fake_slack.calls("chat.postMessage"))
+    reported: list[str] = []
+
+    async def on_part(ts: str) -> None:
+        reported.append(ts)
+
+    full = await adapter.send(reply(text), on_part)
+    assert full.ok and len(full.platform_message_ids) == 3
+    assert reported == list(full.platform_message_ids[:2])  # each part but the last, as it is sent
+    resumed = await adapter.send(reply(text, resume_from=2))
+    calls = fake_slack.calls("chat.postMessage")[since:]
+    assert resumed.ok and len(resumed.platform_message_ids) == 1
+    assert calls[-1].params["text"] == calls[2].params["text"]  # only the last part again
+
+
+async def test_rate_limit_is_retryable_with_retry_after(adapter, fake_slack):
+    fake_slack.fail_next("chat.postMessage", "ratelimited", retry_after=7)
+    result = await adapter.send(reply("hello"))
+    assert (result.ok, result.retryable, result.retry_after) == (False, True, 7.0)
+
+
+async def test_server_error_is_retryable_and_other_errors_are_permanent(adapter, fake_slack):
+    fake_slack.fail_next("chat.postMessage", "internal_error", status=500)
+    result = await adapter.send(reply("hello"))
+    assert not result.ok and result.retryable and result.retry_after is None
+    gone = await adapter.send(reply("hello", ChatAddress("slack", "T0FAKE0001", "C0UNKNOWN1")))
+    assert (gone.ok, gone.retryable, gone.error) == (False, False, "slack error: channel_not_found")
+
+
+async def test_a_failure_midway_reports_the_parts_sent(adapter, fake_slack):
+    text = "\n\n".join(f"part {i} " + "y" * 2000 for i in range(3))
+    since = len(fake_slack.calls("chat.postMessage"))
+    fake_slack.fail_next("chat.postMessage", "ratelimited", retry_after=1, after=1)
+    result = await adapter.send(reply(text))
+    assert not result.ok and result.retryable and len(result.platform_message_ids) == 1
+    assert len(fake_slack.calls("chat.postMessage")[since:]) == 2
+
+
+async def test_edit_updates_own_message_only(adapter, fake_slack):
+    sent = await adapter.send(reply("draft", THREAD))
+    edited = await adapter.edit(THREAD, sent.platform_message_ids[0], "**final**")
+    assert edited.ok and fake_slack.posted("C0GENERAL1", THREAD.thread_id)[-1]["text"] == "*final*"
+    fake_slack.add_channel("C0OTHER001")
+    fake_slack.remember({"type": "message", "channel": "C0OTHER001", "user": "U0ALICE001", "ts": "1.000001"})
+    not_ours = await adapter.edit(ChatAddress("slack", "T0FAKE0001", "C0OTHER001"), "1.000001", "x")
+    assert (not_ours.ok, not_ours.error) == (False, "slack error: cant_update_message")
+
+
+async def test_check_reports_identity_and_fails_on_a_bad_token(adapter, fake_slack):
+    assert "U0BOT00001" in await adapter.check() and "T0FAKE0001" in await adapter.check()
+    wrong = SlackAdapter(bot_token="xoxb-wrong", signing_secret="s", api_url=f"{fake_slack.url}/api/")
+    with pytest.raises(SlackApiError) as raised:
+        await wrong.check()
+    assert raised.value.response["error"] == "invalid_auth"
+
+
+@pytest.mark.filterwarnings("ignore:The top-level `text` argument is missing")
+async def test_fake_enforces_web_api_limits(fake_slack):
+    client = AsyncWebClient(token=fake_slack.bot_token, base_url=f"{fake_slack.url}/api/")
+    for kwargs, error in (({"channel": "D0ALICE001"}, "no_text"),
+                          ({"channel": "D0ALICE001", "text": "x" * (TEXT_LIMIT + 1)}, "msg_too_long"),
+                          ({"channel": "C0NOPE0001", "text": "x"}, "channel_not_found")):
+        with pytest.raises(SlackApiError) as raised:
+            await client.chat_postMessage(**kwargs)
+        assert raised.value.response["error"] == error
+    ok = await client.chat_postMessage(channel="D0ALICE001", text="x" * TEXT_LIMIT)
+    assert ok["ok"]
+    with pytest.raises(SlackApiError) as raised:
+        await client.chat_update(channel="D0ALICE001", ts="9.999999", text="x")
+    assert raised.value.response["error"] == "message_not_found"
+    with pytest.raises(SlackApiError) as raised:
+        await AsyncWebClient(token="xoxb-nope", base_url=f"{fake_slack.url}/api/").auth_test()
+    assert raised.value.response["error"] == "invalid_auth"
+    with pytest.raises(SlackApiError) as raised:
+        await AsyncWebClient(base_url=f"{fake_slack.url}/api/").auth_test()
+    assert raised.value.response["error"] == "not_authed"
+    fake_slack.fail_next("users.info", "ratelimited", retry_after=2)
+    with pytest.raises(SlackApiError) as raised:
+        await client.users_info(user="U0ALICE001")
+    assert raised.value.response.status_code == 429 and raised.value.response.headers["Retry-After"] == "2"
+    assert (await client.users_info(user="U0ALICE001"))["user"]["profile"]["display_name"] == "Alice"
+
+
+def test_signature_problem_names_each_check() -> None:
+    secret, body, now = "s3cret", b'{"type":"event_callback"}', time.time()
+    fake = FakeSlack(signing_secret=secret)
+    ts = int(now)
+    good = {"X-Slack-Request-Timestamp": str(ts), "X-Slack-Signature": fake.sign(body, ts)}
+    assert signature_problem(body, good, secret, now) is None
+    assert "missing X-Slack-Request-Timestamp" in signature_problem(body, {}, secret, now)
+    assert "missing X-Slack-Signature" in signature_problem(body, {"X-Slack-Request-Timestamp": "1"}, secret, now)
+    assert "malformed" in signature_problem(body, {**good, "X-Slack-Request-Timestamp": "soon"}, secret, now)
+    stale = {"X-Slack-Request-Timestamp": str(ts - 301), "X-Slack-Signature": fake.sign(body, ts - 301)}
+    assert "5-minute window" in signature_problem(body, stale, secret, now)
+    assert signature_problem(body, {**stale, "X-Slack-Request-Timestamp": str(ts - 299),
+                                    "X-Slack-Signature": fake.sign(body, ts - 299)}, secret, now) is None
+    assert "signature mismatch" in signature_problem(body + b" ", good, secret, now)
+    assert "signature mismatch" in signature_problem(body, good, "other", now)
