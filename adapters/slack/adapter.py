@@ -35,7 +35,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.format import format_reply
 from adapters.slack.inbound import BotIdentity, Ignored, to_inbound, users_to_resolve
-from gateway.ports import InboundSink, PartSent
+from gateway.ports import BeforePart, InboundSink, PartSent
 from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
 
 log = logging.getLogger("adapters.slack")
@@ -285,12 +285,14 @@ class SlackAdapter:
         return names
 
     # -- outbound ----------------------------------------------------------------------------
-    async def send(self, message: OutboundMessage, on_part: PartSent | None = None) -> DeliveryResult:
+    async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
+                   before_part: BeforePart | None = None) -> DeliveryResult:
         """Posts the reply as one or more ``chat.postMessage`` calls (mrkdwn, ≤ 3,900 characters
         each; Slack Web API: chat.postMessage, text ≤ 40,000 characters, ≤ 4,000 advised) in
         ``thread_ts`` when the address has a thread. Parts already sent (``resume_from``) are
         skipped, and each part but the last is reported to ``on_part`` (its ``ts``) before the next
-        is sent, so a retried or resumed delivery never repeats a part."""
+        is sent, so a retried or resumed delivery never repeats a part; ``before_part`` runs right
+        before each part's API call."""
         address = message.address
         ids: list[str] = []
         chunks = format_reply(message.text, message.format)
@@ -300,6 +302,8 @@ class SlackAdapter:
             kwargs: dict[str, Any] = {"channel": address.chat_id, "text": chunk, "mrkdwn": True}
             if address.thread_id:
                 kwargs["thread_ts"] = address.thread_id
+            if before_part is not None:
+                await before_part(index)
             try:
                 response = await self.client.chat_postMessage(**kwargs)
             except SlackApiError as exc:
