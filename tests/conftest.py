@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from tests.fakes.feishu import FakeFeishu
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.server import ThreadedServer
 from tests.fakes.telegram import FakeTelegram
@@ -26,6 +27,11 @@ TEST_TOKEN = "7000000001:AAFakeTokenForLoopbackTestsOnly0000"
 os.environ["GATEWAY_TEST_TELEGRAM_TOKEN"] = TEST_TOKEN
 os.environ["GATEWAY_TEST_TELEGRAM_SECRET"] = "webhook-secret-0123456789"
 os.environ["GATEWAY_TEST_OPENAI_KEY"] = "sk-test"
+FEISHU_APP = json.loads((FIXTURES / "feishu" / "expected.json").read_text())["_app"]
+os.environ["GATEWAY_TEST_FEISHU_APP_ID"] = FEISHU_APP["app_id"]
+os.environ["GATEWAY_TEST_FEISHU_APP_SECRET"] = FEISHU_APP["app_secret"]
+os.environ["GATEWAY_TEST_FEISHU_TOKEN"] = FEISHU_APP["verification_token"]
+os.environ["GATEWAY_TEST_FEISHU_ENCRYPT_KEY"] = FEISHU_APP["encrypt_key"]
 
 
 def fixture(platform: str, name: str) -> dict[str, Any]:
@@ -58,6 +64,12 @@ def fake_telegram() -> Iterator[FakeTelegram]:
 
 
 @pytest.fixture(scope="module")
+def fake_feishu() -> Iterator[FakeFeishu]:
+    with FakeFeishu(**FEISHU_APP) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
 def fake_openai() -> Iterator[FakeOpenAI]:
     with FakeOpenAI(api_key="sk-test") as fake:
         yield fake
@@ -70,7 +82,7 @@ def page_server() -> Iterator[PageServer]:
 
 
 def gateway_config(tmp_path: Path, fake_openai: FakeOpenAI, fake_telegram: FakeTelegram | None = None,
-                   **sections: dict[str, Any]):
+                   fake_feishu: FakeFeishu | None = None, **sections: dict[str, Any]):
     """A ``GatewayConfig`` on a fresh SQLite file, pointed at the fakes."""
     from gateway.config import load_config
 
@@ -87,6 +99,11 @@ def gateway_config(tmp_path: Path, fake_openai: FakeOpenAI, fake_telegram: FakeT
         overrides["telegram"] = {"enabled": True, "token_env": "GATEWAY_TEST_TELEGRAM_TOKEN",
                                  "base_url": fake_telegram.url, "poll_timeout_s": 1,
                                  "webhook_secret_env": "GATEWAY_TEST_TELEGRAM_SECRET"}
+    if fake_feishu is not None:  # plain events by default: point encrypt_key_env at the key to encrypt
+        overrides["feishu"] = {"enabled": True, "app_id_env": "GATEWAY_TEST_FEISHU_APP_ID",
+                               "app_secret_env": "GATEWAY_TEST_FEISHU_APP_SECRET",
+                               "verification_token_env": "GATEWAY_TEST_FEISHU_TOKEN",
+                               "encrypt_key_env": "GATEWAY_TEST_FEISHU_NO_ENCRYPT_KEY", "domain": fake_feishu.url}
     for name, values in sections.items():
         overrides.setdefault(name, {}).update(values)
     return load_config(None, **overrides)
