@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from gateway.errors import ConfigError
-from gateway.store.models import InboxRow
+from gateway.store.models import InboxRow, OutboxRow
 from tests.conftest import FEISHU_APP, FIXTURES, fixture, gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.fakes.feishu import post_text
@@ -227,6 +227,7 @@ async def test_token_expiry_mid_conversation_refetches_once(tmp_path, fake_feish
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.text(f"reply {len(req['messages'])}")
     gateway = await start(tmp_path, fake_openai, fake_feishu, running)
+    gateway.adapters["feishu"].typing_emoji = None  # so the reply is the first call to meet the revoked token
     chat = f"oc_expiry{status}00000000000000000001"
     assert (await fake_feishu.post_event(url(gateway), fake_feishu.text_event("one", chat_id=chat)))[0] == 200
     first = await fake_feishu.wait_for_call("create", lambda c: c.body["receive_id"] == chat)
@@ -234,16 +235,15 @@ async def test_token_expiry_mid_conversation_refetches_once(tmp_path, fake_feish
     tokens = fake_feishu.tokens_issued
     fake_feishu.invalid_token_status = status
     fake_feishu.revoke_tokens()
-    try:
-        assert (await fake_feishu.post_event(url(gateway), fake_feishu.text_event("two", chat_id=chat)))[0] == 200
-        await wait_until(lambda: len(fake_feishu.sent(chat)) == 2, what="reply after refetch")
-    finally:
-        fake_feishu.invalid_token_status = 400
+    assert (await fake_feishu.post_event(url(gateway), fake_feishu.text_event("two", chat_id=chat)))[0] == 200
+    await wait_until(lambda: len(fake_feishu.sent(chat)) == 2, what="reply after refetch")
     creates = [c for c in fake_feishu.calls("create") if c.body["receive_id"] == chat]
     assert [(c.status, c.code) for c in creates] == [(200, 0), (status, 99991663), (200, 0)]
     assert creates[1].token == first.token and creates[2].token != first.token
     assert fake_feishu.tokens_issued == tokens + 1
     assert post_text(fake_feishu.sent(chat)[1]["content"]) == "reply 4"
+    with gateway.engine.connect() as conn:  # retried inside the same delivery attempt, not by backoff
+        assert conn.execute(select(OutboxRow.attempts).order_by(OutboxRow.id)).scalars().all() == [1, 1]
 
 
 async def test_other_error_codes_do_not_refetch_the_token(tmp_path, fake_feishu, fake_openai, running):
@@ -266,12 +266,12 @@ async def test_rate_limit_is_retried_after_reset_with_the_same_uuid(tmp_path, fa
     fake_openai.responder = lambda req: oa.text("after the limit")
     gateway = await start(tmp_path, fake_openai, fake_feishu, running)
     chat = "oc_ratelimit000000000000000000001"
-    fake_feishu.fail_next("create", 429, 99991400, headers={"x-ogw-ratelimit-reset": "1"})
+    fake_feishu.fail_next("create", 429, 99991400, headers={"x-ogw-ratelimit-reset": "1.5"})
     assert (await fake_feishu.post_event(url(gateway), fake_feishu.text_event("hi", chat_id=chat)))[0] == 200
     await wait_until(lambda: len(fake_feishu.sent(chat)) == 1, what="retried reply")
     creates = [c for c in fake_feishu.calls("create") if c.body["receive_id"] == chat]
     assert [c.code for c in creates] == [99991400, 0]
-    assert creates[1].time - creates[0].time >= 0.9
+    assert creates[1].time - creates[0].time >= 1.4  # the header's value, not a default
     assert creates[0].body["uuid"] == creates[1].body["uuid"]
     assert gateway.delivery.sent >= 1
 

@@ -154,3 +154,10 @@ def test_malformed_and_unsupported(mutate, reason: str) -> None:
     body = _body("group_mention_text.json")
     mutate(body)
     assert to_inbound(body, BOT) == Ignored(reason)
+
+
+def test_dm_in_a_thread_replies_in_the_thread() -> None:
+    result = to_inbound(_text_event("hi", chat_type="p2p", thread_id="omt_dm1"), BOT)
+    assert not isinstance(result, Ignored)
+    assert result.chat_type == "dm" and result.address.thread_id == "omt_dm1"
+    assert result.reply_to_id == result.message_id and result.addressed

@@ -145,6 +145,20 @@ def _uuid(message: OutboundMessage, index: int) -> str:
     return f"{message.idempotency_key[:32]}-{digest}:p{index}"
 
 
+async def _close_long_connection(client: Any) -> None:
+    """Runs on the long-connection loop. lark-oapi 1.7.5 has no public stop (PLATFORMS.md §0.3): turn
+    reconnects off, cancel its receive/ping tasks (so none reconnects or raises unobserved), close."""
+    client._auto_reconnect = False
+    # Only the client's own tasks (receive loop, ping loop, frame handlers): cancelling the task that
+    # start() is blocked on would end the thread before the socket is closed.
+    tasks = [task for task in asyncio.all_tasks()
+             if not task.done() and getattr(task.get_coro(), "__qualname__", "").startswith("Client.")]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await client._disconnect()
+
+
 def _header(headers: dict[str, str] | None, name: str) -> str | None:
     for key, value in (headers or {}).items():
         if key.lower() == name:
@@ -226,9 +240,8 @@ class FeishuAdapter:
         if thread is None or loop is None:
             return
         if client is not None and loop.is_running():
-            client._auto_reconnect = False  # no public stop in lark-oapi 1.7.5 (PLATFORMS.md §0.3)
             try:
-                future = asyncio.run_coroutine_threadsafe(client._disconnect(), loop)
+                future = asyncio.run_coroutine_threadsafe(_close_long_connection(client), loop)
                 await asyncio.wait_for(asyncio.wrap_future(future), 5)
             except Exception as exc:
                 log.warning("feishu long connection did not close cleanly: %s", type(exc).__name__)
@@ -371,7 +384,13 @@ class FeishuAdapter:
         """Runs on the long-connection thread: hands the event to the main loop and waits for the
         inbox write, so the frame is acked only once the message is stored."""
         assert self._loop is not None
-        body = json.loads(payload)
+        try:
+            body = json.loads(payload)
+        except ValueError:
+            log.warning("feishu long-connection payload is not JSON (%d bytes); dropped", len(payload))
+            return  # acked: pushing it again cannot make it readable
+        if not isinstance(body, dict):
+            return
         future = asyncio.run_coroutine_threadsafe(self._dispatch(body), self._loop)
         future.result(WS_STORE_TIMEOUT_S)
 
@@ -388,7 +407,7 @@ class FeishuAdapter:
         ready.set()
         try:
             self._ws_client.start()
-        except RuntimeError:
+        except (RuntimeError, asyncio.CancelledError):
             pass  # the loop was stopped by stop()
         except Exception as exc:
             log.error("feishu long connection ended: %s: %s", type(exc).__name__, exc)

@@ -232,7 +232,7 @@ def to_inbound(body: Mapping[str, Any], bot_open_id: str) -> InboundMessage | Ig
         chat_type="dm" if is_dm else "group",
         sender=Sender(sender_open_id, "", None, False),
         text=text,
-        reply_to_id=None if is_dm else message_id,
+        reply_to_id=None if is_dm and thread_id is None else message_id,
         command=_command(text),
         attachments=tuple(attachments),
         received_at=received_at,
