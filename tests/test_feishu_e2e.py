@@ -66,6 +66,7 @@ async def test_p2p_text_is_answered_once(tmp_path, fake_feishu, fake_openai, run
     gateway = await start(tmp_path, fake_openai, fake_feishu, running)
     before = len(fake_feishu.sent(P2P))
 
+    assert "ou_fakebot000000000000000000000001" in await gateway.adapters["feishu"].check()  # for doctor
     status, body = await fake_feishu.post_event(url(gateway), fixture("feishu", "url_verification.json"))
     assert (status, body) == (200, EXPECTED["url_verification.json"]["http_response"]["json"])
 
@@ -120,9 +121,24 @@ async def test_group_needs_a_mention_and_gets_a_reply_to_the_message(tmp_path, f
     assert post_text(call.content) == "I will ask Bob."
     inputs = model_inputs(fake_openai)
     assert len(inputs) == 1 and inputs[0].endswith("please ask @Bob to review the PR")
-    assert "from ou_fakealice00000000000000000000001" in inputs[0]
+    assert "from Alice" in inputs[0]  # the sender's name from contact/v3 users
     await asyncio.sleep(0.2)
     assert len(sent_to(fake_feishu, GROUP, before)) == 1 and inbox_count(gateway) == 1
+
+
+async def test_sender_names_fall_back_to_open_ids_without_contact_scope(tmp_path, fake_feishu, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("ok")
+    gateway = await start(tmp_path, fake_openai, fake_feishu, running)
+    fake_feishu.fail_next("user", 400, 99991672, "Access denied. One of the following scopes is required")
+    first = fake_feishu.text_event("hi", chat_id=GROUP, chat_type="group", sender=BOB, mention_bot=True)
+    second = fake_feishu.text_event("me too", chat_id=GROUP, chat_type="group", mention_bot=True)
+    for event in (first, second):
+        assert (await fake_feishu.post_event(url(gateway), event))[0] == 200
+    await wait_until(lambda: len(fake_openai.requests) == 2, what="two turns")
+    inputs = model_inputs(fake_openai)
+    assert f"from {BOB}" in inputs[0] and "from ou_fakealice00000000000000000000001" in inputs[1]
+    assert len(fake_feishu.calls("user")) == 1  # the refusal stops further lookups
 
 
 async def test_post_with_mentions_shows_display_names_to_the_model(tmp_path, fake_feishu, fake_openai, running):

@@ -18,6 +18,7 @@ stored nothing; an inbox write failure -> 500 so Feishu pushes the event again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -30,6 +31,7 @@ from typing import Any
 
 import lark_oapi as lark
 from aiohttp import web
+from lark_oapi.api.contact.v3 import GetUserRequest
 from lark_oapi.api.im.v1 import (
     CreateMessageReactionRequest,
     CreateMessageReactionRequestBody,
@@ -45,7 +47,7 @@ from lark_oapi.core.utils import AESCipher
 from adapters.feishu.format import Part, format_plain, format_reply
 from adapters.feishu.inbound import Ignored, to_inbound
 from gateway.ports import InboundSink
-from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
 
 log = logging.getLogger("adapters.feishu")
 
@@ -56,6 +58,12 @@ TOKEN_INVALID_CODES = frozenset({99991663, 99991661})
 """Feishu: tenant_access_token invalid/expired (99991663) or missing (99991661), with HTTP 400 or 200."""
 RATE_LIMIT_CODES = frozenset({99991400, 230020, 11232})
 """Feishu: app frequency limit (99991400, HTTP 429), per-chat limit (230020), message-service limit (11232)."""
+SCOPE_MISSING_CODES = frozenset({99991672, 99991679})
+"""Feishu: the app (or token) lacks a required permission scope."""
+NAME_LOOKUP_TIMEOUT_S = 1.0
+"""Longest wait for a sender's name before the event is stored anyway (the 3 s ack budget)."""
+NAME_CACHE_S = 3600.0
+"""How long a looked-up name (or the contact API's refusal) is remembered."""
 WS_STORE_TIMEOUT_S = 10.0
 """How long a long-connection event waits for the inbox write before it is nacked (re-pushed)."""
 
@@ -180,6 +188,8 @@ class FeishuAdapter:
         timeout_s: per-request timeout of API calls.
         typing_emoji: reaction put on the user's message while a turn runs and removed after the
             reply (Feishu has no typing API); ``None`` disables it.
+        resolve_names: look up group senders' display names (contact/v3 users; needs a contact
+            read scope, otherwise the sender stays its open_id).
 
     Raises:
         ValueError: ``domain`` is not accepted by lark-oapi.
@@ -189,7 +199,10 @@ class FeishuAdapter:
 
     def __init__(self, *, app_id: str, app_secret: str, verification_token: str | None = None,
                  encrypt_key: str | None = None, mode: str = "webhook", domain: str = lark.FEISHU_DOMAIN,
-                 timeout_s: float = 10.0, typing_emoji: str | None = "Typing") -> None:
+                 timeout_s: float = 10.0, typing_emoji: str | None = "Typing", resolve_names: bool = True) -> None:
+        # lark-oapi prints to stdout through its own handler, past the gateway's secret redaction
+        # (gateway.logs): its records go through the root logger instead.
+        logging.getLogger("Lark").handlers.clear()
         self.app_id = app_id
         self._app_secret = app_secret
         self._verification_token = verification_token or None
@@ -201,6 +214,9 @@ class FeishuAdapter:
         self.tokens = TenantToken(self._fetch_token)
         self.typing_emoji = typing_emoji
         self.bot_open_id = ""
+        self.resolve_names = resolve_names
+        self._names: dict[str, tuple[str, float]] = {}  # open_id -> (name, monotonic expiry)
+        self._names_refused_until = 0.0
         self._sink: InboundSink | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_inbound: OrderedDict[ChatAddress, str] = OrderedDict()
@@ -317,9 +333,46 @@ class FeishuAdapter:
             header = body.get("header") or {}
             log.debug("feishu event %s ignored: %s", header.get("event_id"), result.reason)
             return
+        if result.chat_type == "group" and not result.sender.display_name:
+            name = await self._display_name(result.sender.user_id)
+            if name:
+                result = dataclasses.replace(result, sender=Sender(result.sender.user_id, name))
         stored = await self._sink(result)
         if stored:
             self._remember(result)
+
+    async def _display_name(self, open_id: str) -> str:
+        """The user's name (Feishu contact/v3 ``GET /users/{open_id}``), cached; ``""`` when unknown.
+
+        Best effort and bounded: at most ``NAME_LOOKUP_TIMEOUT_S`` before the event is stored; a
+        refusal (the app lacks a contact scope) stops lookups for ``NAME_CACHE_S``."""
+        now = time.monotonic()
+        cached = self._names.get(open_id)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        if not self.resolve_names or not open_id or self._names_refused_until > now:
+            return ""
+
+        def invoke(option: lark.RequestOption) -> Awaitable[Any]:
+            request = GetUserRequest.builder().user_id(open_id).user_id_type("open_id").build()
+            return self.client.contact.v3.user.aget(request, option)
+
+        try:
+            response = await asyncio.wait_for(self._call(invoke), NAME_LOOKUP_TIMEOUT_S)
+        except Exception as exc:
+            log.debug("feishu name lookup failed: %s", type(exc).__name__)
+            return ""
+        if response.code != 0 or response.data is None or response.data.user is None:
+            if response.code in SCOPE_MISSING_CODES:
+                log.info("feishu contact API refused name lookups (code %s); senders stay open_ids", response.code)
+                self._names_refused_until = now + NAME_CACHE_S
+            name = ""  # e.g. 41050: this user is outside the app's contact range
+        else:
+            name = str(response.data.user.name or "")
+        self._names[open_id] = (name, now + NAME_CACHE_S)
+        if len(self._names) > 4096:
+            self._names.pop(next(iter(self._names)))
+        return name
 
     def _remember(self, message: InboundMessage) -> None:
         """The newest stored message per chat: the typing reaction goes on it."""

@@ -60,7 +60,8 @@ MSG_TYPES = {"text", "post", "image", "file", "audio", "media", "sticker", "inte
 @dataclass
 class Call:
     """One recorded API call: ``route`` (``token``, ``bot_info``, ``create``, ``reply``, ``update``,
-    ``patch``, ``get``, ``delete``, ``reaction``, ``reaction_delete``, ``resource``, ``ws_endpoint``),
+    ``patch``, ``get``, ``delete``, ``reaction``, ``reaction_delete``, ``resource``, ``user``,
+    ``ws_endpoint``),
     the HTTP ``method``/``path``/``query``, the JSON ``body``, the decoded ``content`` (or ``None``), the
     Bearer ``token`` and what the fake answered (``status``, Feishu ``code``). ``time`` is monotonic."""
 
@@ -162,7 +163,8 @@ def post_text(content: Any) -> str:
 class FakeFeishu(ThreadedServer):
     """Fake Feishu open API on 127.0.0.1 (PLATFORMS.md §3.4); the defaults are the fixture app.
 
-    Test-facing state: ``resources`` (key -> bytes for message resources), ``invalid_token_status``
+    Test-facing state: ``resources`` (key -> bytes for message resources), ``users`` (open_id -> name
+    for contact/v3 users), ``invalid_token_status``
     (HTTP status sent with 99991663), ``token_ttl`` (seconds, the ``expire`` of new tokens) and
     ``event_deliveries`` (``(status, seconds)`` of each ``post_event``).
     """
@@ -178,6 +180,8 @@ class FakeFeishu(ThreadedServer):
         self.token_ttl = 7200
         self.invalid_token_status = 400
         self.resources: dict[str, bytes] = {}
+        self.users: dict[str, str] = {"ou_fakealice00000000000000000000001": "Alice",
+                                      "ou_fakebob000000000000000000000001": "Bob"}
         self.event_deliveries: list[tuple[int, float]] = []
         self._lock = threading.Lock()
         self._calls: list[Call] = []
@@ -416,6 +420,7 @@ class FakeFeishu(ThreadedServer):
             web.delete(base + "/{message_id}/reactions/{reaction_id}", self._api("reaction_delete",
                                                                                    self._reaction_delete)),
             web.get(base + "/{message_id}/resources/{key}", self._resource),
+            web.get("/open-apis/contact/v3/users/{user_id}", self._api("user", self._user)),
             web.post("/callback/ws/endpoint", self._ws_endpoint),
             web.get("/ws", self._ws_handler),
         ])
@@ -490,6 +495,14 @@ class FakeFeishu(ThreadedServer):
             return web.json_response({"code": 0, "msg": "success", "data": data})
 
         return endpoint
+
+    def _user(self, request: web.Request, body: Any, raw: bytes, call: Call) -> JSON:
+        if request.query.get("user_id_type", "open_id") != "open_id":
+            raise ApiError(400, 99992402, "field validation failed: user_id_type")
+        name = self.users.get(request.match_info["user_id"])
+        if name is None:
+            raise ApiError(400, 41050, "no user authority error")
+        return {"user": {"open_id": request.match_info["user_id"], "name": name, "en_name": name}}
 
     def _bot_info(self, request: web.Request, body: Any, raw: bytes, call: Call) -> JSON:
         return {"activate_status": 2, "app_name": "Gateway", "avatar_url": "", "ip_white_list": [],
