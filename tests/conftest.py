@@ -6,15 +6,17 @@ import json
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from aiohttp import web
 
-from tests.fakes.feishu import FakeFeishu
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.server import ThreadedServer
 from tests.fakes.telegram import FakeTelegram
+
+if TYPE_CHECKING:
+    from tests.fakes.feishu import FakeFeishu
 
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ["no_proxy"] = os.environ["NO_PROXY"]
@@ -65,6 +67,8 @@ def fake_telegram() -> Iterator[FakeTelegram]:
 
 @pytest.fixture(scope="module")
 def fake_feishu() -> Iterator[FakeFeishu]:
+    from tests.fakes.feishu import FakeFeishu  # imports lark-oapi (slow): only for Feishu tests
+
     with FakeFeishu(**FEISHU_APP) as fake:
         yield fake
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import hashlib
 import itertools
@@ -638,3 +639,44 @@ class FakeFeishu(ThreadedServer):
         if data is None:
             return ApiError(400, 234003, "File not in msg.").response()
         return web.Response(body=data, content_type="application/octet-stream")
+
+
+async def _interactive(fake: FakeFeishu, events_url: str, encrypt: bool) -> None:
+    """Reads lines from stdin, posts each as a DM event to the gateway, prints the bot's replies."""
+    loop = asyncio.get_running_loop()
+    shown = 0
+    while True:
+        line = await loop.run_in_executor(None, input, "you> ")
+        status, _ = await fake.post_event(events_url, fake.text_event(line), encrypt=encrypt)
+        if status != 200:
+            print(f"[gateway answered HTTP {status}]")
+            continue
+        deadline = time.monotonic() + 120
+        while len(fake.sent()) == shown and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)  # let every part of a long reply arrive
+        for message in fake.sent()[shown:]:
+            print(f"bot> {post_text(message['content'])}")
+        shown = len(fake.sent())
+
+
+def main() -> None:
+    """``python -m tests.fakes.feishu --port 9100 --gateway http://127.0.0.1:8080``: serves the fake open
+    API with the fixture app (app id ``cli_fake00000000001``, secret ``fake-app-secret-0001``, verification
+    token ``fake-verification-token-0001``, encrypt key ``fake-encrypt-key-0001``) and chats with the
+    gateway as a Feishu user in a DM."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, default=9100)
+    parser.add_argument("--gateway", default="http://127.0.0.1:8080", help="the gateway's HTTP root")
+    parser.add_argument("--encrypt", action="store_true", help="encrypt and sign events (set the encrypt key)")
+    args = parser.parse_args()
+    with FakeFeishu(port=args.port) as fake:
+        print(f"fake Feishu open API on {fake.url}; posting events to {args.gateway}/feishu/events")
+        with contextlib.suppress(EOFError, KeyboardInterrupt):
+            asyncio.run(_interactive(fake, f"{args.gateway.rstrip('/')}/feishu/events", args.encrypt))
+
+
+if __name__ == "__main__":
+    main()
