@@ -1,4 +1,4 @@
-"""Unit tests of the adapter's ``TenantToken`` cache (own async tenant_access_token handling)."""
+"""Unit tests of ``adapters.feishu.token.TenantToken`` (own async tenant_access_token handling)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from adapters.feishu.adapter import TenantToken
+from adapters.feishu.token import TenantToken
 
 
 class Fetcher:
