@@ -8,6 +8,7 @@ resumed after a crash finds its user message already in the transcript and conti
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -57,9 +58,14 @@ class TurnRunner:
         turn_id = f"in{last.inbox_id}"
         inbox_ids = [p.inbox_id for p in batch]
 
+        # Unique beyond this database (a platform that dedupes by our key, like Feishu's uuid, must
+        # never confuse a reply with one from before a database reset): bind it to the message.
+        origin = hashlib.sha256(f"{message.platform}:{message.address.tenant}:{message.message_id}".encode())
+        reply_key = f"{turn_id}-{origin.hexdigest()[:12]}:0"
+
         def finish(status: str, text: str | None, session_id: str | None) -> str:
             replies = [] if text is None else [
-                OutboundMessage(message.address, text, idempotency_key=f"{turn_id}:0", reply_to_id=message.reply_to_id)
+                OutboundMessage(message.address, text, idempotency_key=reply_key, reply_to_id=message.reply_to_id)
             ]
             self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
                                    generation=generation,

@@ -34,5 +34,19 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
         adapters.append(SlackAdapter(bot_token=bot_token, signing_secret=signing_secret, app_token=app_token,
                                      mode=sl.mode, api_url=sl.api_url))
     if config.feishu.enabled:
-        raise ConfigError("feishu is enabled but the Feishu adapter is not available in this version")
+        from adapters.feishu.adapter import FeishuAdapter
+
+        fs = config.feishu
+        app_id = config.require_secret(fs.app_id_env, "feishu")
+        app_secret = config.require_secret(fs.app_secret_env, "feishu")
+        if fs.mode == "webhook":
+            verification_token = config.require_secret(fs.verification_token_env, "feishu webhook mode")
+        else:
+            verification_token = config.secret(fs.verification_token_env)
+        try:
+            adapters.append(FeishuAdapter(app_id=app_id, app_secret=app_secret, verification_token=verification_token,
+                                          encrypt_key=config.secret(fs.encrypt_key_env), mode=fs.mode,
+                                          domain=fs.domain))
+        except ValueError as exc:  # lark-oapi rejects the domain (https only, http for loopback)
+            raise ConfigError(f"feishu.domain is invalid: {exc}") from None
     return adapters

@@ -6,7 +6,7 @@ import json
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from aiohttp import web
@@ -15,6 +15,9 @@ from tests.fakes.openai import FakeOpenAI
 from tests.fakes.server import ThreadedServer
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
+
+if TYPE_CHECKING:
+    from tests.fakes.feishu import FakeFeishu
 
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ["no_proxy"] = os.environ["NO_PROXY"]
@@ -30,6 +33,11 @@ os.environ["GATEWAY_TEST_OPENAI_KEY"] = "sk-test"
 os.environ["GATEWAY_TEST_SLACK_BOT_TOKEN"] = "xoxb-fake-0001"
 os.environ["GATEWAY_TEST_SLACK_SIGNING_SECRET"] = "fake-signing-secret-0001"
 os.environ["GATEWAY_TEST_SLACK_APP_TOKEN"] = "xapp-1-fake"
+FEISHU_APP = json.loads((FIXTURES / "feishu" / "expected.json").read_text())["_app"]
+os.environ["GATEWAY_TEST_FEISHU_APP_ID"] = FEISHU_APP["app_id"]
+os.environ["GATEWAY_TEST_FEISHU_APP_SECRET"] = FEISHU_APP["app_secret"]
+os.environ["GATEWAY_TEST_FEISHU_TOKEN"] = FEISHU_APP["verification_token"]
+os.environ["GATEWAY_TEST_FEISHU_ENCRYPT_KEY"] = FEISHU_APP["encrypt_key"]
 
 
 def fixture(platform: str, name: str) -> dict[str, Any]:
@@ -68,6 +76,14 @@ def fake_slack() -> Iterator[FakeSlack]:
 
 
 @pytest.fixture(scope="module")
+def fake_feishu() -> Iterator[FakeFeishu]:
+    from tests.fakes.feishu import FakeFeishu  # imports lark-oapi (slow): only for Feishu tests
+
+    with FakeFeishu(**FEISHU_APP) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
 def fake_openai() -> Iterator[FakeOpenAI]:
     with FakeOpenAI(api_key="sk-test") as fake:
         yield fake
@@ -80,7 +96,8 @@ def page_server() -> Iterator[PageServer]:
 
 
 def gateway_config(tmp_path: Path, fake_openai: FakeOpenAI, fake_telegram: FakeTelegram | None = None,
-                   fake_slack: FakeSlack | None = None, **sections: dict[str, Any]):
+                   fake_slack: FakeSlack | None = None, fake_feishu: FakeFeishu | None = None,
+                   **sections: dict[str, Any]):
     """A ``GatewayConfig`` on a fresh SQLite file, pointed at the fakes."""
     from gateway.config import load_config
 
@@ -101,6 +118,11 @@ def gateway_config(tmp_path: Path, fake_openai: FakeOpenAI, fake_telegram: FakeT
         overrides["slack"] = {"enabled": True, "bot_token_env": "GATEWAY_TEST_SLACK_BOT_TOKEN",
                               "signing_secret_env": "GATEWAY_TEST_SLACK_SIGNING_SECRET",
                               "app_token_env": "GATEWAY_TEST_SLACK_APP_TOKEN", "api_url": f"{fake_slack.url}/api/"}
+    if fake_feishu is not None:  # plain events by default: point encrypt_key_env at the key to encrypt
+        overrides["feishu"] = {"enabled": True, "app_id_env": "GATEWAY_TEST_FEISHU_APP_ID",
+                               "app_secret_env": "GATEWAY_TEST_FEISHU_APP_SECRET",
+                               "verification_token_env": "GATEWAY_TEST_FEISHU_TOKEN",
+                               "encrypt_key_env": "GATEWAY_TEST_FEISHU_NO_ENCRYPT_KEY", "domain": fake_feishu.url}
     for name, values in sections.items():
         overrides.setdefault(name, {}).update(values)
     return load_config(None, **overrides)

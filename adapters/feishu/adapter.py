@@ -1,0 +1,534 @@
+"""Feishu/Lark adapter: lark-oapi glue (webhook or long connection), tenant token, send, typing.
+
+Threads and loops (PLATFORMS.md §0.1-0.3):
+- lark-oapi's async calls fetch the tenant token with *sync* ``requests`` inside ``acreate`` unless
+  the client is built with ``enable_set_token(True)`` and every call carries a ``RequestOption`` with
+  a token. ``TenantToken`` fetches that token itself, asynchronously, so the main loop never blocks;
+  lark's process-global ``TokenManager`` cache is never used.
+- the long-connection client (``lark.ws.Client``) runs on a module-level loop bound at import and
+  ``start()`` blocks forever: it gets a dedicated thread with its own loop; events are handed to the
+  main loop with ``run_coroutine_threadsafe`` and acknowledged only after the inbox write.
+
+Acknowledgement (DESIGN §3.1; Feishu event subscription: answer HTTP 200 within 3 s, else re-pushed
+after 15 s, 5 min, 1 h, 6 h): the webhook answers 200 right after the inbox write, never after model
+work. Bad verification token or signature -> 401, undecryptable or malformed body -> 400, both
+stored nothing; an inbox write failure -> 500 so Feishu pushes the event again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import hmac
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import lark_oapi as lark
+from aiohttp import web
+from lark_oapi.api.contact.v3 import GetUserRequest
+from lark_oapi.api.im.v1 import (
+    CreateMessageReactionRequest,
+    CreateMessageReactionRequestBody,
+    CreateMessageRequest,
+    CreateMessageRequestBody,
+    DeleteMessageReactionRequest,
+    Emoji,
+    ReplyMessageRequest,
+    ReplyMessageRequestBody,
+)
+from lark_oapi.core.utils import AESCipher
+
+from adapters.feishu.format import Part, format_plain, format_reply
+from adapters.feishu.inbound import Ignored, to_inbound
+from adapters.feishu.token import TenantToken
+from gateway.ports import BeforePart, InboundSink, PartSent
+from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
+
+log = logging.getLogger("adapters.feishu")
+
+WEBHOOK_PATH = "/feishu/events"
+TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
+BOT_INFO_PATH = "/open-apis/bot/v3/info"
+TOKEN_INVALID_CODES = frozenset({99991663, 99991661})
+"""Feishu: tenant_access_token invalid/expired (99991663) or missing (99991661), with HTTP 400 or 200."""
+RATE_LIMIT_CODES = frozenset({99991400, 230020, 11232})
+"""Feishu: app frequency limit (99991400, HTTP 429), per-chat limit (230020), message-service limit (11232)."""
+SCOPE_MISSING_CODES = frozenset({99991672, 99991679})
+"""Feishu: the app (or token) lacks a required permission scope."""
+NAME_LOOKUP_TIMEOUT_S = 1.0
+"""Longest wait for a sender's name before the event is stored anyway (the 3 s ack budget)."""
+NAME_CACHE_S = 3600.0
+"""How long a looked-up name (or the contact API's refusal) is remembered."""
+WS_STORE_TIMEOUT_S = 10.0
+"""How long a long-connection event waits for the inbox write before it is nacked (re-pushed)."""
+
+
+class FeishuApiError(Exception):
+    """A Feishu open API call failed: ``code`` (Feishu's), ``status`` (HTTP), ``msg`` (never secrets)."""
+
+    def __init__(self, what: str, code: int | None, msg: str, status: int | None = None) -> None:
+        super().__init__(f"{what} failed: code {code}, HTTP {status}: {msg}")
+        self.code, self.msg, self.status = code, msg, status
+
+
+class _LongConnectionEvents(lark.EventDispatcherHandler):
+    """Event handler for ``lark.ws.Client``: it calls ``_do_without_validation(payload)`` on its own
+    loop thread for every event frame (lark-oapi 1.7.5) and acks ``{"code": 200}`` when it returns,
+    500 when it raises (Feishu then pushes the event again)."""
+
+    def __init__(self, on_payload: Callable[[bytes], None]) -> None:
+        super().__init__()
+        self._on_payload = on_payload
+
+    def _do_without_validation(self, payload: bytes) -> Any:
+        self._on_payload(payload)
+        return None
+
+
+def _uuid(message: OutboundMessage, index: int) -> str:
+    """Feishu ``uuid`` for part ``index`` of a reply (≤ 50 chars; Feishu keeps one message per uuid per
+    hour). The idempotency key alone repeats after a database reset, so the chat and the replied-to
+    message are hashed in: a reset can then never swallow a reply in another conversation."""
+    digest = hashlib.sha256(
+        f"{message.address.chat_id}|{message.reply_to_id}|{message.idempotency_key}".encode()).hexdigest()[:12]
+    return f"{message.idempotency_key[:32]}-{digest}:p{index}"
+
+
+async def _close_long_connection(client: Any) -> None:
+    """Runs on the long-connection loop. lark-oapi 1.7.5 has no public stop (PLATFORMS.md §0.3): turn
+    reconnects off, cancel its receive/ping tasks (so none reconnects or raises unobserved), close."""
+    client._auto_reconnect = False
+    # Only the client's own tasks (receive loop, ping loop, frame handlers): cancelling the task that
+    # start() is blocked on would end the thread before the socket is closed.
+    tasks = [task for task in asyncio.all_tasks()
+             if not task.done() and getattr(task.get_coro(), "__qualname__", "").startswith("Client.")]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await client._disconnect()
+
+
+def _header(headers: dict[str, str] | None, name: str) -> str | None:
+    for key, value in (headers or {}).items():
+        if key.lower() == name:
+            return value
+    return None
+
+
+class FeishuAdapter:
+    """One Feishu/Lark self-built app (bot).
+
+    Args:
+        app_id, app_secret: the app's credentials (secret never logged).
+        verification_token: checked against each pushed event's token (required in webhook mode).
+        encrypt_key: the app's Encrypt Key; when set, encrypted bodies are decrypted and
+            ``X-Lark-Signature`` is checked when present.
+        mode: ``webhook`` (``POST /feishu/events`` on the gateway's server) or ``websocket``.
+        domain: open API origin, ``https://open.feishu.cn`` / ``https://open.larksuite.com`` or a
+            loopback fake (lark-oapi accepts ``http://`` only for 127.0.0.1/localhost).
+        timeout_s: per-request timeout of API calls.
+        typing_emoji: reaction put on the user's message while a turn runs and removed after the
+            reply (Feishu has no typing API); ``None`` disables it.
+        resolve_names: look up group senders' display names (contact/v3 users; needs a contact
+            read scope, otherwise the sender stays its open_id).
+
+    Raises:
+        ValueError: ``domain`` is not accepted by lark-oapi.
+    """
+
+    platform = "feishu"
+    idempotent_send = True  # Feishu keeps one message per ``uuid`` for an hour: a resent part is dropped
+    receiver_lease = None  # webhooks reach any instance; the long connection spreads events itself
+
+    def __init__(self, *, app_id: str, app_secret: str, verification_token: str | None = None,
+                 encrypt_key: str | None = None, mode: str = "webhook", domain: str = lark.FEISHU_DOMAIN,
+                 timeout_s: float = 10.0, typing_emoji: str | None = "Typing", resolve_names: bool = True) -> None:
+        # lark-oapi prints to stdout through its own handler, past the gateway's secret redaction
+        # (gateway.logs): its records go through the root logger instead.
+        logging.getLogger("Lark").handlers.clear()
+        self.app_id = app_id
+        self._app_secret = app_secret
+        self._verification_token = verification_token or None
+        self._encrypt_key = encrypt_key or None
+        self.mode = mode
+        self.domain = domain.rstrip("/")
+        self.client = (lark.Client.builder().app_id(app_id).app_secret(app_secret).domain(self.domain)
+                       .timeout(timeout_s).enable_set_token(True).log_level(lark.LogLevel.WARNING).build())
+        self.tokens = TenantToken(self._fetch_token)
+        self.typing_emoji = typing_emoji
+        self.bot_open_id = ""
+        self.resolve_names = resolve_names
+        self._names: dict[str, tuple[str, float]] = {}  # open_id -> (name, monotonic expiry)
+        self._names_refused_until = 0.0
+        self._sink: InboundSink | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_inbound: OrderedDict[ChatAddress, str] = OrderedDict()
+        self._typing: dict[ChatAddress, list[tuple[str, str]]] = {}  # address -> [(message_id, reaction_id)]
+        self._reacted: OrderedDict[str, None] = OrderedDict()  # message ids already given a reaction
+        self._ws_thread: threading.Thread | None = None
+        self._ws_loop: asyncio.AbstractEventLoop | None = None
+        self._ws_client: Any = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post(WEBHOOK_PATH, self._handle_webhook)] if self.mode == "webhook" else []
+
+    async def start(self, sink: InboundSink) -> None:
+        """Fetches a tenant token and the bot's open_id (``GET /open-apis/bot/v3/info``, needed for
+        mention detection). The long connection (websocket mode) opens in ``start_receiving``.
+
+        Raises:
+            FeishuApiError: wrong app credentials or the API is unreachable (start-up must stop).
+        """
+        self._sink = sink
+        self._loop = asyncio.get_running_loop()
+        bot = await self.bot_info()
+        self.bot_open_id = str(bot.get("open_id") or "")
+        log.info("feishu bot %s (%s) starting in %s mode", bot.get("app_name"), self.bot_open_id, self.mode)
+
+    async def start_receiving(self) -> None:
+        """Opens the long connection (websocket mode) on its own thread; webhooks need nothing."""
+        if self.mode == "websocket" and self._ws_thread is None:
+            ready = threading.Event()
+            self._ws_thread = threading.Thread(target=self._run_long_connection, args=(ready,),
+                                               name="feishu-ws", daemon=True)
+            self._ws_thread.start()
+            await asyncio.to_thread(ready.wait, 5)
+
+    async def stop(self) -> None:
+        await self.stop_receiving()
+
+    async def stop_receiving(self) -> None:
+        """Closes the long connection (if any) and joins its thread."""
+        thread, loop, client = self._ws_thread, self._ws_loop, self._ws_client
+        self._ws_thread = None
+        if thread is None or loop is None:
+            return
+        if client is not None and loop.is_running():
+            try:
+                future = asyncio.run_coroutine_threadsafe(_close_long_connection(client), loop)
+                await asyncio.wait_for(asyncio.wrap_future(future), 5)
+            except Exception as exc:
+                log.warning("feishu long connection did not close cleanly: %s", type(exc).__name__)
+            loop.call_soon_threadsafe(loop.stop)
+        await asyncio.to_thread(thread.join, 5)
+
+    async def check(self) -> str:
+        """Fetches a token and the bot info; returns e.g. ``bot Gateway (open_id ou_...)``."""
+        bot = await self.bot_info()
+        return f"bot {bot.get('app_name') or '?'} (open_id {bot.get('open_id')}) via {self.domain}"
+
+    # -- tenant token and raw calls ----------------------------------------------------------
+    async def _fetch_token(self) -> tuple[str, float]:
+        """Feishu auth/v3 ``tenant_access_token/internal`` (self-built app), without lark's sync cache."""
+        request = (lark.BaseRequest.builder().http_method(lark.HttpMethod.POST).uri(TOKEN_PATH)
+                   .token_types(set()).body({"app_id": self.app_id, "app_secret": self._app_secret}).build())
+        response = await self.client.arequest(request)
+        data = self._json(response, "tenant token")
+        token = data.get("tenant_access_token")
+        if data.get("code") != 0 or not token:
+            raise FeishuApiError("tenant token", data.get("code"), str(data.get("msg") or ""),
+                                 response.raw.status_code)
+        log.info("feishu tenant token fetched (expires in %s s)", data.get("expire"))
+        return str(token), float(data.get("expire") or 7200)
+
+    @staticmethod
+    def _json(response: Any, what: str) -> dict[str, Any]:
+        try:
+            data = json.loads(response.raw.content)
+        except (TypeError, ValueError):
+            raise FeishuApiError(what, None, "response is not JSON", response.raw.status_code) from None
+        return data if isinstance(data, dict) else {}
+
+    async def _call(self, invoke: Callable[[lark.RequestOption], Awaitable[Any]]) -> Any:
+        """Runs ``invoke(option)`` with a tenant token. On 99991663/99991661 (HTTP 400 or 200) the token
+        is dropped, a new one fetched and the call retried once; any other outcome is returned as is."""
+        response = None
+        for attempt in range(2):
+            token = await self.tokens.get()
+            response = await invoke(lark.RequestOption.builder().tenant_access_token(token).build())
+            code = getattr(response, "code", None)
+            if code is None:
+                code = self._json(response, "api call").get("code")
+            if code not in TOKEN_INVALID_CODES or attempt == 1:
+                break
+            log.info("feishu rejected the tenant token (code %s); fetching a new one", code)
+            self.tokens.invalidate(token)
+        return response
+
+    async def bot_info(self) -> dict[str, Any]:
+        """``GET /open-apis/bot/v3/info`` -> ``{"open_id", "app_name", "activate_status", ...}``.
+
+        Raises:
+            FeishuApiError: non-zero code or an unreadable answer.
+        """
+        def invoke(option: lark.RequestOption) -> Awaitable[Any]:
+            request = (lark.BaseRequest.builder().http_method(lark.HttpMethod.GET).uri(BOT_INFO_PATH)
+                       .token_types({lark.AccessTokenType.TENANT}).build())
+            return self.client.arequest(request, option)
+
+        response = await self._call(invoke)
+        data = self._json(response, "bot info")
+        if data.get("code") != 0 or not isinstance(data.get("bot"), dict):
+            raise FeishuApiError("bot info", data.get("code"), str(data.get("msg") or ""), response.raw.status_code)
+        return data["bot"]
+
+    # -- inbound -----------------------------------------------------------------------------
+    async def _dispatch(self, body: dict[str, Any]) -> None:
+        """Normalizes one decrypted event and stores it (raises if the inbox write failed)."""
+        assert self._sink is not None
+        result = to_inbound(body, self.bot_open_id)
+        if isinstance(result, Ignored):
+            header = body.get("header") or {}
+            log.debug("feishu event %s ignored: %s", header.get("event_id"), result.reason)
+            return
+        if result.chat_type == "group" and not result.sender.display_name:
+            name = await self._display_name(result.sender.user_id)
+            if name:
+                result = dataclasses.replace(result, sender=Sender(result.sender.user_id, name))
+        stored = await self._sink(result)
+        if stored:
+            self._remember(result)
+
+    async def _display_name(self, open_id: str) -> str:
+        """The user's name (Feishu contact/v3 ``GET /users/{open_id}``), cached; ``""`` when unknown.
+
+        Best effort and bounded: at most ``NAME_LOOKUP_TIMEOUT_S`` before the event is stored; a
+        refusal (the app lacks a contact scope) stops lookups for ``NAME_CACHE_S``."""
+        now = time.monotonic()
+        cached = self._names.get(open_id)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        if not self.resolve_names or not open_id or self._names_refused_until > now:
+            return ""
+
+        def invoke(option: lark.RequestOption) -> Awaitable[Any]:
+            request = GetUserRequest.builder().user_id(open_id).user_id_type("open_id").build()
+            return self.client.contact.v3.user.aget(request, option)
+
+        try:
+            response = await asyncio.wait_for(self._call(invoke), NAME_LOOKUP_TIMEOUT_S)
+        except Exception as exc:
+            log.debug("feishu name lookup failed: %s", type(exc).__name__)
+            return ""
+        if response.code != 0 or response.data is None or response.data.user is None:
+            if response.code in SCOPE_MISSING_CODES:
+                log.info("feishu contact API refused name lookups (code %s); senders stay open_ids", response.code)
+                self._names_refused_until = now + NAME_CACHE_S
+            name = ""  # e.g. 41050: this user is outside the app's contact range
+        else:
+            name = str(response.data.user.name or "")
+        self._names[open_id] = (name, now + NAME_CACHE_S)
+        if len(self._names) > 4096:
+            self._names.pop(next(iter(self._names)))
+        return name
+
+    def _remember(self, message: InboundMessage) -> None:
+        """The newest stored message per chat: the typing reaction goes on it."""
+        self._last_inbound[message.address] = message.message_id
+        self._last_inbound.move_to_end(message.address)
+        while len(self._last_inbound) > 4096:
+            self._last_inbound.popitem(last=False)
+
+    def _verify(self, request: web.Request, raw: bytes) -> tuple[int, dict[str, Any] | str]:
+        """Checks and decodes one webhook body: ``(200, event)`` or ``(status, reason)``.
+
+        Feishu event subscription: encrypted bodies are ``{"encrypt": base64(IV + AES-256-CBC)}`` with
+        key SHA-256(encrypt key); ``X-Lark-Signature`` = hex SHA-256(timestamp + nonce + encrypt key +
+        raw body); the verification token is ``header.token`` (schema 2.0) or ``token`` (challenge, 1.0).
+        """
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return 400, "body is not JSON"
+        if not isinstance(body, dict):
+            return 400, "body is not a JSON object"
+        signature = request.headers.get("X-Lark-Signature")
+        if signature and self._encrypt_key:
+            timestamp = request.headers.get("X-Lark-Request-Timestamp", "")
+            nonce = request.headers.get("X-Lark-Request-Nonce", "")
+            expected = hashlib.sha256((timestamp + nonce + self._encrypt_key).encode() + raw).hexdigest()
+            if not hmac.compare_digest(expected, signature):
+                return 401, "bad signature"
+        if "encrypt" in body:
+            if not self._encrypt_key:
+                return 400, "encrypted body but no encrypt key configured"
+            try:
+                body = json.loads(AESCipher(self._encrypt_key).decrypt_str(str(body["encrypt"])))
+            except Exception:
+                return 400, "undecryptable body"
+            if not isinstance(body, dict):
+                return 400, "decrypted body is not a JSON object"
+        if self._verification_token:
+            token = (body.get("header") or {}).get("token") if "header" in body else body.get("token")
+            if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._verification_token.encode()):
+                return 401, "bad verification token"
+        return 200, body
+
+    async def _handle_webhook(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        status, checked = self._verify(request, raw)
+        if status != 200:
+            log.warning("feishu webhook rejected (%s): %s, %d bytes", status, checked, len(raw))
+            return web.json_response({"msg": checked}, status=status)
+        assert isinstance(checked, dict)
+        if checked.get("type") == "url_verification":
+            return web.json_response({"challenge": checked.get("challenge", "")})
+        try:
+            await self._dispatch(checked)
+        except Exception:
+            event_id = (checked.get("header") or {}).get("event_id")
+            log.exception("could not store feishu event %s; asking Feishu to push it again", event_id)
+            return web.json_response({"msg": "not stored"}, status=500)
+        return web.json_response({"msg": "success"})
+
+    def _on_long_connection_payload(self, payload: bytes) -> None:
+        """Runs on the long-connection thread: hands the event to the main loop and waits for the
+        inbox write, so the frame is acked only once the message is stored."""
+        assert self._loop is not None
+        try:
+            body = json.loads(payload)
+        except ValueError:
+            log.warning("feishu long-connection payload is not JSON (%d bytes); dropped", len(payload))
+            return  # acked: pushing it again cannot make it readable
+        if not isinstance(body, dict):
+            return
+        future = asyncio.run_coroutine_threadsafe(self._dispatch(body), self._loop)
+        future.result(WS_STORE_TIMEOUT_S)
+
+    def _run_long_connection(self, ready: threading.Event) -> None:
+        import lark_oapi.ws.client as ws_client  # the module holding lark's long-connection loop
+
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        ws_client.loop = loop  # bound at import to whatever loop existed then (PLATFORMS.md §0.3)
+        self._ws_loop = loop
+        self._ws_client = lark.ws.Client(self.app_id, self._app_secret, log_level=lark.LogLevel.WARNING,
+                                         event_handler=_LongConnectionEvents(self._on_long_connection_payload),
+                                         domain=self.domain, auto_reconnect=True)
+        ready.set()
+        try:
+            self._ws_client.start()
+        except (RuntimeError, asyncio.CancelledError):
+            pass  # the loop was stopped by stop()
+        except Exception as exc:
+            log.error("feishu long connection ended: %s: %s", type(exc).__name__, exc)
+        finally:
+            tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.close()
+
+    # -- outbound ----------------------------------------------------------------------------
+    async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
+                   before_part: BeforePart | None = None) -> DeliveryResult:
+        """Sends the reply as ``post`` parts (``text`` for plain format), in order.
+
+        Feishu open API im/v1 messages: a reply (``POST /messages/{reply_to_id}/reply``) when
+        ``reply_to_id`` is set, with ``reply_in_thread`` when the address is a thread (every part then
+        goes into the thread); otherwise ``POST /messages?receive_id_type=chat_id``. Each part carries
+        ``uuid`` = idempotency key + part index, so Feishu drops a retried duplicate; parts below
+        ``resume_from`` are skipped. Rate limits (HTTP 429, 99991400, 230020, 11232), 5xx and network
+        errors are retryable (``retry_after`` from ``x-ogw-ratelimit-reset``); other codes are not.
+        """
+        parts = format_reply(message.text) if message.format == "markdown" else format_plain(message.text)
+        address = message.address
+        ids: list[str] = []
+        for index, part in enumerate(parts):
+            if index < message.resume_from:
+                continue
+            target = message.reply_to_id if index == 0 or address.thread_id else None
+            if before_part is not None:
+                await before_part(index)
+            try:
+                response = await self._call(self._sender(address, part, target, _uuid(message, index)))
+            except FeishuApiError as exc:  # token fetch failed
+                return DeliveryResult(False, tuple(ids), retryable=exc.code is None or exc.status is None
+                                      or exc.status >= 500, error=f"tenant token: code {exc.code}")
+            except Exception as exc:
+                return DeliveryResult(False, tuple(ids), retryable=True, error=f"network: {type(exc).__name__}")
+            if response.code != 0 or response.data is None:
+                return self._failure(response, tuple(ids))
+            ids.append(str(response.data.message_id))
+            if on_part is not None and index < len(parts) - 1:
+                await on_part(ids[-1])  # recorded before the next part: a crash never repeats it
+        await self._clear_typing(address)
+        return DeliveryResult(True, tuple(ids))
+
+    def _sender(self, address: ChatAddress, part: Part, reply_to: str | None,
+                uuid: str) -> Callable[[lark.RequestOption], Awaitable[Any]]:
+        """A factory of the create/reply call (a fresh request per attempt: lark mutates requests)."""
+        def invoke(option: lark.RequestOption) -> Awaitable[Any]:
+            if reply_to:
+                body = (ReplyMessageRequestBody.builder().content(part.content).msg_type(part.msg_type)
+                        .reply_in_thread(bool(address.thread_id)).uuid(uuid).build())
+                request = ReplyMessageRequest.builder().message_id(reply_to).request_body(body).build()
+                return self.client.im.v1.message.areply(request, option)
+            body = (CreateMessageRequestBody.builder().receive_id(address.chat_id).msg_type(part.msg_type)
+                    .content(part.content).uuid(uuid).build())
+            request = CreateMessageRequest.builder().receive_id_type("chat_id").request_body(body).build()
+            return self.client.im.v1.message.acreate(request, option)
+
+        return invoke
+
+    @staticmethod
+    def _failure(response: Any, ids: tuple[str, ...]) -> DeliveryResult:
+        status = response.raw.status_code if response.raw is not None else None
+        error = f"feishu code {response.code} (HTTP {status}): {response.msg}"
+        if response.code in RATE_LIMIT_CODES or status == 429:
+            reset = _header(response.raw.headers if response.raw is not None else None, "x-ogw-ratelimit-reset")
+            try:
+                retry_after = max(0.0, float(reset)) if reset is not None else 1.0
+            except ValueError:
+                retry_after = 1.0
+            return DeliveryResult(False, ids, retryable=True, retry_after=retry_after, error=error)
+        retryable = status is None or status >= 500 or response.code in TOKEN_INVALID_CODES
+        return DeliveryResult(False, ids, retryable=retryable, error=error)
+
+    async def send_typing(self, address: ChatAddress) -> None:
+        """Puts ``typing_emoji`` on the chat's newest stored message, once per message (Feishu open
+        API im/v1 message reactions; there is no typing API). Errors are swallowed."""
+        message_id = self._last_inbound.get(address)
+        if not self.typing_emoji or message_id is None or message_id in self._reacted:
+            return
+        self._reacted[message_id] = None
+        while len(self._reacted) > 4096:
+            self._reacted.popitem(last=False)
+
+        def invoke(option: lark.RequestOption) -> Awaitable[Any]:
+            body = CreateMessageReactionRequestBody.builder().reaction_type(
+                Emoji.builder().emoji_type(self.typing_emoji).build()).build()
+            request = CreateMessageReactionRequest.builder().message_id(message_id).request_body(body).build()
+            return self.client.im.v1.message_reaction.acreate(request, option)
+
+        try:
+            response = await self._call(invoke)
+        except Exception as exc:
+            log.debug("feishu typing reaction failed: %s", type(exc).__name__)
+            return
+        if response.code == 0 and response.data is not None:
+            self._typing.setdefault(address, []).append((message_id, str(response.data.reaction_id)))
+        else:
+            log.debug("feishu typing reaction refused: code %s", response.code)
+
+    async def _clear_typing(self, address: ChatAddress) -> None:
+        """Removes the typing reactions put in ``address`` (best effort)."""
+        for message_id, reaction_id in self._typing.pop(address, []):
+            def invoke(option: lark.RequestOption, message_id: str = message_id,
+                       reaction_id: str = reaction_id) -> Awaitable[Any]:
+                request = DeleteMessageReactionRequest.builder().message_id(message_id).reaction_id(
+                    reaction_id).build()
+                return self.client.im.v1.message_reaction.adelete(request, option)
+
+            try:
+                await self._call(invoke)
+            except Exception as exc:
+                log.debug("feishu typing reaction removal failed: %s", type(exc).__name__)
