@@ -39,6 +39,7 @@ log = logging.getLogger("gateway")
 T = TypeVar("T")
 
 TYPING_INTERVAL_S = 4.0  # Telegram shows "typing" for ≤ 5 s (Bot API: sendChatAction)
+TYPING_DELAY_S = 0.5  # a reply faster than this needs no indicator (and saves a platform call)
 
 
 class Gateway:
@@ -115,6 +116,8 @@ class Gateway:
         else:
             cancel = "if_busy" if self.config.bus.busy_policy == "interrupt" else None
             stored = await self.run_db(functools.partial(self.store.insert_inbound, message, key, cancel=cancel))
+            if stored and cancel:
+                self.runner.note_generation(key, await self.run_db(self.store.lane_generation, key))
         if stored:
             self.received += 1
             self.bus.kick(key)
@@ -133,6 +136,7 @@ class Gateway:
         stored = await self.run_db(functools.partial(self.store.insert_inbound, message, key, cancel="always",
                                                      control_reply=reply))
         if stored:
+            self.runner.note_generation(key, await self.run_db(self.store.lane_generation, key))
             self.delivery.wake()
         return stored
 
@@ -174,6 +178,7 @@ class Gateway:
             return
 
         async def keep_typing() -> None:
+            await asyncio.sleep(TYPING_DELAY_S)
             while True:
                 if not self.delivery.chat_waiting(address.platform, address.tenant, address.chat_id):
                     await adapter.send_typing(address)

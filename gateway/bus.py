@@ -104,10 +104,9 @@ class SessionBus:
             self._held.add(key)
         try:
             while True:
-                batch = self.store.next_pending(key, self.batch_size)
+                batch, generation = self.store.next_batch(key, self.batch_size)
                 if not batch:
                     break
-                generation = self.store.lane_generation(key)
                 address = batch[-1].message.address
                 self._call_main(self._on_turn_start, address)
                 try:
@@ -119,10 +118,10 @@ class SessionBus:
         finally:
             with self._held_lock:
                 self._held.discard(key)
-            self.store.release_lane(key, self.instance_id)
-        # A message stored between the last check and the release would wait for the sweeper:
-        # look once more and drain again if so.
-        if self.store.next_pending(key):
+            # A message stored between the last check and the release would wait for the
+            # sweeper: the release looks once more, and we drain again if so.
+            waiting = self.store.release_lane(key, self.instance_id)
+        if waiting:
             self._call_main(self.kick, key)
 
     def _call_main(self, fn: Callable[..., None], *args: object) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,10 +21,13 @@ from agent.model import ChatModel, ModelError, Usage
 from agent.tools import ToolRegistry
 from gateway.commands import command_reply
 from gateway.context import render_history, user_meta
-from gateway.store.sql import PendingInbound, Store, StoredMessage
+from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage
 from gateway.types import OutboundMessage
 
 log = logging.getLogger("gateway.turns")
+
+CANCEL_POLL_S = 1.0
+"""How often a running turn asks the database whether another instance cancelled it."""
 
 
 class TurnRunner:
@@ -43,6 +47,8 @@ class TurnRunner:
         self.limits = limits
         self.history_window = history_window
         self.system_prompt = system_prompt
+        self._generations: dict[str, int] = {}
+        self._generations_lock = threading.Lock()
 
     def run(self, batch: Sequence[PendingInbound], generation: int) -> str:
         """Runs one turn answering ``batch`` (one message, or several merged) to completion and
@@ -63,12 +69,14 @@ class TurnRunner:
         origin = hashlib.sha256(f"{message.platform}:{message.address.tenant}:{message.message_id}".encode())
         reply_key = f"{turn_id}-{origin.hexdigest()[:12]}:0"
 
+        unwritten: list[NewMessage] = []
+
         def finish(status: str, text: str | None, session_id: str | None) -> str:
             replies = [] if text is None else [
                 OutboundMessage(message.address, text, idempotency_key=reply_key, reply_to_id=message.reply_to_id)
             ]
             self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
-                                   generation=generation,
+                                   generation=generation, messages=list(unwritten),
                                    merged_status="cancelled" if status == "cancelled" else "merged")
             return status
 
@@ -76,26 +84,39 @@ class TurnRunner:
         if direct is not None:
             return finish("done", direct, None)
 
-        session_id, system_prompt = self.store.current_session(key, lambda: self.system_prompt)
-        window = self.store.load_window(session_id, self.history_window)
+        session_id, system_prompt, window = self.store.open_session(key, lambda: self.system_prompt,
+                                                                     self.history_window)
+        # User messages are written with the turn's first step (or its end), not before: until then
+        # the inbox row is still pending, so a crash loses nothing and a rerun writes them once.
         present = {(m.turn_id, m.role) for m in window}
         for pending in batch:
             pending_turn = f"in{pending.inbox_id}"
             if (pending_turn, "user") not in present:
                 meta = user_meta(pending.message, time.time())
-                row_id = self.store.append_message(session_id, pending_turn, "user", pending.message.text,
-                                                   meta=meta, platform_message_id=pending.message.message_id)
-                window.append(StoredMessage(row_id, pending_turn, "user", pending.message.text, None, None, None, meta))
+                unwritten.append(NewMessage(pending_turn, "user", pending.message.text,
+                                            {"meta": meta, "platform_message_id": pending.message.message_id}))
+                window.append(StoredMessage(0, pending_turn, "user", pending.message.text, None, None, None, meta))
 
         def record(msg: dict[str, Any], usage: Usage | None) -> None:
-            self.store.append_message(
-                session_id, turn_id, msg["role"], msg.get("content"),
-                tool_calls=msg.get("tool_calls"), tool_call_id=msg.get("tool_call_id"),
-                prompt_tokens=usage.prompt_tokens if usage else None,
-                completion_tokens=usage.completion_tokens if usage else None,
-            )
+            fields = {"tool_calls": msg.get("tool_calls"), "tool_call_id": msg.get("tool_call_id")}
+            if usage is not None:
+                fields.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+            unwritten.append(NewMessage(turn_id, msg["role"], msg.get("content"), fields))
+            if msg.get("tool_calls") or msg["role"] == "tool":
+                # Durable before any tool runs: a resumed turn must see which calls were made.
+                self.store.append_messages(session_id, list(unwritten))
+                unwritten.clear()
+            # A final answer is written together with the outbox row (one transaction).
+
+        checked = [time.monotonic()]
 
         def should_stop() -> bool:
+            if self.cancelled(key, generation):
+                return True
+            now = time.monotonic()
+            if now - checked[0] < CANCEL_POLL_S:
+                return False  # another instance's /stop is seen within CANCEL_POLL_S
+            checked[0] = now
             return self.store.lane_generation(key) != generation
 
         try:
@@ -110,5 +131,17 @@ class TurnRunner:
             return finish("cancelled", None, session_id)
         text = outcome.reply.strip() or "(no answer)"
         if outcome.stop_reason == "iteration_budget":
-            self.store.append_message(session_id, turn_id, "assistant", text, meta={"stop_reason": outcome.stop_reason})
+            unwritten.append(NewMessage(turn_id, "assistant", text, {"meta": {"stop_reason": outcome.stop_reason}}))
         return finish("done", text, session_id)
+
+    # -- in-process cancellation -------------------------------------------------------------
+    def note_generation(self, key: str, generation: int) -> None:
+        """Records a lane generation seen by this instance (``/stop`` or an interrupt received
+        here), so the running turn stops at its next step without asking the database."""
+        with self._generations_lock:
+            if generation > self._generations.get(key, -1):
+                self._generations[key] = generation
+
+    def cancelled(self, key: str, generation: int) -> bool:
+        with self._generations_lock:
+            return self._generations.get(key, -1) > generation

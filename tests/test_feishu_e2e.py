@@ -312,7 +312,7 @@ async def test_long_reply_is_split_into_accepted_posts(tmp_path, fake_feishu, fa
 
 async def test_typing_reaction_is_added_and_removed(tmp_path, fake_feishu, fake_openai, running):
     fake_openai.reset()
-    fake_openai.script(oa.delay(0.5, "thought about it"))
+    fake_openai.script(oa.delay(1.2, "thought about it"))  # the indicator starts after 0.5 s
     gateway = await start(tmp_path, fake_openai, fake_feishu, running)
     chat = "oc_typing0000000000000000000000001"
     event = fake_feishu.text_event("slow one", chat_id=chat)

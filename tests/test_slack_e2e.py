@@ -52,7 +52,7 @@ def inbox_total(gateway: Gateway) -> int:
 
 async def test_dm_is_answered_in_the_dm(tmp_path, fake_slack, fake_openai, running):
     fake_openai.reset()
-    fake_openai.script(oa.DelayedReply(0.3, oa.text("Standup: **shipped** the inbox.")))
+    fake_openai.script(oa.DelayedReply(1.2, oa.text("Standup: **shipped** the inbox.")))  # > typing delay
     gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_slack=fake_slack), running)
     since = len(fake_slack.calls("chat.postMessage"))
 

@@ -81,7 +81,18 @@ async def test_dm_uses_web_fetch_and_replies(tmp_path, fake_telegram, fake_opena
     assert rows[2].tool_call_id == fetch.id and "amber-falcon-42" in rows[2].content
     assert rows[3].content == "The page says the codename is **amber-falcon-42**."
     assert inbox == ["done"]
-    await wait_until(lambda: any(c.method == "sendChatAction" for c in fake_telegram.calls()), what="typing")
+
+
+async def test_slow_turn_shows_typing_until_the_reply(tmp_path, fake_telegram, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.script(oa.delay(1.5, oa.text("done thinking")))
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    fake_telegram.inject(dm_update("think", 9701, user_id=5551007))
+    reply = await fake_telegram.wait_for_call("sendMessage", lambda c: int(c.params["chat_id"]) == 5551007)
+    typing = [c for c in fake_telegram.calls("sendChatAction") if int(c.params["chat_id"]) == 5551007]
+    assert typing and typing[0].params["action"] == "typing" and typing[0].time < reply.time
+    await asyncio.sleep(0.3)
+    assert len([c for c in fake_telegram.calls("sendChatAction") if int(c.params["chat_id"]) == 5551007]) == 1
 
 
 async def test_restart_keeps_history_and_identical_system_prompt(tmp_path, fake_telegram, fake_openai, running):

@@ -21,7 +21,7 @@ def create_db_engine(url: str, pool_size: int = 10) -> Engine:
     """Builds the engine for ``url``; creates the SQLite file's folder if needed."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+        return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800)
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})

@@ -68,6 +68,17 @@ class StoredMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A transcript message to append: ``fields`` holds the optional columns (``tool_calls``,
+    ``tool_call_id``, ``meta``, ``platform_message_id``, token counts)."""
+
+    turn_id: str | None
+    role: str
+    content: str | None
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class OutboxItem:
     """A claimed outbox row ready to send."""
 
@@ -128,6 +139,20 @@ class Store:
         except IntegrityError:
             return False
         return True
+
+    def next_batch(self, session_key: str, limit: int = 1) -> tuple[list[PendingInbound], int]:
+        """The oldest ``limit`` pending rows of ``session_key`` and the lane's generation, read in
+        that order (a cancellation stored with a row is then always seen with it)."""
+        with read_tx(self.engine) as conn:
+            rows = conn.execute(
+                select(_inbox.c.id, _inbox.c.payload)
+                .where(_inbox.c.session_key == session_key, _inbox.c.status == "pending")
+                .order_by(_inbox.c.id)
+                .limit(limit)
+            ).all()
+            generation = conn.execute(select(_lanes.c.generation).where(_lanes.c.key == session_key)).scalar()
+        batch = [PendingInbound(row.id, session_key, InboundMessage.from_dict(row.payload)) for row in rows]
+        return batch, int(generation or 0)
 
     def next_pending(self, session_key: str, limit: int = 1) -> list[PendingInbound]:
         """The oldest ``limit`` pending inbox rows of ``session_key``, in arrival order."""
@@ -205,13 +230,18 @@ class Store:
         return list(held)
 
     @retry_locked
-    def release_lane(self, key: str, owner: str) -> None:
+    def release_lane(self, key: str, owner: str) -> bool:
+        """Gives the lease up; returns whether rows still wait for ``key`` (stored meanwhile)."""
         with write_tx(self.engine) as conn:
             conn.execute(
                 update(_lanes)
                 .where(_lanes.c.key == key, _lanes.c.lease_owner == owner)
                 .values(lease_owner=None, lease_until=0.0)
             )
+            waiting = conn.execute(
+                select(_inbox.c.id).where(_inbox.c.session_key == key, _inbox.c.status == "pending").limit(1)
+            ).first()
+        return waiting is not None
 
     def lane_exists(self, key: str) -> bool:
         """Whether the session key has been used before (the bot is part of that conversation)."""
@@ -231,6 +261,21 @@ class Store:
         return int(value or 0)
 
     # -- sessions and transcript -------------------------------------------------------------
+    def open_session(self, key: str, build_system_prompt: Callable[[], str],
+                     window: int) -> tuple[str, str, list[StoredMessage]]:
+        """``(session_id, system_prompt, newest window messages)`` of the key's current session in
+        one read (creating the session on first use)."""
+        with read_tx(self.engine) as conn:
+            row = conn.execute(
+                select(_sessions.c.id, _sessions.c.system_prompt)
+                .select_from(_lanes.join(_sessions, _sessions.c.id == _lanes.c.session_id))
+                .where(_lanes.c.key == key)
+            ).first()
+            if row is not None:
+                return row.id, row.system_prompt, self._window(conn, row.id, window)
+        session_id, prompt = self.current_session(key, build_system_prompt)
+        return session_id, prompt, []
+
     @retry_locked
     def current_session(self, key: str, build_system_prompt: Callable[[], str]) -> tuple[str, str]:
         """Returns ``(session_id, system_prompt)`` of the key's current session, creating the
@@ -255,43 +300,37 @@ class Store:
         return session_id, prompt
 
     @retry_locked
-    def append_message(
-        self,
-        session_id: str,
-        turn_id: str | None,
-        role: str,
-        content: str | None,
-        *,
-        tool_calls: list[dict[str, Any]] | None = None,
-        tool_call_id: str | None = None,
-        name: str | None = None,
-        meta: dict[str, Any] | None = None,
-        platform_message_id: str | None = None,
-        prompt_tokens: int | None = None,
-        completion_tokens: int | None = None,
-    ) -> int:
-        """Appends one transcript message; returns its id."""
+    def append_message(self, session_id: str, turn_id: str | None, role: str, content: str | None,
+                       **fields: Any) -> int:
+        """Appends one transcript message; returns its id. ``fields``: ``tool_calls``,
+        ``tool_call_id``, ``name``, ``meta``, ``platform_message_id``, ``prompt_tokens``,
+        ``completion_tokens``."""
         with write_tx(self.engine) as conn:
-            result = conn.execute(
-                insert(_messages).values(
-                    session_id=session_id,
-                    turn_id=turn_id,
-                    role=role,
-                    content=content,
-                    tool_calls=tool_calls,
-                    tool_call_id=tool_call_id,
-                    name=name,
-                    meta=meta,
-                    platform_message_id=platform_message_id,
-                    prompt_tokens=prompt_tokens,
-                    completion_tokens=completion_tokens,
-                    created_at=time.time(),
-                )
-            )
-            return int(result.inserted_primary_key[0])
+            return self._append(conn, session_id, [NewMessage(turn_id, role, content, fields)])[0]
+
+    @retry_locked
+    def append_messages(self, session_id: str, messages: Sequence[NewMessage]) -> list[int]:
+        """Appends several transcript messages in one transaction, in order; returns their ids."""
+        with write_tx(self.engine) as conn:
+            return self._append(conn, session_id, messages)
+
+    @staticmethod
+    def _append(conn: Any, session_id: str, messages: Sequence[NewMessage]) -> list[int]:
+        ids = []
+        now = time.time()
+        for m in messages:
+            result = conn.execute(insert(_messages).values(session_id=session_id, turn_id=m.turn_id, role=m.role,
+                                                           content=m.content, created_at=now, **m.fields))
+            ids.append(int(result.inserted_primary_key[0]))
+        return ids
 
     def load_window(self, session_id: str, limit: int) -> list[StoredMessage]:
         """The newest ``limit`` transcript messages, oldest first: O(window), not O(history)."""
+        with read_tx(self.engine) as conn:
+            return self._window(conn, session_id, limit)
+
+    @staticmethod
+    def _window(conn: Any, session_id: str, limit: int) -> list[StoredMessage]:
         cols = (
             _messages.c.id,
             _messages.c.turn_id,
@@ -302,10 +341,9 @@ class Store:
             _messages.c.name,
             _messages.c.meta,
         )
-        with read_tx(self.engine) as conn:
-            rows = conn.execute(
-                select(*cols).where(_messages.c.session_id == session_id).order_by(_messages.c.id.desc()).limit(limit)
-            ).all()
+        rows = conn.execute(
+            select(*cols).where(_messages.c.session_id == session_id).order_by(_messages.c.id.desc()).limit(limit)
+        ).all()
         return [StoredMessage(*row) for row in reversed(rows)]
 
     def transcript(self, session_id: str) -> list[StoredMessage]:
@@ -324,14 +362,19 @@ class Store:
         session_key: str | None = None,
         generation: int = 0,
         merged_status: str = "merged",
+        messages: Sequence[NewMessage] = (),
     ) -> None:
         """Queues ``replies`` and marks the turn's inbox rows in one transaction: the last row gets
         ``status``, earlier ones (answered together by a merged turn) ``merged_status``.
 
         A reply whose idempotency key is already queued (a resumed turn) is not queued again.
+        ``messages`` (the final transcript messages, not yet written) are appended first.
         """
         now = time.time()
         with write_tx(self.engine) as conn:
+            if messages:
+                assert session_id is not None
+                self._append(conn, session_id, messages)
             for reply in replies:
                 self._queue(conn, reply, session_id, session_key, generation, now)
             *earlier, last = inbox_ids
