@@ -19,10 +19,10 @@ import warnings
 from aiohttp import web
 from telegram import Bot, BotCommand, MessageEntity, ReplyParameters, Update
 from telegram.error import BadRequest, ChatMigrated, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
-from telegram.request import HTTPXRequest
 
 from adapters.telegram.format import Chunk, chunk_text, format_reply
 from adapters.telegram.inbound import BotIdentity, Ignored, to_inbound
+from adapters.telegram.request import AiohttpRequest
 from gateway.ports import BeforePart, InboundSink, PartSent
 from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
 
@@ -56,8 +56,8 @@ class TelegramAdapter:
             token,
             base_url=f"{root}/bot",
             base_file_url=f"{root}/file/bot",
-            request=HTTPXRequest(connection_pool_size=64, pool_timeout=10.0, read_timeout=15.0),
-            get_updates_request=HTTPXRequest(connection_pool_size=2),
+            request=AiohttpRequest(connection_limit=32, read_timeout=15.0),
+            get_updates_request=AiohttpRequest(connection_limit=2),
         )
         self.mode = mode
         self._webhook_secret = webhook_secret
