@@ -5,10 +5,16 @@ Synchronous on purpose: turns run on worker threads (DESIGN §2), one blocking c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import openai
+
+from agent.streaming import StreamAccumulator
+
+OnText = Callable[[str], None]
+"""Called during a streamed model call with the step's text so far (not just the delta)."""
 
 
 class ModelError(Exception):
@@ -42,13 +48,21 @@ class ModelReply:
 
 
 class ChatModel(Protocol):
-    """What the loop needs from a model."""
+    """What the loop needs from a model. ``model`` names it (price lookup, agent cache)."""
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply: ...
+    model: str
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                 on_text: OnText | None = None) -> ModelReply: ...
 
 
 class OpenAIChatModel:
-    """Chat completions with tools against ``base_url`` (OpenAI or any compatible server)."""
+    """Chat completions with tools against ``base_url`` (OpenAI or any compatible server).
+
+    With ``stream=True`` (the default) every call streams (``stream_options.include_usage``):
+    text deltas go to ``on_text`` as they arrive and tool-call deltas are merged by ``index``.
+    ``stream=False`` is for servers without streaming support.
+    """
 
     def __init__(
         self,
@@ -59,20 +73,25 @@ class OpenAIChatModel:
         timeout_s: float = 120.0,
         max_retries: int = 2,
         temperature: float | None = None,
+        stream: bool = True,
     ) -> None:
         self.model = model
         self.temperature = temperature
+        self.stream = stream
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries)
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply:
-        """One model call. Raises ``ModelError`` when the endpoint fails."""
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                 on_text: OnText | None = None) -> ModelReply:
+        """One model call. Raises ``ModelError`` when the endpoint fails (also mid-stream)."""
         kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
         if tools:
             kwargs["tools"] = tools
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
         try:
-            response = self._client.chat.completions.create(**kwargs)
+            if self.stream:
+                return self._streamed(kwargs, on_text)
+            return self._whole(self._client.chat.completions.create(**kwargs))
         except openai.APIConnectionError as exc:
             raise ModelError(f"model endpoint unreachable: {exc}",
                              "The model is unreachable right now.") from exc
@@ -85,6 +104,21 @@ class OpenAIChatModel:
         except openai.APIStatusError as exc:
             raise ModelError(f"model endpoint error {exc.status_code}: {exc.message}",
                              f"The model returned an error ({exc.status_code}).") from exc
+        except openai.APIError as exc:  # a stream that broke off or carried an error event
+            raise ModelError(f"model stream failed: {type(exc).__name__}: {exc}",
+                             "The model's answer broke off; try again.") from exc
+
+    def _streamed(self, kwargs: dict[str, Any], on_text: OnText | None) -> ModelReply:
+        acc = StreamAccumulator()
+        stream = self._client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+        with stream:
+            for chunk in stream:
+                if acc.add(chunk.model_dump(exclude_none=True)) is not None and on_text is not None:
+                    on_text(acc.text)
+        return ModelReply(acc.text or None, acc.tool_calls(), acc.finish_reason or "stop", _usage(acc.usage))
+
+    @staticmethod
+    def _whole(response: Any) -> ModelReply:
         choice = response.choices[0]
         message = choice.message
         tool_calls = [
@@ -93,12 +127,13 @@ class OpenAIChatModel:
             for call in (message.tool_calls or [])
             if getattr(call, "function", None) is not None
         ]
-        usage = Usage()
-        if response.usage is not None:
-            details = getattr(response.usage, "prompt_tokens_details", None)
-            usage = Usage(
-                prompt_tokens=response.usage.prompt_tokens or 0,
-                completion_tokens=response.usage.completion_tokens or 0,
-                cached_tokens=(getattr(details, "cached_tokens", 0) or 0) if details else 0,
-            )
+        usage = _usage(response.usage.model_dump() if response.usage is not None else None)
         return ModelReply(message.content, tool_calls, choice.finish_reason or "stop", usage)
+
+
+def _usage(raw: dict[str, Any] | None) -> Usage:
+    if not raw:
+        return Usage()
+    details = raw.get("prompt_tokens_details") or {}
+    return Usage(prompt_tokens=raw.get("prompt_tokens") or 0, completion_tokens=raw.get("completion_tokens") or 0,
+                 cached_tokens=details.get("cached_tokens") or 0)
