@@ -209,7 +209,7 @@ def stop_reply(abort: Abort, outcome: TurnOutcome, budget: Budget) -> str:
         "iteration_budget": f"I reached the iteration budget ({budget.cap} model calls) for this task",
         "token_budget": f"this task used {budget.tokens:,} tokens, the token budget is {limits.token_budget:,}",
         "cost_budget": f"this task cost ${budget.cost_usd:.4f}, the cost budget is ${limits.cost_budget_usd or 0:.2f}",
-        "wall_clock": f"this task reached its time limit of {int(limits.wall_clock_s or 0)} s",
+        "wall_clock": f"this task reached its time limit of {limits.wall_clock_s or 0:g} s",
     }.get(abort.reason, abort.detail or abort.reason)
     done = f"So far I made {outcome.steps} model call{'s' if outcome.steps != 1 else ''}"
     if outcome.tool_runs:
