@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -84,7 +84,8 @@ class AgentConfig(_Section):
     wall_clock_s: float | None = 600.0
     """Seconds per turn, checked at step boundaries."""
     prices: dict[str, PriceConfig] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
-    """Model -> USD per 1M tokens (``input``, ``cached_input``, ``output``). Unlisted models cost 0."""
+    """Model -> USD per 1M tokens (``input``, ``cached_input``, ``output``), merged over the built-in
+    table (``DEFAULT_PRICES``). Unlisted models cost 0."""
     history_window: int = 40
     """Transcript messages loaded per turn (the context window's recent part)."""
     worker_threads: int = 32
@@ -112,6 +113,11 @@ class AgentConfig(_Section):
     stream_edit_interval_s: dict[str, float] = Field(
         default_factory=lambda: {"telegram": 1.0, "slack": 1.0, "feishu": 1.0})
     """Seconds between preview edits per platform (Telegram: ~1 edit/s per chat)."""
+
+    @field_validator("prices", mode="after")
+    @classmethod
+    def _merge_prices(cls, value: dict[str, PriceConfig]) -> dict[str, PriceConfig]:
+        return {**DEFAULT_PRICES, **value}
 
     def limits(self) -> Limits:
         """The run boundaries as the agent package takes them."""

@@ -89,14 +89,14 @@ def test_three_parallel_children_share_what_is_left_fairly(model, fake_openai):
 
 
 def test_no_child_starts_when_less_than_the_minimum_is_left(model, fake_openai):
-    script = Script(parent_steps=86)
+    script = Script(parent_steps=16)
     fake_openai.responder = script
     recorded: list[dict] = []
     outcome = run_turn(system_prompt="parent", history=[{"role": "user", "content": "big job"}], model=model,
-                       tools=toolset(set()), bridge=None, limits=Limits(iteration_budget=90),
+                       tools=toolset(set()), bridge=None, limits=Limits(iteration_budget=20),
                        record=lambda m, u, meta: recorded.append(m))
     # 4 left, 1 kept: 3 < the minimum of 5, so no child starts and none is starved.
     results = [m for m in recorded if m["role"] == "tool"][-3:]
     assert all("\nbudget exhausted: not started" in r["content"] for r in results)
     assert script.children == {"A": 0, "B": 0, "C": 0}
-    assert outcome.reply == "all children reported" and len(fake_openai.requests) == 87
+    assert outcome.reply == "all children reported" and len(fake_openai.requests) == 17
