@@ -170,3 +170,60 @@ async def test_slack_streamed_reply_is_one_post_updated_in_place(tmp_path, fake_
     assert len(posts) == 1 and posts[0].params["text"].endswith(PREVIEW_SUFFIX)
     assert len(updates) >= 2 and {c.params["ts"] for c in updates} == {fake_slack.posted(channel)[0]["ts"]}
     assert [m["text"] for m in fake_slack.posted(channel)] == [final]
+
+
+class RecordingAdapter:
+    """Records what delivery asks of it (an adapter with ``edit``)."""
+
+    platform = "telegram"
+    idempotent_send = False
+
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    async def send(self, message, on_part=None, before_part=None):
+        from gateway.types import DeliveryResult
+
+        if before_part is not None:
+            await before_part(message.resume_from)
+        self.sent.append(message)
+        return DeliveryResult(True, (message.edit_id or "new",))
+
+    async def edit(self, address, message_id, text):  # pragma: no cover - capability marker
+        raise AssertionError
+
+
+async def test_an_edit_left_in_flight_by_a_crash_is_redone_not_skipped(tmp_path):
+    """A send in flight at a crash is never repeated (it may have arrived); the final edit of a
+    preview is repeated safely: an edit cannot show the reply twice."""
+    from gateway.delivery import Delivery
+    from gateway.store.db import create_db_engine, upgrade
+    from gateway.store.sql import Store
+    from gateway.types import ChatAddress, InboundMessage, OutboundMessage, Sender
+
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'd.db'}")
+    upgrade(engine)
+    store = Store(engine)
+    address = ChatAddress("telegram", "1", "90")
+    row_id, _, _ = store.open_stream(OutboundMessage(address, "", "in1:0"), "s", "k", 0)
+    store.set_preview(row_id, "P7")
+    store.insert_inbound(InboundMessage(address, "90:1", "dm", Sender("90"), "hi"), "k")
+    [pending] = store.next_pending("k")
+    store.finish_turn([pending.inbox_id], "done", [OutboundMessage(address, "final", "in1:0")], session_key="k")
+    [item] = store.claim_outbox("dead-instance", 10, 0.05)
+    assert store.mark_sending(item.id, "dead-instance", [], 0.05)  # then the process died mid-edit
+    await asyncio.sleep(0.1)
+    [again] = store.claim_outbox("b", 10, 30)
+    assert again.unconfirmed and again.message.edit_id == "P7"
+
+    adapter = RecordingAdapter()
+
+    async def run_db(fn, *args):
+        return await asyncio.to_thread(fn, *args)
+
+    delivery = Delivery(store=store, adapters={"telegram": adapter}, instance_id="b", run_db=run_db)
+    await delivery._send(again)
+    assert [(m.edit_id, m.resume_from, m.text) for m in adapter.sent] == [("P7", 0, "final")]
+    row = next(r for r in store.outbox_rows() if r["id"] == row_id)
+    assert row["status"] == "sent" and row["platform_message_ids"] == ["P7"]
+    engine.dispose()
