@@ -125,7 +125,7 @@ def run_turn(
         pending = None
         if step is None:
             reply = model.complete(messages, tools.schemas(), on_text)
-            step = _call_model_step(reply, price, budget, outcome, messages, record)
+            step = _model_step(reply, price, budget, outcome, messages, record)
         if isinstance(step, FinalReply):
             outcome.reply = step.text
             outcome.stop_reason = "length" if step.finish_reason == "length" else "stop"
@@ -154,7 +154,7 @@ def _boundary(should_stop: Callable[[], bool] | None, budget: Budget) -> Abort |
     return Abort(reason) if reason else None
 
 
-def _call_model_step(reply: ModelReply, price: Price | None, budget: Budget, outcome: TurnOutcome,
+def _model_step(reply: ModelReply, price: Price | None, budget: Budget, outcome: TurnOutcome,
                      messages: list[dict[str, Any]], record: Record) -> NextStep:
     cost = price.cost(reply.usage) if price is not None else 0.0
     budget.charge(reply.usage, cost)
