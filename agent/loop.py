@@ -1,36 +1,68 @@
 """The agent loop (DESIGN §6): model call -> tool calls -> results written back -> again.
 
-Synchronous; runs on a worker thread. Every new message is handed to ``record`` as it happens
-(the gateway writes it to the transcript), so a crash loses at most the step in flight, and a
-turn resumed from the transcript continues where it stopped: tool calls already answered are
-not run again.
+Synchronous; runs on a worker thread. Each step's outcome is a value (``NextStep``): a final
+reply, tools to run, or an abort with its reason (a budget ended, the same action repeated, the
+turn was cancelled). Every new message is handed to ``record`` as it happens (the gateway writes
+it to the transcript), so a crash loses at most the step in flight, and a turn resumed from the
+transcript continues where it stopped: tool calls already answered are not run again.
+
+Budgets are checked at step boundaries against the task's ``Budget`` (iterations, tokens, cost,
+wall clock); when one ends, the turn ends with one reply that says what was done and why it
+stopped, recorded with ``meta.stop_reason``. The model reads its remaining budget in the newest
+tool message of each step (and the starting budget in the user message), never in the system
+prompt, whose bytes stay identical across turns.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.bridge import AsyncBridge, BridgeTimeout
-from agent.model import ChatModel, ModelReply, Usage
+from agent.bridge import AsyncBridge
+from agent.budget import Budget, Limits, Price
+from agent.context import RunContext
+from agent.execute import ToolOutcome, cap_text, run_calls
+from agent.model import ChatModel, ModelReply, OnText, Usage
 from agent.tools import ToolRegistry
 
-Record = Callable[[dict[str, Any], Usage | None], None]
-"""Called with each new model-facing message (assistant or tool) and the step's usage."""
+__all__ = ["INTERRUPTED", "Abort", "FinalReply", "Limits", "NextStep", "Record", "RunTools", "TurnOutcome",
+           "cap_text", "run_turn"]
+
+Record = Callable[[dict[str, Any], Usage | None, dict[str, Any] | None], None]
+"""Called with each new model-facing message (assistant or tool), the step's usage (assistant
+messages only) and facts to store beside it (``cost_usd``; on the turn's last message
+``stop_reason``, ``steps``, ``turn_cost_usd``, ``tokens``)."""
 
 INTERRUPTED = "Error: this tool call was interrupted (the gateway restarted) before it returned a result."
 
 
 @dataclass(frozen=True)
-class Limits:
-    """Run boundaries of one turn."""
+class FinalReply:
+    """The model answered without tool calls."""
 
-    iteration_budget: int = 90
-    """Model calls allowed."""
-    tool_timeout_s: float = 30.0
-    tool_result_max_chars: int = 16000
+    text: str
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class RunTools:
+    """The model asked for tools: run them, append the results, call the model again."""
+
+    calls: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Abort:
+    """End the turn before the model finished: ``reason`` is ``cancelled`` or a budget's name."""
+
+    reason: str
+    detail: str = ""
+
+
+NextStep = FinalReply | RunTools | Abort
 
 
 @dataclass
@@ -39,9 +71,13 @@ class TurnOutcome:
 
     reply: str
     stop_reason: str
-    """``stop`` | ``length`` | ``iteration_budget`` | ``cancelled``."""
+    """``stop`` | ``length`` | ``cancelled`` | ``iteration_budget`` | ``token_budget`` |
+    ``cost_budget`` | ``wall_clock`` | ``repeated_action``."""
     steps: int = 0
+    """Model calls made by this loop (a sub-agent's calls count in its own outcome)."""
     usage: list[Usage] = field(default_factory=list)
+    cost_usd: float = 0.0
+    tool_runs: Counter[str] = field(default_factory=Counter)
 
 
 def run_turn(
@@ -54,8 +90,11 @@ def run_turn(
     limits: Limits,
     record: Record,
     should_stop: Callable[[], bool] | None = None,
+    budget: Budget | None = None,
+    on_text: OnText | None = None,
+    context: RunContext | None = None,
 ) -> TurnOutcome:
-    """Runs the loop until the model stops or the iteration budget ends.
+    """Runs the loop until the model stops, a budget ends or the turn is cancelled.
 
     Args:
         system_prompt: the session's stored system prompt (sent byte for byte).
@@ -64,49 +103,123 @@ def run_turn(
         record: persists each new message before the loop continues.
         should_stop: checked at every step boundary (before each model call); ``True`` ends the
             turn with ``stop_reason == "cancelled"`` (``/stop``, or a newer message interrupting).
+        budget: the task's wallet, or a sub-agent's reservation; a fresh wallet from ``limits``
+            when omitted.
+        on_text: receives the step's text so far while the model streams (chat previews).
+        context: per-turn facts for tools (session id, turn id); the loop fills in the rest.
 
     Raises:
         agent.model.ModelError: the model endpoint failed (an infrastructure fault).
     """
+    budget = budget or Budget.wallet(limits)
+    ctx = dataclasses.replace(context or RunContext(), model=model, tools=tools, bridge=bridge, limits=limits,
+                              budget=budget, should_stop=should_stop)
     messages = [{"role": "system", "content": system_prompt}, *history]
     outcome = TurnOutcome(reply="", stop_reason="stop")
-    _answer_pending_tool_calls(messages, tools, bridge, limits, record)
-    while outcome.steps < limits.iteration_budget:
-        if should_stop is not None and should_stop():
-            outcome.stop_reason = "cancelled"
+    price = limits.price_of(model.model)
+    repeats: Counter[tuple[str, str, str]] = Counter()
+    _answer_pending_tool_calls(messages, tools, ctx, record)
+    pending: NextStep | None = None
+    while True:
+        step = pending or _boundary(should_stop, budget)
+        pending = None
+        if step is None:
+            reply = model.complete(messages, tools.schemas(), on_text)
+            step = _model_step(reply, price, budget, outcome, messages, record)
+        if isinstance(step, FinalReply):
+            outcome.reply = step.text
+            outcome.stop_reason = "length" if step.finish_reason == "length" else "stop"
             return outcome
-        reply = model.complete(messages, tools.schemas())
-        outcome.steps += 1
-        outcome.usage.append(reply.usage)
-        assistant = _assistant_message(reply)
-        messages.append(assistant)
-        record(assistant, reply.usage)
-        if not reply.tool_calls:
-            outcome.reply = reply.content or ""
-            outcome.stop_reason = "length" if reply.finish_reason == "length" else "stop"
+        if isinstance(step, Abort):
+            outcome.stop_reason = step.reason
+            if step.reason != "cancelled":
+                outcome.reply = stop_reply(step, outcome, budget)
+                message = {"role": "assistant", "content": outcome.reply}
+                messages.append(message)
+                record(message, None, _summary(outcome, budget))
             return outcome
-        for call in reply.tool_calls:
-            result = execute_tool_call(call, tools, bridge, limits)
-            messages.append(result)
-            record(result, None)
-    outcome.stop_reason = "iteration_budget"
-    outcome.reply = (
-        f"I stopped after {outcome.steps} model calls (the iteration budget for one turn) "
-        "before finishing. Ask me to continue if you want me to go on."
-    )
-    return outcome
+        results = run_calls(step.calls, tools, ctx)
+        _add_budget_note(results, budget)
+        for result in results:
+            outcome.tool_runs[result.name] += result.ran
+            messages.append(result.message)
+            record(result.message, None, None)
+        pending = _repeated(results, repeats, limits.repeat_limit)
 
 
-def _assistant_message(reply: ModelReply) -> dict[str, Any]:
+def _boundary(should_stop: Callable[[], bool] | None, budget: Budget) -> Abort | None:
+    if should_stop is not None and should_stop():
+        return Abort("cancelled")
+    reason = budget.exhausted()
+    return Abort(reason) if reason else None
+
+
+def _model_step(reply: ModelReply, price: Price | None, budget: Budget, outcome: TurnOutcome,
+                     messages: list[dict[str, Any]], record: Record) -> NextStep:
+    cost = price.cost(reply.usage) if price is not None else 0.0
+    budget.charge(reply.usage, cost)
+    outcome.steps += 1
+    outcome.usage.append(reply.usage)
+    outcome.cost_usd += cost
     message: dict[str, Any] = {"role": "assistant", "content": reply.content}
     if reply.tool_calls:
         message["tool_calls"] = reply.tool_calls
-    return message
+    messages.append(message)
+    step: NextStep = (RunTools(reply.tool_calls) if reply.tool_calls
+                      else FinalReply(reply.content or "", reply.finish_reason))
+    meta: dict[str, Any] = {"cost_usd": round(cost, 8)}
+    if isinstance(step, FinalReply):
+        outcome.stop_reason = "length" if reply.finish_reason == "length" else "stop"
+        meta.update(_summary(outcome, budget))
+    record(message, reply.usage, meta)
+    return step
 
 
-def _answer_pending_tool_calls(
-    messages: list[dict[str, Any]], tools: ToolRegistry, bridge: AsyncBridge | None, limits: Limits, record: Record
-) -> None:
+def _summary(outcome: TurnOutcome, budget: Budget) -> dict[str, Any]:
+    """Facts recorded on a turn's last message: why it stopped and what it cost."""
+    return {"stop_reason": outcome.stop_reason, "steps": outcome.steps, "task_model_calls": budget.used,
+            "turn_cost_usd": round(outcome.cost_usd, 8), "task_cost_usd": round(budget.cost_usd, 8),
+            "tokens": sum(u.prompt_tokens + u.completion_tokens for u in outcome.usage)}
+
+
+def _add_budget_note(results: list[ToolOutcome], budget: Budget) -> None:
+    """Appends the remaining budget to the step's newest message (stored with it, so the bytes
+    sent again in later requests do not change)."""
+    if results:
+        last = results[-1].message
+        last["content"] = f"{last['content']}\n{budget.note()}"
+
+
+def _repeated(results: list[ToolOutcome], repeats: Counter[tuple[str, str, str]], limit: int) -> Abort | None:
+    for result in results:
+        key = (result.name, result.args_key, result.result)
+        repeats[key] += 1
+        if repeats[key] >= limit:
+            shown = cap_text(result.result, 200).replace("\n", " ")
+            return Abort("repeated_action",
+                         f"I called `{result.name}` {repeats[key]} times with the same arguments and got the same "
+                         f"result each time ({shown}), so trying again would not help")
+    return None
+
+
+def stop_reply(abort: Abort, outcome: TurnOutcome, budget: Budget) -> str:
+    """The one reply a user gets when a boundary ends the turn: why, and what was done."""
+    limits = budget.limits
+    why = {
+        "iteration_budget": f"I reached the iteration budget ({budget.cap} model calls) for this task",
+        "token_budget": f"this task used {budget.tokens:,} tokens, the token budget is {limits.token_budget:,}",
+        "cost_budget": f"this task cost ${budget.cost_usd:.4f}, the cost budget is ${limits.cost_budget_usd or 0:.2f}",
+        "wall_clock": f"this task reached its time limit of {limits.wall_clock_s or 0:g} s",
+    }.get(abort.reason, abort.detail or abort.reason)
+    done = f"So far I made {outcome.steps} model call{'s' if outcome.steps != 1 else ''}"
+    if outcome.tool_runs:
+        runs = ", ".join(f"{name} ×{n}" for name, n in sorted(outcome.tool_runs.items()) if n)
+        done += f" and ran {runs}" if runs else ""
+    return f"⚠️ I stopped before finishing: {why}. {done}. Ask me to continue if you want me to go on."
+
+
+def _answer_pending_tool_calls(messages: list[dict[str, Any]], tools: ToolRegistry, ctx: RunContext,
+                               record: Record) -> None:
     """After a crash the transcript may end with tool calls not yet answered: answer those only,
     running idempotent tools again and answering the others as interrupted."""
     for index in range(len(messages) - 1, -1, -1):
@@ -114,65 +227,12 @@ def _answer_pending_tool_calls(
         if message["role"] == "tool":
             continue
         if message["role"] == "assistant" and message.get("tool_calls"):
-            answered = {m.get("tool_call_id") for m in messages[index + 1 :]}
-            for call in message["tool_calls"]:
-                if call["id"] not in answered:
-                    tool = tools.get(call["function"]["name"])
-                    if tool is not None and tool.idempotent:
-                        result = execute_tool_call(call, tools, bridge, limits)
-                    else:
-                        result = {"role": "tool", "tool_call_id": call["id"], "content": INTERRUPTED}
-                    messages.append(result)
-                    record(result, None)
+            answered = {m.get("tool_call_id") for m in messages[index + 1:]}
+            missing = [call for call in message["tool_calls"] if call["id"] not in answered]
+            rerun = [call for call in missing if (tool := tools.get(call["function"]["name"])) and tool.idempotent]
+            results = {r.message["tool_call_id"]: r.message for r in run_calls(rerun, tools, ctx)} if rerun else {}
+            for call in missing:
+                result = results.get(call["id"]) or {"role": "tool", "tool_call_id": call["id"], "content": INTERRUPTED}
+                messages.append(result)
+                record(result, None, None)
         return
-
-
-def execute_tool_call(
-    call: dict[str, Any], tools: ToolRegistry, bridge: AsyncBridge | None, limits: Limits
-) -> dict[str, Any]:
-    """Runs one tool call and returns its tool message (always exactly one, same ``tool_call_id``).
-
-    Invalid or non-object JSON arguments, unknown tools, timeouts and tool exceptions become
-    error results the model can read; nothing here raises.
-    """
-    name = call["function"]["name"]
-    raw_args = call["function"].get("arguments") or "{}"
-    content = _run_tool(name, raw_args, tools, bridge, limits)
-    return {"role": "tool", "tool_call_id": call["id"], "content": content}
-
-
-def _run_tool(name: str, raw_args: str, tools: ToolRegistry, bridge: AsyncBridge | None, limits: Limits) -> str:
-    tool = tools.get(name)
-    if tool is None:
-        return f"Error: there is no tool named {name!r}. Available: {', '.join(sorted(tools.tools)) or 'none'}."
-    try:
-        args = json.loads(raw_args)
-    except json.JSONDecodeError as exc:
-        return f"Error: the arguments are not valid JSON ({exc.msg} at position {exc.pos}). Send a JSON object."
-    if not isinstance(args, dict):
-        return "Error: the arguments must be a JSON object."
-    timeout = tool.timeout_s or limits.tool_timeout_s
-    try:
-        if tool.is_async:
-            if bridge is None:
-                return f"Error: tool {name} needs the async bridge, which is not running."
-            result = bridge.run(tool.fn(**args), timeout)
-        else:
-            result = tool.fn(**args)
-    except BridgeTimeout:
-        return f"Error: tool {name} timed out after {timeout:g} s."
-    except TypeError as exc:
-        return f"Error: wrong arguments for {name}: {exc}"
-    except Exception as exc:
-        return f"Error: {name} failed: {type(exc).__name__}: {exc}"
-    text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
-    return cap_text(text, limits.tool_result_max_chars)
-
-
-def cap_text(text: str, max_chars: int) -> str:
-    """Keeps head and tail of ``text`` within ``max_chars``, noting the original size."""
-    if len(text) <= max_chars:
-        return text
-    half = max_chars // 2
-    omitted = len(text) - 2 * half
-    return f"{text[:half]}\n[... {omitted} characters omitted of {len(text)} ...]\n{text[-half:]}"

@@ -5,11 +5,19 @@ Synchronous on purpose: turns run on worker threads (DESIGN §2), one blocking c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import openai
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from agent.streaming import StreamAccumulator
+
+_AUTH: Any = {"security": {"bearer_auth": True}}
+
+OnText = Callable[[str], None]
+"""Called during a streamed model call with the step's text so far (not just the delta)."""
 
 
 class ModelError(Exception):
@@ -43,13 +51,21 @@ class ModelReply:
 
 
 class ChatModel(Protocol):
-    """What the loop needs from a model."""
+    """What the loop needs from a model. ``model`` names it (price lookup, agent cache)."""
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply: ...
+    model: str
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                 on_text: OnText | None = None) -> ModelReply: ...
 
 
 class OpenAIChatModel:
-    """Chat completions with tools against ``base_url`` (OpenAI or any compatible server)."""
+    """Chat completions with tools against ``base_url`` (OpenAI or any compatible server).
+
+    With ``stream=True`` (the default) every call streams (``stream_options.include_usage``):
+    text deltas go to ``on_text`` as they arrive and tool-call deltas are merged by ``index``.
+    ``stream=False`` is for servers without streaming support.
+    """
 
     def __init__(
         self,
@@ -60,24 +76,29 @@ class OpenAIChatModel:
         timeout_s: float = 120.0,
         max_retries: int = 2,
         temperature: float | None = None,
+        stream: bool = True,
     ) -> None:
         self.model = model
         self.temperature = temperature
+        self.stream = stream
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries)
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply:
-        """One model call. Raises ``ModelError`` when the endpoint fails."""
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                 on_text: OnText | None = None) -> ModelReply:
+        """One model call. Raises ``ModelError`` when the endpoint fails (also mid-stream)."""
         kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
         if tools:
             kwargs["tools"] = tools
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
         try:
+            if self.stream:
+                return self._streamed(kwargs, on_text)
             # The client's typed ``create`` walks every message through its TypedDict transform
             # (milliseconds per call, growing with the history); our messages are already wire
-            # JSON, so post them as they are and keep the client's auth, retries and errors.
-            response = self._client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion,
-                                         options={"security": {"bearer_auth": True}})
+            # JSON, so they are posted as they are, keeping the client's auth, retries and errors.
+            return self._whole(self._client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion,
+                                                 options=_AUTH))
         except openai.APIConnectionError as exc:
             raise ModelError(f"model endpoint unreachable: {exc}",
                              "The model is unreachable right now.") from exc
@@ -90,6 +111,23 @@ class OpenAIChatModel:
         except openai.APIStatusError as exc:
             raise ModelError(f"model endpoint error {exc.status_code}: {exc.message}",
                              f"The model returned an error ({exc.status_code}).") from exc
+        except openai.APIError as exc:  # a stream that broke off or carried an error event
+            raise ModelError(f"model stream failed: {type(exc).__name__}: {exc}",
+                             "The model's answer broke off; try again.") from exc
+
+    def _streamed(self, kwargs: dict[str, Any], on_text: OnText | None) -> ModelReply:
+        acc = StreamAccumulator()
+        body = {**kwargs, "stream": True, "stream_options": {"include_usage": True}}
+        stream = self._client.post("/chat/completions", body=body, cast_to=ChatCompletion, options=_AUTH,
+                                   stream=True, stream_cls=openai.Stream[ChatCompletionChunk])
+        with stream:
+            for chunk in stream:
+                if acc.add(chunk.model_dump(exclude_none=True)) is not None and on_text is not None:
+                    on_text(acc.text)
+        return ModelReply(acc.text or None, acc.tool_calls(), acc.finish_reason or "stop", _usage(acc.usage))
+
+    @staticmethod
+    def _whole(response: Any) -> ModelReply:
         choice = response.choices[0]
         message = choice.message
         tool_calls = [
@@ -98,12 +136,13 @@ class OpenAIChatModel:
             for call in (message.tool_calls or [])
             if getattr(call, "function", None) is not None
         ]
-        usage = Usage()
-        if response.usage is not None:
-            details = getattr(response.usage, "prompt_tokens_details", None)
-            usage = Usage(
-                prompt_tokens=response.usage.prompt_tokens or 0,
-                completion_tokens=response.usage.completion_tokens or 0,
-                cached_tokens=(getattr(details, "cached_tokens", 0) or 0) if details else 0,
-            )
+        usage = _usage(response.usage.model_dump() if response.usage is not None else None)
         return ModelReply(message.content, tool_calls, choice.finish_reason or "stop", usage)
+
+
+def _usage(raw: dict[str, Any] | None) -> Usage:
+    if not raw:
+        return Usage()
+    details = raw.get("prompt_tokens_details") or {}
+    return Usage(prompt_tokens=raw.get("prompt_tokens") or 0, completion_tokens=raw.get("completion_tokens") or 0,
+                 cached_tokens=details.get("cached_tokens") or 0)

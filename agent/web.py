@@ -61,6 +61,16 @@ def readable_text(html: str) -> tuple[str, str]:
     return " ".join(parser.title.split()), "\n".join(line for line in lines if line)
 
 
+async def check_public_host(host: str) -> None:
+    """Raises ``PermissionError`` when ``host`` resolves to a loopback, private, link-local or
+    reserved address (tools must not reach the gateway's own network unless allowed)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0])
+        if address.is_private or address.is_loopback or address.is_link_local or address.is_reserved:
+            raise PermissionError(f"{host} resolves to a private address; opening it is not allowed")
+
+
 class WebFetcher:
     """Holds the bridge-bound HTTP session. ``tool()`` returns the ``web_fetch`` Tool."""
 
@@ -83,13 +93,8 @@ class WebFetcher:
         return self._session
 
     async def _check_host(self, host: str) -> None:
-        if self._allow_private:
-            return
-        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        for info in infos:
-            address = ipaddress.ip_address(info[4][0])
-            if address.is_private or address.is_loopback or address.is_link_local or address.is_reserved:
-                raise PermissionError(f"{host} resolves to a private address; fetching it is not allowed")
+        if not self._allow_private:
+            await check_public_host(host)
 
     async def fetch(self, url: str) -> str:
         """Fetches ``url`` (http/https) and returns its title and readable text, capped."""

@@ -19,7 +19,9 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from agent.bridge import AsyncBridge
-from agent.loop import Limits
+from agent.browser import BrowserTools
+from agent.cache import AgentCache, AgentSpec
+from agent.delegate import delegate_tool
 from agent.model import ChatModel, OpenAIChatModel
 from agent.tools import ToolRegistry
 from agent.web import WebFetcher
@@ -32,6 +34,7 @@ from gateway.ports import Adapter
 from gateway.sessions import session_key_for
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import Store
+from gateway.streaming import StreamHub
 from gateway.turns import TurnRunner
 from gateway.types import ChatAddress, InboundMessage, OutboundMessage
 
@@ -61,19 +64,30 @@ class Gateway:
         self.engine = create_db_engine(config.database.url, config.database.pool_size)
         self.store = Store(self.engine)
         self.bridge = AsyncBridge()
-        self.tools = ToolRegistry()
-        self.tools.add(WebFetcher(self.bridge, allow_private=config.tools.web_fetch_allow_private,
-                                  max_bytes=config.tools.web_fetch_max_bytes).tool())
-        self.model = model or OpenAIChatModel(
-            base_url=config.llm.base_url, api_key=config.secret(config.llm.api_key_env) or "missing-api-key",
-            model=config.llm.model, timeout_s=config.llm.timeout_s, max_retries=config.llm.max_retries,
-            temperature=config.llm.temperature,
+        self.tools = build_catalog(config, self.bridge)
+        api_key = config.secret(config.llm.api_key_env) or "missing-api-key"
+
+        def build_model(spec: AgentSpec) -> ChatModel:
+            if model is not None:
+                return model
+            return OpenAIChatModel(base_url=spec.base_url, api_key=spec.api_key, model=spec.model,
+                                   timeout_s=config.llm.timeout_s, max_retries=config.llm.max_retries,
+                                   temperature=config.llm.temperature, stream=config.llm.stream)
+
+        self.agents = AgentCache(self.tools, build_model)
+        toolset = config.agent.toolset if config.agent.toolset is not None else list(self.tools.tools)
+        self.agent_spec = AgentSpec(model=config.llm.model, base_url=config.llm.base_url, api_key=api_key,
+                                    toolset=tuple(toolset))
+        self.streams = StreamHub(
+            store=self.store, adapters=self.adapters,
+            platforms=set(config.agent.streaming) if config.llm.stream else set(),
+            first_after_s=config.agent.stream_first_after_s, intervals=config.agent.stream_edit_interval_s,
+            chat_waiting=lambda a: self.delivery.chat_waiting(a.platform, a.tenant, a.chat_id),
         )
         self.runner = TurnRunner(
-            store=self.store, model=self.model, tools=self.tools, bridge=self.bridge,
-            limits=Limits(iteration_budget=config.agent.iteration_budget, tool_timeout_s=config.agent.tool_timeout_s,
-                          tool_result_max_chars=config.agent.tool_result_max_chars),
-            history_window=config.agent.history_window, system_prompt=config.agent.system_prompt,
+            store=self.store, agents=self.agents, spec=self.agent_spec, bridge=self.bridge,
+            limits=config.agent.limits(), history_window=config.agent.history_window,
+            system_prompt=config.agent.system_prompt, streams=self.streams,
         )
         self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
@@ -196,6 +210,7 @@ class Gateway:
         """Migrates the database, starts the bridge, HTTP server, bus, delivery and adapters."""
         await self.run_db(upgrade, self.engine)
         self.bridge.start()
+        self.streams.bind(asyncio.get_running_loop())
         await self.bus.start()
         await self.delivery.start()
         if self.serve_http:
@@ -239,6 +254,11 @@ class Gateway:
         self._db_pool.shutdown(wait=True)
         self.engine.dispose()
 
+    @property
+    def model(self) -> ChatModel:
+        """The chat turns' model client (from the agent cache)."""
+        return self.agents.get(self.agent_spec).model
+
     async def _ready(self) -> bool:
         try:
             await self.run_db(self.store.count_inbox, "pending")
@@ -254,3 +274,24 @@ class Gateway:
             "# TYPE gateway_deliveries_total counter", f"gateway_deliveries_total {self.delivery.sent}",
         ]
         return "\n".join(lines) + "\n"
+
+
+def build_catalog(config: GatewayConfig, bridge: AsyncBridge) -> ToolRegistry:
+    """Every tool this process offers: ``web_fetch``, ``delegate``, and the browser tools when the
+    configured Chromium exists. Agents mount subsets of it (``agent.toolset``)."""
+    tools = ToolRegistry()
+    tools.add(WebFetcher(bridge, allow_private=config.tools.web_fetch_allow_private,
+                         max_bytes=config.tools.web_fetch_max_bytes).tool())
+    if config.tools.delegate_enabled:
+        tools.add(delegate_tool())
+    if config.tools.browser_enabled:
+        if os.path.exists(config.tools.browser_executable):
+            browser = BrowserTools(bridge, executable_path=config.tools.browser_executable,
+                                   idle_s=config.tools.browser_idle_s, allow_private=config.tools.browser_allow_private,
+                                   timeout_s=config.tools.browser_timeout_s)
+            for tool in browser.tools():
+                tools.add(tool)
+        else:
+            log.warning("browser tools off: %s not found (install the Debian package chromium)",
+                        config.tools.browser_executable)
+    return tools

@@ -16,9 +16,12 @@ from gateway.types import InboundMessage
 INTERRUPTED = "Error: this tool call was interrupted before it returned a result."
 
 
-def user_meta(message: InboundMessage, now: float) -> dict[str, Any]:
-    """Facts about a user message stored with it and rendered into its text."""
+def user_meta(message: InboundMessage, now: float, budget: str | None = None) -> dict[str, Any]:
+    """Facts about a user message stored with it and rendered into its text (``budget``: the
+    task's starting budget line, so the model knows it without touching the system prompt)."""
     meta: dict[str, Any] = {"time": now}
+    if budget:
+        meta["budget"] = budget
     if message.chat_type != "dm":
         meta["from"] = message.sender.display_name or message.sender.username or message.sender.user_id
     if message.attachments:
@@ -37,6 +40,8 @@ def render_user(content: str | None, meta: dict[str, Any] | None) -> str:
     if meta.get("from"):
         header.append(f"from {meta['from']}")
     lines = [f"[{', '.join(header)}]"] if header else []
+    if meta.get("budget"):
+        lines.append(f"[{meta['budget']}]")
     for attachment in meta.get("attachments", ()):
         described = ", ".join(f"{k}={v}" for k, v in attachment.items() if v is not None and k != "kind")
         lines.append(f"[attached {attachment['kind']}{': ' + described if described else ''}]")

@@ -5,7 +5,9 @@ out at most the oldest unsettled row per chat), different chats in parallel. A p
 retry-after is honoured, and no other call goes to a chat while its reply waits to be retried.
 
 Exactly once: a row is claimed (``claimed``), and each part is marked ``sending`` right before
-its API call and recorded right after. A row found ``sending`` after its owner died may or may not
+its API call and recorded right after. A streamed reply's row carries its preview's id
+(``OutboundMessage.edit_id``): part 1 is delivered as an edit of the preview, never as a new
+message. A row found ``sending`` after its owner died may or may not
 have reached the platform: unless the platform dedupes by our key, that part is never sent again
 and the row ends ``unconfirmed`` (logged), the only case where we cannot know.
 """
@@ -97,9 +99,11 @@ class Delivery:
                                item.sent_ids)
             return
         message, prior, note = item.message, list(item.sent_ids), None
-        if item.unconfirmed and not getattr(adapter, "idempotent_send", False):
+        edit_in_flight = message.edit_id is not None and message.resume_from == 0
+        if item.unconfirmed and not getattr(adapter, "idempotent_send", False) and not edit_in_flight:
             # The previous owner died during part `resume_from`'s API call: it may have arrived.
-            # Never send it twice: skip it and record that it is unconfirmed.
+            # Never send it twice: skip it and record that it is unconfirmed. (Part 1 of a streamed
+            # reply is an edit of its preview: repeating an edit shows nothing twice, so it is redone.)
             message = dataclasses.replace(message, resume_from=message.resume_from + 1)
             prior.append(UNCONFIRMED)
             note = f"part {message.resume_from} unconfirmed after a crash; not resent"

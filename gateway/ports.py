@@ -21,6 +21,24 @@ InboundSink = Callable[[InboundMessage], Awaitable[bool]]
 (the adapter must then not acknowledge the platform, so the platform delivers it again)."""
 
 
+class EditingAdapter(Protocol):
+    """Optional capability: edit a message the bot sent (streamed previews, DESIGN §3.5).
+
+    An adapter without ``edit`` gets no streamed previews: its replies are sent whole, once.
+    """
+
+    async def edit(self, address: ChatAddress, message_id: str, text: str) -> DeliveryResult:
+        """Replaces the text of the bot's message ``message_id`` with plain ``text`` (one message's
+        worth; longer text is cut). Unchanged text counts as success (Telegram "message is not
+        modified"). Never raises for platform errors."""
+        ...
+
+
+def can_edit(adapter: object) -> bool:
+    """Whether ``adapter`` has the optional ``edit`` capability."""
+    return callable(getattr(adapter, "edit", None))
+
+
 class Adapter(Protocol):
     """One platform account. Adapters translate; every decision is the gateway's.
 
@@ -57,7 +75,8 @@ class Adapter(Protocol):
                    before_part: BeforePart | None = None) -> DeliveryResult:
         """Delivers one reply (split into several platform messages if needed), skipping the first
         ``message.resume_from`` parts. Never raises for platform errors: they are reported in the
-        result, with the ids of the parts delivered before the error."""
+        result, with the ids of the parts delivered before the error. Adapters with ``edit``
+        deliver part 1 of a message with ``edit_id`` by editing that message (its id is part 1's id)."""
         ...
 
     async def send_typing(self, address: ChatAddress) -> None:

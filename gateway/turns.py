@@ -16,12 +16,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent.bridge import AsyncBridge
-from agent.loop import Limits, run_turn
-from agent.model import ChatModel, ModelError, Usage
-from agent.tools import ToolRegistry
+from agent.budget import Limits, initial_note
+from agent.cache import AgentCache, AgentSpec
+from agent.context import RunContext
+from agent.loop import run_turn
+from agent.model import ModelError, Usage
 from gateway.commands import command_reply
 from gateway.context import render_history, user_meta
 from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage
+from gateway.streaming import StreamHub
 from gateway.types import OutboundMessage
 
 log = logging.getLogger("gateway.turns")
@@ -31,22 +34,27 @@ CANCEL_POLL_S = 1.0
 
 
 class TurnRunner:
-    """Runs turns against one store, model and tool registry.
+    """Runs turns against one store with the agent the cache holds for ``spec``.
 
     Args:
+        agents: the agent cache (model client + mounted tools by signature).
+        spec: which agent chat turns use (model, endpoint, key, toolset).
+        limits: the run boundaries of each turn's task.
         system_prompt: stored on each new session at creation and reused byte for byte.
         history_window: transcript messages loaded per turn.
+        streams: opens a streamed preview for turns on streaming platforms (``None``: no streaming).
     """
 
-    def __init__(self, *, store: Store, model: ChatModel, tools: ToolRegistry, bridge: AsyncBridge | None,
-                 limits: Limits, history_window: int, system_prompt: str) -> None:
+    def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
+                 limits: Limits, history_window: int, system_prompt: str, streams: StreamHub | None = None) -> None:
         self.store = store
-        self.model = model
-        self.tools = tools
+        self.agents = agents
+        self.spec = spec
         self.bridge = bridge
         self.limits = limits
         self.history_window = history_window
         self.system_prompt = system_prompt
+        self.streams = streams
         self._generations: dict[str, int] = {}
         self._generations_lock = threading.Lock()
 
@@ -77,7 +85,8 @@ class TurnRunner:
             ]
             self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
                                    generation=generation, messages=list(unwritten),
-                                   merged_status="cancelled" if status == "cancelled" else "merged")
+                                   merged_status="cancelled" if status == "cancelled" else "merged",
+                                   stream_key=reply_key)
             return status
 
         direct = command_reply(message.command) if len(batch) == 1 else None
@@ -92,13 +101,13 @@ class TurnRunner:
         for pending in batch:
             pending_turn = f"in{pending.inbox_id}"
             if (pending_turn, "user") not in present:
-                meta = user_meta(pending.message, time.time())
+                meta = user_meta(pending.message, time.time(), budget=initial_note(self.limits))
                 unwritten.append(NewMessage(pending_turn, "user", pending.message.text,
                                             {"meta": meta, "platform_message_id": pending.message.message_id}))
                 window.append(StoredMessage(0, pending_turn, "user", pending.message.text, None, None, None, meta))
 
-        def record(msg: dict[str, Any], usage: Usage | None) -> None:
-            fields = {"tool_calls": msg.get("tool_calls"), "tool_call_id": msg.get("tool_call_id")}
+        def record(msg: dict[str, Any], usage: Usage | None, meta: dict[str, Any] | None) -> None:
+            fields = {"tool_calls": msg.get("tool_calls"), "tool_call_id": msg.get("tool_call_id"), "meta": meta}
             if usage is not None:
                 fields.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
             unwritten.append(NewMessage(turn_id, msg["role"], msg.get("content"), fields))
@@ -119,20 +128,30 @@ class TurnRunner:
             checked[0] = now
             return self.store.lane_generation(key) != generation
 
+        agent = self.agents.get(self.spec)
+        stream = None
+        if self.streams is not None:
+            stream = self.streams.open(address=message.address, idempotency_key=reply_key,
+                                       reply_to_id=message.reply_to_id, session_id=session_id, session_key=key,
+                                       generation=generation)
         try:
-            outcome = run_turn(system_prompt=system_prompt, history=render_history(window), model=self.model,
-                               tools=self.tools, bridge=self.bridge, limits=self.limits, record=record,
-                               should_stop=should_stop)
+            outcome = run_turn(system_prompt=system_prompt, history=render_history(window), model=agent.model,
+                               tools=agent.tools, bridge=self.bridge, limits=self.limits, record=record,
+                               should_stop=should_stop, on_text=stream.on_text if stream is not None else None,
+                               context=RunContext(session_id=session_id, turn_id=turn_id))
         except ModelError as exc:
             log.warning("turn %s failed: %s", turn_id, exc)
             return finish("failed", f"⚠️ {exc.user_message}", session_id)
+        finally:
+            if stream is not None:
+                stream.close()
         if outcome.stop_reason == "cancelled":
             log.info("turn %s cancelled at a step boundary", turn_id)
             return finish("cancelled", None, session_id)
-        text = outcome.reply.strip() or "(no answer)"
-        if outcome.stop_reason == "iteration_budget":
-            unwritten.append(NewMessage(turn_id, "assistant", text, {"meta": {"stop_reason": outcome.stop_reason}}))
-        return finish("done", text, session_id)
+        if outcome.stop_reason not in ("stop", "length"):
+            log.info("turn %s stopped by %s after %d model calls ($%.4f)", turn_id, outcome.stop_reason,
+                     outcome.steps, outcome.cost_usd)
+        return finish("done", outcome.reply.strip() or "(no answer)", session_id)
 
     # -- in-process cancellation -------------------------------------------------------------
     def note_generation(self, key: str, generation: int) -> None:

@@ -133,6 +133,9 @@ class OutboundMessage:
     format: Literal["plain", "markdown"] = "markdown"
     resume_from: int = 0
     """Parts (platform messages) of this reply already delivered by an earlier attempt."""
+    edit_id: str | None = None
+    """Deliver part 1 by editing this platform message (the streamed preview) instead of sending
+    a new one; later parts are sent as new messages. Only for adapters with ``edit``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ def registry() -> ToolRegistry:
 def run(model, tools, history, bridge=None, **limits):
     recorded: list[dict] = []
     outcome = run_turn(system_prompt="sys", history=history, model=model, tools=tools, bridge=bridge,
-                       limits=Limits(**limits), record=lambda m, u: recorded.append(m))
+                       limits=Limits(**limits), record=lambda m, u, meta: recorded.append(m))
     return outcome, recorded
 
 
@@ -56,8 +56,10 @@ def test_parallel_tool_calls_each_get_exactly_one_answer(model, fake_openai):
     fake_openai.script(oa.tool_calls(c1, c2), oa.text("3 and 42"))
     outcome, recorded = run(model, registry(), [{"role": "user", "content": "sums"}])
     assert outcome.reply == "3 and 42" and outcome.steps == 2
-    assert [(m["role"], m.get("tool_call_id"), m.get("content")) for m in recorded[1:3]] == [
-        ("tool", c1.id, "3"), ("tool", c2.id, "42")]
+    assert [(m["role"], m.get("tool_call_id")) for m in recorded[1:3]] == [("tool", c1.id), ("tool", c2.id)]
+    assert [m["content"].split("\n")[1] for m in recorded[1:3]] == ["3", "42"]
+    assert recorded[1]["content"].startswith('<tool_output tool="add" trust="untrusted">')
+    assert "[budget: 89 of 90 model calls left" in recorded[2]["content"]  # the newest message of the step
     assert all(r["status"] == 200 for r in fake_openai.requests)  # the fake would 400 on a bad sequence
 
 
@@ -84,7 +86,7 @@ def test_unknown_tool_non_object_args_and_timeouts_are_model_visible(model, fake
 
 
 def test_iteration_budget_ends_the_turn_with_a_clear_reply(model, fake_openai):
-    fake_openai.responder = lambda req: oa.tool_calls(oa.call("add", {"a": 1, "b": 1}))
+    fake_openai.responder = lambda req: oa.tool_calls(oa.call("add", {"a": len(req["messages"]), "b": 1}))
     outcome, _ = run(model, registry(), [{"role": "user", "content": "loop"}], iteration_budget=3)
     assert outcome.stop_reason == "iteration_budget" and outcome.steps == 3
     assert "iteration budget" in outcome.reply and len(fake_openai.requests) == 3
@@ -103,7 +105,8 @@ def test_resumed_turn_reruns_only_missing_idempotent_calls(model, fake_openai):
     ]
     fake_openai.script(oa.text("2 and 4"))
     outcome, recorded = run(model, registry(), history)
-    assert recorded[0] == {"role": "tool", "tool_call_id": missing.id, "content": "4"}
+    assert recorded[0] == {"role": "tool", "tool_call_id": missing.id,
+                           "content": '<tool_output tool="add" trust="untrusted">\n4\n</tool_output>'}
     assert outcome.reply == "2 and 4" and len(fake_openai.requests) == 1
 
 
@@ -139,7 +142,7 @@ def test_resumed_turn_does_not_rerun_a_side_effecting_call(model, fake_openai):
 
 
 def test_should_stop_ends_the_turn_at_the_next_step(model, fake_openai):
-    fake_openai.responder = lambda req: oa.tool_calls(oa.call("add", {"a": 1, "b": 1}))
+    fake_openai.responder = lambda req: oa.tool_calls(oa.call("add", {"a": len(req["messages"]), "b": 1}))
     checks: list[int] = []
 
     def should_stop() -> bool:
@@ -148,6 +151,6 @@ def test_should_stop_ends_the_turn_at_the_next_step(model, fake_openai):
 
     recorded: list[dict] = []
     outcome = run_turn(system_prompt="s", history=[{"role": "user", "content": "go"}], model=model,
-                       tools=registry(), bridge=None, limits=Limits(), record=lambda m, u: recorded.append(m),
+                       tools=registry(), bridge=None, limits=Limits(), record=lambda m, u, meta: recorded.append(m),
                        should_stop=should_stop)
     assert outcome.stop_reason == "cancelled" and outcome.steps == 2 and len(fake_openai.requests) == 2

@@ -162,3 +162,36 @@ def test_row_left_sending_by_a_dead_owner_is_reclaimed_as_unconfirmed(store):
     time.sleep(0.05)
     [third] = store.claim_outbox("alive", 10, claim_s=60)
     assert third.id == item.id and third.unconfirmed
+
+
+def test_streamed_reply_row_is_never_claimed_until_final_and_then_edits_its_preview(store):
+    address = ChatAddress("telegram", "1", "77")
+    reply = OutboundMessage(address, "", "in9:0")
+    row_id, preview, status = store.open_stream(reply, "s", "k", 0)
+    assert (preview, status) == (None, "streaming")
+    assert store.open_stream(reply, "s", "k", 0) == (row_id, None, "streaming")  # a resumed turn finds its row
+    assert store.chat_clear(address, "in9:0")
+    assert store.set_preview(row_id, "?") and store.set_preview(row_id, "501")
+    assert store.claim_outbox("a", 10, 30) == []  # streaming rows are not deliverable
+    store.insert_inbound(message("77:1", chat="77"), "k")
+    [pending] = store.next_pending("k")
+    store.finish_turn([pending.inbox_id], "done", [OutboundMessage(address, "final text", "in9:0")],
+                      session_key="k", stream_key="in9:0")
+    [item] = store.claim_outbox("a", 10, 30)
+    assert item.message.text == "final text" and item.message.edit_id == "501" and item.message.resume_from == 0
+    assert not store.chat_clear(address, "other-key")  # an unsettled reply: no other preview may overtake it
+
+
+def test_cancelled_turn_cancels_its_streaming_row_and_unknown_previews_are_not_edited(store):
+    address = ChatAddress("telegram", "1", "78")
+    row_id, _, _ = store.open_stream(OutboundMessage(address, "", "in10:0"), "s", "k", 0)
+    store.insert_inbound(message("78:1", chat="78"), "k")
+    [pending] = store.next_pending("k")
+    store.finish_turn([pending.inbox_id], "cancelled", [], session_key="k", stream_key="in10:0")
+    assert [r["status"] for r in store.outbox_rows() if r["id"] == row_id] == ["cancelled"]
+
+    unknown, _, _ = store.open_stream(OutboundMessage(address, "", "in11:0"), "s", "k", 0)
+    store.set_preview(unknown, "?")  # the preview's send was in flight when the process died
+    store.finish_turn([pending.inbox_id], "done", [OutboundMessage(address, "final", "in11:0")], session_key="k")
+    [item] = store.claim_outbox("a", 10, 30)
+    assert item.message.edit_id is None  # sent as a new message: nothing known to edit

@@ -292,7 +292,8 @@ class SlackAdapter:
         ``thread_ts`` when the address has a thread. Parts already sent (``resume_from``) are
         skipped, and each part but the last is reported to ``on_part`` (its ``ts``) before the next
         is sent, so a retried or resumed delivery never repeats a part; ``before_part`` runs right
-        before each part's API call."""
+        before each part's API call. With ``edit_id`` (a streamed preview's ``ts``), part 1 is a
+        ``chat.update`` of that message instead of a new post."""
         address = message.address
         ids: list[str] = []
         chunks = format_reply(message.text, message.format)
@@ -305,7 +306,10 @@ class SlackAdapter:
             if before_part is not None:
                 await before_part(index)
             try:
-                response = await self.client.chat_postMessage(**kwargs)
+                if index == 0 and message.edit_id:
+                    response = await self._update_or_post(message.edit_id, kwargs)
+                else:
+                    response = await self.client.chat_postMessage(**kwargs)
             except SlackApiError as exc:
                 return _failure(exc, ids)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -315,6 +319,16 @@ class SlackAdapter:
                 await on_part(ids[-1])  # recorded before the next part: a crash never repeats it
         await self._clear_typing(address)
         return DeliveryResult(True, tuple(ids))
+
+    async def _update_or_post(self, ts: str, kwargs: dict[str, Any]) -> Any:
+        """chat.update of the preview ``ts``; a preview that is gone (deleted) is replaced by a post."""
+        try:
+            return await self.client.chat_update(channel=kwargs["channel"], ts=ts, text=kwargs["text"])
+        except SlackApiError as exc:
+            if exc.response is None or exc.response.get("error") != "message_not_found":
+                raise
+            log.warning("slack preview %s is gone; posting the reply as a new message", ts)
+            return await self.client.chat_postMessage(**kwargs)
 
     async def edit(self, address: ChatAddress, ts: str, text: str) -> DeliveryResult:
         """Replaces the text of the bot's message ``ts`` (Slack Web API: chat.update; ≤ ~1/s per

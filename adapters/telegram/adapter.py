@@ -190,7 +190,8 @@ class TelegramAdapter:
                    before_part: BeforePart | None = None) -> DeliveryResult:
         """Sends the reply as one or more sendMessage calls (text + entities, ≤ 4096 UTF-16 units
         each), quoting ``reply_to_id`` on the first. Parts already sent (``resume_from``) are
-        skipped, so a retried delivery never repeats a part."""
+        skipped, so a retried delivery never repeats a part. With ``edit_id`` (a streamed
+        preview), part 1 is an editMessageText of that message instead of a new message."""
         if message.format == "markdown":
             chunks = format_reply(message.text)
         else:
@@ -203,7 +204,10 @@ class TelegramAdapter:
             if before_part is not None:
                 await before_part(index)
             try:
-                sent_id = await self._send_chunk(message.address, chunk, quote)
+                if index == 0 and message.edit_id:
+                    sent_id = await self._edit_chunk(message.address, message.edit_id, chunk, quote)
+                else:
+                    sent_id = await self._send_chunk(message.address, chunk, quote)
             except RetryAfter as exc:
                 return DeliveryResult(False, tuple(ids), retryable=True, retry_after=_retry_after(exc),
                                       error="telegram flood control")
@@ -235,6 +239,43 @@ class TelegramAdapter:
             log.warning("telegram rejected entities (%s); resending as plain text", exc.message)
             sent = await self.bot.send_message(**kwargs)  # type: ignore[arg-type]
         return str(sent.message_id)
+
+    async def _edit_chunk(self, address: ChatAddress, message_id: str, chunk: Chunk, quote: str | None) -> str:
+        """Edits the preview into ``chunk``; "message is not modified" is success. A preview that no
+        longer exists (deleted by a user) is replaced by a new message."""
+        entities = [MessageEntity(e.type, e.offset, e.length, url=e.url, language=e.language) for e in chunk.entities]
+        kwargs: dict[str, object] = {"chat_id": int(address.chat_id), "message_id": int(message_id), "text": chunk.text}
+        try:
+            try:
+                await self.bot.edit_message_text(entities=entities or None, **kwargs)  # type: ignore[arg-type]
+            except BadRequest as exc:
+                if not entities or "can't parse entities" not in exc.message.lower():
+                    raise
+                log.warning("telegram rejected entities (%s); editing as plain text", exc.message)
+                await self.bot.edit_message_text(**kwargs)  # type: ignore[arg-type]
+        except BadRequest as exc:
+            text = exc.message.lower()
+            if "message is not modified" in text:
+                return message_id
+            if "message to edit not found" in text:
+                log.warning("telegram preview %s is gone; sending the reply as a new message", message_id)
+                return await self._send_chunk(address, chunk, quote)
+            raise
+        return message_id
+
+    async def edit(self, address: ChatAddress, message_id: str, text: str) -> DeliveryResult:
+        """Replaces the text of the bot's message with plain ``text`` (Bot API editMessageText;
+        ≤ 4096 UTF-16 units, longer text is cut). "message is not modified" counts as success."""
+        chunks = [c for c in chunk_text(text, []) if c.text.strip()] or [Chunk(" ", [])]
+        try:
+            await self._edit_chunk(address, message_id, chunks[0], None)
+        except RetryAfter as exc:
+            return DeliveryResult(False, retryable=True, retry_after=_retry_after(exc), error="telegram flood control")
+        except BadRequest as exc:
+            return DeliveryResult(False, error=f"bad request: {exc.message}")
+        except TelegramError as exc:
+            return DeliveryResult(False, retryable=True, error=f"network: {exc}")
+        return DeliveryResult(True, (message_id,))
 
     async def send_typing(self, address: ChatAddress) -> None:
         try:

@@ -113,7 +113,11 @@ class OutboxRow(Base):
     status: Mapped[str] = mapped_column(String(16), default="pending")
     """``pending`` -> ``claimed`` (``sending`` during a part's API call) -> ``sent`` | ``failed``
     (permanent error or attempts used up) | ``cancelled`` (its turn was stopped) | ``unconfirmed``
-    (a part was in flight when its sender died; it is never sent again)."""
+    (a part was in flight when its sender died; it is never sent again). A streamed reply's row
+    is ``streaming`` while its turn runs (never claimed), then ``pending`` with the final text."""
+    preview_id: Mapped[str | None] = mapped_column(String(255))
+    """Platform id of the streamed preview message: part 1 of the final reply is an edit of it.
+    ``"?"`` while the preview's first send is in flight (unknown after a crash: no edit then)."""
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[float] = mapped_column(Float, default=0.0)
     claimed_by: Mapped[str | None] = mapped_column(String(128))

@@ -21,6 +21,10 @@ from gateway.store.models import InboxRow, LaneRow, MessageRow, OutboxRow, Sessi
 from gateway.types import ChatAddress, InboundMessage, OutboundMessage
 
 
+def _chat_key(address: ChatAddress) -> str:
+    return f"{address.platform}:{address.tenant}:{address.chat_id}"
+
+
 def _is_lock_error(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError) and any(
         word in str(exc.orig).lower() for word in ("database is locked", "database is busy", "deadlock detected",
@@ -363,12 +367,16 @@ class Store:
         generation: int = 0,
         merged_status: str = "merged",
         messages: Sequence[NewMessage] = (),
+        stream_key: str | None = None,
     ) -> None:
         """Queues ``replies`` and marks the turn's inbox rows in one transaction: the last row gets
         ``status``, earlier ones (answered together by a merged turn) ``merged_status``.
 
-        A reply whose idempotency key is already queued (a resumed turn) is not queued again.
-        ``messages`` (the final transcript messages, not yet written) are appended first.
+        A reply whose idempotency key is already queued (a resumed turn) is not queued again; a
+        ``streaming`` row of the same key gets the final text and becomes ``pending``. The turn's
+        streaming row ``stream_key`` left without a reply (a cancelled turn) becomes ``cancelled``
+        (its preview stays as it was). ``messages`` (the final transcript messages, not yet
+        written) are appended first.
         """
         now = time.time()
         with write_tx(self.engine) as conn:
@@ -377,6 +385,10 @@ class Store:
                 self._append(conn, session_id, messages)
             for reply in replies:
                 self._queue(conn, reply, session_id, session_key, generation, now)
+            if stream_key is not None:
+                conn.execute(update(_outbox).where(_outbox.c.idempotency_key == stream_key,
+                                                   _outbox.c.status == "streaming")
+                             .values(status="cancelled", error="turn stopped while streaming"))
             *earlier, last = inbox_ids
             if earlier:
                 conn.execute(update(_inbox).where(_inbox.c.id.in_(earlier))
@@ -386,18 +398,62 @@ class Store:
     @staticmethod
     def _queue(conn: Any, reply: OutboundMessage, session_id: str | None, session_key: str | None,
                generation: int, now: float) -> None:
-        """Inserts an outbox row unless its idempotency key is already queued."""
-        if conn.execute(select(_outbox.c.id).where(_outbox.c.idempotency_key == reply.idempotency_key)).first():
+        """Inserts an outbox row unless its idempotency key is already queued. A ``streaming`` row
+        of the same key (the turn's preview) becomes ``pending`` with the final text instead."""
+        row = conn.execute(select(_outbox.c.id, _outbox.c.status)
+                           .where(_outbox.c.idempotency_key == reply.idempotency_key)).first()
+        if row is not None:
+            if row.status == "streaming":
+                conn.execute(update(_outbox).where(_outbox.c.id == row.id).values(
+                    text=reply.text, reply_to_id=reply.reply_to_id, status="pending", generation=generation,
+                    next_attempt_at=now))
             return
         a = reply.address
         conn.execute(
             insert(_outbox).values(
                 idempotency_key=reply.idempotency_key, session_id=session_id, session_key=session_key,
-                chat_key=f"{a.platform}:{a.tenant}:{a.chat_id}", generation=generation, address=a.to_dict(),
+                chat_key=_chat_key(a), generation=generation, address=a.to_dict(),
                 text=reply.text, reply_to_id=reply.reply_to_id, status="pending", attempts=0,
                 next_attempt_at=now, claim_until=0.0, created_at=now,
             )
         )
+
+    # -- streamed previews -------------------------------------------------------------------
+    def chat_clear(self, address: ChatAddress, idempotency_key: str) -> bool:
+        """Whether no other reply to the chat is unsettled (a preview sent now keeps chat order)."""
+        with read_tx(self.engine) as conn:
+            busy = conn.execute(select(_outbox.c.id).where(
+                _outbox.c.chat_key == _chat_key(address), _outbox.c.idempotency_key != idempotency_key,
+                _outbox.c.status.in_(("pending", "claimed", "sending"))).limit(1)).first()
+        return busy is None
+
+    @retry_locked
+    def open_stream(self, reply: OutboundMessage, session_id: str | None, session_key: str | None,
+                    generation: int) -> tuple[int, str | None, str]:
+        """The ``streaming`` outbox row of a reply being streamed, created on first use (a resumed
+        turn finds its own): ``(row id, preview_id, status)``."""
+        now = time.time()
+        with write_tx(self.engine) as conn:
+            row = conn.execute(select(_outbox.c.id, _outbox.c.preview_id, _outbox.c.status)
+                               .where(_outbox.c.idempotency_key == reply.idempotency_key)).first()
+            if row is not None:
+                return row.id, row.preview_id, row.status
+            a = reply.address
+            result = conn.execute(insert(_outbox).values(
+                idempotency_key=reply.idempotency_key, session_id=session_id, session_key=session_key,
+                chat_key=_chat_key(a), generation=generation, address=a.to_dict(), text=reply.text,
+                reply_to_id=reply.reply_to_id, status="streaming", attempts=0, next_attempt_at=now,
+                claim_until=0.0, created_at=now))
+            return int(result.inserted_primary_key[0]), None, "streaming"
+
+    @retry_locked
+    def set_preview(self, outbox_id: int, preview_id: str | None) -> bool:
+        """Records the preview message id (``"?"`` right before its send, the id right after, or
+        ``None`` when the send certainly failed) while the row is still ``streaming``."""
+        with write_tx(self.engine) as conn:
+            result = conn.execute(update(_outbox).where(_outbox.c.id == outbox_id, _outbox.c.status == "streaming")
+                                  .values(preview_id=preview_id))
+        return result.rowcount == 1
 
     @retry_locked
     def claim_outbox(self, owner: str, limit: int, claim_s: float) -> list[OutboxItem]:
@@ -426,6 +482,7 @@ class Store:
                 rows = conn.execute(
                     select(_outbox.c.id, _outbox.c.attempts, _outbox.c.idempotency_key, _outbox.c.address,
                            _outbox.c.text, _outbox.c.reply_to_id, _outbox.c.platform_message_ids, _outbox.c.status,
+                           _outbox.c.preview_id,
                            _outbox.c.generation, _lanes.c.generation.label("lane_generation"))
                     .select_from(_outbox.outerjoin(_lanes, _lanes.c.key == _outbox.c.session_key))
                     .where(due, ~blocked)
@@ -456,6 +513,7 @@ class Store:
                                 idempotency_key=row.idempotency_key,
                                 reply_to_id=row.reply_to_id,
                                 resume_from=len(sent_ids),
+                                edit_id=row.preview_id if row.preview_id not in (None, "?") else None,
                             ),
                             sent_ids,
                             unconfirmed=row.status == "sending",

@@ -42,10 +42,15 @@ _CACHE_MIN_TOKENS = 1024
 
 @dataclass(frozen=True)
 class TextReply:
-    """An assistant text message: ``message.content = content``, ``finish_reason`` as given."""
+    """An assistant text message: ``message.content = content``, ``finish_reason`` as given.
+
+    Streamed, the content goes out in ``pieces`` deltas, ``piece_delay_s`` apart (a slow writer).
+    """
 
     content: str
     finish_reason: str = "stop"
+    pieces: int = 3
+    piece_delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -59,10 +64,15 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolCallsReply:
-    """An assistant message with ``tool_calls`` (parallel when several); ``finish_reason="tool_calls"``."""
+    """An assistant message with ``tool_calls`` (parallel when several); ``finish_reason="tool_calls"``.
+
+    Streamed with ``interleave``, the calls' argument pieces alternate between the calls (each
+    delta tagged only by ``index``), the way some servers emit parallel calls.
+    """
 
     calls: tuple[ToolCall, ...]
     content: str | None = None
+    interleave: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,9 +98,10 @@ class DelayedReply:
 Reply = TextReply | ToolCallsReply | ErrorReply | DelayedReply
 
 
-def text(content: str, finish_reason: str = "stop") -> TextReply:
-    """A plain assistant reply (``finish_reason`` may be e.g. ``"length"`` to emulate truncation)."""
-    return TextReply(content, finish_reason)
+def text(content: str, finish_reason: str = "stop", *, pieces: int = 3, piece_delay_s: float = 0.0) -> TextReply:
+    """A plain assistant reply (``finish_reason`` may be e.g. ``"length"`` to emulate truncation);
+    ``pieces``/``piece_delay_s`` shape how it streams."""
+    return TextReply(content, finish_reason, pieces, piece_delay_s)
 
 
 def call(name: str, arguments: dict[str, Any] | str, id: str | None = None) -> ToolCall:
@@ -100,11 +111,12 @@ def call(name: str, arguments: dict[str, Any] | str, id: str | None = None) -> T
     return ToolCall(name, args, id or f"call_{uuid.uuid4().hex[:24]}")
 
 
-def tool_calls(*calls: ToolCall, content: str | None = None) -> ToolCallsReply:
-    """An assistant message carrying ``calls`` (content null unless given)."""
+def tool_calls(*calls: ToolCall, content: str | None = None, interleave: bool = False) -> ToolCallsReply:
+    """An assistant message carrying ``calls`` (content null unless given; ``interleave``: see
+    ``ToolCallsReply``)."""
     if not calls:
         raise ValueError("tool_calls() needs at least one call()")
-    return ToolCallsReply(tuple(calls), content)
+    return ToolCallsReply(tuple(calls), content, interleave)
 
 
 def error(
@@ -459,18 +471,26 @@ class FakeOpenAI(ThreadedServer):
             return c
 
         chunks: list[dict[str, Any]] = []
+        delay = 0.0
         if isinstance(reply, TextReply):
             chunks.append(chunk({"role": "assistant", "content": "", "refusal": None}))
-            chunks += [chunk({"content": p}) for p in _pieces(reply.content)]
-            finish = reply.finish_reason
+            chunks += [chunk({"content": p}) for p in _pieces(reply.content, reply.pieces)]
+            finish, delay = reply.finish_reason, reply.piece_delay_s
         else:
             chunks.append(chunk({"role": "assistant", "content": None, "refusal": None}))
             chunks += [chunk({"content": p}) for p in _pieces(reply.content or "")]
-            for idx, c in enumerate(reply.calls):
-                chunks.append(chunk({"tool_calls": [{"index": idx, "id": c.id, "type": "function",
-                                                     "function": {"name": c.name, "arguments": ""}}]}))
-                chunks += [chunk({"tool_calls": [{"index": idx, "function": {"arguments": p}}]})
-                           for p in _pieces(c.arguments)]
+            heads = [chunk({"tool_calls": [{"index": idx, "id": c.id, "type": "function",
+                                            "function": {"name": c.name, "arguments": ""}}]})
+                     for idx, c in enumerate(reply.calls)]
+            bodies = [[chunk({"tool_calls": [{"index": idx, "function": {"arguments": p}}]})
+                       for p in _pieces(c.arguments, 4)] for idx, c in enumerate(reply.calls)]
+            if reply.interleave:
+                chunks += heads
+                for round_ in range(max(len(b) for b in bodies)):
+                    chunks += [b[round_] for b in reversed(bodies) if round_ < len(b)]
+            else:
+                for head, body in zip(heads, bodies, strict=True):
+                    chunks += [head, *body]
             finish = "tool_calls"
         chunks.append(chunk({}, finish))
         if include_usage:
@@ -483,6 +503,8 @@ class FakeOpenAI(ThreadedServer):
         try:
             for c in chunks:
                 await resp.write(f"data: {json.dumps(c)}\n\n".encode())
+                if delay and c["choices"] and c["choices"][0]["delta"].get("content"):
+                    await asyncio.sleep(delay)
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except ConnectionError:  # the client stopped reading the stream

@@ -1,0 +1,48 @@
+"""``RunContext``: what a tool may know about the call it serves. Never sent to the model.
+
+The gateway builds one per turn (session id, turn id) and the loop derives one per tool call
+(the call id, and for a sub-agent tool its budget reservation). Tools that declare
+``takes_context`` receive it as their first argument: the session id is passed explicitly, not
+through a thread-local, because a call crosses threads (worker -> tool pool -> bridge loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.bridge import AsyncBridge
+    from agent.budget import Budget, Limits
+    from agent.model import ChatModel
+    from agent.tools import ToolRegistry
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Per-call facts and collaborators.
+
+    Attributes:
+        session_id: the conversation the call belongs to (browser contexts are kept per session).
+        turn_id: the turn (idempotency keys of side-effecting tools derive from it).
+        call_id: the model's ``tool_call_id`` of this call (empty outside a call).
+        depth: 0 for the turn's own loop, 1 inside a sub-agent.
+        model, tools, bridge, limits: those of the loop that made the call.
+        budget: the calling loop's budget (a reservation inside a sub-agent).
+        reservation: for a ``reserves_budget`` tool, the child budget granted to this call, or
+            ``None`` when the wallet refused it.
+        should_stop: the turn's cancellation check (``/stop``), shared with sub-agents.
+    """
+
+    session_id: str = ""
+    turn_id: str = ""
+    call_id: str = ""
+    depth: int = 0
+    model: ChatModel | None = None
+    tools: ToolRegistry | None = None
+    bridge: AsyncBridge | None = None
+    limits: Limits | None = None
+    budget: Budget | None = None
+    reservation: Budget | None = None
+    should_stop: Callable[[], bool] | None = None

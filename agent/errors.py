@@ -1,0 +1,12 @@
+"""Errors of the agent package. Tool errors are data for the model; only infrastructure escapes."""
+
+from __future__ import annotations
+
+
+class ToolRetry(Exception):
+    """Raised by a tool for a transient failure worth trying again (rate limit, flaky upstream).
+
+    The executor retries the call up to the tool's ``retries`` (default ``Limits.tool_retries``)
+    with a short backoff; after the last attempt the message goes to the model as the tool result.
+    Any other exception is answered to the model at once, without a retry.
+    """
