@@ -25,14 +25,17 @@ from agent.delegate import delegate_tool
 from agent.model import ChatModel, OpenAIChatModel
 from agent.tools import ToolRegistry
 from agent.web import WebFetcher
+from gateway.access import decide, is_admin
 from gateway.bus import SessionBus
-from gateway.commands import CONTROL_COMMANDS, control_reply
+from gateway.commands import CONTROL_COMMANDS, Commands, control_reply
 from gateway.config import GatewayConfig
 from gateway.delivery import Delivery
 from gateway.http import build_app
 from gateway.ports import Adapter
+from gateway.resets import ResetPolicy
 from gateway.sessions import session_key_for
 from gateway.store.db import create_db_engine, upgrade
+from gateway.store.directory import Directory
 from gateway.store.sql import Store
 from gateway.streaming import StreamHub
 from gateway.turns import TurnRunner
@@ -43,6 +46,12 @@ T = TypeVar("T")
 
 TYPING_INTERVAL_S = 4.0  # Telegram shows "typing" for ≤ 5 s (Bot API: sendChatAction)
 TYPING_DELAY_S = 0.5  # a reply faster than this needs no indicator (and saves a platform call)
+
+
+PAIRING_TEXT = (
+    "Hello! I don't know you yet. Ask an admin to approve you with this code: {code}\n"
+    "(They send /approve_user {code} to me, or run: gateway pairing approve {code})"
+)
 
 
 class Gateway:
@@ -84,10 +93,17 @@ class Gateway:
             first_after_s=config.agent.stream_first_after_s, intervals=config.agent.stream_edit_interval_s,
             chat_waiting=lambda a: self.delivery.chat_waiting(a.platform, a.tenant, a.chat_id),
         )
+        self.directory = Directory(self.engine)
+        sessions = config.sessions
         self.runner = TurnRunner(
             store=self.store, agents=self.agents, spec=self.agent_spec, bridge=self.bridge,
             limits=config.agent.limits(), history_window=config.agent.history_window,
             system_prompt=config.agent.system_prompt, streams=self.streams,
+            commands=Commands(self.store, self.directory, lambda: config.agent.system_prompt),
+            is_admin=lambda message: is_admin(message, config.access),
+            reset=ResetPolicy(idle_s=sessions.idle_reset_minutes * 60 if sessions.idle_reset_minutes else None,
+                              daily_hour=sessions.daily_reset_hour, zone=sessions.reset_timezone)
+            if sessions.idle_reset_minutes or sessions.daily_reset_hour is not None else None,
         )
         self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
@@ -108,6 +124,7 @@ class Gateway:
         self.http_port: int | None = None
         self.received = 0
         self.duplicates = 0
+        self.dropped = 0
 
     async def run_db(self, fn: Callable[..., T], *args: Any) -> T:
         """Runs a blocking store call off the main loop (on the small DB pool)."""
@@ -122,14 +139,26 @@ class Gateway:
         not part of. Raises if the database write failed (the adapter must
         not acknowledge the platform then).
         """
-        key = session_key_for(message)
+        identity = await self.run_db(self.directory.identify, message)
+        key = session_key_for(message, identity.user_id, self.config.sessions.group_scope)
         if not message.addressed and not await self.run_db(self.store.lane_exists, key):
+            self.dropped += 1
             return False  # a thread message not for us: the bot is not part of that thread
-        if message.command in CONTROL_COMMANDS:
-            stored = await self._control(message, key)
+        decision = decide(message, identity.approved, self.config.access)
+        if decision == "deny":
+            log.info("message from %s in %s not allowed (access.mode = allowlist)",
+                     message.sender.user_id, message.address.chat_id)
+            self.dropped += 1
+            return False
+        if decision == "pair":
+            code = await self.run_db(self.directory.new_code, identity.user_id, "pairing")
+            stored = await self._answer_now(message, key, identity.user_id, PAIRING_TEXT.format(code=code))
+        elif message.command in CONTROL_COMMANDS:
+            stored = await self._control(message, key, identity.user_id)
         else:
             cancel = "if_busy" if self.config.bus.busy_policy == "interrupt" else None
-            stored = await self.run_db(functools.partial(self.store.insert_inbound, message, key, cancel=cancel))
+            stored = await self.run_db(functools.partial(self.store.insert_inbound, message, key, cancel=cancel,
+                                                         user_id=identity.user_id))
             if stored and cancel:
                 self.runner.note_generation(key, await self.run_db(self.store.lane_generation, key))
         if stored:
@@ -139,18 +168,26 @@ class Gateway:
             self.duplicates += 1
         return stored
 
-    async def _control(self, message: InboundMessage, key: str) -> bool:
+    async def _control(self, message: InboundMessage, key: str, user_id: str) -> bool:
         """``/stop``: cancels the running turn (it stops at its next step and sends nothing) and
         answers at once, without waiting for the lane."""
         assert message.command is not None
         was_running = await self.run_db(self.store.lane_busy, key)
-        digest = hashlib.sha256(f"{message.platform}:{message.address.tenant}:{message.message_id}".encode())
-        reply = OutboundMessage(message.address, control_reply(message.command, was_running),
-                                idempotency_key=f"ctl:{digest.hexdigest()[:40]}", reply_to_id=message.reply_to_id)
-        stored = await self.run_db(functools.partial(self.store.insert_inbound, message, key, cancel="always",
-                                                     control_reply=reply))
+        stored = await self._answer_now(message, key, user_id, control_reply(message.command, was_running),
+                                        cancel="always")
         if stored:
             self.runner.note_generation(key, await self.run_db(self.store.lane_generation, key))
+        return stored
+
+    async def _answer_now(self, message: InboundMessage, key: str, user_id: str, text: str,
+                          cancel: str | None = None) -> bool:
+        """Stores ``message`` as handled and queues ``text`` as its reply, outside the lane."""
+        digest = hashlib.sha256(f"{message.platform}:{message.address.tenant}:{message.message_id}".encode())
+        reply = OutboundMessage(message.address, text, idempotency_key=f"ctl:{digest.hexdigest()[:40]}",
+                                reply_to_id=message.reply_to_id)
+        stored = await self.run_db(functools.partial(self.store.insert_inbound, message, key, cancel=cancel,
+                                                     control_reply=reply, user_id=user_id))
+        if stored:
             self.delivery.wake()
         return stored
 

@@ -68,6 +68,23 @@ def _upgrade(config: GatewayConfig) -> None:
     print(f"database is up to date ({engine.url.render_as_string(hide_password=True)})")
 
 
+def _approve(config: GatewayConfig, code: str) -> int:
+    from gateway.store.db import create_db_engine, upgrade
+    from gateway.store.directory import CodeError, Directory
+
+    engine = create_db_engine(config.database.url)
+    upgrade(engine)
+    try:
+        Directory(engine).approve(code)
+    except CodeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        engine.dispose()
+    print("approved: that user can talk to the agent now")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gateway", description="LLM agent gateway for Telegram, Slack and Feishu")
     parser.add_argument("--config", help="TOML config file (default: $GATEWAY_CONFIG, else built-in defaults)")
@@ -77,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     db = sub.add_parser("db", help="database commands")
     db.add_argument("action", choices=["upgrade"])
     sub.add_parser("doctor", help="check config, database, model endpoint and platforms")
+    pairing = sub.add_parser("pairing", help="DM pairing: let an unknown user in")
+    pairing.add_argument("action", choices=["approve"])
+    pairing.add_argument("code", help="the code the user was given")
     args = parser.parse_args(argv)
 
     try:
@@ -95,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_chat(config))
         elif args.command == "db":
             _upgrade(config)
+        elif args.command == "pairing":
+            return _approve(config, args.code)
         elif args.command == "doctor":
             from gateway.doctor import run_doctor
 

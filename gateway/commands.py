@@ -1,26 +1,47 @@
-"""Slash commands answered by the gateway itself, without the model.
+"""Slash commands answered by the gateway itself, without the model (DESIGN §4).
 
 Control commands (``/stop``) bypass the session's lane: they act while a turn is running.
+Session commands run in the lane (after the turn in progress), on a worker thread.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from gateway.store.directory import CodeError, Directory
+from gateway.store.sql import Store
+from gateway.types import InboundMessage
+
 HELP = (
     "I am an AI assistant. Write to me in a DM, or mention me (or reply to me) in a group.\n"
     "Commands:\n"
-    "/help - this message\n"
-    "/stop - stop the answer in progress"
+    "/new - start a fresh conversation (the old one stays in /sessions)\n"
+    "/sessions - your conversations\n"
+    "/resume ID - continue one of them\n"
+    "/status - model, conversation, usage, queue\n"
+    "/link - get a code to join another account of yours (Telegram, Slack, Feishu)\n"
+    "/link CODE - join this account to the one that made CODE\n"
+    "/unlink - detach this account again\n"
+    "/stop - stop the answer in progress\n"
+    "/help - this message"
 )
+
+COMMANDS = [
+    ("new", "Start a fresh conversation"), ("sessions", "List your conversations"),
+    ("resume", "Continue a conversation: /resume ID"), ("status", "Model, conversation and usage"),
+    ("link", "Link another account of yours"), ("unlink", "Unlink this account"),
+    ("stop", "Stop the answer in progress"), ("help", "What this bot can do"),
+]
+"""The native command menu (Telegram setMyCommands: 1-32 chars of a-z, 0-9 and _)."""
 
 CONTROL_COMMANDS = frozenset({"stop"})
 """Handled on receipt, outside the lane."""
 
-
-def command_reply(command: str | None) -> str | None:
-    """The gateway's own answer to ``/command`` run in the lane, or ``None`` when the agent should answer."""
-    if command in ("start", "help"):
-        return HELP
-    return None
+LANE_COMMANDS = frozenset({"start", "help", "new", "sessions", "resume", "status", "link", "unlink",
+                           "approve_user", "approve-user"})
+"""Answered by the gateway in the lane, without the model."""
 
 
 def control_reply(command: str, was_running: bool) -> str:
@@ -28,3 +49,113 @@ def control_reply(command: str, was_running: bool) -> str:
     if command == "stop":
         return "Stopped." if was_running else "Nothing is running; nothing to stop."
     raise ValueError(f"not a control command: {command}")
+
+
+@dataclass(frozen=True)
+class CommandContext:
+    """What a session command acts on: the message, its lane key and its sender's user."""
+
+    message: InboundMessage
+    key: str
+    user_id: str | None
+    is_dm: bool
+    is_admin: bool
+    model: str
+
+
+class Commands:
+    """Runs lane commands against the store and directory.
+
+    Args:
+        build_system_prompt: builds the system prompt of a new session (stored once).
+    """
+
+    def __init__(self, store: Store, directory: Directory, build_system_prompt: Callable[[], str]) -> None:
+        self.store = store
+        self.directory = directory
+        self.build_system_prompt = build_system_prompt
+
+    def run(self, ctx: CommandContext) -> str | None:
+        """The reply to ``ctx.message``'s command, or ``None`` when it is not ours (the agent answers)."""
+        command, args = ctx.message.command, ctx.message.text.strip()
+        if command in ("start", "help"):
+            return HELP
+        if command == "new":
+            self.store.new_session(ctx.key, self.build_system_prompt(), ctx.user_id if ctx.is_dm else None)
+            return "Started a new conversation. The previous one is listed in /sessions."
+        if command == "status":
+            return self._status(ctx)
+        if ctx.user_id is None:
+            return None
+        if command == "sessions":
+            return self._sessions(ctx)
+        if command == "resume":
+            return self._resume(ctx, args)
+        if command == "link":
+            return self._link(ctx, args)
+        if command == "unlink":
+            unlinked = self.directory.unlink(ctx.message)
+            return "This account is unlinked; it starts a conversation of its own." if unlinked else \
+                "This account is not linked to another one."
+        if command in ("approve_user", "approve-user"):
+            if not ctx.is_admin:
+                return "Only an admin can approve users."
+            try:
+                self.directory.approve(args)
+            except CodeError as exc:
+                return str(exc)
+            return "Approved: that user can talk to me now."
+        return None
+
+    def _status(self, ctx: CommandContext) -> str:
+        session_id = self.store.current_session_id(ctx.key)
+        lines = [f"Model: {ctx.model}"]
+        if session_id is None:
+            lines.append("Conversation: none yet")
+        else:
+            count, prompt_tokens, completion_tokens = self.directory.session_usage(session_id)
+            lines.append(f"Conversation: {session_id[:8]} ({count} messages)")
+            lines.append(f"Tokens used: {prompt_tokens} in, {completion_tokens} out")
+        lines.append(f"Waiting messages: {self.directory.pending_count(ctx.key)}")
+        return "\n".join(lines)
+
+    def _sessions(self, ctx: CommandContext) -> str:
+        if not ctx.is_dm:
+            return "Your conversations are listed in a DM with me."
+        assert ctx.user_id is not None
+        sessions = self.directory.sessions(ctx.user_id, ctx.key)
+        if not sessions:
+            return "No conversations yet."
+        lines = ["Your conversations (newest first); continue one with /resume ID:"]
+        for s in sessions:
+            when = datetime.fromtimestamp(s.last_used_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+            mark = " (current)" if s.current else ""
+            lines.append(f"{s.id[:8]} - {s.title or '(untitled)'} - {when}{mark}")
+        return "\n".join(lines)
+
+    def _resume(self, ctx: CommandContext, args: str) -> str:
+        if not ctx.is_dm:
+            return "Conversations can be resumed in a DM with me."
+        assert ctx.user_id is not None
+        session_id = self.directory.owned_session(ctx.user_id, args.split()[0] if args else "")
+        if session_id is None:  # the same answer for someone else's session and for none at all
+            return "No conversation of yours has that ID. See /sessions."
+        self.store.switch_session(ctx.key, session_id)
+        return f"Resumed conversation {session_id[:8]}."
+
+    def _link(self, ctx: CommandContext, args: str) -> str:
+        assert ctx.user_id is not None
+        if not args:
+            if not ctx.is_dm:
+                return "Ask me for a link code in a DM."
+            try:
+                code = self.directory.new_code(ctx.user_id, "link")
+            except CodeError as exc:
+                return str(exc)
+            return (f"Your link code: {code}\nSend /link {code} from your other account (Telegram, Slack or "
+                    "Feishu) within 10 minutes. It works once.")
+        try:
+            self.directory.link(args.split()[0], ctx.user_id)
+        except CodeError as exc:
+            return str(exc)
+        return "Linked. In DMs, this account now continues the same conversation as your other account."

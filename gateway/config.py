@@ -198,6 +198,30 @@ class FeishuConfig(_Section):
     domain: str = "https://open.feishu.cn"
 
 
+class AccessConfig(_Section):
+    """Who may talk to the agent (entries are ``platform:id``, e.g. ``telegram:5550001``)."""
+
+    mode: Literal["open", "allowlist"] = "open"
+    """``open`` answers everyone (development); production configs use ``allowlist``."""
+    allowed_users: list[str] = Field(default_factory=list)
+    allowed_chats: list[str] = Field(default_factory=list)
+    """Everyone in these chats is allowed (groups the bot was added to on purpose)."""
+    admins: list[str] = Field(default_factory=list)
+    """May approve pairing codes with ``/approve-user CODE``."""
+    pairing: bool = True
+    """An unknown user who writes a DM gets a pairing code for an admin to approve."""
+
+
+class SessionsConfig(_Section):
+    group_scope: Literal["chat", "user"] = "chat"
+    """``chat``: one conversation per group chat/thread; ``user``: one per member of it."""
+    idle_reset_minutes: float | None = None
+    """Start a fresh conversation when the last one was idle this long (``None``: never)."""
+    daily_reset_hour: int | None = None
+    """Start a fresh conversation after this hour each day (in ``reset_timezone``)."""
+    reset_timezone: str = "UTC"
+
+
 class LoggingConfig(_Section):
     level: str = "INFO"
 
@@ -221,6 +245,8 @@ class GatewayConfig(BaseSettings):
     telegram: TelegramConfig = Field(default_factory=TelegramConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)
     feishu: FeishuConfig = Field(default_factory=FeishuConfig)
+    access: AccessConfig = Field(default_factory=AccessConfig)
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @classmethod

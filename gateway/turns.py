@@ -12,7 +12,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent.bridge import AsyncBridge
@@ -21,11 +21,13 @@ from agent.cache import AgentCache, AgentSpec
 from agent.context import RunContext
 from agent.loop import run_turn
 from agent.model import ModelError, Usage
-from gateway.commands import command_reply
+from gateway.commands import LANE_COMMANDS, CommandContext, Commands
 from gateway.context import render_history, user_meta
+from gateway.resets import ResetPolicy
+from gateway.sessions import is_dm_key
 from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage
 from gateway.streaming import StreamHub
-from gateway.types import OutboundMessage
+from gateway.types import InboundMessage, OutboundMessage
 
 log = logging.getLogger("gateway.turns")
 
@@ -46,7 +48,9 @@ class TurnRunner:
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
-                 limits: Limits, history_window: int, system_prompt: str, streams: StreamHub | None = None) -> None:
+                 limits: Limits, history_window: int, system_prompt: str, streams: StreamHub | None = None,
+                 commands: Commands | None = None, is_admin: Callable[[InboundMessage], bool] = lambda m: False,
+                 reset: ResetPolicy | None = None) -> None:
         self.store = store
         self.agents = agents
         self.spec = spec
@@ -55,6 +59,9 @@ class TurnRunner:
         self.history_window = history_window
         self.system_prompt = system_prompt
         self.streams = streams
+        self.commands = commands
+        self.is_admin = is_admin
+        self.reset = reset
         self._generations: dict[str, int] = {}
         self._generations_lock = threading.Lock()
 
@@ -89,12 +96,20 @@ class TurnRunner:
                                    stream_key=reply_key)
             return status
 
-        direct = command_reply(message.command) if len(batch) == 1 else None
-        if direct is not None:
-            return finish("done", direct, None)
+        if self.commands is not None and len(batch) == 1 and message.command in LANE_COMMANDS:
+            direct = self.commands.run(CommandContext(message, key, last.user_id, is_dm_key(key),
+                                                      self.is_admin(message), self.spec.model))
+            if direct is not None:
+                return finish("done", direct, None)
 
-        session_id, system_prompt, window = self.store.open_session(key, lambda: self.system_prompt,
-                                                                     self.history_window)
+        owner = last.user_id if is_dm_key(key) else None
+        opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
+        notice = ""
+        if self.reset is not None and self.reset.expired(opened.last_used_at):
+            self.store.new_session(key, self.system_prompt, owner)
+            opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
+            notice = f"({self.reset.describe()}: this is a new conversation; the last one is in /sessions.)\n\n"
+        session_id, system_prompt, window = opened.session_id, opened.system_prompt, opened.window
         # User messages are written with the turn's first step (or its end), not before: until then
         # the inbox row is still pending, so a crash loses nothing and a rerun writes them once.
         present = {(m.turn_id, m.role) for m in window}
@@ -151,7 +166,7 @@ class TurnRunner:
         if outcome.stop_reason not in ("stop", "length"):
             log.info("turn %s stopped by %s after %d model calls ($%.4f)", turn_id, outcome.stop_reason,
                      outcome.steps, outcome.cost_usd)
-        return finish("done", outcome.reply.strip() or "(no answer)", session_id)
+        return finish("done", notice + (outcome.reply.strip() or "(no answer)"), session_id)
 
     # -- in-process cancellation -------------------------------------------------------------
     def note_generation(self, key: str, generation: int) -> None:

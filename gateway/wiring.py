@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gateway.commands import COMMANDS
 from gateway.config import GatewayConfig
 from gateway.errors import ConfigError
 from gateway.ports import Adapter
@@ -22,7 +23,8 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
         token = config.require_secret(tg.token_env, "telegram")
         secret = config.require_secret(tg.webhook_secret_env, "telegram webhook mode") if tg.mode == "webhook" else None
         adapters.append(TelegramAdapter(token=token, base_url=tg.base_url, mode=tg.mode, webhook_secret=secret,
-                                        webhook_url=tg.webhook_url, poll_timeout_s=tg.poll_timeout_s))
+                                        webhook_url=tg.webhook_url, poll_timeout_s=tg.poll_timeout_s,
+                                        commands=COMMANDS))
     if config.slack.enabled:
         from adapters.slack.adapter import SlackAdapter
 

@@ -56,15 +56,20 @@ def test_secrets_are_redacted_from_log_records():
     assert "AAFake" not in record.getMessage() and "sk-live" not in record.getMessage()
 
 
-@pytest.mark.parametrize(("chat_type", "thread", "expected"), [
-    ("dm", None, "telegram:1:dm:42"),
-    ("group", None, "telegram:1:chat:-100"),
-    ("group", "77", "telegram:1:chat:-100:thread:77"),
+@pytest.mark.parametrize(("platform", "chat_type", "thread", "user", "scope", "expected"), [
+    ("telegram", "dm", None, "u1", "chat", "dm:u1"),
+    ("slack", "dm", None, "u1", "chat", "dm:u1"),  # a linked user: the same conversation anywhere
+    ("feishu", "dm", "omt_9", "u1", "chat", "dm:u1"),  # a DM thread stays the user's conversation
+    ("telegram", "group", None, "u1", "chat", "telegram:1:chat:-100"),
+    ("telegram", "group", "77", "u1", "chat", "telegram:1:chat:-100:thread:77"),  # forum topic
+    ("slack", "group", "1735.0001", "u2", "chat", "slack:1:chat:-100:thread:1735.0001"),  # thread
+    ("telegram", "group", None, "u1", "user", "telegram:1:chat:-100:user:u1"),  # per-user scope
+    ("telegram", "group", "77", "u2", "user", "telegram:1:chat:-100:thread:77:user:u2"),
 ])
-def test_session_keys(chat_type, thread, expected):
+def test_session_keys(platform, chat_type, thread, user, scope, expected):
     chat = "42" if chat_type == "dm" else "-100"
-    msg = InboundMessage(ChatAddress("telegram", "1", chat, thread), "m", chat_type, Sender("42"), "hi")
-    assert session_key_for(msg) == expected
+    msg = InboundMessage(ChatAddress(platform, "1", chat, thread), "m", chat_type, Sender("42"), "hi")
+    assert session_key_for(msg, user, scope) == expected
 
 
 def row(i, role, content=None, tool_calls=None, tool_call_id=None, meta=None):

@@ -30,7 +30,7 @@ log = logging.getLogger("adapters.telegram")
 
 WEBHOOK_PATH = "/telegram/webhook"
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
-COMMANDS = [("help", "What this bot can do"), ("new", "Start a fresh conversation"), ("stop", "Stop the running turn")]
+DEFAULT_COMMANDS = [("help", "What this bot can do"), ("stop", "Stop the running turn")]
 
 
 class TelegramAdapter:
@@ -44,13 +44,15 @@ class TelegramAdapter:
             ``X-Telegram-Bot-Api-Secret-Token`` (Telegram Bot API: setWebhook ``secret_token``).
         webhook_url: when set, registered with ``setWebhook`` at start.
         poll_timeout_s: long-poll ``timeout`` of ``getUpdates``.
+        commands: ``(name, description)`` pairs for the native command menu (setMyCommands).
     """
 
     platform = "telegram"
     idempotent_send = False  # Bot API sendMessage has no idempotency key
 
     def __init__(self, *, token: str, base_url: str = "https://api.telegram.org", mode: str = "polling",
-                 webhook_secret: str | None = None, webhook_url: str | None = None, poll_timeout_s: int = 30) -> None:
+                 webhook_secret: str | None = None, webhook_url: str | None = None, poll_timeout_s: int = 30,
+                 commands: list[tuple[str, str]] | None = None) -> None:
         root = base_url.rstrip("/")
         self.bot = Bot(
             token,
@@ -63,6 +65,7 @@ class TelegramAdapter:
         self._webhook_secret = webhook_secret
         self._webhook_url = webhook_url
         self._poll_timeout = poll_timeout_s
+        self._commands = commands or DEFAULT_COMMANDS
         self._sink: InboundSink | None = None
         self._identity: BotIdentity | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -87,7 +90,7 @@ class TelegramAdapter:
         self._identity = BotIdentity(me.id, me.username or "")
         log.info("telegram bot @%s (%s) starting in %s mode", me.username, me.id, self.mode)
         try:
-            await self.bot.set_my_commands([BotCommand(name, text) for name, text in COMMANDS])
+            await self.bot.set_my_commands([BotCommand(name, text) for name, text in self._commands])
         except TelegramError as exc:
             log.warning("telegram setMyCommands failed: %s", exc)
         if self.mode == "webhook" and self._webhook_url:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -26,6 +26,10 @@ class SessionRow(Base):
     system_prompt: Mapped[str] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    owner_user_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    """The user whose DM conversation this is; ``None`` for a group's session."""
+    title: Mapped[str | None] = mapped_column(String(120))
+    """The first user message, shortened (``/sessions``)."""
 
 
 class LaneRow(Base):
@@ -83,6 +87,8 @@ class InboxRow(Base):
     tenant: Mapped[str] = mapped_column(String(128))
     platform_message_id: Mapped[str] = mapped_column(String(255))
     session_key: Mapped[str] = mapped_column(String(255))
+    user_id: Mapped[str | None] = mapped_column(String(32))
+    """The sender's user (identity resolved at receipt)."""
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), default="pending")
     """``pending`` -> ``done`` | ``failed`` | ``cancelled`` | ``merged`` (answered with a later one)."""
@@ -126,3 +132,59 @@ class OutboxRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float)
     sent_at: Mapped[float | None] = mapped_column(Float)
+
+
+class UserRow(Base):
+    """A person, across platforms: owns identities and DM sessions (DESIGN §4)."""
+
+    __tablename__ = "users"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    approved: Mapped[bool] = mapped_column(Boolean, default=False)
+    """Let through by DM pairing (an admin approved a pairing code)."""
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class IdentityRow(Base):
+    """One platform account of a user. Created on first contact; joined to another user only by
+    ``/link CODE`` (never by guessing from names)."""
+
+    __tablename__ = "identities"
+    __table_args__ = (UniqueConstraint("platform", "tenant", "platform_user_id", name="uq_identity"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user_id: Mapped[str] = mapped_column(String(32), index=True)
+    platform: Mapped[str] = mapped_column(String(32))
+    tenant: Mapped[str] = mapped_column(String(128))
+    platform_user_id: Mapped[str] = mapped_column(String(128))
+    display_name: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[float] = mapped_column(Float)
+    linked_at: Mapped[float | None] = mapped_column(Float)
+
+
+class CodeRow(Base):
+    """A one-time code: ``link`` (join identities, made by ``/link``) or ``pairing`` (an unknown
+    user asks for access; an admin approves it). Short, expiring, single use."""
+
+    __tablename__ = "codes"
+    __table_args__ = (Index("ix_codes_user_kind", "user_id", "kind", "created_at"),)
+
+    code: Mapped[str] = mapped_column(String(16), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    user_id: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    used_at: Mapped[float | None] = mapped_column(Float)
+
+
+class SessionAddressRow(Base):
+    """A chat a session was used from (a linked user's conversation spans several)."""
+
+    __tablename__ = "session_addresses"
+    __table_args__ = (UniqueConstraint("session_id", "chat_key", name="uq_session_address"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(String(32))
+    chat_key: Mapped[str] = mapped_column(String(255))
+    address: Mapped[dict[str, Any]] = mapped_column(JSON)
+    last_used_at: Mapped[float] = mapped_column(Float)

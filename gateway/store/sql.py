@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from gateway.store.db import read_tx, write_tx
-from gateway.store.models import InboxRow, LaneRow, MessageRow, OutboxRow, SessionRow
+from gateway.store.models import Base, InboxRow, LaneRow, MessageRow, OutboxRow, SessionAddressRow, SessionRow
 from gateway.types import ChatAddress, InboundMessage, OutboundMessage
 
 
@@ -46,6 +46,7 @@ _lanes = LaneRow.__table__
 _messages = MessageRow.__table__
 _outbox = OutboxRow.__table__
 _sessions = SessionRow.__table__
+_addresses = SessionAddressRow.__table__
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,8 @@ class PendingInbound:
     inbox_id: int
     session_key: str
     message: InboundMessage
+    user_id: str | None = None
+    """The sender's user (identities resolved at receipt)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,17 @@ class StoredMessage:
     tool_call_id: str | None
     name: str | None
     meta: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSession:
+    """What a turn loads: the session, its stored system prompt, the newest messages and when it
+    was last used (``None`` for a session just created)."""
+
+    session_id: str
+    system_prompt: str
+    window: list[StoredMessage]
+    last_used_at: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +118,7 @@ class Store:
     # -- inbox -------------------------------------------------------------------------------
     @retry_locked
     def insert_inbound(self, message: InboundMessage, session_key: str, *, cancel: str | None = None,
-                       control_reply: OutboundMessage | None = None) -> bool:
+                       control_reply: OutboundMessage | None = None, user_id: str | None = None) -> bool:
         """Writes ``message`` to the inbox once. Returns ``False`` for a duplicate (same platform,
         tenant and message id), which the caller acknowledges and drops.
 
@@ -123,6 +137,7 @@ class Store:
                         tenant=message.address.tenant,
                         platform_message_id=message.message_id,
                         session_key=session_key,
+                        user_id=user_id,
                         payload=message.to_dict(),
                         status="pending" if control_reply is None else "done",
                         received_at=message.received_at,
@@ -149,13 +164,14 @@ class Store:
         that order (a cancellation stored with a row is then always seen with it)."""
         with read_tx(self.engine) as conn:
             rows = conn.execute(
-                select(_inbox.c.id, _inbox.c.payload)
+                select(_inbox.c.id, _inbox.c.payload, _inbox.c.user_id)
                 .where(_inbox.c.session_key == session_key, _inbox.c.status == "pending")
                 .order_by(_inbox.c.id)
                 .limit(limit)
             ).all()
             generation = conn.execute(select(_lanes.c.generation).where(_lanes.c.key == session_key)).scalar()
-        batch = [PendingInbound(row.id, session_key, InboundMessage.from_dict(row.payload)) for row in rows]
+        batch = [PendingInbound(row.id, session_key, InboundMessage.from_dict(row.payload), row.user_id)
+                 for row in rows]
         return batch, int(generation or 0)
 
     def next_pending(self, session_key: str, limit: int = 1) -> list[PendingInbound]:
@@ -265,43 +281,53 @@ class Store:
         return int(value or 0)
 
     # -- sessions and transcript -------------------------------------------------------------
-    def open_session(self, key: str, build_system_prompt: Callable[[], str],
-                     window: int) -> tuple[str, str, list[StoredMessage]]:
-        """``(session_id, system_prompt, newest window messages)`` of the key's current session in
-        one read (creating the session on first use)."""
+    def open_session(self, key: str, build_system_prompt: Callable[[], str], window: int,
+                     owner_user_id: str | None = None) -> OpenSession:
+        """The key's current session with its stored system prompt and newest ``window``
+        messages, in one read; created (prompt built once and stored) on first use."""
         with read_tx(self.engine) as conn:
             row = conn.execute(
-                select(_sessions.c.id, _sessions.c.system_prompt)
+                select(_sessions.c.id, _sessions.c.system_prompt, _sessions.c.updated_at)
                 .select_from(_lanes.join(_sessions, _sessions.c.id == _lanes.c.session_id))
                 .where(_lanes.c.key == key)
             ).first()
             if row is not None:
-                return row.id, row.system_prompt, self._window(conn, row.id, window)
-        session_id, prompt = self.current_session(key, build_system_prompt)
-        return session_id, prompt, []
+                return OpenSession(row.id, row.system_prompt, self._window(conn, row.id, window), row.updated_at)
+        session_id = self.new_session(key, build_system_prompt(), owner_user_id)
+        with read_tx(self.engine) as conn:
+            prompt = conn.execute(select(_sessions.c.system_prompt).where(_sessions.c.id == session_id)).scalar_one()
+        return OpenSession(session_id, prompt, [], None)
 
     @retry_locked
-    def current_session(self, key: str, build_system_prompt: Callable[[], str]) -> tuple[str, str]:
-        """Returns ``(session_id, system_prompt)`` of the key's current session, creating the
-        session (and storing its system prompt, built once) on first use. Call it while holding
-        the lane's lease (the lane row exists then)."""
-        with read_tx(self.engine) as conn:
-            row = conn.execute(
-                select(_sessions.c.id, _sessions.c.system_prompt)
-                .select_from(_lanes.join(_sessions, _sessions.c.id == _lanes.c.session_id))
-                .where(_lanes.c.key == key)
-            ).first()
-        if row is not None:
-            return row.id, row.system_prompt
+    def new_session(self, key: str, system_prompt: str, owner_user_id: str | None) -> str:
+        """Creates a session for ``key`` (owned by ``owner_user_id`` for a DM) and makes it the
+        lane's current one; the previous one stays listed. Returns its id."""
         session_id = uuid.uuid4().hex
-        prompt = build_system_prompt()
         now = time.time()
         with write_tx(self.engine) as conn:
-            conn.execute(
-                insert(_sessions).values(id=session_id, key=key, system_prompt=prompt, created_at=now, updated_at=now)
-            )
+            conn.execute(insert(_sessions).values(id=session_id, key=key, system_prompt=system_prompt,
+                                                  created_at=now, updated_at=now, owner_user_id=owner_user_id))
+            if conn.execute(update(_lanes).where(_lanes.c.key == key).values(session_id=session_id)).rowcount == 0:
+                conn.execute(insert(_lanes).values(key=key, session_id=session_id, lease_until=0.0, generation=0))
+        return session_id
+
+    @retry_locked
+    def switch_session(self, key: str, session_id: str) -> None:
+        """Makes ``session_id`` the lane's current session (``/resume``; ownership checked by the
+        caller)."""
+        with write_tx(self.engine) as conn:
             conn.execute(update(_lanes).where(_lanes.c.key == key).values(session_id=session_id))
-        return session_id, prompt
+
+    def current_session_id(self, key: str) -> str | None:
+        with read_tx(self.engine) as conn:
+            return conn.execute(select(_lanes.c.session_id).where(_lanes.c.key == key)).scalar()
+
+    @retry_locked
+    def current_session(self, key: str, build_system_prompt: Callable[[], str],
+                        owner_user_id: str | None = None) -> tuple[str, str]:
+        """``(session_id, system_prompt)`` of the key's current session, created on first use."""
+        opened = self.open_session(key, build_system_prompt, 0, owner_user_id)
+        return opened.session_id, opened.system_prompt
 
     @retry_locked
     def append_message(self, session_id: str, turn_id: str | None, role: str, content: str | None,
@@ -383,6 +409,8 @@ class Store:
             if messages:
                 assert session_id is not None
                 self._append(conn, session_id, messages)
+            if session_id is not None:
+                self._touch_session(conn, session_id, messages, replies, now)
             for reply in replies:
                 self._queue(conn, reply, session_id, session_key, generation, now)
             if stream_key is not None:
@@ -394,6 +422,26 @@ class Store:
                 conn.execute(update(_inbox).where(_inbox.c.id.in_(earlier))
                              .values(status=merged_status, finished_at=now))
             conn.execute(update(_inbox).where(_inbox.c.id == last).values(status=status, finished_at=now))
+
+    @staticmethod
+    def _touch_session(conn: Any, session_id: str, messages: Sequence[NewMessage],
+                       replies: Sequence[OutboundMessage], now: float) -> None:
+        """Last use, a title from the first user message, and the chats the session was used from."""
+        conn.execute(update(_sessions).where(_sessions.c.id == session_id).values(updated_at=now))
+        first_user = next((m.content for m in messages if m.role == "user" and m.content), None)
+        if first_user:
+            title = " ".join(first_user.split())[:80]
+            conn.execute(update(_sessions).where(_sessions.c.id == session_id, _sessions.c.title.is_(None))
+                         .values(title=title))
+        for reply in replies[:1]:
+            a = reply.address
+            chat_key = f"{a.platform}:{a.tenant}:{a.chat_id}"
+            touched = conn.execute(update(_addresses).where(_addresses.c.session_id == session_id,
+                                                            _addresses.c.chat_key == chat_key)
+                                   .values(last_used_at=now, address=a.to_dict())).rowcount
+            if not touched:
+                conn.execute(insert(_addresses).values(session_id=session_id, chat_key=chat_key,
+                                                       address=a.to_dict(), last_used_at=now))
 
     @staticmethod
     def _queue(conn: Any, reply: OutboundMessage, session_id: str | None, session_key: str | None,
@@ -578,5 +626,6 @@ class Store:
     def purge_all(self) -> None:
         """Deletes every row (tests only)."""
         with write_tx(self.engine) as conn:
-            for table in (_outbox, _inbox, _messages, _lanes, _sessions):
-                conn.execute(delete(table))
+            for table in reversed(Base.metadata.sorted_tables):
+                if table.name != "alembic_version":
+                    conn.execute(delete(table))
