@@ -71,7 +71,8 @@ class InboundMessage:
             ``"<chat_id>:<message_id>"``, Slack ``"<channel>:<ts>"``, Feishu ``om_…``.
         chat_type: ``dm`` | ``group`` | ``channel``.
         sender: author of the message.
-        text: user text with the bot's own mention removed, trimmed.
+        text: user text with the bot's own mention removed, trimmed; for a command, its arguments
+            (``/link ABC123`` -> command ``link``, text ``ABC123``).
         reply_to_id: platform message id to quote in the reply (groups), or ``None``.
         command: slash-command name without ``/`` and bot suffix, or ``None``.
         attachments: files that came with the message.

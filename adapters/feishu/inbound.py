@@ -226,14 +226,15 @@ def to_inbound(body: Mapping[str, Any], bot_open_id: str) -> InboundMessage | Ig
         received_at = int(created_ms) / 1000.0
     except (TypeError, ValueError):
         received_at = 0.0
+    command = _command(text)  # as on every platform: the command apart, its arguments as the text
     return InboundMessage(
         address=ChatAddress("feishu", tenant, chat_id, thread_id),
         message_id=message_id,
         chat_type="dm" if is_dm else "group",
         sender=Sender(sender_open_id, "", None, False),
-        text=text,
+        text=text[1 + len(command):].strip() if command else text,
         reply_to_id=None if is_dm and thread_id is None else message_id,
-        command=_command(text),
+        command=command,
         attachments=tuple(attachments),
         received_at=received_at,
         event_id=str(header.get("event_id") or "") or None,

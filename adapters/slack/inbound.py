@@ -157,6 +157,8 @@ def to_inbound(envelope: dict[str, Any], bot: BotIdentity, names: Mapping[str, s
     if not text and not attachments:
         return Ignored("empty")
     command_match = _COMMAND.match(text)
+    if command_match:  # as on every platform: the command apart, its arguments as the text
+        text = text[command_match.end():].strip()
     try:
         received_at = float(ts)
     except ValueError:
