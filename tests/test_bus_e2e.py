@@ -10,7 +10,8 @@ from sqlalchemy import select
 from gateway.store.models import MessageRow
 from tests.conftest import gateway_config, start_gateway
 from tests.fakes import openai as oa
-from tests.test_telegram_e2e import dm_update, sends_to, wait_until
+from tests.helpers import wait_until
+from tests.test_telegram_e2e import dm_update, sends_to
 
 
 def texts(fake, chat_id: int) -> list[str]:

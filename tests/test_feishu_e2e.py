@@ -8,7 +8,6 @@ import asyncio
 import json
 import logging
 import re
-import time
 from typing import Any
 
 import aiohttp
@@ -20,6 +19,7 @@ from gateway.store.models import InboxRow, OutboxRow
 from tests.conftest import FEISHU_APP, FIXTURES, fixture, gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.fakes.feishu import post_text
+from tests.helpers import wait_until
 
 EXPECTED = fixture("feishu", "expected.json")
 BOB = "ou_fakebob000000000000000000000001"
@@ -28,13 +28,6 @@ GROUP = "oc_fakegroup0000000000000000000001"
 ENCRYPTED = {"encrypt_key_env": "GATEWAY_TEST_FEISHU_ENCRYPT_KEY"}
 
 
-async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def url(gateway) -> str:

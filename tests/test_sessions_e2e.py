@@ -8,8 +8,9 @@ import re
 
 from tests.conftest import gateway_config, start_gateway
 from tests.fakes import openai as oa
+from tests.helpers import wait_until
 from tests.test_slack_e2e import events_url, message
-from tests.test_telegram_e2e import dm_update, sends_to, wait_until
+from tests.test_telegram_e2e import dm_update, sends_to
 
 SLACK_DM = "D0CROSS001"
 

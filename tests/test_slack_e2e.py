@@ -6,25 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from gateway.app import Gateway
 from tests.conftest import FIXTURES, fixture, gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.fakes.slack import FakeSlack
+from tests.helpers import wait_until
 
 CHANNEL, DM = "C0GENERAL1", "D0ALICE001"
 MENTION_TS = "1735689660.000200"  # channel_app_mention.json: a top-level mention, answered in its thread
 
 
-async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def raw(name: str) -> bytes:

@@ -5,25 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 
 from agent.streaming import StreamAccumulator
 from gateway.streaming import PREVIEW_SUFFIX
 from tests.conftest import gateway_config, start_gateway
 from tests.fakes import openai as oa
+from tests.helpers import wait_until
 from tests.test_slack_e2e import events_url, message
 from tests.test_telegram_e2e import dm_update, sends_to
 
 STREAM_FAST = {"stream_first_after_s": 0.2, "stream_edit_interval_s": {"telegram": 0.3, "slack": 0.3}}
 
 
-async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def delta(**fields):

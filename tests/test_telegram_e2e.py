@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import pytest
@@ -14,15 +13,7 @@ from sqlalchemy import select
 from gateway.store.models import InboxRow, MessageRow
 from tests.conftest import fixture, gateway_config, start_gateway
 from tests.fakes import openai as oa
-
-
-async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.helpers import wait_until
 
 
 def dm_update(text: str, message_id: int, user_id: int = 5550001) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from sqlalchemy import select
 from gateway.store.models import MessageRow
 from tests.conftest import gateway_config, start_gateway
 from tests.fakes import openai as oa
-from tests.test_telegram_e2e import dm_update, sends_to, wait_until
+from tests.helpers import wait_until
+from tests.test_telegram_e2e import dm_update, sends_to
 
 
 async def test_iteration_budget_ends_the_turn_with_one_clear_reply(tmp_path, fake_telegram, fake_openai, page_server,
