@@ -195,3 +195,36 @@ def test_cancelled_turn_cancels_its_streaming_row_and_unknown_previews_are_not_e
     store.finish_turn([pending.inbox_id], "done", [OutboundMessage(address, "final", "in11:0")], session_key="k")
     [item] = store.claim_outbox("a", 10, 30)
     assert item.message.edit_id is None  # sent as a new message: nothing known to edit
+
+
+def test_instances_starting_together_migrate_once(db_url):
+    """Several instances start at once on a fresh database: one migrates, the others wait."""
+    from gateway.store.db import create_db_engine as make
+
+    from gateway.store.models import Base
+
+    engine = make(db_url)
+    Base.metadata.drop_all(engine)  # back to an empty database
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE IF EXISTS alembic_version")
+    engine.dispose()
+    errors: list[str] = []
+
+    def start() -> None:
+        e = make(db_url)
+        try:
+            upgrade(e)
+        except Exception as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(repr(exc))
+        finally:
+            e.dispose()
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    engine = make(db_url)
+    assert Store(engine).count_inbox("pending") == 0
+    engine.dispose()

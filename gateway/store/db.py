@@ -57,13 +57,23 @@ def read_tx(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
+MIGRATION_LOCK_ID = 0x6761_7465  # PostgreSQL advisory lock key: instances migrate one at a time
+
+
 def upgrade(engine: Engine) -> None:
-    """Applies every Alembic migration not yet applied (``alembic upgrade head``)."""
+    """Applies every Alembic migration not yet applied (``alembic upgrade head``).
+
+    Several instances may start at once against one database: the migration runs in one
+    transaction that first takes a lock (PostgreSQL advisory lock, SQLite ``BEGIN IMMEDIATE``),
+    so the others wait and then find nothing left to do.
+    """
     from alembic import command
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with engine.begin() as conn:
+    with write_tx(engine) as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
