@@ -9,7 +9,9 @@ HELP = (
     "I am an AI assistant. Write to me in a DM, or mention me (or reply to me) in a group.\n"
     "Commands:\n"
     "/help - this message\n"
-    "/stop - stop the answer in progress"
+    "/stop - stop the answer in progress\n"
+    '/schedule "0 9 * * 1-5" Asia/Shanghai [--to slack:T123:C456] <what to report> - schedule a report\n'
+    "/jobs - your scheduled reports; /run ID - fire one now; /unschedule ID - remove one"
 )
 
 CONTROL_COMMANDS = frozenset({"stop"})

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from agent.bridge import AsyncBridge
@@ -20,9 +21,17 @@ from agent.tools import ToolRegistry
 from gateway.commands import command_reply
 from gateway.context import render_history, user_meta
 from gateway.store.sql import PendingInbound, Store, StoredMessage
-from gateway.types import OutboundMessage
+from gateway.types import InboundMessage, OutboundMessage
 
 log = logging.getLogger("gateway.turns")
+
+CURRENT_MESSAGE: ContextVar[InboundMessage | None] = ContextVar("current_message", default=None)
+"""The message a turn answers, set while the agent loop runs on the worker thread: tools that act
+for the user (``schedule_report``) read who asks and from which chat here, so ``agent/`` stays
+free of gateway types."""
+
+CommandHandler = Callable[[InboundMessage], "str | None"]
+"""Answers a gateway command without the model (``None``: not one of its commands)."""
 
 
 class TurnRunner:
@@ -31,10 +40,14 @@ class TurnRunner:
     Args:
         system_prompt: stored on each new session at creation and reused byte for byte.
         history_window: transcript messages loaded per turn.
+        commands: answers stateful gateway commands (``/schedule``, ``/jobs``...) in the lane,
+            after the static ones (``/help``) and before the model.
     """
 
     def __init__(self, *, store: Store, model: ChatModel, tools: ToolRegistry, bridge: AsyncBridge | None,
-                 limits: Limits, history_window: int, system_prompt: str) -> None:
+                 limits: Limits, history_window: int, system_prompt: str,
+                 commands: CommandHandler | None = None) -> None:
+        self.commands = commands
         self.store = store
         self.model = model
         self.tools = tools
@@ -66,7 +79,11 @@ class TurnRunner:
                                    merged_status="cancelled" if status == "cancelled" else "merged")
             return status
 
-        direct = command_reply(message.command) if len(batch) == 1 else None
+        direct = None
+        if len(batch) == 1 and message.command is not None:
+            direct = command_reply(message.command)
+            if direct is None and self.commands is not None:
+                direct = self.commands(message)
         if direct is not None:
             return finish("done", direct, None)
 
@@ -92,6 +109,7 @@ class TurnRunner:
         def should_stop() -> bool:
             return self.store.lane_generation(key) != generation
 
+        token = CURRENT_MESSAGE.set(message)
         try:
             outcome = run_turn(system_prompt=system_prompt, history=render_history(window), model=self.model,
                                tools=self.tools, bridge=self.bridge, limits=self.limits, record=record,
@@ -99,6 +117,8 @@ class TurnRunner:
         except ModelError as exc:
             log.warning("turn %s failed: %s", turn_id, exc)
             return finish("failed", f"⚠️ {exc.user_message}", session_id)
+        finally:
+            CURRENT_MESSAGE.reset(token)
         if outcome.stop_reason == "cancelled":
             log.info("turn %s cancelled at a step boundary", turn_id)
             return finish("cancelled", None, session_id)

@@ -30,7 +30,10 @@ log = logging.getLogger("adapters.telegram")
 
 WEBHOOK_PATH = "/telegram/webhook"
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
-COMMANDS = [("help", "What this bot can do"), ("new", "Start a fresh conversation"), ("stop", "Stop the running turn")]
+COMMANDS = [("help", "What this bot can do"), ("new", "Start a fresh conversation"), ("stop", "Stop the running turn"),
+            ("schedule", "Schedule a report: /schedule \"0 9 * * 1-5\" Zone what to report"),
+            ("jobs", "Your scheduled reports"), ("run", "Fire a scheduled report now: /run ID"),
+            ("unschedule", "Remove a scheduled report: /unschedule ID")]
 
 
 class TelegramAdapter:

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from gateway.store.db import read_tx, write_tx
-from gateway.store.models import InboxRow, LaneRow, MessageRow, OutboxRow, SessionRow
+from gateway.store.models import InboxRow, JobRow, JobRunRow, LaneRow, MessageRow, OutboxRow, SessionRow
 from gateway.types import ChatAddress, InboundMessage, OutboundMessage
 
 
@@ -42,6 +42,11 @@ _lanes = LaneRow.__table__
 _messages = MessageRow.__table__
 _outbox = OutboxRow.__table__
 _sessions = SessionRow.__table__
+_jobs = JobRow.__table__
+_job_runs = JobRunRow.__table__
+
+SETTLED = frozenset({"sent", "unconfirmed", "failed"})
+"""Final outbox states; a scheduled report's run takes its outbox row's final state."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,6 +466,15 @@ class Store:
                        _outbox.c.status.in_(("claimed", "sending")))
                 .values(**values)
             )
+            if result.rowcount == 1 and values.get("status") in SETTLED:
+                # A scheduled report's run is settled with its answer, in the same transaction:
+                # "delivered" (with the platform's message ids) only once the platform returned them.
+                conn.execute(
+                    update(_job_runs)
+                    .where(_job_runs.c.outbox_id == outbox_id, _job_runs.c.status == "delivering")
+                    .values(status=values["status"], platform_message_ids=values.get("platform_message_ids"),
+                            error=values.get("error"), finished_at=time.time())
+                )
         return result.rowcount == 1
 
     def outbox_rows(self) -> list[dict[str, Any]]:
@@ -477,5 +491,5 @@ class Store:
     def purge_all(self) -> None:
         """Deletes every row (tests only)."""
         with write_tx(self.engine) as conn:
-            for table in (_outbox, _inbox, _messages, _lanes, _sessions):
+            for table in (_outbox, _inbox, _messages, _lanes, _sessions, _jobs, _job_runs):
                 conn.execute(delete(table))
