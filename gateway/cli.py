@@ -1,4 +1,4 @@
-"""Command line: ``gateway run | chat | db upgrade | doctor`` (also ``python -m gateway``)."""
+"""Command line: ``gateway run | chat | db upgrade | doctor | jobs ...`` (also ``python -m gateway``)."""
 
 from __future__ import annotations
 
@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     db = sub.add_parser("db", help="database commands")
     db.add_argument("action", choices=["upgrade"])
     sub.add_parser("doctor", help="check config, database, model endpoint and platforms")
+    from gateway.jobs_cli import add_parser as add_jobs_parser
+
+    add_jobs_parser(sub)
     args = parser.parse_args(argv)
 
     try:
@@ -99,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
             from gateway.doctor import run_doctor
 
             return asyncio.run(run_doctor(config))
+        elif args.command == "jobs":
+            from gateway.jobs_cli import run_jobs_command
+
+            return run_jobs_command(config, args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -239,5 +239,6 @@ async def test_the_agent_schedules_a_report_with_its_tool(tmp_path, fake_telegra
     tool_results = {m["tool_call_id"]: m["content"] for m in fake_openai.requests[-1]["json"]["messages"]
                     if m["role"] == "tool"}
     assert tool_results[good.id].startswith(f"Scheduled report {job.id} created")
-    assert "unknown time zone 'Europe/Warsw'" in tool_results[bad.id] and "Nothing was scheduled" in tool_results[bad.id]
+    assert "unknown time zone 'Europe/Warsw'" in tool_results[bad.id]
+    assert "Nothing was scheduled" in tool_results[bad.id]
     await wait_until(lambda: gateway.pushes.scheduler.scheduled() == [job.id], what="tool job scheduled")
