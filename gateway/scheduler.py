@@ -19,6 +19,7 @@ Rules kept here:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Callable, Iterable
@@ -293,7 +294,7 @@ class _DueExecutor(BaseExecutor):
                 log.exception("job %s: could not hand over the fire due at %s", job.id, run_time)
         # Our callback only starts the work: release APScheduler's instance count once
         # submit_job has counted this one (it counts after _do_submit_job returns).
-        self._scheduler._eventloop.call_soon(self._run_job_success, job.id, [])
+        asyncio.get_running_loop().call_soon(self._run_job_success, job.id, [])
 
 
 class Scheduler:
@@ -351,6 +352,7 @@ class Scheduler:
         except ScheduleError as exc:
             log.error("job %s not scheduled: %s", job.id, exc)
             self.remove(job.id)
+            self._versions[job.id] = job.version  # said once per definition, not at every reload
             return False
         now = self._clock()
         next_run = first_fire(trigger, now)
@@ -378,7 +380,7 @@ class Scheduler:
             self._aps.remove_job(job_id)
 
     def scheduled(self) -> list[str]:
-        """Ids of the jobs APScheduler will fire."""
+        """Ids of the jobs APScheduler will fire (sorted)."""
         return sorted(job.id for job in self._aps.get_jobs())
 
     def next_run(self, job_id: str) -> datetime | None:
