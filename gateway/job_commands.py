@@ -26,7 +26,7 @@ from gateway.jobs import (
     next_fire_of,
 )
 from gateway.pushes import PushService
-from gateway.store.jobs import Job, JobStore
+from gateway.store.jobs import Job, JobRun, JobStore
 from gateway.types import InboundMessage
 
 log = logging.getLogger("gateway.jobs")
@@ -144,7 +144,8 @@ class JobCommands:
         jobs = self.jobs.list_jobs(requester.key)
         if not jobs:
             return "You have no scheduled reports. " + USAGE.splitlines()[0]
-        return "Your scheduled reports:\n" + "\n".join(describe_job(job, self.jobs) for job in jobs)
+        last = self.jobs.last_runs([job.id for job in jobs])
+        return "Your scheduled reports:\n" + "\n".join(describe_job(job, last.get(job.id)) for job in jobs)
 
     def _owned_job(self, requester: Requester, args: str, command: str) -> Job:
         job_id = args.split()[0] if args.split() else ""
@@ -156,9 +157,8 @@ class JobCommands:
         return job
 
 
-def describe_job(job: Job, jobs: JobStore) -> str:
-    """Two lines for ``/jobs``: id, schedule, zone, target, prompt; last run and next fire."""
-    last = jobs.last_runs([job.id]).get(job.id)
+def describe_job(job: Job, last: JobRun | None) -> str:
+    """Two lines for ``/jobs``: id, schedule, zone, target, prompt; last run (``last``) and next fire."""
     last_text = f"{local_time(last.scheduled_at, job.timezone)} ({last.status})" if last else "never"
     prompt = job.prompt if len(job.prompt) <= 80 else job.prompt[:77] + "..."
     state = "" if job.enabled else " [finished]"

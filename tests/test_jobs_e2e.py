@@ -246,3 +246,27 @@ async def test_the_agent_schedules_a_report_with_its_tool(tmp_path, fake_telegra
     assert "unknown time zone 'Europe/Warsw'" in tool_results[bad.id]
     assert "Nothing was scheduled" in tool_results[bad.id]
     await wait_until(lambda: gateway.pushes.scheduler.scheduled() == [job.id], what="tool job scheduled")
+
+
+async def test_slack_commands_after_a_mention_schedule_into_the_thread(tmp_path, fake_telegram, fake_slack,
+                                                                       fake_openai, running):
+    from tests.test_slack_e2e import message
+
+    fake_openai.reset()
+    fake_openai.responder = respond
+    gateway = await start_gateway(config(tmp_path, fake_openai, fake_telegram, fake_slack), running)
+    url = f"http://127.0.0.1:{gateway.http_port}/slack/events"
+    ts = "1735690100.000100"
+    since = len(fake_slack.calls("chat.postMessage"))
+    event = message(f'<@{fake_slack.bot_user_id}> /schedule "0 9 * * 1-5" Asia/Shanghai Standup notes', ts,
+                    channel=CHANNEL, user="U0BOB00001")
+    assert (await fake_slack.post_event(url, event)).status == 200
+    call = await fake_slack.wait_for_call("chat.postMessage", lambda c: c.params["channel"] == CHANNEL, since=since)
+    assert call.params["text"].startswith("Scheduled report") and call.params["thread_ts"] == ts
+    [job] = gateway.jobs.list_jobs()
+    assert job.target == ChatAddress("slack", "T0FAKE0001", CHANNEL, ts) and job.owner == "slack:T0FAKE0001:U0BOB00001"
+    assert fake_openai.requests == []  # answered by the gateway
+    run_id = await gateway.pushes.fire(job.id, MONDAY_9_SHANGHAI)
+    await wait_until(lambda: gateway.jobs.get_run(run_id).status == "sent", what="push sent")
+    [push] = [m for m in fake_slack.posted(CHANNEL, thread_ts=ts) if m["text"].startswith("ok:")]
+    assert push["text"] == "ok: Standup notes"  # the report, in the thread it was scheduled from
