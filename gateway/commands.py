@@ -10,7 +10,7 @@ HELP = (
     "Commands:\n"
     "/help - this message\n"
     "/stop - stop the answer in progress\n"
-    '/schedule "0 9 * * 1-5" Asia/Shanghai [--to slack:T123:C456] <what to report> - schedule a report\n'
+    '`/schedule "0 9 * * 1-5" Asia/Shanghai [--to slack:T123:C456] WHAT TO REPORT` - schedule a report\n'
     "/jobs - your scheduled reports; /run ID - fire one now; /unschedule ID - remove one"
 )
 

@@ -33,8 +33,8 @@ log = logging.getLogger("gateway.jobs")
 
 JOB_COMMANDS = frozenset({"schedule", "jobs", "unschedule", "run"})
 
-USAGE = ('Usage: /schedule "<cron>" <Zone> [--to <target>] <what the report should contain>\n'
-         'e.g. /schedule "0 9 * * 1-5" Asia/Shanghai Summarise yesterday\'s sales\n'
+USAGE = ('Usage: `/schedule "CRON" ZONE [--to TARGET] WHAT TO REPORT`, e.g.\n'
+         '`/schedule "0 9 * * 1-5" Asia/Shanghai Summarise yesterday\'s sales`\n'
          "Schedules: a crontab line (0 and 7 = Sunday), @daily, every 2h, at 2026-12-01 09:00.\n"
          f"Targets: {TARGET_FORMS}.")
 
