@@ -58,9 +58,10 @@ class PushRunner:
         if job is None or (not job.enabled and claim.trigger == "schedule"):
             done = self.jobs.finish_run(claim, status="skipped", error="the job was removed or disabled")
             return "skipped" if done else "lost"
+        once = job.schedule_kind == "once" and claim.trigger == "schedule"  # retired after its fire
         tools = self.toolsets.get(job.toolset)
         if tools is None:
-            return self._fail(claim, f"unknown toolset {job.toolset!r}")
+            return self._fail(claim, f"unknown toolset {job.toolset!r}", once)
         session_id = self.jobs.run_session(claim, self.turns.system_prompt + PUSH_NOTE)
         if session_id is None:
             return "lost"
@@ -85,20 +86,20 @@ class PushRunner:
                                limits=self.turns.limits, record=record, should_stop=lost)
         except ModelError as exc:
             log.warning("push run %s of job %s failed: %s", claim.run_id, job.id, exc)
-            return self._fail(claim, exc.user_message)
+            return self._fail(claim, exc.user_message, once)
         if outcome.stop_reason == "cancelled":
             log.warning("push run %s of job %s: claim lost; another instance runs it", claim.run_id, job.id)
             return "lost"
         text = outcome.reply.strip() or "(no answer)"
         reply = OutboundMessage(job.target, text, idempotency_key=f"push:{claim.run_id}")
-        once = job.schedule_kind == "once" and claim.trigger == "schedule"
         if not self.jobs.finish_run(claim, reply=reply, disable_job=once):
             return "lost"
         log.info("push run %s of job %s: answer queued for %s", claim.run_id, job.id, job.target.platform)
         return "delivering"
 
-    def _fail(self, claim: RunClaim, error: str) -> str:
-        return "failed" if self.jobs.finish_run(claim, status="failed", error=error) else "lost"
+    def _fail(self, claim: RunClaim, error: str, once: bool) -> str:
+        done = self.jobs.finish_run(claim, status="failed", error=error, disable_job=once)
+        return "failed" if done else "lost"
 
     @staticmethod
     def _request(job: Job, claim: RunClaim) -> str:

@@ -270,3 +270,21 @@ async def test_slack_commands_after_a_mention_schedule_into_the_thread(tmp_path,
     await wait_until(lambda: gateway.jobs.get_run(run_id).status == "sent", what="push sent")
     [push] = [m for m in fake_slack.posted(CHANNEL, thread_ts=ts) if m["text"].startswith("ok:")]
     assert push["text"] == "ok: Standup notes"  # the report, in the thread it was scheduled from
+
+
+async def test_a_one_shot_job_fires_once_and_retires(tmp_path, fake_telegram, fake_slack, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.responder = respond
+    gateway = await start_gateway(config(tmp_path, fake_openai, fake_telegram, fake_slack), running)
+    user = 5553006
+    created = await ask(fake_telegram, "/schedule at 2035-01-01 09:00 Asia/Shanghai New year sales", 8501, user_id=user)
+    assert "Next: 2035-01-01 09:00 Asia/Shanghai" in created
+    [job] = gateway.jobs.list_jobs()
+    await wait_until(lambda: gateway.pushes.scheduler.scheduled() == [job.id], what="scheduled")
+    assert gateway.pushes.scheduler.next_run(job.id).timestamp() == MONDAY_9_SHANGHAI
+    run_id = await gateway.pushes.fire(job.id, MONDAY_9_SHANGHAI)
+    await wait_until(lambda: gateway.jobs.get_run(run_id).status == "sent", what="sent")
+    assert not gateway.jobs.get_job(job.id).enabled
+    await wait_until(lambda: gateway.pushes.scheduler.scheduled() == [], what="retired")
+    listing = await ask(fake_telegram, "/jobs", 8502, user_id=user)
+    assert "[finished]" in listing and "next: -" in listing
