@@ -109,7 +109,4 @@ async def _run(config: GatewayConfig, job_id: str) -> int:
               "(a running gateway delivers it)")
         return 0
     finally:
-        gateway.bridge.stop()
-        gateway._workers.shutdown(wait=True)
-        gateway._db_pool.shutdown(wait=True)
-        gateway.engine.dispose()
+        await gateway.stop()  # never started: only closes the bridge, pools and engine
