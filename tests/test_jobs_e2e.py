@@ -220,7 +220,7 @@ async def test_failures_are_told_to_the_owner_in_their_dm(tmp_path, fake_telegra
     model_run = await gateway.pushes.fire(gone.id, MONDAY_9_SHANGHAI + 86400)
     await wait_until(lambda: len(texts(fake_telegram, owner)) == 2, what="model failure notice")
     assert gateway.jobs.get_run(model_run).status == "failed" and gateway.jobs.get_run(model_run).outbox_id is None
-    await asyncio.sleep(0.7)  # two maintenance passes: nobody is told twice
+    await asyncio.sleep(0.4)  # another maintenance pass: nobody is told twice
     assert len(texts(fake_telegram, owner)) == 2
 
 

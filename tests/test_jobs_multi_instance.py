@@ -93,7 +93,7 @@ async def test_killed_claim_holder_is_taken_over_and_delivered_once(tmp_path, pg
     def respond(request):
         calls.append(time.monotonic())
         if len(calls) == 1:
-            return oa.delay(4, oa.text("never sent"))  # the holder is killed long before it comes
+            return oa.delay(2.5, oa.text("never sent"))  # the holder is killed long before it comes
         return oa.text("report after takeover")
 
     fake_openai.responder = respond
