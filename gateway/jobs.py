@@ -41,6 +41,7 @@ class Requester:
 
     @classmethod
     def of(cls, message: InboundMessage) -> Requester:
+        """The sender of ``message``, in the chat it came from."""
         sender = message.sender
         return cls(message.platform, message.address.tenant, sender.user_id,
                    sender.display_name or sender.username or sender.user_id, message.address, message.chat_type)

@@ -178,6 +178,7 @@ class _CrontabTrigger(CronTrigger):
         self.fixed_hour = fixed_hour
 
     def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
+        """Like ``CronTrigger``'s, skipping the second pass of a repeated wall time (fixed hours)."""
         while True:
             nxt = super().get_next_fire_time(previous_fire_time, now)
             if nxt is None or not self.fixed_hour or not _repeated_wall_time(nxt.astimezone(self.timezone)):
@@ -319,6 +320,7 @@ class Scheduler:
 
     @property
     def running(self) -> bool:
+        """Whether APScheduler is started."""
         return bool(self._aps.running)
 
     def start(self) -> None:
@@ -326,6 +328,7 @@ class Scheduler:
         self._aps.start()
 
     def stop(self) -> None:
+        """Stops firing (idempotent); fires already handed over are not affected."""
         if self._aps.running:
             self._aps.shutdown(wait=False)
 
@@ -371,6 +374,7 @@ class Scheduler:
         return True
 
     def remove(self, job_id: str) -> None:
+        """Unschedules ``job_id`` (no-op when it is not scheduled)."""
         self._versions.pop(job_id, None)
         self._triggers.pop(job_id, None)
         self._remove_aps(job_id)

@@ -153,6 +153,7 @@ class JobStore:
         raise RuntimeError("could not allocate a job id")
 
     def get_job(self, job_id: str) -> Job | None:
+        """The job, or ``None`` when there is no such id."""
         with read_tx(self.engine) as conn:
             row = conn.execute(select(_jobs).where(_jobs.c.id == job_id)).first()
         return _job(row) if row is not None else None
@@ -286,6 +287,7 @@ class JobStore:
         return True
 
     def get_run(self, run_id: int) -> JobRun | None:
+        """The run, or ``None`` when there is no such id."""
         with read_tx(self.engine) as conn:
             row = conn.execute(select(_runs).where(_runs.c.id == run_id)).first()
         return _run(row) if row is not None else None
