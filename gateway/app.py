@@ -31,11 +31,17 @@ from gateway.commands import CONTROL_COMMANDS, Commands, control_reply
 from gateway.config import GatewayConfig
 from gateway.delivery import Delivery
 from gateway.http import build_app
+from gateway.job_commands import JobCommands
+from gateway.job_tool import schedule_report_tool
+from gateway.jobs import JobPlanner
 from gateway.ports import Adapter
+from gateway.push_run import PushRunner
+from gateway.pushes import PushService
 from gateway.resets import ResetPolicy
 from gateway.sessions import session_key_for
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.directory import Directory
+from gateway.store.jobs import JobStore
 from gateway.store.sql import Store
 from gateway.streaming import StreamHub
 from gateway.turns import TurnRunner
@@ -72,8 +78,19 @@ class Gateway:
         self.serve_http = serve_http
         self.engine = create_db_engine(config.database.url, config.database.pool_size)
         self.store = Store(self.engine)
+        self.jobs = JobStore(self.engine)
         self.bridge = AsyncBridge()
         self.tools = build_catalog(config, self.bridge)
+        push_tools = ToolRegistry()  # a push's "default" toolset: the chat tools minus chat-only ones
+        for tool in self.tools.tools.values():
+            push_tools.add(tool)
+        toolsets = {"default": push_tools, "none": ToolRegistry()}
+        self.planner = JobPlanner(self.jobs, platforms=self.adapters, operators=config.scheduler.operators,
+                                  toolsets=toolsets)
+        self.pushes: PushService | None = None
+        if config.scheduler.enabled:
+            self.tools.add(schedule_report_tool(self.jobs, self.planner,
+                                                lambda: self.pushes.job_changed() if self.pushes else None))
         api_key = config.secret(config.llm.api_key_env) or "missing-api-key"
 
         def build_model(spec: AgentSpec) -> ChatModel:
@@ -112,6 +129,15 @@ class Gateway:
             max_attempts=config.delivery.max_attempts, backoff_base_s=config.delivery.backoff_base_s,
             backoff_max_s=config.delivery.backoff_max_s, claim_s=config.delivery.claim_s,
         )
+        if config.scheduler.enabled:
+            sc = config.scheduler
+            self.pushes = PushService(
+                jobs=self.jobs, runner=PushRunner(turns=self.runner, jobs=self.jobs, toolsets=toolsets),
+                run_db=self.run_db, workers=self._workers, instance_id=self.instance_id, on_queued=self.delivery.wake,
+                misfire_grace_s=sc.misfire_grace_s, claim_timeout_s=sc.claim_timeout_s,
+                reload_interval_s=sc.reload_interval_s,
+            )
+        self.runner.job_commands = JobCommands(jobs=self.jobs, planner=self.planner, service=self.pushes).handle
         self.bus = SessionBus(
             store=self.store, run_turn=self.runner.run, workers=self._workers, instance_id=self.instance_id,
             lease_s=config.bus.lease_s, sweep_interval_s=config.bus.sweep_interval_s,
@@ -250,6 +276,8 @@ class Gateway:
         self.streams.bind(asyncio.get_running_loop())
         await self.bus.start()
         await self.delivery.start()
+        if self.pushes is not None:
+            await self.pushes.start()
         if self.serve_http:
             routes = [route for adapter in self.adapters.values() for route in adapter.routes()]
             app = build_app(routes, self._ready, self._metrics)
@@ -281,6 +309,8 @@ class Gateway:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.pushes is not None:
+            await self.pushes.stop()
         await self.bus.stop()
         for task in self._typing.values():
             task.cancel()
@@ -309,6 +339,8 @@ class Gateway:
             "# TYPE gateway_inbound_duplicates_total counter", f"gateway_inbound_duplicates_total {self.duplicates}",
             "# TYPE gateway_turns_total counter", f"gateway_turns_total {self.bus.turns_done}",
             "# TYPE gateway_deliveries_total counter", f"gateway_deliveries_total {self.delivery.sent}",
+            "# TYPE gateway_push_runs_total counter",
+            f"gateway_push_runs_total {self.pushes.fired if self.pushes else 0}",
         ]
         return "\n".join(lines) + "\n"
 

@@ -1,4 +1,4 @@
-"""Command line: ``gateway run | chat | db upgrade | doctor`` (also ``python -m gateway``)."""
+"""Command line: ``gateway run | chat | db upgrade | doctor | jobs ...`` (also ``python -m gateway``)."""
 
 from __future__ import annotations
 
@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     pairing = sub.add_parser("pairing", help="DM pairing: let an unknown user in")
     pairing.add_argument("action", choices=["approve"])
     pairing.add_argument("code", help="the code the user was given")
+    from gateway.jobs_cli import add_parser as add_jobs_parser
+
+    add_jobs_parser(sub)
     args = parser.parse_args(argv)
 
     try:
@@ -121,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             from gateway.doctor import run_doctor
 
             return asyncio.run(run_doctor(config))
+        elif args.command == "jobs":
+            from gateway.jobs_cli import run_jobs_command
+
+            return run_jobs_command(config, args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

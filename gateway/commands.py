@@ -25,6 +25,8 @@ HELP = (
     "/link CODE - join this account to the one that made CODE\n"
     "/unlink - detach this account again\n"
     "/stop - stop the answer in progress\n"
+    '/schedule "0 9 * * 1-5" Asia/Shanghai [--to slack:T123:C456] WHAT TO REPORT - schedule a report\n'
+    "/jobs - your scheduled reports; /run ID - fire one now; /unschedule ID - remove one\n"
     "/help - this message"
 )
 
@@ -32,6 +34,9 @@ COMMANDS = [
     ("new", "Start a fresh conversation"), ("sessions", "List your conversations"),
     ("resume", "Continue a conversation: /resume ID"), ("status", "Model, conversation and usage"),
     ("link", "Link another account of yours"), ("unlink", "Unlink this account"),
+    ("schedule", "Schedule a report: /schedule \"0 9 * * 1-5\" Zone what to report"),
+    ("jobs", "Your scheduled reports"), ("run", "Fire a scheduled report now: /run ID"),
+    ("unschedule", "Remove a scheduled report: /unschedule ID"),
     ("stop", "Stop the answer in progress"), ("help", "What this bot can do"),
 ]
 """The native command menu (Telegram setMyCommands: 1-32 chars of a-z, 0-9 and _)."""

@@ -167,6 +167,24 @@ class DeliveryConfig(_Section):
     reclaims the reply; a reply reclaimed this way never has its part in flight sent again."""
 
 
+class SchedulerConfig(_Section):
+    """Scheduled reports (DESIGN §8)."""
+
+    enabled: bool = True
+    """Fire jobs on this instance (and accept the job commands)."""
+    misfire_grace_s: float = 300.0
+    """A fire missed by up to this long (busy loop, restart) still runs, once; older ones are skipped."""
+    claim_timeout_s: float = 60.0
+    """A run whose instance stopped renewing its claim for this long is taken over by another."""
+    reload_interval_s: float = 15.0
+    """How often job definitions are reloaded (jobs added or removed on other instances) and
+    orphaned runs and undelivered failure notices are looked for."""
+    operators: list[str] = Field(default_factory=list)
+    """Identities (``platform:user_id`` or ``platform:tenant:user_id``) allowed to schedule into any
+    chat the bot has received a message from, across platforms; everyone else only into chats
+    they have written from."""
+
+
 class TelegramConfig(_Section):
     enabled: bool = False
     token_env: str = "TELEGRAM_BOT_TOKEN"
@@ -242,6 +260,7 @@ class GatewayConfig(BaseSettings):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     bus: BusConfig = Field(default_factory=BusConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     telegram: TelegramConfig = Field(default_factory=TelegramConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)
     feishu: FeishuConfig = Field(default_factory=FeishuConfig)
@@ -268,6 +287,10 @@ class GatewayConfig(BaseSettings):
         """Reads the secret held by environment variable ``env_name`` (``None`` if unset or empty)."""
         value = os.environ.get(env_name, "")
         return value or None
+
+    def platforms(self) -> list[str]:
+        """Names of the enabled platforms."""
+        return [name for name in ("telegram", "slack", "feishu") if getattr(self, name).enabled]
 
     def require_secret(self, env_name: str, what: str) -> str:
         """Like ``secret`` but raises ``ConfigError`` naming the variable when it is missing."""

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from agent.bridge import AsyncBridge
@@ -34,6 +35,14 @@ log = logging.getLogger("gateway.turns")
 CANCEL_POLL_S = 1.0
 """How often a running turn asks the database whether another instance cancelled it."""
 
+CURRENT_MESSAGE: ContextVar[InboundMessage | None] = ContextVar("current_message", default=None)
+"""The message a turn answers, set while the agent loop runs on the worker thread: tools that act
+for the user (``schedule_report``) read who asks and from which chat here, so ``agent/`` stays
+free of gateway types."""
+
+CommandHandler = Callable[[InboundMessage], "str | None"]
+"""Answers a gateway command without the model (``None``: not one of its commands)."""
+
 
 class TurnRunner:
     """Runs turns against one store with the agent the cache holds for ``spec``.
@@ -45,12 +54,15 @@ class TurnRunner:
         system_prompt: stored on each new session at creation and reused byte for byte.
         history_window: transcript messages loaded per turn.
         streams: opens a streamed preview for turns on streaming platforms (``None``: no streaming).
+        commands: the session commands (``/new``, ``/link``...), answered in the lane without the model.
+        job_commands: answers scheduling commands (``/schedule``, ``/jobs``...) the same way.
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
                  limits: Limits, history_window: int, system_prompt: str, streams: StreamHub | None = None,
                  commands: Commands | None = None, is_admin: Callable[[InboundMessage], bool] = lambda m: False,
-                 reset: ResetPolicy | None = None) -> None:
+                 reset: ResetPolicy | None = None, job_commands: CommandHandler | None = None) -> None:
+        self.job_commands = job_commands
         self.store = store
         self.agents = agents
         self.spec = spec
@@ -101,6 +113,10 @@ class TurnRunner:
                                                       self.is_admin(message), self.spec.model))
             if direct is not None:
                 return finish("done", direct, None)
+        if self.job_commands is not None and len(batch) == 1 and message.command is not None:
+            direct = self.job_commands(message)
+            if direct is not None:
+                return finish("done", direct, None)
 
         owner = last.user_id if is_dm_key(key) else None
         opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
@@ -149,6 +165,7 @@ class TurnRunner:
             stream = self.streams.open(address=message.address, idempotency_key=reply_key,
                                        reply_to_id=message.reply_to_id, session_id=session_id, session_key=key,
                                        generation=generation)
+        token = CURRENT_MESSAGE.set(message)
         try:
             outcome = run_turn(system_prompt=system_prompt, history=render_history(window), model=agent.model,
                                tools=agent.tools, bridge=self.bridge, limits=self.limits, record=record,
@@ -158,6 +175,7 @@ class TurnRunner:
             log.warning("turn %s failed: %s", turn_id, exc)
             return finish("failed", f"⚠️ {exc.user_message}", session_id)
         finally:
+            CURRENT_MESSAGE.reset(token)
             if stream is not None:
                 stream.close()
         if outcome.stop_reason == "cancelled":

@@ -200,7 +200,6 @@ def test_cancelled_turn_cancels_its_streaming_row_and_unknown_previews_are_not_e
 def test_instances_starting_together_migrate_once(db_url):
     """Several instances start at once on a fresh database: one migrates, the others wait."""
     from gateway.store.db import create_db_engine as make
-
     from gateway.store.models import Base
 
     engine = make(db_url)
@@ -214,7 +213,7 @@ def test_instances_starting_together_migrate_once(db_url):
         e = make(db_url)
         try:
             upgrade(e)
-        except Exception as exc:  # noqa: BLE001 - collected for the assertion
+        except Exception as exc:
             errors.append(repr(exc))
         finally:
             e.dispose()
@@ -228,3 +227,14 @@ def test_instances_starting_together_migrate_once(db_url):
     engine = make(db_url)
     assert Store(engine).count_inbox("pending") == 0
     engine.dispose()
+
+
+def test_a_control_reply_after_a_stop_is_not_taken_for_a_stale_one(store):
+    store.claim_lane("k", "a", 60)
+    stop = InboundMessage(ChatAddress("telegram", "1", "5"), "5:1", "dm", Sender("5"), "", command="stop")
+    store.insert_inbound(stop, "k", cancel="always", control_reply=reply_row("stopped"))
+    store.claim_outbox("x", 10, claim_s=60)
+    later = InboundMessage(ChatAddress("telegram", "1", "5"), "5:2", "dm", Sender("5"), "hi")
+    store.insert_inbound(later, "k", control_reply=reply_row("pairing code"))  # no cancellation
+    store.mark_sent(store.outbox_rows()[0]["id"], "x", ["1"])
+    assert [i.message.idempotency_key for i in store.claim_outbox("x", 10, claim_s=60)] == ["pairing code"]

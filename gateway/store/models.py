@@ -188,3 +188,75 @@ class SessionAddressRow(Base):
     chat_key: Mapped[str] = mapped_column(String(255))
     address: Mapped[dict[str, Any]] = mapped_column(JSON)
     last_used_at: Mapped[float] = mapped_column(Float)
+
+class JobRow(Base):
+    """A scheduled report (DESIGN §8): what to ask the agent, when (in which IANA zone), where to
+    deliver the answer. This table is the source of truth; schedulers hold only the job's id."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    """Short, typeable id (``/run ID``)."""
+    owner: Mapped[str] = mapped_column(String(255), index=True)
+    """``platform:tenant:user_id`` of the creator, or ``cli`` for jobs added by an operator."""
+    owner_name: Mapped[str] = mapped_column(String(255), default="")
+    owner_dm: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """The owner's DM address (``ChatAddress`` dict), told about failed runs; ``None`` if unknown."""
+    target: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """Where reports go: ``ChatAddress`` dict (platform, tenant, chat_id, thread_id)."""
+    schedule_kind: Mapped[str] = mapped_column(String(16))
+    """``cron`` (crontab numbering) | ``interval`` (seconds) | ``once`` (local ISO time)."""
+    schedule: Mapped[str] = mapped_column(String(255))
+    timezone: Mapped[str] = mapped_column(String(64))
+    """IANA zone the schedule is read in (required; never the host's zone)."""
+    prompt: Mapped[str] = mapped_column(Text)
+    toolset: Mapped[str] = mapped_column(String(64), default="default")
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    source: Mapped[str | None] = mapped_column(String(255), unique=True)
+    """The chat message that created the job (``platform:tenant:message_id``): a redelivered
+    command finds its job instead of creating a second one."""
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    """Changes only when the definition changes (schedulers reload the job then)."""
+    last_fire_at: Mapped[float | None] = mapped_column(Float)
+    """Scheduled time of the latest claimed run (epoch s, UTC)."""
+    next_fire_at: Mapped[float | None] = mapped_column(Float)
+    """Next scheduled time as last computed (epoch s, UTC); a restart within the misfire grace
+    catches up a fire that was due while no instance ran."""
+
+
+class JobRunRow(Base):
+    """One fire of a job. Inserting it is the claim: unique on (job, scheduled time), so among
+    several instances only the one whose insert succeeds runs that fire."""
+
+    __tablename__ = "job_runs"
+    __table_args__ = (
+        UniqueConstraint("job_id", "scheduled_at", name="uq_job_runs_job_scheduled"),
+        Index("ix_job_runs_status_claim", "status", "claim_until"),
+        Index("ix_job_runs_outbox_id", "outbox_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(16))
+    scheduled_at: Mapped[float] = mapped_column(Float)
+    """The fire time (epoch s, UTC); for ``/run`` the command's own timestamp."""
+    trigger: Mapped[str] = mapped_column(String(16), default="schedule")
+    """``schedule`` | ``manual``."""
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    """``running`` (claimed, agent working) -> ``delivering`` (answer in the outbox) -> ``sent`` |
+    ``unconfirmed`` | ``failed``; or ``skipped`` (job removed or disabled before it ran)."""
+    claimed_by: Mapped[str | None] = mapped_column(String(128))
+    claim_until: Mapped[float] = mapped_column(Float, default=0.0)
+    """A ``running`` claim not renewed by then is taken over by another instance."""
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    session_id: Mapped[str | None] = mapped_column(String(32))
+    """The run's own agent session (a taken-over run resumes its transcript)."""
+    outbox_id: Mapped[int | None] = mapped_column(Integer)
+    """The outbox row carrying the answer; its settling settles the run."""
+    platform_message_ids: Mapped[list[Any] | None] = mapped_column(JSON)
+    """Set only from the platform's answer, when the outbox row is sent."""
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+    notified_at: Mapped[float | None] = mapped_column(Float)
+    """When the owner was told of this run's failure (set once)."""

@@ -17,7 +17,16 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from gateway.store.db import read_tx, write_tx
-from gateway.store.models import Base, InboxRow, LaneRow, MessageRow, OutboxRow, SessionAddressRow, SessionRow
+from gateway.store.models import (
+    Base,
+    InboxRow,
+    JobRunRow,
+    LaneRow,
+    MessageRow,
+    OutboxRow,
+    SessionAddressRow,
+    SessionRow,
+)
 from gateway.types import ChatAddress, InboundMessage, OutboundMessage
 
 
@@ -47,6 +56,10 @@ _messages = MessageRow.__table__
 _outbox = OutboxRow.__table__
 _sessions = SessionRow.__table__
 _addresses = SessionAddressRow.__table__
+_job_runs = JobRunRow.__table__
+
+SETTLED = frozenset({"sent", "unconfirmed", "failed"})
+"""Final outbox states; a scheduled report's run takes its outbox row's final state."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,15 +157,16 @@ class Store:
                         finished_at=None if control_reply is None else now,
                     )
                 )
-                generation = 0
                 if cancel is not None:
                     condition = [_lanes.c.key == session_key]
                     if cancel == "if_busy":
                         condition += [_lanes.c.lease_owner.is_not(None), _lanes.c.lease_until >= now]
                     conn.execute(update(_lanes).where(*condition).values(generation=_lanes.c.generation + 1))
-                    generation = conn.execute(
-                        select(_lanes.c.generation).where(_lanes.c.key == session_key)
-                    ).scalar_one_or_none() or 0
+                # The reply is queued under the lane's current generation (else a later claim would
+                # take it for a reply of a stopped turn and drop it).
+                generation = conn.execute(
+                    select(_lanes.c.generation).where(_lanes.c.key == session_key)
+                ).scalar_one_or_none() or 0
                 if control_reply is not None:
                     self._queue(conn, control_reply, None, session_key, generation, now)
         except IntegrityError:
@@ -610,6 +624,15 @@ class Store:
                        _outbox.c.status.in_(("claimed", "sending")))
                 .values(**values)
             )
+            if result.rowcount == 1 and values.get("status") in SETTLED:
+                # A scheduled report's run is settled with its answer, in the same transaction:
+                # "delivered" (with the platform's message ids) only once the platform returned them.
+                conn.execute(
+                    update(_job_runs)
+                    .where(_job_runs.c.outbox_id == outbox_id, _job_runs.c.status == "delivering")
+                    .values(status=values["status"], platform_message_ids=values.get("platform_message_ids"),
+                            error=values.get("error"), finished_at=time.time())
+                )
         return result.rowcount == 1
 
     def outbox_rows(self) -> list[dict[str, Any]]:
