@@ -1,0 +1,43 @@
+"""``WindowPolicy``: the model's context window and when its projection is compressed (DESIGN §5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WindowPolicy:
+    """How the projection is fitted (all ratios are of ``context_window_tokens``).
+
+    Attributes:
+        context_window_tokens: the model's context window in tokens (prompt + reply).
+        threshold: compress once the estimated request reaches this share.
+        keep_ratio: after compressing, recent turns kept verbatim up to this share.
+        summary_ratio: the summary's cap (longer summaries are cut to it).
+        reserve_ratio: kept free for the reply and estimate error; a request above
+            ``1 - reserve_ratio`` of the window is never sent (oldest turns are dropped).
+    """
+
+    context_window_tokens: int = 128_000
+    threshold: float = 0.75
+    keep_ratio: float = 0.35
+    summary_ratio: float = 0.15
+    reserve_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.keep_ratio < self.threshold <= 1 - self.reserve_ratio:
+            raise ValueError("need 0 < keep_ratio < threshold <= 1 - reserve_ratio")
+
+    @property
+    def compress_at(self) -> int:
+        """Estimated request tokens at which older turns are summarised."""
+        return int(self.context_window_tokens * self.threshold)
+
+    @property
+    def hard_limit(self) -> int:
+        """Estimated request tokens never exceeded (the current turn alone excepted)."""
+        return int(self.context_window_tokens * (1 - self.reserve_ratio))
+
+    @property
+    def summary_tokens(self) -> int:
+        return int(self.context_window_tokens * self.summary_ratio)
