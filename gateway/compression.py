@@ -13,8 +13,13 @@ turn's worker thread:
    summarised by one call to the same model (``SUMMARY_PROMPT``: keep facts, decisions, names,
    numbers), folding in the previous summary. The summary is stored (``summaries``) with the id of
    the last message it covers, so later turns load it plus only the messages after the cut.
-3. If the summary call fails the turn goes on: older turns are dropped (oldest first) until the
-   request fits the hard limit, and the previous summary, if any, is still sent.
+3. If the summary call fails the turn goes on with the plain window: the oldest turns are left
+   out until the request is under ``threshold`` (the previous summary, if any, is still sent,
+   and nothing is stored, so a later try can still summarise them); the session's next try waits
+   ``retry_after_s``.
+4. Should the kept turns plus the summary still exceed ``threshold`` (huge tool results), the
+   oldest kept turns are dropped too; the current turn is always sent whole. Between
+   ``threshold`` and ``1 - reserve_ratio`` there is room for the turn's own tool steps.
 
 The summary goes in as a user message right after the system prompt, marked ``SUMMARY_HEADER``;
 the system prompt bytes never change. Every projection ends in ``render_history``, whose
@@ -24,6 +29,8 @@ the system prompt bytes never change. Every projection ends in ``render_history`
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -91,12 +98,17 @@ class Compressor:
         row_limit: transcript rows a turn loads (``agent.history_window``); compression also
             starts when the loaded rows reach ``threshold`` of it, so no row falls out of the
             loaded window before it is summarised.
+        retry_after_s: after a failed summary call, the session's next try waits this long (in
+            this process), so a failing or slow endpoint does not cost every turn an extra call.
     """
 
-    def __init__(self, store: Store, policy: WindowPolicy, row_limit: int) -> None:
+    def __init__(self, store: Store, policy: WindowPolicy, row_limit: int, retry_after_s: float = 300.0) -> None:
         self.store = store
         self.policy = policy
         self.row_limit = row_limit
+        self.retry_after_s = retry_after_s
+        self._failed: dict[str, float] = {}  # session id -> monotonic time of its last failed summary
+        self._lock = threading.Lock()
 
     def project(self, *, session_id: str, system_prompt: str, tools: list[dict[str, Any]],
                 summary: Summary | None, window: list[StoredMessage], model: ChatModel) -> Projection:
@@ -121,19 +133,31 @@ class Compressor:
 
         keep = self._keep_from(turns, costs)
         compressed = False
-        if keep > 0:
+        if keep > 0 and self._may_try(session_id):
             older = [row for turn in turns[:keep] for row in turn if row.id]
             try:
                 summary_text = self._summarise(model, summary_text, older)
                 self.store.save_summary(session_id, older[-1].id, summary_text)
-                first, compressed = keep, True
+                compressed = True
                 log.info("session %s: summarised %d messages up to id %d", session_id, len(older), older[-1].id)
-            except Exception as exc:
+            except Exception as exc:  # any failure: the turn goes on with the plain window
+                with self._lock:
+                    self._failed[session_id] = time.monotonic()
                 log.warning("session %s: summary failed, sending the plain window: %s", session_id, exc)
+        if compressed:
+            first = keep
         protected = protected_from(turns)
-        while first < protected and total(summary_text, first) > self.policy.hard_limit:
+        while first < protected and total(summary_text, first) > self.policy.compress_at:
             first += 1  # drop the oldest turn (already summarised, or lost to a failed summary)
         return self._projection(summary_text, turns, first, total(summary_text, first), compressed)
+
+    def _may_try(self, session_id: str) -> bool:
+        with self._lock:
+            failed = self._failed.get(session_id)
+            if failed is not None and time.monotonic() - failed < self.retry_after_s:
+                return False
+            self._failed.pop(session_id, None)
+            return True
 
     def _keep_from(self, turns: list[list[StoredMessage]], costs: list[int]) -> int:
         """Index of the oldest turn kept verbatim after compressing: newest turns within

@@ -14,8 +14,8 @@ class WindowPolicy:
         threshold: compress once the estimated request reaches this share.
         keep_ratio: after compressing, recent turns kept verbatim up to this share.
         summary_ratio: the summary's cap (longer summaries are cut to it).
-        reserve_ratio: kept free for the reply and estimate error; a request above
-            ``1 - reserve_ratio`` of the window is never sent (oldest turns are dropped).
+        reserve_ratio: kept free for the reply and the estimate's error: a turn starts at most at
+            ``threshold``, and the space up to ``1 - reserve_ratio`` is for its own tool steps.
     """
 
     context_window_tokens: int = 128_000
@@ -35,7 +35,8 @@ class WindowPolicy:
 
     @property
     def hard_limit(self) -> int:
-        """Estimated request tokens never exceeded (the current turn alone excepted)."""
+        """Estimated request tokens a turn's steps should stay under (not enforced inside a turn:
+        tool results are capped by ``agent.tool_result_max_chars`` instead)."""
         return int(self.context_window_tokens * (1 - self.reserve_ratio))
 
     @property
