@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -56,6 +56,11 @@ class LlmConfig(_Section):
     """Older turns are summarised once the estimated request reaches this share of the window."""
     compress_keep_ratio: float = 0.35
     """Share of the window kept as verbatim recent turns after a summary."""
+
+    @model_validator(mode="after")
+    def _check_window(self) -> LlmConfig:
+        self.window_policy()  # ValueError (a validation error) unless keep < threshold < 0.9
+        return self
 
     def window_policy(self) -> WindowPolicy:
         """The context-window policy as ``gateway.compression`` takes it."""
