@@ -45,7 +45,7 @@ class TurnRunner:
         spec: which agent chat turns use (model, endpoint, key, toolset).
         limits: the run boundaries of each turn's task.
         system_prompt: stored on each new session at creation and reused byte for byte.
-        history_window: transcript messages loaded per turn.
+        history_window: most transcript messages loaded per turn (after the latest summary's cut).
         streams: opens a streamed preview for turns on streaming platforms (``None``: no streaming).
         window: the model's context window and when to compress (``gateway.compression``);
             summaries are made on the turn's worker thread before its first model call.

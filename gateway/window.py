@@ -25,8 +25,10 @@ class WindowPolicy:
     reserve_ratio: float = 0.1
 
     def __post_init__(self) -> None:
-        if not 0 < self.keep_ratio < self.threshold <= 1 - self.reserve_ratio:
-            raise ValueError("need 0 < keep_ratio < threshold <= 1 - reserve_ratio")
+        """Raises ``ValueError`` unless ``0 < keep_ratio + summary_ratio < threshold <= 1 -
+        reserve_ratio`` (a fresh summary plus the kept turns must leave room below the threshold)."""
+        if not 0 < self.keep_ratio + self.summary_ratio < self.threshold <= 1 - self.reserve_ratio:
+            raise ValueError("need 0 < keep_ratio + summary_ratio < threshold <= 1 - reserve_ratio")
 
     @property
     def compress_at(self) -> int:
@@ -41,4 +43,5 @@ class WindowPolicy:
 
     @property
     def summary_tokens(self) -> int:
+        """The longest summary kept, in estimated tokens."""
         return int(self.context_window_tokens * self.summary_ratio)
