@@ -96,7 +96,7 @@ def test_history_starts_at_a_user_message_and_closes_interrupted_calls():
 def test_context_window_settings_are_checked():
     from gateway.config import LlmConfig
 
-    policy = LlmConfig(context_window_tokens=8000, compress_threshold=0.5).window_policy()
-    assert policy.compress_at == 4000 and policy.hard_limit == 7200
+    policy = LlmConfig(context_window_tokens=8000, compress_threshold=0.6).window_policy()
+    assert policy.compress_at == 4800 and policy.hard_limit == 7200
     with pytest.raises(ValueError):
         LlmConfig(compress_threshold=0.95)
