@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.model import ChatModel
+from agent.model import ChatModel, Usage
 from agent.tokens import message_tokens, request_tokens, text_tokens
 from gateway.context import render_history, render_user
 from gateway.store.sql import Store, StoredMessage, Summary
@@ -136,8 +136,9 @@ class Compressor:
         if keep > 0 and self._may_try(session_id):
             older = [row for turn in turns[:keep] for row in turn if row.id]
             try:
-                summary_text = self._summarise(model, summary_text, older)
-                self.store.save_summary(session_id, older[-1].id, summary_text)
+                summary_text, usage = self._summarise(model, summary_text, older)
+                self.store.save_summary(session_id, older[-1].id, summary_text, usage.prompt_tokens,
+                                        usage.completion_tokens)
                 compressed = True
                 log.info("session %s: summarised %d messages up to id %d", session_id, len(older), older[-1].id)
             except Exception as exc:  # any failure: the turn goes on with the plain window
@@ -172,9 +173,10 @@ class Compressor:
             rows += len(turns[first])
         return first
 
-    def _summarise(self, model: ChatModel, previous: str | None, rows: list[StoredMessage]) -> str:
-        """One model call condensing ``previous`` + ``rows``; the text, capped to the policy.
-        Raises whatever the model client raises, or ``ValueError`` on an empty answer."""
+    def _summarise(self, model: ChatModel, previous: str | None, rows: list[StoredMessage]) -> tuple[str, Usage]:
+        """One model call condensing ``previous`` + ``rows``: the text (capped to the policy) and
+        the call's usage. Raises whatever the model client raises, or ``ValueError`` on an empty
+        answer."""
         words = max(50, self.policy.summary_tokens * 3 // 4)
         budget = int(self.policy.context_window_tokens * (self.policy.threshold - self.policy.summary_ratio))
         budget -= text_tokens(previous or "") + text_tokens(SUMMARY_PROMPT) + 64
@@ -194,7 +196,9 @@ class Compressor:
         if not text:
             raise ValueError("the model returned an empty summary")
         cap = self.policy.summary_tokens * 4
-        return text if len(text.encode()) <= cap else text.encode()[:cap].decode(errors="ignore") + " [cut]"
+        if len(text.encode()) > cap:
+            text = text.encode()[:cap].decode(errors="ignore") + " [cut]"
+        return text, reply.usage
 
     @staticmethod
     def _projection(summary: str | None, turns: list[list[StoredMessage]], first: int, tokens: int,

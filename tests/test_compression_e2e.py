@@ -130,6 +130,9 @@ def test_300_turns_fit_the_window_keep_early_facts_and_stop_growing(rig, fake_op
     assert session_id is not None
     summary = store.latest_summary(session_id)
     assert summary is not None and "FACT-1=APPLE" in summary.text
+    with store.engine.connect() as conn:  # the summary calls' usage is kept with each summary
+        costs = conn.exec_driver_sql("SELECT prompt_tokens, completion_tokens FROM summaries").all()
+    assert len(costs) == len(summaries) and all(p > 0 and c > 0 for p, c in costs)
     transcript = store.transcript(session_id)
     assert sum(1 for m in transcript if m.role == "user") == 300  # the transcript keeps everything
 
