@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+MIGRATION_LOCK_ID = 0x6167776D  # "agwm": the advisory lock key serialising migrations on PostgreSQL
 
 
 def create_db_engine(url: str, pool_size: int = 10) -> Engine:
@@ -58,12 +59,19 @@ def read_tx(engine: Engine) -> Iterator[Connection]:
 
 
 def upgrade(engine: Engine) -> None:
-    """Applies every Alembic migration not yet applied (``alembic upgrade head``)."""
+    """Applies every Alembic migration not yet applied (``alembic upgrade head``).
+
+    On PostgreSQL the migration holds a transaction-scoped advisory lock, so instances starting
+    together migrate one after the other (the second finds nothing left to do) instead of racing
+    to create the same tables.
+    """
     from alembic import command
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
