@@ -16,6 +16,7 @@ prompt, whose bytes stay identical across turns.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from agent.budget import Budget, Limits, Price
 from agent.context import RunContext
 from agent.execute import ToolOutcome, cap_text, run_calls
 from agent.model import ChatModel, ModelReply, OnText, Usage
+from agent.sequence import problems, repair
 from agent.tools import ToolRegistry
 
 __all__ = ["INTERRUPTED", "Abort", "FinalReply", "Limits", "NextStep", "Record", "RunTools", "TurnOutcome",
@@ -37,6 +39,8 @@ messages only) and facts to store beside it (``cost_usd``; on the turn's last me
 ``stop_reason``, ``steps``, ``turn_cost_usd``, ``tokens``)."""
 
 INTERRUPTED = "Error: this tool call was interrupted (the gateway restarted) before it returned a result."
+
+log = logging.getLogger("agent.loop")
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,7 @@ def run_turn(
         step = pending or _boundary(should_stop, budget)
         pending = None
         if step is None:
+            _validate(messages)
             reply = model.complete(messages, tools.schemas(), on_text)
             step = _model_step(reply, price, budget, outcome, messages, record)
         if isinstance(step, FinalReply):
@@ -145,6 +150,15 @@ def run_turn(
             messages.append(result.message)
             record(result.message, None, None)
         pending = _repeated(results, repeats, limits.repeat_limit)
+
+
+def _validate(messages: list[dict[str, Any]]) -> None:
+    """Checks the sequence before a request and repairs it in place rather than send an invalid
+    one (an unanswered call gets an "interrupted" result, an orphan tool message is dropped)."""
+    found = problems(messages)
+    if found:
+        log.warning("repaired the message sequence before a model call: %s", "; ".join(found[:5]))
+        messages[:] = repair(messages)
 
 
 def _boundary(should_stop: Callable[[], bool] | None, budget: Budget) -> Abort | None:

@@ -121,6 +121,7 @@ class Gateway:
             reset=ResetPolicy(idle_s=sessions.idle_reset_minutes * 60 if sessions.idle_reset_minutes else None,
                               daily_hour=sessions.daily_reset_hour, zone=sessions.reset_timezone)
             if sessions.idle_reset_minutes or sessions.daily_reset_hour is not None else None,
+            window=config.llm.window_policy(),
         )
         self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")

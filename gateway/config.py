@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -21,6 +21,7 @@ from pydantic_settings import (
 
 from agent.budget import Limits, Price
 from gateway.errors import ConfigError
+from gateway.window import WindowPolicy
 
 
 class _Section(BaseModel):
@@ -49,6 +50,22 @@ class LlmConfig(_Section):
     temperature: float | None = None
     stream: bool = True
     """Stream every model call (text previews in chats); off for servers without streaming."""
+    context_window_tokens: int = 128_000
+    """The model's context window (prompt + reply), in tokens; requests are fitted into it."""
+    compress_threshold: float = 0.75
+    """Older turns are summarised once the estimated request reaches this share of the window."""
+    compress_keep_ratio: float = 0.35
+    """Share of the window kept as verbatim recent turns after a summary."""
+
+    @model_validator(mode="after")
+    def _check_window(self) -> LlmConfig:
+        self.window_policy()  # ValueError (a validation error) unless keep < threshold < 0.9
+        return self
+
+    def window_policy(self) -> WindowPolicy:
+        """The context-window policy as ``gateway.compression`` takes it."""
+        return WindowPolicy(context_window_tokens=self.context_window_tokens, threshold=self.compress_threshold,
+                            keep_ratio=self.compress_keep_ratio)
 
 
 class PriceConfig(_Section):
@@ -86,8 +103,9 @@ class AgentConfig(_Section):
     prices: dict[str, PriceConfig] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
     """Model -> USD per 1M tokens (``input``, ``cached_input``, ``output``), merged over the built-in
     table (``DEFAULT_PRICES``). Unlisted models cost 0."""
-    history_window: int = 40
-    """Transcript messages loaded per turn (the context window's recent part)."""
+    history_window: int = 200
+    """Transcript messages loaded per turn at most (after the latest summary's cut): bounds each
+    turn's read; compression starts before the loaded rows reach it."""
     worker_threads: int = 32
     """Threads running turns; a turn holds one while it waits on the model."""
     tool_timeout_s: float = 30.0

@@ -10,10 +10,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from agent.sequence import INTERRUPTED, repair
 from gateway.store.sql import StoredMessage
 from gateway.types import InboundMessage
 
-INTERRUPTED = "Error: this tool call was interrupted before it returned a result."
+__all__ = ["INTERRUPTED", "render_history", "render_user", "user_meta"]
 
 
 def user_meta(message: InboundMessage, now: float, budget: str | None = None) -> dict[str, Any]:
@@ -54,33 +55,21 @@ def render_history(window: list[StoredMessage]) -> list[dict[str, Any]]:
     """Model-facing messages for a transcript window, oldest first.
 
     The window starts at a user message (a cut never separates tool calls from their results),
-    orphan tool results are dropped, and a tool call left unanswered by an interrupted older turn
-    gets an explicit "interrupted" result, so the sequence is always valid for the API. Tool calls
-    of the newest assistant message are left for the loop to answer (resume after a crash).
+    and the sequence is repaired by ``agent.sequence.repair``: orphan tool results are dropped and
+    a tool call left unanswered by an interrupted older turn gets an explicit "interrupted" result,
+    so it is always valid for the API. Tool calls of the newest assistant message are left for the
+    loop to answer (resume after a crash). Internal fields (ids, meta, token counts) are not sent.
     """
     start = next((i for i, m in enumerate(window) if m.role == "user"), len(window))
-    rows = window[start:]
     out: list[dict[str, Any]] = []
-    open_calls: list[str] = []  # ids of the latest assistant tool_calls not yet answered
-
-    def close_open_calls() -> None:
-        for call_id in open_calls:
-            out.append({"role": "tool", "tool_call_id": call_id, "content": INTERRUPTED})
-        open_calls.clear()
-
-    for row in rows:
+    for row in window[start:]:
         if row.role == "tool":
-            if row.tool_call_id in open_calls:
-                open_calls.remove(row.tool_call_id)
-                out.append({"role": "tool", "tool_call_id": row.tool_call_id, "content": row.content or ""})
-            continue
-        close_open_calls()
-        if row.role == "user":
+            out.append({"role": "tool", "tool_call_id": row.tool_call_id, "content": row.content or ""})
+        elif row.role == "user":
             out.append({"role": "user", "content": render_user(row.content, row.meta)})
         elif row.role == "assistant":
             message: dict[str, Any] = {"role": "assistant", "content": row.content}
             if row.tool_calls:
                 message["tool_calls"] = row.tool_calls
-                open_calls.extend(call["id"] for call in row.tool_calls)
             out.append(message)
-    return out
+    return repair(out, keep_trailing_calls=True)

@@ -23,12 +23,14 @@ from agent.context import RunContext
 from agent.loop import run_turn
 from agent.model import ModelError, Usage
 from gateway.commands import LANE_COMMANDS, CommandContext, Commands
-from gateway.context import render_history, user_meta
+from gateway.compression import Compressor
+from gateway.context import user_meta
 from gateway.resets import ResetPolicy
 from gateway.sessions import is_dm_key
 from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage
 from gateway.streaming import StreamHub
 from gateway.types import InboundMessage, OutboundMessage
+from gateway.window import WindowPolicy
 
 log = logging.getLogger("gateway.turns")
 
@@ -52,16 +54,19 @@ class TurnRunner:
         spec: which agent chat turns use (model, endpoint, key, toolset).
         limits: the run boundaries of each turn's task.
         system_prompt: stored on each new session at creation and reused byte for byte.
-        history_window: transcript messages loaded per turn.
+        history_window: most transcript messages loaded per turn (after the latest summary's cut).
         streams: opens a streamed preview for turns on streaming platforms (``None``: no streaming).
         commands: the session commands (``/new``, ``/link``...), answered in the lane without the model.
         job_commands: answers scheduling commands (``/schedule``, ``/jobs``...) the same way.
+        window: the model's context window and when to compress (``gateway.compression``);
+            summaries are made on the turn's worker thread before its first model call.
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
                  limits: Limits, history_window: int, system_prompt: str, streams: StreamHub | None = None,
                  commands: Commands | None = None, is_admin: Callable[[InboundMessage], bool] = lambda m: False,
-                 reset: ResetPolicy | None = None, job_commands: CommandHandler | None = None) -> None:
+                 reset: ResetPolicy | None = None, job_commands: CommandHandler | None = None,
+                 window: WindowPolicy | None = None) -> None:
         self.job_commands = job_commands
         self.store = store
         self.agents = agents
@@ -74,6 +79,7 @@ class TurnRunner:
         self.commands = commands
         self.is_admin = is_admin
         self.reset = reset
+        self.compressor = Compressor(store, window or WindowPolicy(), history_window)
         self._generations: dict[str, int] = {}
         self._generations_lock = threading.Lock()
 
@@ -125,7 +131,7 @@ class TurnRunner:
             self.store.new_session(key, self.system_prompt, owner)
             opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
             notice = f"({self.reset.describe()}: this is a new conversation; the last one is in /sessions.)\n\n"
-        session_id, system_prompt, window = opened.session_id, opened.system_prompt, opened.window
+        session_id, system_prompt, window = opened.session_id, opened.system_prompt, list(opened.window)
         # User messages are written with the turn's first step (or its end), not before: until then
         # the inbox row is still pending, so a crash loses nothing and a rerun writes them once.
         present = {(m.turn_id, m.role) for m in window}
@@ -160,6 +166,11 @@ class TurnRunner:
             return self.store.lane_generation(key) != generation
 
         agent = self.agents.get(self.spec)
+        # Fitted before the first model call (a summary, when one is due, is made and stored here;
+        # its failure only means the plain window is sent).
+        projection = self.compressor.project(session_id=session_id, system_prompt=system_prompt,
+                                             tools=agent.tools.schemas(), summary=opened.summary, window=window,
+                                             model=agent.model)
         stream = None
         if self.streams is not None:
             stream = self.streams.open(address=message.address, idempotency_key=reply_key,
@@ -167,7 +178,7 @@ class TurnRunner:
                                        generation=generation)
         token = CURRENT_MESSAGE.set(message)
         try:
-            outcome = run_turn(system_prompt=system_prompt, history=render_history(window), model=agent.model,
+            outcome = run_turn(system_prompt=system_prompt, history=projection.history, model=agent.model,
                                tools=agent.tools, bridge=self.bridge, limits=self.limits, record=record,
                                should_stop=should_stop, on_text=stream.on_text if stream is not None else None,
                                context=RunContext(session_id=session_id, turn_id=turn_id))

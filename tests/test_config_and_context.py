@@ -91,3 +91,12 @@ def test_history_starts_at_a_user_message_and_closes_interrupted_calls():
     assert out[2] == {"role": "tool", "tool_call_id": "c1", "content": INTERRUPTED}
     assert out[3]["content"] == "[1970-01-01 00:01 UTC, from Bob]\nq2"
     assert render_history(window) == out  # deterministic bytes
+
+
+def test_context_window_settings_are_checked():
+    from gateway.config import LlmConfig
+
+    policy = LlmConfig(context_window_tokens=8000, compress_threshold=0.6).window_policy()
+    assert policy.compress_at == 4800 and policy.hard_limit == 7200
+    with pytest.raises(ValueError):
+        LlmConfig(compress_threshold=0.95)

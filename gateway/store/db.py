@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+MIGRATION_LOCK_ID = 0x6167776D  # "agwm": the advisory lock key serialising migrations on PostgreSQL
 
 
 def create_db_engine(url: str, pool_size: int = 10) -> Engine:

@@ -260,3 +260,21 @@ class JobRunRow(Base):
     finished_at: Mapped[float | None] = mapped_column(Float)
     notified_at: Mapped[float | None] = mapped_column(Float)
     """When the owner was told of this run's failure (set once)."""
+
+
+
+class SummaryRow(Base):
+    """A stored summary of a session's older turns (DESIGN §5): ``text`` condenses every message
+    with ``id <= covers_to_id`` (and the summary before it). Only the newest one per session is
+    read; older ones stay as a record. Token counts are of the summarising model call."""
+
+    __tablename__ = "summaries"
+    __table_args__ = (Index("ix_summaries_session_id_id", "session_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(String(32))
+    covers_to_id: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -26,6 +26,7 @@ from gateway.store.models import (
     OutboxRow,
     SessionAddressRow,
     SessionRow,
+    SummaryRow,
 )
 from gateway.types import ChatAddress, InboundMessage, OutboundMessage
 
@@ -60,6 +61,7 @@ _job_runs = JobRunRow.__table__
 
 SETTLED = frozenset({"sent", "unconfirmed", "failed"})
 """Final outbox states; a scheduled report's run takes its outbox row's final state."""
+_summaries = SummaryRow.__table__
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,14 +90,25 @@ class StoredMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class Summary:
+    """The newest stored summary of a session: ``text`` condenses every message with
+    ``id <= covers_to_id``."""
+
+    covers_to_id: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class OpenSession:
-    """What a turn loads: the session, its stored system prompt, the newest messages and when it
-    was last used (``None`` for a session just created)."""
+    """What a turn loads: the session, its stored system prompt, the newest messages after the
+    latest summary's cut (at most ``window`` of them), that summary (``None``: none yet) and when
+    the session was last used (``None`` for a session just created)."""
 
     session_id: str
     system_prompt: str
     window: list[StoredMessage]
     last_used_at: float | None
+    summary: Summary | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,8 +310,9 @@ class Store:
     # -- sessions and transcript -------------------------------------------------------------
     def open_session(self, key: str, build_system_prompt: Callable[[], str], window: int,
                      owner_user_id: str | None = None) -> OpenSession:
-        """The key's current session with its stored system prompt and newest ``window``
-        messages, in one read; created (prompt built once and stored) on first use."""
+        """The key's current session with its stored system prompt, its newest summary and the
+        newest ``window`` messages after that summary's cut, in one read (O(window) rows however
+        long the transcript is); created (prompt built once and stored) on first use."""
         with read_tx(self.engine) as conn:
             row = conn.execute(
                 select(_sessions.c.id, _sessions.c.system_prompt, _sessions.c.updated_at)
@@ -306,7 +320,10 @@ class Store:
                 .where(_lanes.c.key == key)
             ).first()
             if row is not None:
-                return OpenSession(row.id, row.system_prompt, self._window(conn, row.id, window), row.updated_at)
+                summary = self._summary(conn, row.id) if window else None
+                after = summary.covers_to_id if summary is not None else 0
+                return OpenSession(row.id, row.system_prompt, self._window(conn, row.id, window, after),
+                                   row.updated_at, summary)
         session_id = self.new_session(key, build_system_prompt(), owner_user_id)
         with read_tx(self.engine) as conn:
             prompt = conn.execute(select(_sessions.c.system_prompt).where(_sessions.c.id == session_id)).scalar_one()
@@ -373,8 +390,30 @@ class Store:
         with read_tx(self.engine) as conn:
             return self._window(conn, session_id, limit)
 
+    @retry_locked
+    def save_summary(self, session_id: str, covers_to_id: int, text: str, prompt_tokens: int | None = None,
+                     completion_tokens: int | None = None) -> None:
+        """Stores a summary of every message of ``session_id`` with ``id <= covers_to_id``; later
+        turns load it instead of those messages."""
+        with write_tx(self.engine) as conn:
+            conn.execute(insert(_summaries).values(session_id=session_id, covers_to_id=covers_to_id, text=text,
+                                                   prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                                   created_at=time.time()))
+
+    def latest_summary(self, session_id: str) -> Summary | None:
+        """The session's newest summary, or ``None``."""
+        with read_tx(self.engine) as conn:
+            return self._summary(conn, session_id)
+
     @staticmethod
-    def _window(conn: Any, session_id: str, limit: int) -> list[StoredMessage]:
+    def _summary(conn: Any, session_id: str) -> Summary | None:
+        row = conn.execute(select(_summaries.c.covers_to_id, _summaries.c.text)
+                           .where(_summaries.c.session_id == session_id)
+                           .order_by(_summaries.c.id.desc()).limit(1)).first()
+        return Summary(row.covers_to_id, row.text) if row is not None else None
+
+    @staticmethod
+    def _window(conn: Any, session_id: str, limit: int, after_id: int = 0) -> list[StoredMessage]:
         cols = (
             _messages.c.id,
             _messages.c.turn_id,
@@ -386,7 +425,8 @@ class Store:
             _messages.c.meta,
         )
         rows = conn.execute(
-            select(*cols).where(_messages.c.session_id == session_id).order_by(_messages.c.id.desc()).limit(limit)
+            select(*cols).where(_messages.c.session_id == session_id, _messages.c.id > after_id)
+            .order_by(_messages.c.id.desc()).limit(limit)
         ).all()
         return [StoredMessage(*row) for row in reversed(rows)]
 
