@@ -40,6 +40,7 @@ class ToolOutcome:
         args_key: canonical JSON of the arguments (the raw string when it did not parse).
         result: the result text before wrapping (what the repeated-action breaker compares).
         ran: the tool was executed (``False`` when the call was rejected before running).
+        ok: the tool returned a real result (not an error, timeout or exhausted retries).
     """
 
     message: dict[str, Any]
@@ -47,6 +48,12 @@ class ToolOutcome:
     args_key: str
     result: str
     ran: bool
+    ok: bool = False
+
+    @property
+    def status(self) -> str:
+        """``ok``, ``error`` (ran and failed) or ``rejected`` (unknown tool, bad arguments)."""
+        return "ok" if self.ok else "error" if self.ran else "rejected"
 
 
 class _Timeout(Exception):
@@ -125,7 +132,7 @@ def run_calls(calls: list[dict[str, Any]], tools: ToolRegistry, ctx: RunContext)
             if call_ctx.reservation is not None:
                 call_ctx.reservation.close()
         content = wrap_untrusted(name, result) if ok else result
-        return ToolOutcome(_message(call, content), name, json.dumps(args, sort_keys=True), result, ran=True)
+        return ToolOutcome(_message(call, content), name, json.dumps(args, sort_keys=True), result, ran=True, ok=ok)
 
     if len(prepared) <= 1:
         return [answer(i) for i in range(len(prepared))]

@@ -78,6 +78,8 @@ class TurnOutcome:
     usage: list[Usage] = field(default_factory=list)
     cost_usd: float = 0.0
     tool_runs: Counter[str] = field(default_factory=Counter)
+    tool_results: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """``(tool name, ok | error | rejected)`` -> calls answered by this loop."""
 
 
 def run_turn(
@@ -142,6 +144,7 @@ def run_turn(
         _add_budget_note(results, budget)
         for result in results:
             outcome.tool_runs[result.name] += result.ran
+            outcome.tool_results[(result.name, result.status)] += 1
             messages.append(result.message)
             record(result.message, None, None)
         pending = _repeated(results, repeats, limits.repeat_limit)

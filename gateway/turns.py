@@ -23,6 +23,7 @@ from agent.loop import run_turn
 from agent.model import ModelError, Usage
 from gateway.commands import LANE_COMMANDS, CommandContext, Commands
 from gateway.context import render_history, user_meta
+from gateway.metrics import GatewayMetrics
 from gateway.resets import ResetPolicy
 from gateway.sessions import is_dm_key
 from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage
@@ -50,8 +51,9 @@ class TurnRunner:
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
                  limits: Limits, history_window: int, system_prompt: str, streams: StreamHub | None = None,
                  commands: Commands | None = None, is_admin: Callable[[InboundMessage], bool] = lambda m: False,
-                 reset: ResetPolicy | None = None) -> None:
+                 reset: ResetPolicy | None = None, metrics: GatewayMetrics | None = None) -> None:
         self.store = store
+        self.metrics = metrics
         self.agents = agents
         self.spec = spec
         self.bridge = bridge
@@ -86,7 +88,7 @@ class TurnRunner:
 
         unwritten: list[NewMessage] = []
 
-        def finish(status: str, text: str | None, session_id: str | None) -> str:
+        def finish(status: str, text: str | None, session_id: str | None, stop_reason: str = "none") -> str:
             replies = [] if text is None else [
                 OutboundMessage(message.address, text, idempotency_key=reply_key, reply_to_id=message.reply_to_id)
             ]
@@ -94,13 +96,15 @@ class TurnRunner:
                                    generation=generation, messages=list(unwritten),
                                    merged_status="cancelled" if status == "cancelled" else "merged",
                                    stream_key=reply_key)
+            if self.metrics is not None:
+                self.metrics.turns.labels(status, stop_reason).inc()
             return status
 
         if self.commands is not None and len(batch) == 1 and message.command in LANE_COMMANDS:
             direct = self.commands.run(CommandContext(message, key, last.user_id, is_dm_key(key),
                                                       self.is_admin(message), self.spec.model))
             if direct is not None:
-                return finish("done", direct, None)
+                return finish("done", direct, None, "command")
 
         owner = last.user_id if is_dm_key(key) else None
         opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
@@ -156,17 +160,20 @@ class TurnRunner:
                                context=RunContext(session_id=session_id, turn_id=turn_id))
         except ModelError as exc:
             log.warning("turn %s failed: %s", turn_id, exc)
-            return finish("failed", f"⚠️ {exc.user_message}", session_id)
+            return finish("failed", f"⚠️ {exc.user_message}", session_id, "model_error")
         finally:
             if stream is not None:
                 stream.close()
+        if self.metrics is not None:
+            for (tool, status), count in outcome.tool_results.items():
+                self.metrics.tool_calls.labels(tool, status).inc(count)
         if outcome.stop_reason == "cancelled":
             log.info("turn %s cancelled at a step boundary", turn_id)
-            return finish("cancelled", None, session_id)
+            return finish("cancelled", None, session_id, "cancelled")
         if outcome.stop_reason not in ("stop", "length"):
             log.info("turn %s stopped by %s after %d model calls ($%.4f)", turn_id, outcome.stop_reason,
                      outcome.steps, outcome.cost_usd)
-        return finish("done", notice + (outcome.reply.strip() or "(no answer)"), session_id)
+        return finish("done", notice + (outcome.reply.strip() or "(no answer)"), session_id, outcome.stop_reason)
 
     # -- in-process cancellation -------------------------------------------------------------
     def note_generation(self, key: str, generation: int) -> None:
