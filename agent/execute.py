@@ -24,6 +24,7 @@ from agent.budget import Budget, Limits
 from agent.context import RunContext
 from agent.errors import ToolRetry
 from agent.tools import Tool, ToolRegistry
+from agent.tracing import end_tool, execute_tool
 
 RETRY_BACKOFF_S = 0.2
 """First pause before retrying a ``ToolRetry``; doubles per attempt."""
@@ -119,6 +120,13 @@ def run_calls(calls: list[dict[str, Any]], tools: ToolRegistry, ctx: RunContext)
         reservations = dict(zip(reserving, ctx.budget.reserve(len(reserving)), strict=True))
 
     def answer(index: int) -> ToolOutcome:
+        call, _, args = prepared[index]
+        with execute_tool(call["function"]["name"], call["id"], args) as span:
+            outcome = run_one(index)
+            end_tool(span, outcome.status, outcome.result)
+        return outcome
+
+    def run_one(index: int) -> ToolOutcome:
         call, tool, args = prepared[index]
         name = call["function"]["name"]
         raw = call["function"].get("arguments")

@@ -27,6 +27,7 @@ from agent.context import RunContext
 from agent.execute import ToolOutcome, cap_text, run_calls
 from agent.model import ChatModel, ModelReply, OnText, Usage
 from agent.tools import ToolRegistry
+from agent.tracing import chat, end_chat
 
 __all__ = ["INTERRUPTED", "Abort", "FinalReply", "Limits", "NextStep", "Record", "RunTools", "TurnOutcome",
            "cap_text", "run_turn"]
@@ -126,8 +127,10 @@ def run_turn(
         step = pending or _boundary(should_stop, budget)
         pending = None
         if step is None:
-            reply = model.complete(messages, tools.schemas(), on_text)
-            step = _model_step(reply, price, budget, outcome, messages, record)
+            with chat(model.model, messages) as span:
+                reply = model.complete(messages, tools.schemas(), on_text)
+                step = _model_step(reply, price, budget, outcome, messages, record)
+                end_chat(span, reply, price.cost(reply.usage) if price is not None else 0.0)
         if isinstance(step, FinalReply):
             outcome.reply = step.text
             outcome.stop_reason = "length" if step.finish_reason == "length" else "stop"

@@ -25,6 +25,7 @@ from typing import Any
 from gateway.metrics import GatewayMetrics
 from gateway.ports import Adapter
 from gateway.store.sql import OutboxItem, Store
+from gateway.telemetry import tracer
 
 log = logging.getLogger("gateway.delivery")
 
@@ -96,6 +97,13 @@ class Delivery:
                 await asyncio.sleep(1.0)
 
     async def _send(self, item: OutboxItem) -> None:
+        platform = item.message.address.platform
+        attributes = {"gateway.platform": platform, "gateway.outbox.id": item.id, "gateway.delivery.attempt":
+                      item.attempts, "gateway.idempotency_key": item.message.idempotency_key}
+        with tracer.start_as_current_span(f"deliver {platform}", attributes=attributes):
+            await self._send_item(item)
+
+    async def _send_item(self, item: OutboxItem) -> None:
         adapter = self.adapters.get(item.message.address.platform)
         if adapter is None:
             await self._run_db(self.store.mark_failed, item.id, self.instance_id, "no adapter for platform",

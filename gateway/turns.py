@@ -15,12 +15,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from opentelemetry.trace import Span
+
 from agent.bridge import AsyncBridge
 from agent.budget import Limits, initial_note
 from agent.cache import AgentCache, AgentSpec
 from agent.context import RunContext
 from agent.loop import run_turn
 from agent.model import ModelError, Usage
+from agent.tracing import end_agent, invoke_agent
 from gateway.commands import LANE_COMMANDS, CommandContext, Commands
 from gateway.context import render_history, user_meta
 from gateway.metrics import GatewayMetrics
@@ -28,6 +31,7 @@ from gateway.resets import ResetPolicy
 from gateway.sessions import is_dm_key
 from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage
 from gateway.streaming import StreamHub
+from gateway.telemetry import tracer
 from gateway.types import InboundMessage, OutboundMessage
 
 log = logging.getLogger("gateway.turns")
@@ -76,6 +80,11 @@ class TurnRunner:
         nothing. Raises only on database faults; the inbox rows then stay pending and are retried.
         """
         last = batch[-1]
+        with invoke_agent("assistant", model=self.spec.model, turn_id=f"in{last.inbox_id}") as span:
+            return self._run(batch, generation, span)
+
+    def _run(self, batch: Sequence[PendingInbound], generation: int, span: Span) -> str:
+        last = batch[-1]
         message = last.message
         key = last.session_key
         turn_id = f"in{last.inbox_id}"
@@ -92,10 +101,12 @@ class TurnRunner:
             replies = [] if text is None else [
                 OutboundMessage(message.address, text, idempotency_key=reply_key, reply_to_id=message.reply_to_id)
             ]
-            self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
-                                   generation=generation, messages=list(unwritten),
-                                   merged_status="cancelled" if status == "cancelled" else "merged",
-                                   stream_key=reply_key)
+            with tracer.start_as_current_span("finish_turn", attributes={"gateway.replies": len(replies)}):
+                self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
+                                       generation=generation, messages=list(unwritten),
+                                       merged_status="cancelled" if status == "cancelled" else "merged",
+                                       stream_key=reply_key)
+            span.set_attributes({"gateway.turn.outcome": status, "gateway.stop_reason": stop_reason})
             if self.metrics is not None:
                 self.metrics.turns.labels(status, stop_reason).inc()
             return status
@@ -107,13 +118,16 @@ class TurnRunner:
                 return finish("done", direct, None, "command")
 
         owner = last.user_id if is_dm_key(key) else None
-        opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
+        with tracer.start_as_current_span("load_session") as load:
+            opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
+            load.set_attribute("gateway.messages_loaded", len(opened.window))
         notice = ""
         if self.reset is not None and self.reset.expired(opened.last_used_at):
             self.store.new_session(key, self.system_prompt, owner)
             opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
             notice = f"({self.reset.describe()}: this is a new conversation; the last one is in /sessions.)\n\n"
         session_id, system_prompt, window = opened.session_id, opened.system_prompt, opened.window
+        span.set_attribute("gen_ai.conversation.id", session_id)
         # User messages are written with the turn's first step (or its end), not before: until then
         # the inbox row is still pending, so a crash loses nothing and a rerun writes them once.
         present = {(m.turn_id, m.role) for m in window}
@@ -164,6 +178,9 @@ class TurnRunner:
         finally:
             if stream is not None:
                 stream.close()
+        end_agent(span, stop_reason=outcome.stop_reason, steps=outcome.steps,
+                  input_tokens=sum(u.prompt_tokens for u in outcome.usage),
+                  output_tokens=sum(u.completion_tokens for u in outcome.usage), cost_usd=outcome.cost_usd)
         if self.metrics is not None:
             for (tool, status), count in outcome.tool_results.items():
                 self.metrics.tool_calls.labels(tool, status).inc(count)
