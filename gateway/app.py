@@ -40,6 +40,7 @@ from gateway.store.db import create_db_engine, upgrade
 from gateway.store.directory import Directory
 from gateway.store.sql import Store
 from gateway.streaming import StreamHub
+from gateway.telemetry import tracer
 from gateway.turns import TurnRunner
 from gateway.types import ChatAddress, InboundMessage, OutboundMessage
 
@@ -146,6 +147,13 @@ class Gateway:
         not part of. Raises if the database write failed (the adapter must
         not acknowledge the platform then).
         """
+        with tracer.start_as_current_span(f"receive {message.platform}",
+                                          attributes={"gateway.platform": message.platform}) as span:
+            stored = await self._receive(message)
+            span.set_attribute("gateway.stored", stored)
+            return stored
+
+    async def _receive(self, message: InboundMessage) -> bool:
         identity = await self.run_db(self.directory.identify, message)
         key = session_key_for(message, identity.user_id, self.config.sessions.group_scope)
         if not message.addressed and not await self.run_db(self.store.lane_exists, key):

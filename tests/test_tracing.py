@@ -70,6 +70,7 @@ async def test_turn_with_two_tool_calls_is_one_nested_trace(tmp_path, fake_teleg
     assert agent.attributes["gateway.stop_reason"] == "stop"
     assert agent.attributes["gen_ai.conversation.id"]
 
+    assert [s.attributes["gateway.stored"] for s in _by_name(spans, "receive telegram")] == [True]
     (deliver,) = _by_name(spans, "deliver")
     assert deliver.name == "deliver telegram" and deliver.attributes["gateway.platform"] == "telegram"
 
