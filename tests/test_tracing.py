@@ -95,3 +95,13 @@ def test_content_capture_records_tool_arguments_and_results():
     assert span.attributes["gen_ai.tool.call.arguments"] == '{"url": "https://example.org"}'
     assert span.attributes["gen_ai.tool.call.result"] == "Error: timed out"
     assert span.status.status_code.name == "ERROR"
+
+
+def test_telemetry_config_defaults_and_headers(tmp_path, fake_openai):
+    from agent.tracing import capture_content
+    from gateway.telemetry import _headers, setup_tracing
+
+    config = gateway_config(tmp_path, fake_openai, telemetry={"capture_content": False})
+    assert config.telemetry.exporter == "none" and not config.telemetry.capture_content
+    assert setup_tracing(config, "gw-test") is None and not capture_content()
+    assert _headers("Authorization=Bearer abc=, x-team = ops") == {"Authorization": "Bearer abc=", "x-team": "ops"}
