@@ -44,8 +44,13 @@ def invoke_agent(name: str, *, model: str, conversation_id: str = "", turn_id: s
         attributes["gen_ai.conversation.id"] = conversation_id
     if turn_id:
         attributes["gateway.turn.id"] = turn_id
-    with tracer.start_as_current_span(f"invoke_agent {name}", kind=SpanKind.INTERNAL, attributes=attributes) as span:
-        yield span
+    with tracer.start_as_current_span(f"invoke_agent {name}", kind=SpanKind.INTERNAL, attributes=attributes,
+                                      record_exception=False, set_status_on_exception=False) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            _failed(span, exc)
+            raise
 
 
 def end_agent(span: Span, *, stop_reason: str, steps: int, input_tokens: int, output_tokens: int,
@@ -67,10 +72,15 @@ def chat(model: str, messages: list[dict[str, Any]]) -> Iterator[Span]:
                                       record_exception=False, set_status_on_exception=False) as span:
         try:
             yield span
-        except Exception as exc:
-            span.set_attribute("error.type", type(exc).__name__)
-            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        except BaseException as exc:
+            _failed(span, exc)
             raise
+
+
+def _failed(span: Span, exc: BaseException) -> None:
+    """Marks ``span`` failed with the exception's type only (its message may hold content)."""
+    span.set_attribute("error.type", type(exc).__name__)
+    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
 
 
 def end_chat(span: Span, reply: ModelReply, cost_usd: float) -> None:
@@ -95,8 +105,13 @@ def execute_tool(name: str, call_id: str, arguments: Any) -> Iterator[Span]:
                                   "gen_ai.tool.call.id": call_id, "gen_ai.tool.type": "function"}
     if capture_content():
         attributes["gen_ai.tool.call.arguments"] = json.dumps(arguments, ensure_ascii=False, default=str)
-    with tracer.start_as_current_span(f"execute_tool {name}", kind=SpanKind.INTERNAL, attributes=attributes) as span:
-        yield span
+    with tracer.start_as_current_span(f"execute_tool {name}", kind=SpanKind.INTERNAL, attributes=attributes,
+                                      record_exception=False, set_status_on_exception=False) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            _failed(span, exc)
+            raise
 
 
 def end_tool(span: Span, status: str, result: str) -> None:

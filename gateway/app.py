@@ -40,7 +40,7 @@ from gateway.store.db import create_db_engine, upgrade
 from gateway.store.directory import Directory
 from gateway.store.sql import Store
 from gateway.streaming import StreamHub
-from gateway.telemetry import tracer
+from gateway.telemetry import span as traced
 from gateway.turns import TurnRunner
 from gateway.types import ChatAddress, InboundMessage, OutboundMessage
 
@@ -147,7 +147,7 @@ class Gateway:
         not part of. Raises if the database write failed (the adapter must
         not acknowledge the platform then).
         """
-        with tracer.start_as_current_span(f"receive {message.platform}",
+        with traced(f"receive {message.platform}",
                                           attributes={"gateway.platform": message.platform}) as span:
             stored = await self._receive(message)
             span.set_attribute("gateway.stored", stored)

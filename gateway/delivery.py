@@ -25,7 +25,7 @@ from typing import Any
 from gateway.metrics import GatewayMetrics
 from gateway.ports import Adapter
 from gateway.store.sql import OutboxItem, Store
-from gateway.telemetry import tracer
+from gateway.telemetry import span as traced
 
 log = logging.getLogger("gateway.delivery")
 
@@ -100,7 +100,7 @@ class Delivery:
         platform = item.message.address.platform
         attributes = {"gateway.platform": platform, "gateway.outbox.id": item.id, "gateway.delivery.attempt":
                       item.attempts, "gateway.idempotency_key": item.message.idempotency_key}
-        with tracer.start_as_current_span(f"deliver {platform}", attributes=attributes):
+        with traced(f"deliver {platform}", attributes=attributes):
             await self._send_item(item)
 
     async def _send_item(self, item: OutboxItem) -> None:

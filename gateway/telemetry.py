@@ -9,9 +9,12 @@ named by ``otlp_headers_env``, e.g. ``Authorization=Bearer ...``). The provider 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
 
 from agent.tracing import set_capture_content
 
@@ -20,6 +23,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.telemetry")
 tracer = trace.get_tracer("agent-gateway.gateway")
+
+
+@contextmanager
+def span(name: str, attributes: dict[str, Any] | None = None) -> Iterator[Span]:
+    """A gateway span. An exception marks it failed with its type only: exception messages
+    (a database error's SQL parameters, say) may hold message text, which stays off traces."""
+    with tracer.start_as_current_span(name, attributes=attributes, record_exception=False,
+                                      set_status_on_exception=False) as current:
+        try:
+            yield current
+        except BaseException as exc:
+            current.set_attribute("error.type", type(exc).__name__)
+            current.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
 
 
 def setup_tracing(config: GatewayConfig, instance_id: str) -> object | None:

@@ -31,7 +31,7 @@ from gateway.resets import ResetPolicy
 from gateway.sessions import is_dm_key
 from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage
 from gateway.streaming import StreamHub
-from gateway.telemetry import tracer
+from gateway.telemetry import span as traced
 from gateway.types import InboundMessage, OutboundMessage
 
 log = logging.getLogger("gateway.turns")
@@ -101,7 +101,7 @@ class TurnRunner:
             replies = [] if text is None else [
                 OutboundMessage(message.address, text, idempotency_key=reply_key, reply_to_id=message.reply_to_id)
             ]
-            with tracer.start_as_current_span("finish_turn", attributes={"gateway.replies": len(replies)}):
+            with traced("finish_turn", attributes={"gateway.replies": len(replies)}):
                 self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
                                        generation=generation, messages=list(unwritten),
                                        merged_status="cancelled" if status == "cancelled" else "merged",
@@ -118,7 +118,7 @@ class TurnRunner:
                 return finish("done", direct, None, "command")
 
         owner = last.user_id if is_dm_key(key) else None
-        with tracer.start_as_current_span("load_session") as load:
+        with traced("load_session") as load:
             opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
             load.set_attribute("gateway.messages_loaded", len(opened.window))
         notice = ""

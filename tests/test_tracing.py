@@ -105,3 +105,17 @@ def test_telemetry_config_defaults_and_headers(tmp_path, fake_openai):
     assert config.telemetry.exporter == "none" and not config.telemetry.capture_content
     assert setup_tracing(config, "gw-test") is None and not capture_content()
     assert _headers("Authorization=Bearer abc=, x-team = ops") == {"Authorization": "Bearer abc=", "x-team": "ops"}
+
+
+def test_a_failing_span_keeps_the_exception_message_off_the_trace():
+    from gateway.telemetry import span
+
+    EXPORTER.clear()
+    try:
+        with span("finish_turn"):
+            raise RuntimeError("INSERT ... parameters: ('my secret diary entry',)")
+    except RuntimeError:
+        pass
+    (failed,) = EXPORTER.get_finished_spans()
+    assert failed.attributes["error.type"] == "RuntimeError" and not failed.events
+    assert "diary" not in repr(failed.to_json())
