@@ -139,6 +139,14 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (Linux ``/proc``; threads included)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def wait_for(predicate: Any, timeout: float, poll_s: float = 0.05) -> bool:
     """Polls ``predicate()`` until true or ``timeout``; returns the last result."""
     deadline = time.monotonic() + timeout

@@ -47,9 +47,16 @@ SHORT: dict[str, Callable[[Path], Any]] = {
 }
 
 
-def run_suite(workdir: Path, *, short: bool = False, only: list[str] | None = None) -> dict[str, Any]:
-    """Runs the selected benchmarks, each in its own subfolder of ``workdir``; returns the figures."""
-    table = SHORT if short else FULL
+def run_suite(workdir: Path, *, short: bool = False, only: list[str] | None = None,
+              postgres: bool = False) -> dict[str, Any]:
+    """Runs the selected benchmarks, each in its own subfolder of ``workdir``; returns the figures.
+    ``postgres`` adds the throughput runs on a scratch database of the local PostgreSQL (as
+    ``bench.multi_instance``)."""
+    table = dict(SHORT if short else FULL)
+    if postgres and not short:
+        table["throughput_postgres"] = lambda d: [
+            run_throughput(d / "c100", conversations=100, rounds=3, latency_s=2.0, postgres=True),
+            run_throughput(d / "c500", conversations=500, rounds=3, latency_s=2.0, postgres=True)]
     figures: dict[str, Any] = {"mode": "short" if short else "full", "python": platform.python_version(),
                                "cpus": os.cpu_count()}
     for name, bench in table.items():
@@ -66,12 +73,13 @@ def run_suite(workdir: Path, *, short: bool = False, only: list[str] | None = No
 def main() -> None:
     parser = argparse.ArgumentParser(description="gateway benchmark suite (prints JSON)")
     parser.add_argument("--short", action="store_true", help="tiny sizes (seconds, not minutes)")
-    parser.add_argument("--only", help="comma-separated: " + ",".join(FULL))
+    parser.add_argument("--only", help="comma-separated: " + ",".join(FULL) + ",throughput_postgres")
+    parser.add_argument("--postgres", action="store_true", help="also run throughput on PostgreSQL")
     args = parser.parse_args()
     only = args.only.split(",") if args.only else None
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
     workdir = Path(tempfile.mkdtemp(prefix="gw-bench-"))
-    print(json.dumps(run_suite(workdir, short=args.short, only=only), indent=2))
+    print(json.dumps(run_suite(workdir, short=args.short, only=only, postgres=args.postgres), indent=2))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.harness import CHAT_BASE, Rig, last_user_line, percentile, post, rig, update, wait_for
+from bench.harness import CHAT_BASE, Rig, cpu_seconds, last_user_line, percentile, post, rig, update, wait_for
 from tests.fakes import openai as oa
 
 
@@ -56,11 +56,29 @@ async def _closed_loop(r: Rig, conversations: int, rounds: int, timeout: float) 
 
 
 def run_throughput(workdir: Path, *, conversations: int = 100, rounds: int = 3, latency_s: float = 2.0,
-                   timeout: float = 120.0) -> dict[str, Any]:
-    """One closed-loop run; figures: turns/s vs ceiling, completion, turn latency p50/p99."""
-    with rig(workdir, worker_threads=conversations, pool_size=min(conversations, 50)) as r:
+                   timeout: float = 120.0, postgres: bool = False) -> dict[str, Any]:
+    """One closed-loop run; figures: turns/s vs ceiling, completion, turn latency p50/p99, the
+    gateway's CPU per turn. ``postgres``: a scratch PostgreSQL database instead of SQLite."""
+    if postgres:
+        from bench.multi_instance import scratch_database
+
+        db_url, drop = scratch_database()
+        try:
+            return {"database": "postgresql", **_run(workdir, conversations, rounds, latency_s, timeout, db_url)}
+        finally:
+            drop()
+    return {"database": "sqlite", **_run(workdir, conversations, rounds, latency_s, timeout, None)}
+
+
+def _run(workdir: Path, conversations: int, rounds: int, latency_s: float, timeout: float,
+         db_url: str | None) -> dict[str, Any]:
+    extra = {"db_url": db_url} if db_url else {}
+    with rig(workdir, worker_threads=conversations, pool_size=min(conversations, 50), **extra) as r:
         r.model.responder = lambda req: oa.delay(latency_s, oa.text(f"re: {last_user_line(req)}", pieces=1))
+        pid = r.gateway.proc.pid  # type: ignore[union-attr]
+        cpu_before = cpu_seconds(pid)
         seconds, replied, latencies = asyncio.run(_closed_loop(r, conversations, rounds, timeout))
+        cpu = cpu_seconds(pid) - cpu_before
     expected = conversations * rounds
     ceiling = conversations / latency_s
     throughput = replied / seconds
@@ -68,5 +86,7 @@ def run_throughput(workdir: Path, *, conversations: int = 100, rounds: int = 3, 
             "turns": expected, "replied": replied, "completion": round(replied / expected, 4),
             "seconds": round(seconds, 2), "turns_per_s": round(throughput, 1), "ceiling_turns_per_s": ceiling,
             "of_ceiling": round(throughput / ceiling, 3),
+            "gateway_cpu_ms_per_turn": round(1000 * cpu / max(1, replied), 1),
+            "gateway_cpu_share": round(cpu / seconds, 2),
             "turn_latency_p50_s": round(percentile(latencies, 0.5), 3),
             "turn_latency_p99_s": round(percentile(latencies, 0.99), 3)}
