@@ -65,7 +65,12 @@ def run_suite(workdir: Path, *, short: bool = False, only: list[str] | None = No
         folder = workdir / name
         folder.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        figures[name] = bench(folder)
+        try:
+            figures[name] = bench(folder)
+        except Exception as exc:  # one broken benchmark must not lose the others' figures
+            if short:
+                raise
+            figures[name] = {"error": f"{type(exc).__name__}: {exc}"}
         print(f"{name}: {time.monotonic() - started:.1f} s", file=sys.stderr)
     return figures
 

@@ -72,8 +72,9 @@ def run_throughput(workdir: Path, *, conversations: int = 100, rounds: int = 3, 
 
 def _run(workdir: Path, conversations: int, rounds: int, latency_s: float, timeout: float,
          db_url: str | None) -> dict[str, Any]:
-    extra = {"db_url": db_url} if db_url else {}
-    with rig(workdir, worker_threads=conversations, pool_size=min(conversations, 50), **extra) as r:
+    # PostgreSQL: pool_size + overflow connections each; stay well below max_connections (100).
+    extra = {"db_url": db_url, "pool_size": 20} if db_url else {"pool_size": 50}
+    with rig(workdir, worker_threads=conversations, **extra) as r:
         r.model.responder = lambda req: oa.delay(latency_s, oa.text(f"re: {last_user_line(req)}", pieces=1))
         pid = r.gateway.proc.pid  # type: ignore[union-attr]
         cpu_before = cpu_seconds(pid)
