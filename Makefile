@@ -31,6 +31,9 @@ doctor: $(STAMP)
 demo: $(STAMP)  ## fake Telegram + fake model on loopback, and a gateway pointed at them
 	$(BIN)/python -m tests.fakes.demo
 
+bench: $(STAMP)  ## the benchmark suite against the loopback fakes (prints JSON; BENCH_ARGS=--short)
+	$(BIN)/python -m bench.suite $(BENCH_ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 

@@ -15,6 +15,7 @@ import dataclasses
 from agent.context import RunContext
 from agent.loop import run_turn
 from agent.tools import Tool
+from agent.tracing import end_agent, invoke_agent
 
 CHILD_PROMPT = (
     "You are a sub-agent doing one task for another agent. Use your tools when they help, then answer "
@@ -41,9 +42,14 @@ def delegate(ctx: RunContext, task: str, toolset: list[str] | None = None) -> st
     reservation = ctx.reservation
     child_ctx = dataclasses.replace(ctx, depth=ctx.depth + 1, call_id="", reservation=None)
     history = [{"role": "user", "content": f"{task}\n\n[budget for this task: {reservation.cap} model calls]"}]
-    outcome = run_turn(system_prompt=CHILD_PROMPT, history=history, model=ctx.model, tools=ctx.tools.subset(names),
-                       bridge=ctx.bridge, limits=ctx.limits, record=lambda *_: None, should_stop=ctx.should_stop,
-                       budget=reservation, context=child_ctx)
+    with invoke_agent("sub-agent", model=ctx.model.model, conversation_id=ctx.session_id,
+                      turn_id=ctx.turn_id) as span:
+        outcome = run_turn(system_prompt=CHILD_PROMPT, history=history, model=ctx.model,
+                           tools=ctx.tools.subset(names), bridge=ctx.bridge, limits=ctx.limits,
+                           record=lambda *_: None, should_stop=ctx.should_stop, budget=reservation, context=child_ctx)
+        end_agent(span, stop_reason=outcome.stop_reason, steps=outcome.steps,
+                  input_tokens=sum(u.prompt_tokens for u in outcome.usage),
+                  output_tokens=sum(u.completion_tokens for u in outcome.usage), cost_usd=outcome.cost_usd)
     if outcome.stop_reason == "cancelled":
         return "cancelled: the turn was stopped."
     if outcome.stop_reason in BUDGET_REASONS:

@@ -24,6 +24,7 @@ from agent.budget import Budget, Limits
 from agent.context import RunContext
 from agent.errors import ToolRetry
 from agent.tools import Tool, ToolRegistry
+from agent.tracing import end_tool, execute_tool
 
 RETRY_BACKOFF_S = 0.2
 """First pause before retrying a ``ToolRetry``; doubles per attempt."""
@@ -40,6 +41,7 @@ class ToolOutcome:
         args_key: canonical JSON of the arguments (the raw string when it did not parse).
         result: the result text before wrapping (what the repeated-action breaker compares).
         ran: the tool was executed (``False`` when the call was rejected before running).
+        ok: the tool returned a real result (not an error, timeout or exhausted retries).
     """
 
     message: dict[str, Any]
@@ -47,6 +49,12 @@ class ToolOutcome:
     args_key: str
     result: str
     ran: bool
+    ok: bool = False
+
+    @property
+    def status(self) -> str:
+        """``ok``, ``error`` (ran and failed) or ``rejected`` (unknown tool, bad arguments)."""
+        return "ok" if self.ok else "error" if self.ran else "rejected"
 
 
 class _Timeout(Exception):
@@ -112,6 +120,13 @@ def run_calls(calls: list[dict[str, Any]], tools: ToolRegistry, ctx: RunContext)
         reservations = dict(zip(reserving, ctx.budget.reserve(len(reserving)), strict=True))
 
     def answer(index: int) -> ToolOutcome:
+        call, _, args = prepared[index]
+        with execute_tool(call["function"]["name"], call["id"], args) as span:
+            outcome = run_one(index)
+            end_tool(span, outcome.status, outcome.result)
+        return outcome
+
+    def run_one(index: int) -> ToolOutcome:
         call, tool, args = prepared[index]
         name = call["function"]["name"]
         raw = call["function"].get("arguments")
@@ -125,7 +140,7 @@ def run_calls(calls: list[dict[str, Any]], tools: ToolRegistry, ctx: RunContext)
             if call_ctx.reservation is not None:
                 call_ctx.reservation.close()
         content = wrap_untrusted(name, result) if ok else result
-        return ToolOutcome(_message(call, content), name, json.dumps(args, sort_keys=True), result, ran=True)
+        return ToolOutcome(_message(call, content), name, json.dumps(args, sort_keys=True), result, ran=True, ok=ok)
 
     if len(prepared) <= 1:
         return [answer(i) for i in range(len(prepared))]

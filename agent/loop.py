@@ -29,6 +29,7 @@ from agent.execute import ToolOutcome, cap_text, run_calls
 from agent.model import ChatModel, ModelReply, OnText, Usage
 from agent.sequence import problems, repair
 from agent.tools import ToolRegistry
+from agent.tracing import chat, end_chat
 
 __all__ = ["INTERRUPTED", "Abort", "FinalReply", "Limits", "NextStep", "Record", "RunTools", "TurnOutcome",
            "cap_text", "run_turn"]
@@ -82,6 +83,8 @@ class TurnOutcome:
     usage: list[Usage] = field(default_factory=list)
     cost_usd: float = 0.0
     tool_runs: Counter[str] = field(default_factory=Counter)
+    tool_results: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """``(tool name, ok | error | rejected)`` -> calls answered by this loop."""
 
 
 def run_turn(
@@ -129,8 +132,10 @@ def run_turn(
         pending = None
         if step is None:
             _validate(messages)
-            reply = model.complete(messages, tools.schemas(), on_text)
-            step = _model_step(reply, price, budget, outcome, messages, record)
+            with chat(model.model, messages) as span:
+                reply = model.complete(messages, tools.schemas(), on_text)
+                step = _model_step(reply, price, budget, outcome, messages, record)
+                end_chat(span, reply, price.cost(reply.usage) if price is not None else 0.0)
         if isinstance(step, FinalReply):
             outcome.reply = step.text
             outcome.stop_reason = "length" if step.finish_reason == "length" else "stop"
@@ -147,6 +152,7 @@ def run_turn(
         _add_budget_note(results, budget)
         for result in results:
             outcome.tool_runs[result.name] += result.ran
+            outcome.tool_results[(result.name, result.status)] += 1
             messages.append(result.message)
             record(result.message, None, None)
         pending = _repeated(results, repeats, limits.repeat_limit)

@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -34,6 +35,7 @@ from gateway.http import build_app
 from gateway.job_commands import JobCommands
 from gateway.job_tool import schedule_report_tool
 from gateway.jobs import JobPlanner
+from gateway.metrics import CONTENT_TYPE, GatewayMetrics, MeteredModel, timed
 from gateway.ports import Adapter
 from gateway.push_run import PushRunner
 from gateway.pushes import PushService
@@ -44,6 +46,7 @@ from gateway.store.directory import Directory
 from gateway.store.jobs import JobStore
 from gateway.store.sql import Store
 from gateway.streaming import StreamHub
+from gateway.telemetry import span as traced
 from gateway.turns import TurnRunner
 from gateway.types import ChatAddress, InboundMessage, OutboundMessage
 
@@ -80,6 +83,7 @@ class Gateway:
         self.store = Store(self.engine)
         self.jobs = JobStore(self.engine)
         self.bridge = AsyncBridge()
+        self.metrics = GatewayMetrics()
         self.tools = build_catalog(config, self.bridge)
         push_tools = ToolRegistry()  # a push's "default" toolset: the chat tools minus chat-only ones
         for tool in self.tools.tools.values():
@@ -93,12 +97,13 @@ class Gateway:
                                                 lambda: self.pushes.job_changed() if self.pushes else None))
         api_key = config.secret(config.llm.api_key_env) or "missing-api-key"
 
+        limits = config.agent.limits()
+
         def build_model(spec: AgentSpec) -> ChatModel:
-            if model is not None:
-                return model
-            return OpenAIChatModel(base_url=spec.base_url, api_key=spec.api_key, model=spec.model,
-                                   timeout_s=config.llm.timeout_s, max_retries=config.llm.max_retries,
-                                   temperature=config.llm.temperature, stream=config.llm.stream)
+            inner = model if model is not None else OpenAIChatModel(
+                base_url=spec.base_url, api_key=spec.api_key, model=spec.model, timeout_s=config.llm.timeout_s,
+                max_retries=config.llm.max_retries, temperature=config.llm.temperature, stream=config.llm.stream)
+            return MeteredModel(inner, self.metrics, limits.price_of(spec.model))
 
         self.agents = AgentCache(self.tools, build_model)
         toolset = config.agent.toolset if config.agent.toolset is not None else list(self.tools.tools)
@@ -114,7 +119,7 @@ class Gateway:
         sessions = config.sessions
         self.runner = TurnRunner(
             store=self.store, agents=self.agents, spec=self.agent_spec, bridge=self.bridge,
-            limits=config.agent.limits(), history_window=config.agent.history_window,
+            limits=limits, history_window=config.agent.history_window,
             system_prompt=config.agent.system_prompt, streams=self.streams,
             commands=Commands(self.store, self.directory, lambda: config.agent.system_prompt),
             is_admin=lambda message: is_admin(message, config.access),
@@ -122,13 +127,14 @@ class Gateway:
                               daily_hour=sessions.daily_reset_hour, zone=sessions.reset_timezone)
             if sessions.idle_reset_minutes or sessions.daily_reset_hour is not None else None,
             window=config.llm.window_policy(),
+            metrics=self.metrics,
         )
         self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
         self.delivery = Delivery(
             store=self.store, adapters=self.adapters, instance_id=self.instance_id, run_db=self.run_db,
             max_attempts=config.delivery.max_attempts, backoff_base_s=config.delivery.backoff_base_s,
-            backoff_max_s=config.delivery.backoff_max_s, claim_s=config.delivery.claim_s,
+            backoff_max_s=config.delivery.backoff_max_s, claim_s=config.delivery.claim_s, metrics=self.metrics,
         )
         if config.scheduler.enabled:
             sc = config.scheduler
@@ -140,7 +146,8 @@ class Gateway:
             )
         self.runner.job_commands = JobCommands(jobs=self.jobs, planner=self.planner, service=self.pushes).handle
         self.bus = SessionBus(
-            store=self.store, run_turn=self.runner.run, workers=self._workers, instance_id=self.instance_id,
+            store=self.store, run_turn=timed(self.metrics, self.runner.run), workers=self._workers,
+            instance_id=self.instance_id,
             lease_s=config.bus.lease_s, sweep_interval_s=config.bus.sweep_interval_s,
             busy_policy=config.bus.busy_policy,
             on_turn_start=self._typing_start, on_turn_end=self._typing_end, on_replies=self.delivery.wake,
@@ -149,6 +156,7 @@ class Gateway:
         self._receivers: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
+        self.started = False
         self.received = 0
         self.duplicates = 0
         self.dropped = 0
@@ -166,16 +174,25 @@ class Gateway:
         not part of. Raises if the database write failed (the adapter must
         not acknowledge the platform then).
         """
+        with traced(f"receive {message.platform}",
+                                          attributes={"gateway.platform": message.platform}) as span:
+            stored = await self._receive(message)
+            span.set_attribute("gateway.stored", stored)
+            return stored
+
+    async def _receive(self, message: InboundMessage) -> bool:
         identity = await self.run_db(self.directory.identify, message)
         key = session_key_for(message, identity.user_id, self.config.sessions.group_scope)
         if not message.addressed and not await self.run_db(self.store.lane_exists, key):
             self.dropped += 1
+            self.metrics.dropped.labels(message.platform).inc()
             return False  # a thread message not for us: the bot is not part of that thread
         decision = decide(message, identity.approved, self.config.access)
         if decision == "deny":
             log.info("message from %s in %s not allowed (access.mode = allowlist)",
                      message.sender.user_id, message.address.chat_id)
             self.dropped += 1
+            self.metrics.dropped.labels(message.platform).inc()
             return False
         if decision == "pair":
             code = await self.run_db(self.directory.new_code, identity.user_id, "pairing")
@@ -190,9 +207,11 @@ class Gateway:
                 self.runner.note_generation(key, await self.run_db(self.store.lane_generation, key))
         if stored:
             self.received += 1
+            self.metrics.inbound.labels(message.platform).inc()
             self.bus.kick(key)
         else:
             self.duplicates += 1
+            self.metrics.duplicates.labels(message.platform).inc()
         return stored
 
     async def _control(self, message: InboundMessage, key: str, user_id: str) -> bool:
@@ -281,7 +300,7 @@ class Gateway:
             await self.pushes.start()
         if self.serve_http:
             routes = [route for adapter in self.adapters.values() for route in adapter.routes()]
-            app = build_app(routes, self._ready, self._metrics)
+            app = build_app(routes, self._ready, self._metrics, CONTENT_TYPE)
             self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.config.http.host, self.config.http.port)
@@ -294,10 +313,12 @@ class Gateway:
                 self._receivers.append(asyncio.create_task(self._hold_receiver(adapter)))
             else:
                 await adapter.start_receiving()
+        self.started = True
         log.info("gateway %s started with %s", self.instance_id, ", ".join(self.adapters) or "no platforms")
 
     async def stop(self) -> None:
         """Stops receiving first, then lets running turns finish their step, then closes."""
+        self.started = False
         for task in self._receivers:
             task.cancel()
         await asyncio.gather(*self._receivers, return_exceptions=True)
@@ -328,22 +349,25 @@ class Gateway:
         return self.agents.get(self.agent_spec).model
 
     async def _ready(self) -> bool:
+        """Ready = every adapter started and the database answers."""
+        if not self.started:
+            return False
         try:
             await self.run_db(self.store.count_inbox, "pending")
         except Exception:
             return False
         return True
 
-    def _metrics(self) -> str:
-        lines = [
-            "# TYPE gateway_inbound_total counter", f"gateway_inbound_total {self.received}",
-            "# TYPE gateway_inbound_duplicates_total counter", f"gateway_inbound_duplicates_total {self.duplicates}",
-            "# TYPE gateway_turns_total counter", f"gateway_turns_total {self.bus.turns_done}",
-            "# TYPE gateway_deliveries_total counter", f"gateway_deliveries_total {self.delivery.sent}",
-            "# TYPE gateway_push_runs_total counter",
-            f"gateway_push_runs_total {self.pushes.fired if self.pushes else 0}",
-        ]
-        return "\n".join(lines) + "\n"
+    async def _metrics(self) -> bytes:
+        """Reads the database-backed gauges, then renders every metric (a DB fault leaves them stale)."""
+        try:
+            pending = await self.run_db(self.store.count_inbox, "pending")
+            leases = await self.run_db(self.store.count_leases, time.time())
+            outbox = await self.run_db(self.store.outbox_counts)
+            self.metrics.refresh(pending, leases, outbox)
+        except Exception:
+            log.exception("metrics: database gauges not refreshed")
+        return self.metrics.render()
 
 
 def build_catalog(config: GatewayConfig, bridge: AsyncBridge) -> ToolRegistry:

@@ -18,15 +18,18 @@ log = logging.getLogger("gateway.cli")
 def _secrets(config: GatewayConfig) -> list[str]:
     names = [config.llm.api_key_env, config.telegram.token_env, config.telegram.webhook_secret_env,
              config.slack.bot_token_env, config.slack.signing_secret_env, config.slack.app_token_env,
-             config.feishu.app_secret_env, config.feishu.verification_token_env, config.feishu.encrypt_key_env]
+             config.feishu.app_secret_env, config.feishu.verification_token_env, config.feishu.encrypt_key_env,
+             config.telemetry.otlp_headers_env]
     return [value for name in names if (value := config.secret(name))]
 
 
 async def _run(config: GatewayConfig) -> None:
     from gateway.app import Gateway
+    from gateway.telemetry import setup_tracing
     from gateway.wiring import build_adapters
 
     gateway = Gateway(config, build_adapters(config))
+    provider = setup_tracing(config, gateway.instance_id)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -41,6 +44,8 @@ async def _run(config: GatewayConfig) -> None:
     finally:
         log.info("shutting down")
         await gateway.stop()
+        if provider is not None:
+            provider.shutdown()  # type: ignore[attr-defined]  # flushes the last spans
 
 
 async def _chat(config: GatewayConfig) -> None:

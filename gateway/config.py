@@ -258,6 +258,19 @@ class SessionsConfig(_Section):
     reset_timezone: str = "UTC"
 
 
+class TelemetryConfig(_Section):
+    """Tracing (OpenTelemetry, GenAI semantic conventions). Metrics are always at ``/metrics``."""
+
+    exporter: Literal["none", "console", "otlp"] = "none"
+    otlp_endpoint: str = "http://localhost:4318/v1/traces"
+    """OTLP/HTTP traces endpoint (a collector, Jaeger, Tempo, Phoenix, Langfuse ...)."""
+    otlp_headers_env: str = "OTEL_EXPORTER_OTLP_HEADERS"
+    """Environment variable holding the exporter's headers (``key=value,...``; may carry a token)."""
+    capture_content: bool = False
+    """Record messages, tool arguments and tool results on spans (personal data: off by default)."""
+    service_name: str = "agent-gateway"
+
+
 class LoggingConfig(_Section):
     level: str = "INFO"
 
@@ -285,6 +298,7 @@ class GatewayConfig(BaseSettings):
     access: AccessConfig = Field(default_factory=AccessConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
     @classmethod
     def settings_customise_sources(

@@ -22,8 +22,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gateway.metrics import GatewayMetrics
 from gateway.ports import Adapter
 from gateway.store.sql import OutboxItem, Store
+from gateway.telemetry import span as traced
 
 log = logging.getLogger("gateway.delivery")
 
@@ -41,8 +43,10 @@ class Delivery:
 
     def __init__(self, *, store: Store, adapters: Mapping[str, Adapter], instance_id: str,
                  run_db: Callable[..., Any], max_attempts: int = 8, backoff_base_s: float = 1.0,
-                 backoff_max_s: float = 300.0, claim_s: float = 30.0, poll_s: float = 2.0) -> None:
+                 backoff_max_s: float = 300.0, claim_s: float = 30.0, poll_s: float = 2.0,
+                 metrics: GatewayMetrics | None = None) -> None:
         self.store = store
+        self.metrics = metrics or GatewayMetrics()
         self.adapters = adapters
         self.instance_id = instance_id
         self._run_db = run_db
@@ -93,6 +97,13 @@ class Delivery:
                 await asyncio.sleep(1.0)
 
     async def _send(self, item: OutboxItem) -> None:
+        platform = item.message.address.platform
+        attributes = {"gateway.platform": platform, "gateway.outbox.id": item.id, "gateway.delivery.attempt":
+                      item.attempts, "gateway.idempotency_key": item.message.idempotency_key}
+        with traced(f"deliver {platform}", attributes=attributes):
+            await self._send_item(item)
+
+    async def _send_item(self, item: OutboxItem) -> None:
         adapter = self.adapters.get(item.message.address.platform)
         if adapter is None:
             await self._run_db(self.store.mark_failed, item.id, self.instance_id, "no adapter for platform",
@@ -137,15 +148,18 @@ class Delivery:
             status = "unconfirmed" if UNCONFIRMED in sent_ids else "sent"
             await self._run_db(self.store.mark_sent, item.id, self.instance_id, sent_ids, status, note)
             self.sent += 1
+            self.metrics.delivery_sends.labels(adapter.platform).inc()
         elif retryable and item.attempts < self.max_attempts:
             backoff = min(self.backoff_max_s, self.backoff_base_s * 2 ** (item.attempts - 1))
             delay = retry_after if retry_after is not None else backoff * (0.5 + random.random())
             log.warning("delivery %s failed (%s); attempt %d, retry in %.1f s", message.idempotency_key, error,
                         item.attempts, delay)
             self._waiting[chat] = time.time() + delay
+            self.metrics.delivery_retries.labels(adapter.platform).inc()
             await self._run_db(self.store.mark_retry, item.id, self.instance_id, time.time() + delay, error or "",
                                sent_ids)
             asyncio.get_running_loop().call_later(delay, self.wake)
         else:
             log.error("delivery %s failed permanently: %s", message.idempotency_key, error)
+            self.metrics.delivery_failures.labels(adapter.platform).inc()
             await self._run_db(self.store.mark_failed, item.id, self.instance_id, error or "failed", sent_ids)

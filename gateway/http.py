@@ -8,9 +8,10 @@ from aiohttp import web
 
 
 def build_app(routes: list[web.RouteDef], ready: Callable[[], Awaitable[bool]],
-              metrics: Callable[[], str]) -> web.Application:
-    """``/healthz`` (process up), ``/readyz`` (database reachable), ``/metrics`` (Prometheus text)
-    plus the adapters' webhook ``routes``. Request bodies are capped at 1 MiB."""
+              metrics: Callable[[], Awaitable[bytes]], metrics_type: str = "text/plain") -> web.Application:
+    """``/healthz`` (process up), ``/readyz`` (database reachable, adapters started),
+    ``/metrics`` (Prometheus text) plus the adapters' webhook ``routes``. Request bodies are
+    capped at 1 MiB."""
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -20,7 +21,7 @@ def build_app(routes: list[web.RouteDef], ready: Callable[[], Awaitable[bool]],
         return web.json_response({"status": "ready" if ok else "not ready"}, status=200 if ok else 503)
 
     async def metrics_view(_: web.Request) -> web.Response:
-        return web.Response(text=metrics(), content_type="text/plain")
+        return web.Response(body=await metrics(), headers={"Content-Type": metrics_type})
 
     app = web.Application(client_max_size=1024 * 1024)
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/metrics", metrics_view),

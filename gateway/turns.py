@@ -16,19 +16,24 @@ from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
+from opentelemetry.trace import Span
+
 from agent.bridge import AsyncBridge
 from agent.budget import Limits, initial_note
 from agent.cache import AgentCache, AgentSpec
 from agent.context import RunContext
 from agent.loop import run_turn
 from agent.model import ModelError, Usage
+from agent.tracing import end_agent, invoke_agent
 from gateway.commands import LANE_COMMANDS, CommandContext, Commands
 from gateway.compression import Compressor
 from gateway.context import user_meta
+from gateway.metrics import GatewayMetrics
 from gateway.resets import ResetPolicy
 from gateway.sessions import is_dm_key
 from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage
 from gateway.streaming import StreamHub
+from gateway.telemetry import span as traced
 from gateway.types import InboundMessage, OutboundMessage
 from gateway.window import WindowPolicy
 
@@ -66,9 +71,10 @@ class TurnRunner:
                  limits: Limits, history_window: int, system_prompt: str, streams: StreamHub | None = None,
                  commands: Commands | None = None, is_admin: Callable[[InboundMessage], bool] = lambda m: False,
                  reset: ResetPolicy | None = None, job_commands: CommandHandler | None = None,
-                 window: WindowPolicy | None = None) -> None:
+                 window: WindowPolicy | None = None, metrics: GatewayMetrics | None = None) -> None:
         self.job_commands = job_commands
         self.store = store
+        self.metrics = metrics
         self.agents = agents
         self.spec = spec
         self.bridge = bridge
@@ -92,6 +98,11 @@ class TurnRunner:
         nothing. Raises only on database faults; the inbox rows then stay pending and are retried.
         """
         last = batch[-1]
+        with invoke_agent("assistant", model=self.spec.model, turn_id=f"in{last.inbox_id}") as span:
+            return self._run(batch, generation, span)
+
+    def _run(self, batch: Sequence[PendingInbound], generation: int, span: Span) -> str:
+        last = batch[-1]
         message = last.message
         key = last.session_key
         turn_id = f"in{last.inbox_id}"
@@ -104,34 +115,41 @@ class TurnRunner:
 
         unwritten: list[NewMessage] = []
 
-        def finish(status: str, text: str | None, session_id: str | None) -> str:
+        def finish(status: str, text: str | None, session_id: str | None, stop_reason: str = "none") -> str:
             replies = [] if text is None else [
                 OutboundMessage(message.address, text, idempotency_key=reply_key, reply_to_id=message.reply_to_id)
             ]
-            self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
-                                   generation=generation, messages=list(unwritten),
-                                   merged_status="cancelled" if status == "cancelled" else "merged",
-                                   stream_key=reply_key)
+            with traced("finish_turn", attributes={"gateway.replies": len(replies)}):
+                self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
+                                       generation=generation, messages=list(unwritten),
+                                       merged_status="cancelled" if status == "cancelled" else "merged",
+                                       stream_key=reply_key)
+            span.set_attributes({"gateway.turn.outcome": status, "gateway.stop_reason": stop_reason})
+            if self.metrics is not None:
+                self.metrics.turns.labels(status, stop_reason).inc()
             return status
 
         if self.commands is not None and len(batch) == 1 and message.command in LANE_COMMANDS:
             direct = self.commands.run(CommandContext(message, key, last.user_id, is_dm_key(key),
                                                       self.is_admin(message), self.spec.model))
             if direct is not None:
-                return finish("done", direct, None)
+                return finish("done", direct, None, "command")
         if self.job_commands is not None and len(batch) == 1 and message.command is not None:
             direct = self.job_commands(message)
             if direct is not None:
-                return finish("done", direct, None)
+                return finish("done", direct, None, "command")
 
         owner = last.user_id if is_dm_key(key) else None
-        opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
+        with traced("load_session") as load:
+            opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
+            load.set_attribute("gateway.messages_loaded", len(opened.window))
         notice = ""
         if self.reset is not None and self.reset.expired(opened.last_used_at):
             self.store.new_session(key, self.system_prompt, owner)
             opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
             notice = f"({self.reset.describe()}: this is a new conversation; the last one is in /sessions.)\n\n"
         session_id, system_prompt, window = opened.session_id, opened.system_prompt, list(opened.window)
+        span.set_attribute("gen_ai.conversation.id", session_id)
         # User messages are written with the turn's first step (or its end), not before: until then
         # the inbox row is still pending, so a crash loses nothing and a rerun writes them once.
         present = {(m.turn_id, m.role) for m in window}
@@ -184,18 +202,24 @@ class TurnRunner:
                                context=RunContext(session_id=session_id, turn_id=turn_id))
         except ModelError as exc:
             log.warning("turn %s failed: %s", turn_id, exc)
-            return finish("failed", f"⚠️ {exc.user_message}", session_id)
+            return finish("failed", f"⚠️ {exc.user_message}", session_id, "model_error")
         finally:
             CURRENT_MESSAGE.reset(token)
             if stream is not None:
                 stream.close()
+        end_agent(span, stop_reason=outcome.stop_reason, steps=outcome.steps,
+                  input_tokens=sum(u.prompt_tokens for u in outcome.usage),
+                  output_tokens=sum(u.completion_tokens for u in outcome.usage), cost_usd=outcome.cost_usd)
+        if self.metrics is not None:
+            for (tool, status), count in outcome.tool_results.items():
+                self.metrics.tool_calls.labels(tool, status).inc(count)
         if outcome.stop_reason == "cancelled":
             log.info("turn %s cancelled at a step boundary", turn_id)
-            return finish("cancelled", None, session_id)
+            return finish("cancelled", None, session_id, "cancelled")
         if outcome.stop_reason not in ("stop", "length"):
             log.info("turn %s stopped by %s after %d model calls ($%.4f)", turn_id, outcome.stop_reason,
                      outcome.steps, outcome.cost_usd)
-        return finish("done", notice + (outcome.reply.strip() or "(no answer)"), session_id)
+        return finish("done", notice + (outcome.reply.strip() or "(no answer)"), session_id, outcome.stop_reason)
 
     # -- in-process cancellation -------------------------------------------------------------
     def note_generation(self, key: str, generation: int) -> None:

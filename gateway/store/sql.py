@@ -232,6 +232,12 @@ class Store:
         with read_tx(self.engine) as conn:
             return conn.execute(select(func.count()).select_from(_inbox).where(_inbox.c.status == status)).scalar_one()
 
+    def count_leases(self, now: float) -> int:
+        """Lane leases held right now, by any instance (receiver leases included; metrics)."""
+        with read_tx(self.engine) as conn:
+            return conn.execute(select(func.count()).select_from(_lanes).where(
+                _lanes.c.lease_owner.is_not(None), _lanes.c.lease_until >= now)).scalar_one()
+
     # -- lanes (one turn per session key at a time) ------------------------------------------
     @retry_locked
     def claim_lane(self, key: str, owner: str, lease_s: float) -> bool:

@@ -1,0 +1,157 @@
+"""Shared pieces of the benchmark suite: the gateway subprocess in Telegram webhook mode against
+the loopback fakes, webhook posting, reply waiting, percentiles and RSS.
+
+The fakes (``tests/fakes``) run in the benchmark's process on their own threads, so their
+timestamps (model request arrival, Bot API call arrival) share one clock with the sender.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.fault_injection import TOKEN, GatewayProcess, _free_port
+from tests.fakes.openai import FakeOpenAI
+from tests.fakes.telegram import FakeTelegram
+
+SECRET = "bench-webhook-secret-0123"
+WEBHOOK_PATH = "/telegram/webhook"
+CHAT_BASE = 7_000_000
+
+
+@dataclass
+class Rig:
+    """A running gateway subprocess wired to the fakes."""
+
+    telegram: FakeTelegram
+    model: FakeOpenAI
+    gateway: GatewayProcess
+
+    @property
+    def webhook(self) -> str:
+        return f"http://127.0.0.1:{self.gateway.port}{WEBHOOK_PATH}"
+
+
+def write_config(workdir: Path, telegram: FakeTelegram, model: FakeOpenAI, port: int, *, db_url: str,
+                 worker_threads: int = 32, pool_size: int = 10, history_window: int = 40) -> Path:
+    """A webhook-mode gateway config pointed at the fakes (logs at WARNING)."""
+    path = workdir / "bench.toml"
+    path.write_text(f"""
+[database]
+url = "{db_url}"
+pool_size = {pool_size}
+[http]
+port = {port}
+[llm]
+base_url = "{model.url}/v1"
+api_key_env = "FAULT_OPENAI_KEY"
+max_retries = 0
+[agent]
+worker_threads = {worker_threads}
+history_window = {history_window}
+[tools]
+browser_enabled = false
+[bus]
+sweep_interval_s = 1.0
+[delivery]
+backoff_base_s = 0.05
+[telegram]
+enabled = true
+mode = "webhook"
+token_env = "FAULT_TELEGRAM_TOKEN"
+webhook_secret_env = "FAULT_WEBHOOK_SECRET"
+base_url = "{telegram.url}"
+[logging]
+level = "WARNING"
+""")
+    return path
+
+
+@contextlib.contextmanager
+def rig(workdir: Path, **config: Any) -> Iterator[Rig]:
+    """Starts the fakes and one gateway subprocess (fresh SQLite unless ``db_url`` is given)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config.setdefault("db_url", f"sqlite:///{workdir / 'gateway.db'}")
+    with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
+        port = _free_port()
+        gateway = GatewayProcess(write_config(workdir, telegram, model, port, **config), port, workdir)
+        gateway.env_extra = {"FAULT_WEBHOOK_SECRET": SECRET}
+        gateway.start()
+        try:
+            gateway.wait_ready(30)
+            yield Rig(telegram, model, gateway)
+        finally:
+            gateway.terminate()
+
+
+def update(chat: int, message_id: int, text: str) -> dict[str, Any]:
+    """A Telegram DM update (``update_id`` unique per chat and message)."""
+    user = {"id": chat, "is_bot": False, "first_name": f"U{chat}"}
+    return {"update_id": (chat - CHAT_BASE) * 100_000 + message_id,
+            "message": {"message_id": message_id, "from": user, "chat": {"id": chat, "type": "private"},
+                        "date": int(time.time()), "text": text}}
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> None:
+    """Posts one webhook (retried like Telegram does on a non-2xx answer)."""
+    for _ in range(50):
+        async with http.post(url, json=body, headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}) as resp:
+            if resp.status == 200:
+                return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"webhook kept failing for update {body['update_id']}")
+
+
+def last_user_line(request: dict[str, Any]) -> str:
+    """The newest user message's last line (the token a benchmark sent; the gateway prefixes meta)."""
+    return next(m["content"] for m in reversed(request["messages"]) if m["role"] == "user").splitlines()[-1]
+
+
+def replies(telegram: FakeTelegram) -> list[Any]:
+    """Every ``sendMessage`` call the fake received."""
+    return telegram.calls("sendMessage")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by nearest rank; 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of process ``pid`` in MiB (Linux ``/proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (Linux ``/proc``; threads included)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def wait_for(predicate: Any, timeout: float, poll_s: float = 0.05) -> bool:
+    """Polls ``predicate()`` until true or ``timeout``; returns the last result."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(poll_s)
+    return bool(predicate())

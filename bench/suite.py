@@ -1,0 +1,91 @@
+"""The benchmark suite: drives the real gateway (a subprocess, Telegram webhook mode) against the
+loopback fakes and prints JSON figures. Run on demand, not in the test run:
+
+    python -m bench.suite            # full sizes (several minutes)
+    python -m bench.suite --short    # tiny sizes (the test suite runs this so it cannot rot)
+    python -m bench.suite --only overhead,load_time
+
+Figures: (a) ``overhead`` per turn p50/p99 at 50 msg/s beside a bare-relay floor; (b)
+``throughput`` at 100 and 500 concurrent conversations with a 2 s model vs the ceiling; (c)
+``rss`` with 10k stored and 500 active sessions; (d, e) ``long_conversation``: prefix stability
+and input tokens at turn 10/100/500; (f) ``load_time`` of 100 vs 100,000 transcript messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.overhead import run_overhead
+from bench.prompt import run_long_conversation
+from bench.storage import run_load_time, run_rss
+from bench.throughput import run_throughput
+
+FULL: dict[str, Callable[[Path], Any]] = {
+    "overhead": lambda d: run_overhead(d, messages=1000, rate=50.0, chats=50),
+    "throughput": lambda d: [run_throughput(d / "c100", conversations=100, rounds=3, latency_s=2.0),
+                             run_throughput(d / "c500", conversations=500, rounds=3, latency_s=2.0)],
+    "rss": lambda d: run_rss(d, stored=10_000, active=500),
+    "long_conversation": lambda d: run_long_conversation(d, turns=500, checkpoints=(10, 100, 500)),
+    "load_time": lambda d: run_load_time(d, small=100, large=100_000),
+}
+
+SHORT: dict[str, Callable[[Path], Any]] = {
+    "overhead": lambda d: run_overhead(d, messages=10, rate=50.0, chats=5, warmup=2),
+    "throughput": lambda d: [run_throughput(d, conversations=5, rounds=1, latency_s=0.2, timeout=20)],
+    "rss": lambda d: run_rss(d, stored=20, active=5, latency_s=0.3),
+    "long_conversation": lambda d: run_long_conversation(d, turns=12, checkpoints=(10,)),
+    "load_time": lambda d: run_load_time(d, small=100, large=1000, repeats=3),
+}
+
+
+def run_suite(workdir: Path, *, short: bool = False, only: list[str] | None = None,
+              postgres: bool = False) -> dict[str, Any]:
+    """Runs the selected benchmarks, each in its own subfolder of ``workdir``; returns the figures.
+    ``postgres`` adds the throughput runs on a scratch database of the local PostgreSQL (as
+    ``bench.multi_instance``)."""
+    table = dict(SHORT if short else FULL)
+    if postgres and not short:
+        table["throughput_postgres"] = lambda d: [
+            run_throughput(d / "c100", conversations=100, rounds=3, latency_s=2.0, postgres=True),
+            run_throughput(d / "c500", conversations=500, rounds=3, latency_s=2.0, postgres=True)]
+    figures: dict[str, Any] = {"mode": "short" if short else "full", "python": platform.python_version(),
+                               "cpus": os.cpu_count()}
+    for name, bench in table.items():
+        if only and name not in only:
+            continue
+        folder = workdir / name
+        folder.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        try:
+            figures[name] = bench(folder)
+        except Exception as exc:  # one broken benchmark must not lose the others' figures
+            if short:
+                raise
+            figures[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"{name}: {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="gateway benchmark suite (prints JSON)")
+    parser.add_argument("--short", action="store_true", help="tiny sizes (seconds, not minutes)")
+    parser.add_argument("--only", help="comma-separated: " + ",".join(FULL) + ",throughput_postgres")
+    parser.add_argument("--postgres", action="store_true", help="also run throughput on PostgreSQL")
+    args = parser.parse_args()
+    only = args.only.split(",") if args.only else None
+    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+    workdir = Path(tempfile.mkdtemp(prefix="gw-bench-"))
+    print(json.dumps(run_suite(workdir, short=args.short, only=only, postgres=args.postgres), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""The benchmark suite in its short mode: every benchmark still runs and yields sane figures."""
+
+from __future__ import annotations
+
+from bench.suite import run_suite
+
+
+def test_bench_suite_short_mode(tmp_path):
+    figures = run_suite(tmp_path, short=True)
+    overhead = figures["overhead"]
+    assert overhead["gateway"]["completed"] == 10 and overhead["floor"]["completed"] == 10
+    assert overhead["gateway"]["overhead"]["p50_ms"] > 0
+    (throughput,) = figures["throughput"]
+    assert throughput["completion"] == 1.0 and throughput["turns_per_s"] > 0
+    assert figures["rss"]["rss_active_peak_mb"] > 0
+    long = figures["long_conversation"]
+    assert long["model_requests"] == 12 and long["prefix_stable_share"] == 1.0
+    assert long["input_tokens"]["turn_10"] > 0
+    assert figures["load_time"]["messages_1000_ms"] > 0
