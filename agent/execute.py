@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from agent.bridge import BridgeTimeout
 from agent.budget import Budget, Limits
 from agent.context import RunContext
@@ -119,11 +121,22 @@ def run_calls(calls: list[dict[str, Any]], tools: ToolRegistry, ctx: RunContext)
             text = args if isinstance(args, str) else ""
             return ToolOutcome(_message(call, text), name, str(raw), text, ran=False)
         call_ctx = dataclasses.replace(ctx, call_id=call["id"], reservation=reservations.get(index))
+        checked = validate_arguments(tool, args)
+        if isinstance(checked, str):
+            if call_ctx.reservation is not None:
+                call_ctx.reservation.close()
+            return ToolOutcome(_message(call, checked), name, str(raw), checked, ran=False)
         try:
-            result, ok = _execute(tool, args, call_ctx, limits)
+            denied = ctx.approver(call_ctx, tool, args) if ctx.approver is not None else None
+            if denied is not None:
+                result, ok = denied, False
+            else:
+                result, ok = _execute(tool, checked, call_ctx, limits)
         finally:
             if call_ctx.reservation is not None:
                 call_ctx.reservation.close()
+        if ctx.redact is not None:
+            result = ctx.redact(result)
         content = wrap_untrusted(name, result) if ok else result
         return ToolOutcome(_message(call, content), name, json.dumps(args, sort_keys=True), result, ran=True)
 
@@ -132,6 +145,21 @@ def run_calls(calls: list[dict[str, Any]], tools: ToolRegistry, ctx: RunContext)
     with ThreadPoolExecutor(min(limits.max_parallel_tools, len(prepared)), thread_name_prefix="tool") as pool:
         futures = [pool.submit(contextvars.copy_context().run, answer, i) for i in range(len(prepared))]
         return [f.result() for f in futures]
+
+
+def validate_arguments(tool: Tool, args: dict[str, Any]) -> dict[str, Any] | str:
+    """``args`` validated (and coerced) by the tool's ``args_model``, or the error text for the
+    model (every problem with its argument path); tools without a model pass ``args`` through."""
+    if tool.args_model is None:
+        return args
+    try:
+        model = tool.args_model.model_validate(args)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(arguments)'}: {err['msg']}"
+                             for err in exc.errors(include_url=False))
+        return (f"Error: invalid arguments for {tool.name}, nothing was run: {problems}. "
+                "Fix the arguments to match the tool's schema and call it again.")
+    return {name: getattr(model, name) for name in type(model).model_fields}
 
 
 def _message(call: dict[str, Any], content: str) -> dict[str, Any]:
