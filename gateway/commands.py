@@ -25,6 +25,7 @@ HELP = (
     "/link CODE - join this account to the one that made CODE\n"
     "/unlink - detach this account again\n"
     "/stop - stop the answer in progress\n"
+    "/approve ID, /deny ID - allow or refuse an action I asked about\n"
     "/help - this message"
 )
 
@@ -32,11 +33,12 @@ COMMANDS = [
     ("new", "Start a fresh conversation"), ("sessions", "List your conversations"),
     ("resume", "Continue a conversation: /resume ID"), ("status", "Model, conversation and usage"),
     ("link", "Link another account of yours"), ("unlink", "Unlink this account"),
-    ("stop", "Stop the answer in progress"), ("help", "What this bot can do"),
+    ("stop", "Stop the answer in progress"), ("approve", "Allow an action: /approve ID"),
+    ("deny", "Refuse an action: /deny ID"), ("help", "What this bot can do"),
 ]
 """The native command menu (Telegram setMyCommands: 1-32 chars of a-z, 0-9 and _)."""
 
-CONTROL_COMMANDS = frozenset({"stop"})
+CONTROL_COMMANDS = frozenset({"stop", "approve", "deny"})
 """Handled on receipt, outside the lane."""
 
 LANE_COMMANDS = frozenset({"start", "help", "new", "sessions", "resume", "status", "link", "unlink",

@@ -188,3 +188,26 @@ class SessionAddressRow(Base):
     chat_key: Mapped[str] = mapped_column(String(255))
     address: Mapped[dict[str, Any]] = mapped_column(JSON)
     last_used_at: Mapped[float] = mapped_column(Float)
+
+
+class ApprovalRow(Base):
+    """A side-effecting tool call waiting for a person (issue 9). The waiting turn polls its
+    ``status`` (``pending`` -> ``approved`` | ``denied`` | ``expired`` | ``cancelled``), so an
+    ``/approve`` received by any instance wakes it."""
+
+    __tablename__ = "approvals"
+    __table_args__ = (Index("ix_approvals_key_status", "session_key", "status"),)
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    session_key: Mapped[str] = mapped_column(String(255))
+    turn_id: Mapped[str] = mapped_column(String(64))
+    call_id: Mapped[str] = mapped_column(String(128))
+    requested_by: Mapped[str | None] = mapped_column(String(32))
+    """The user whose message started the turn; only they (or an admin) may decide."""
+    tool: Mapped[str] = mapped_column(String(128))
+    summary: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    decided_by: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    decided_at: Mapped[float | None] = mapped_column(Float)
