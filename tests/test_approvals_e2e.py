@@ -137,3 +137,47 @@ async def test_secrets_never_reach_the_model(tmp_path, fake_telegram, fake_opena
         assert all(secret not in body for body in bodies), secret
     assert "***" in bodies[-1]
     assert any(s.name == "down" and not s.ok for s in gateway.mcp.status)
+
+
+async def test_no_secret_in_any_log_record_at_debug(tmp_path, fake_telegram, fake_openai, running, caplog):
+    """The whole approve flow (platform calls carry the bot token in their URLs) at DEBUG, through
+    the filter every production handler carries."""
+    import logging
+
+    from gateway.logs import RedactSecrets
+
+    fake_openai.reset()
+    fake_openai.responder = write_then_report
+    cfg = config(tmp_path, fake_openai, fake_telegram)
+    caplog.handler.addFilter(RedactSecrets(cfg.secret_values()))
+    caplog.set_level(logging.DEBUG)
+    try:
+        await start_gateway(cfg, running)
+        fake_telegram.inject(dm_update(f"plan, token {TEST_TOKEN}", 9701, user_id=5559007))
+        approval = await prompt_id(fake_telegram, 5559007)
+        fake_telegram.inject(command(f"/approve {approval}", 9702, user_id=5559007))
+        await wait_until(lambda: any(t.startswith("tool said") for t in texts(fake_telegram, 5559007)), what="reply")
+    finally:
+        records = list(caplog.records)
+        caplog.handler.filters.clear()
+    assert records
+    secrets = [s for s in cfg.secret_values() if len(s) >= 6]
+    assert TEST_TOKEN in secrets
+    for record in records:
+        text = record.getMessage() + (record.exc_text or "")
+        assert not any(s in text for s in secrets), text[:200]
+
+
+def test_policy_flags_dangerous_shell_commands_even_when_write_is_free():
+    from agent.tools import Tool
+    from gateway.approvals import ApprovalPolicy
+    from gateway.config import ApprovalsConfig
+
+    patterns = tuple(re.compile(p) for p in ApprovalsConfig().dangerous_shell_patterns)
+    policy = ApprovalPolicy(require_for=frozenset({"external"}), dangerous_shell=patterns)
+    shell = Tool("run_shell", "d", {"type": "object"}, fn=lambda command: "", side_effect="write")
+    assert not policy.needs(shell, {"command": "ls -la"})
+    assert policy.needs(shell, {"command": "rm -rf build"})
+    assert policy.needs(shell, {"command": "curl http://x"})
+    forced = Tool("t", "d", {"type": "object"}, fn=lambda: "", side_effect="none", needs_approval=True)
+    assert policy.needs(forced, {})
