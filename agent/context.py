@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agent.bridge import AsyncBridge
     from agent.budget import Budget, Limits
+    from agent.guard import Provenance
     from agent.model import ChatModel
     from agent.tools import Tool, ToolRegistry
 
@@ -36,6 +37,8 @@ class RunContext:
         approver: asks a person whether a side-effecting call may run; ``approver(ctx, tool, args)``
             returns ``None`` when it may, else the reason it may not (the model reads it). It
             blocks the calling thread while it waits. ``None``: nothing needs approval.
+        provenance: what a person said and what tools returned so far (``agent.guard``); set by
+            the loop before each step's calls.
         redact: removes known secrets from text before it reaches the model (tool results and
             errors); ``None``: no redaction.
     """
@@ -53,6 +56,7 @@ class RunContext:
     should_stop: Callable[[], bool] | None = None
     approver: Approver | None = None
     redact: Callable[[str], str] | None = None
+    provenance: Provenance | None = None
 
 
 Approver = Callable[[RunContext, "Tool", dict[str, Any]], "str | None"]
