@@ -64,7 +64,7 @@ def test_a_tainted_call_goes_to_approval_when_someone_can_approve(fake_openai):
 
     def approver(ctx, tool, args):
         asked.append((tool.name, tool.needs_approval))
-        return "Denied: nobody approved it."
+        return "Denied: nobody approved it." if tool.needs_approval else None
 
     sent, answer = _run(fake_openai, "summarize https://notes.example", approver)
     assert sent == [] and answer.startswith("Denied: nobody approved it.")
