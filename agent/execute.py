@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import json
 import threading
 import time
@@ -19,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
 from pydantic import ValidationError
 
 from agent.bridge import BridgeTimeout
@@ -164,8 +166,13 @@ def _guard(tool: Tool, args: dict[str, Any], ctx: RunContext) -> str | None:
 
 def validate_arguments(tool: Tool, args: dict[str, Any]) -> dict[str, Any] | str:
     """``args`` validated (and coerced) by the tool's ``args_model``, or the error text for the
-    model (every problem with its argument path); tools without a model pass ``args`` through."""
+    model (every problem with its argument path). Tools without a model (hand-written schemas,
+    MCP tools) are checked against their JSON schema (no coercion)."""
     if tool.args_model is None:
+        errors = _schema_errors(json.dumps(tool.parameters, sort_keys=True), args)
+        if errors:
+            return (f"Error: invalid arguments for {tool.name}, nothing was run: {'; '.join(errors)}. "
+                    "Fix the arguments to match the tool's schema and call it again.")
         return args
     try:
         model = tool.args_model.model_validate(args)
@@ -175,6 +182,26 @@ def validate_arguments(tool: Tool, args: dict[str, Any]) -> dict[str, Any] | str
         return (f"Error: invalid arguments for {tool.name}, nothing was run: {problems}. "
                 "Fix the arguments to match the tool's schema and call it again.")
     return {name: getattr(model, name) for name in type(model).model_fields}
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Any:
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema)
+
+
+def _schema_errors(schema_json: str, args: dict[str, Any]) -> list[str]:
+    """Problems of ``args`` against a JSON schema (an unusable schema checks nothing)."""
+    try:
+        validator = _validator(schema_json)
+    except Exception:
+        return []
+    problems = []
+    for error in sorted(validator.iter_errors(args), key=lambda e: list(e.path))[:10]:
+        where = ".".join(str(p) for p in error.path) or "(arguments)"
+        problems.append(f"{where}: {cap_text(error.message, 200)}")
+    return problems
 
 
 def _message(call: dict[str, Any], content: str) -> dict[str, Any]:

@@ -56,6 +56,24 @@ async def test_mcp_tool_discovered_and_called_end_to_end(tmp_path, fake_telegram
     assert "calc__add" in names and "calc__shout" in names
 
 
+async def test_mcp_arguments_are_checked_against_the_servers_schema(tmp_path, fake_telegram, fake_openai, running):
+    fake_openai.reset()
+
+    def respond(req: dict) -> oa.Reply:
+        last = req["messages"][-1]
+        if last["role"] == "tool":
+            return oa.text(last["content"].split("\n")[0])
+        return oa.tool_calls(oa.call("calc__add", {"a": "twenty"}))
+
+    fake_openai.responder = respond
+    await start_gateway(mcp_config(tmp_path, fake_openai, fake_telegram), running)
+    fake_telegram.inject(dm_update("add", 9602, user_id=5559102))
+    await wait_until(lambda: len(sends_to(fake_telegram, 5559102)) == 1, what="reply")
+    text = sends_to(fake_telegram, 5559102)[0].params["text"]
+    assert text.startswith("Error: invalid arguments for calc__add, nothing was run:")
+    assert "'b' is a required property" in text and "'twenty' is not of type 'integer'" in text
+
+
 async def test_doctor_lists_mcp_servers_and_the_sandbox(tmp_path, fake_telegram, fake_openai, capsys):
     from gateway.doctor import run_doctor
 
