@@ -181,3 +181,39 @@ def test_policy_flags_dangerous_shell_commands_even_when_write_is_free():
     assert policy.needs(shell, {"command": "curl http://x"})
     forced = Tool("t", "d", {"type": "object"}, fn=lambda: "", side_effect="none", needs_approval=True)
     assert policy.needs(forced, {})
+
+
+def button_press(fake, chat_id: int, presser: int, data: str, query_id: str) -> dict:
+    from tests.conftest import fixture
+
+    update = fixture("telegram", "callback_query.json")
+    update.pop("update_id")
+    query = update["callback_query"]
+    query["id"], query["data"] = query_id, data
+    query["from"]["id"] = presser
+    query["message"]["chat"]["id"] = chat_id
+    return update
+
+
+async def test_telegram_buttons_approve_and_a_strangers_press_is_refused(tmp_path, fake_telegram, fake_openai,
+                                                                        running):
+    fake_openai.reset()
+    fake_openai.responder = write_then_report
+    await start_gateway(config(tmp_path, fake_openai, fake_telegram), running)
+    fake_telegram.inject(dm_update("make a plan", 9801, user_id=5559008))
+    approval = await prompt_id(fake_telegram, 5559008)
+    prompt = next(c for c in sends_to(fake_telegram, 5559008) if "Approval needed" in c.params["text"])
+    keyboard = prompt.params["reply_markup"]
+    keyboard = keyboard if isinstance(keyboard, dict) else __import__("json").loads(keyboard)
+    buttons = keyboard["inline_keyboard"][0]
+    assert [(b["text"], b["callback_data"]) for b in buttons] == [
+        ("✅ Approve", f"/approve {approval}"), ("❌ Deny", f"/deny {approval}")]
+
+    fake_telegram.inject(button_press(fake_telegram, 5559008, 5559099, f"/approve {approval}", "q-stranger"))
+    await wait_until(lambda: any("Only the person" in t for t in texts(fake_telegram, 5559008)), what="refusal")
+    assert not list((tmp_path / "ws").rglob("plan.txt"))
+
+    fake_telegram.inject(button_press(fake_telegram, 5559008, 5559008, f"/approve {approval}", "q-owner"))
+    await wait_until(lambda: any(t.startswith("tool said") for t in texts(fake_telegram, 5559008)), what="reply")
+    assert texts(fake_telegram, 5559008)[-1] == "tool said: Wrote 6 bytes to plan.txt."
+    assert len(fake_telegram.calls("answerCallbackQuery")) >= 2

@@ -54,7 +54,9 @@ class Approvals:
             if prompt is not None:
                 text = prompt_text.replace("{id}", approval_id)
                 message = OutboundMessage(prompt.address, text, idempotency_key=f"approval:{approval_id}",
-                                          reply_to_id=prompt.reply_to_id)
+                                          reply_to_id=prompt.reply_to_id,
+                                          buttons=(("✅ Approve", f"/approve {approval_id}"),
+                                                   ("❌ Deny", f"/deny {approval_id}")))
                 # No session key: a prompt is never cancelled by a lane generation (it must reach the chat).
                 Store._queue(conn, message, None, None, 0, now)
         return approval_id

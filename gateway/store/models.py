@@ -122,6 +122,8 @@ class OutboxRow(Base):
     (a part was in flight when its sender died; it is never sent again). A streamed reply's row
     is ``streaming`` while its turn runs (never claimed), then ``pending`` with the final text."""
     preview_id: Mapped[str | None] = mapped_column(String(255))
+    buttons: Mapped[list[Any] | None] = mapped_column(JSON)
+    """``[[label, command text], ...]`` (``OutboundMessage.buttons``)."""
     """Platform id of the streamed preview message: part 1 of the final reply is an edit of it.
     ``"?"`` while the preview's first send is in flight (unknown after a crash: no edit then)."""
     attempts: Mapped[int] = mapped_column(Integer, default=0)

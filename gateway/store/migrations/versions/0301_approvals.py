@@ -1,4 +1,4 @@
-"""approvals
+"""approvals; outbox buttons
 
 Revision ID: 0301
 Revises: 0003
@@ -33,9 +33,13 @@ def upgrade() -> None:
     )
     with op.batch_alter_table('approvals', schema=None) as batch_op:
         batch_op.create_index('ix_approvals_key_status', ['session_key', 'status'], unique=False)
+    with op.batch_alter_table('outbox', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('buttons', sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('outbox', schema=None) as batch_op:
+        batch_op.drop_column('buttons')
     with op.batch_alter_table('approvals', schema=None) as batch_op:
         batch_op.drop_index('ix_approvals_key_status')
     op.drop_table('approvals')
