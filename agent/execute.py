@@ -1,8 +1,10 @@
-"""Executes one step's tool calls (DESIGN §6, §7): parse, run, retry, time out, cap, wrap.
+"""Executes one step's tool calls (DESIGN §6, §7): parse, validate, guard/approve, run, retry,
+time out, redact, cap, wrap.
 
 Every call gets exactly one tool message with its ``tool_call_id``, in the order of the calls,
-whatever happens: invalid or non-object JSON arguments and unknown tools are answered without
-running anything; tool exceptions, timeouts and exhausted retries become error text the model
+whatever happens: invalid or non-object JSON arguments, arguments that fail the tool's schema,
+unknown tools, and calls refused by the guardrail or a person are answered without running
+anything; tool exceptions, timeouts and exhausted retries become error text the model
 can read. Calls of one step run concurrently (at most ``Limits.max_parallel_tools``). Results
 are capped here, centrally (built-in and MCP tools alike), then wrapped as untrusted data.
 """
@@ -198,7 +200,7 @@ def _schema_errors(schema_json: str, args: dict[str, Any]) -> list[str]:
     except Exception:
         return []
     problems = []
-    for error in sorted(validator.iter_errors(args), key=lambda e: list(e.path))[:10]:
+    for error in sorted(validator.iter_errors(args), key=lambda e: [str(p) for p in e.path])[:10]:
         where = ".".join(str(p) for p in error.path) or "(arguments)"
         problems.append(f"{where}: {cap_text(error.message, 200)}")
     return problems
