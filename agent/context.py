@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent.bridge import AsyncBridge
     from agent.budget import Budget, Limits
+    from agent.guard import Provenance
     from agent.model import ChatModel
-    from agent.tools import ToolRegistry
+    from agent.tools import Tool, ToolRegistry
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,13 @@ class RunContext:
         reservation: for a ``reserves_budget`` tool, the child budget granted to this call, or
             ``None`` when the wallet refused it.
         should_stop: the turn's cancellation check (``/stop``), shared with sub-agents.
+        approver: asks a person whether a side-effecting call may run; ``approver(ctx, tool, args)``
+            returns ``None`` when it may, else the reason it may not (the model reads it). It
+            blocks the calling thread while it waits. ``None``: nothing needs approval.
+        provenance: what a person said and what tools returned so far (``agent.guard``); set by
+            the loop before each step's calls.
+        redact: removes known secrets from text before it reaches the model (tool results and
+            errors); ``None``: no redaction.
     """
 
     session_id: str = ""
@@ -46,3 +54,10 @@ class RunContext:
     budget: Budget | None = None
     reservation: Budget | None = None
     should_stop: Callable[[], bool] | None = None
+    approver: Approver | None = None
+    redact: Callable[[str], str] | None = None
+    provenance: Provenance | None = None
+
+
+Approver = Callable[[RunContext, "Tool", dict[str, Any]], "str | None"]
+"""See ``RunContext.approver``."""

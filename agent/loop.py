@@ -26,6 +26,7 @@ from agent.bridge import AsyncBridge
 from agent.budget import Budget, Limits, Price
 from agent.context import RunContext
 from agent.execute import ToolOutcome, cap_text, run_calls
+from agent.guard import provenance_of
 from agent.model import ChatModel, ModelReply, OnText, Usage
 from agent.sequence import problems, repair
 from agent.tools import ToolRegistry
@@ -122,6 +123,7 @@ def run_turn(
     ctx = dataclasses.replace(context or RunContext(), model=model, tools=tools, bridge=bridge, limits=limits,
                               budget=budget, should_stop=should_stop)
     messages = [{"role": "system", "content": system_prompt}, *history]
+    inherited = context.provenance if context is not None and context.depth > 0 else None
     outcome = TurnOutcome(reply="", stop_reason="stop")
     price = limits.price_of(model.model)
     repeats: Counter[tuple[str, str, str]] = Counter()
@@ -148,7 +150,8 @@ def run_turn(
                 messages.append(message)
                 record(message, None, _summary(outcome, budget))
             return outcome
-        results = run_calls(step.calls, tools, ctx)
+        step_ctx = dataclasses.replace(ctx, provenance=provenance_of(messages, inherited))
+        results = run_calls(step.calls, tools, step_ctx)
         _add_budget_note(results, budget)
         for result in results:
             outcome.tool_runs[result.name] += result.ran

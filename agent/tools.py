@@ -1,16 +1,26 @@
-"""Tool contract and registry (DESIGN §7, first part).
+"""Tool contract and registry (DESIGN §7).
 
-A tool is a name, a description, a JSON-schema for its arguments and a function. Async tools
-run on the AsyncBridge. ``ToolRegistry.schemas()`` renders the OpenAI ``tools`` list in a stable
-order so the request prefix stays byte-identical across turns (prompt cache).
+A tool is a name, a description, a JSON-schema for its arguments and a function. ``tool(fn)``
+builds one from a typed Python signature: a pydantic model of the parameters generates the schema
+and validates every call before it runs (the executor answers a validation error to the model).
+Async tools run on the AsyncBridge. ``ToolRegistry.schemas()`` renders the OpenAI ``tools`` list
+in a stable order so the request prefix stays byte-identical across turns (prompt cache).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+NAME_RULE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+"""OpenAI (and most OpenAI-compatible APIs) function name rule."""
+SideEffect = Literal["none", "read", "write", "external"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,10 @@ class Tool:
             ``agent.context.RunContext`` (session id, budget, model, bridge); the model never sees it.
         reserves_budget: the tool runs a sub-agent: each call gets an iteration reservation from
             the task's wallet in ``ctx.reservation`` (``None`` when refused), closed after the call.
+        args_model: pydantic model of the arguments (built by ``tool()``); when set, arguments
+            are validated (and coerced) with it before the call, and a failure goes to the model.
+        needs_approval: ``True``/``False`` forces the approval decision; ``None`` leaves it to the
+            approval policy (by ``side_effect``).
     """
 
     name: str
@@ -47,6 +61,12 @@ class Tool:
     retries: int | None = None
     takes_context: bool = False
     reserves_budget: bool = False
+    args_model: type[BaseModel] | None = None
+    needs_approval: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not NAME_RULE.match(self.name):
+            raise ValueError(f"tool name {self.name!r} does not match {NAME_RULE.pattern}")
 
     def schema(self) -> dict[str, Any]:
         """The tool's entry in the chat-completions ``tools`` list."""
@@ -92,3 +112,84 @@ class ToolRegistry:
     def signature(self) -> str:
         """A stable string identifying the rendered tool set (for agent caching)."""
         return json.dumps(self.schemas(), sort_keys=True, separators=(",", ":"))
+
+
+def _arg_docs(doc: str) -> tuple[str, dict[str, str]]:
+    """Splits a Google-style docstring into ``(summary, {arg: description})``."""
+    summary, args, current, in_args = [], {}, None, False
+    for line in inspect.cleandoc(doc or "").splitlines():
+        stripped = line.strip()
+        if stripped in ("Args:", "Arguments:", "Parameters:"):
+            in_args = True
+            continue
+        if in_args and stripped.endswith(":") and not line.startswith(" "):
+            in_args = False  # "Returns:", "Raises:" ...
+        if in_args:
+            match = re.match(r"^\s{2,}(\w+)(?:\s*\([^)]*\))?:\s*(.*)$", line)
+            if match and len(line) - len(line.lstrip()) <= 8:
+                current = match.group(1)
+                args[current] = match.group(2)
+            elif current and stripped:
+                args[current] += " " + stripped
+        elif not args:
+            summary.append(line)
+    return "\n".join(summary).strip(), args
+
+
+def _strip_titles(schema: Any) -> Any:
+    """Drops pydantic's ``title`` keys (noise for the model; fewer prompt tokens)."""
+    if isinstance(schema, dict):
+        return {k: _strip_titles(v) for k, v in schema.items()
+                if not (k == "title" and isinstance(v, str))}
+    if isinstance(schema, list):
+        return [_strip_titles(v) for v in schema]
+    return schema
+
+
+def args_model_for(fn: Callable[..., Any], name: str, skip_first: bool = False) -> tuple[type[BaseModel], str]:
+    """A pydantic model of ``fn``'s keyword parameters and the docstring summary.
+
+    Every parameter needs an annotation (``Annotated[int, Field(ge=1)]`` works); defaults make
+    a parameter optional; descriptions come from the docstring's ``Args:`` section. Unknown
+    arguments are rejected (``additionalProperties: false``).
+
+    Raises:
+        TypeError: a parameter has no annotation, or ``fn`` takes ``*args``/``**kwargs``.
+    """
+    summary, docs = _arg_docs(fn.__doc__ or "")
+    hints = inspect.get_annotations(fn, eval_str=True)
+    fields: dict[str, Any] = {}
+    params = list(inspect.signature(fn).parameters.values())
+    for param in params[1 if skip_first else 0:]:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise TypeError(f"tool {name}: *args/**kwargs cannot be described to the model")
+        if param.name not in hints:
+            raise TypeError(f"tool {name}: parameter {param.name!r} needs a type annotation")
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (hints[param.name], Field(default, description=docs.get(param.name)))
+    model = create_model(f"{name}_args", __config__=ConfigDict(extra="forbid"), **fields)  # type: ignore[call-overload]
+    return model, summary
+
+
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
+         timeout_s: float | None = None, side_effect: SideEffect = "read", idempotent: bool = False,
+         retries: int | None = None, takes_context: bool = False, needs_approval: bool | None = None) -> Any:
+    """Builds a ``Tool`` from a typed function (usable as ``@tool`` or ``@tool(side_effect=...)``).
+
+    The schema is generated from the signature (``ctx`` first when ``takes_context``), the
+    description from the docstring's summary unless given; async functions run on the bridge.
+
+    Raises:
+        TypeError: see ``args_model_for``; ``ValueError``: the name breaks ``NAME_RULE``.
+    """
+    def build(f: Callable[..., Any]) -> Tool:
+        tool_name = name or f.__name__
+        model, summary = args_model_for(f, tool_name, skip_first=takes_context)
+        schema = _strip_titles(model.model_json_schema())
+        schema.setdefault("properties", {})
+        return Tool(name=tool_name, description=description or summary, parameters=schema, fn=f,
+                    is_async=inspect.iscoroutinefunction(f), timeout_s=timeout_s, side_effect=side_effect,
+                    idempotent=idempotent, retries=retries, takes_context=takes_context, args_model=model,
+                    needs_approval=needs_approval)
+
+    return build(fn) if fn is not None else build

@@ -7,10 +7,12 @@ a worker pool for turns, a small pool for the main loop's database calls, and th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -23,10 +25,15 @@ from agent.bridge import AsyncBridge
 from agent.browser import BrowserTools
 from agent.cache import AgentCache, AgentSpec
 from agent.delegate import delegate_tool
+from agent.mcp import McpClients, McpServerSpec
 from agent.model import ChatModel, OpenAIChatModel
+from agent.redact import Redactor
+from agent.sandbox import Sandbox
 from agent.tools import ToolRegistry
 from agent.web import WebFetcher
+from agent.workspace import Workspace
 from gateway.access import decide, is_admin
+from gateway.approvals import ApprovalPolicy, decide_reply
 from gateway.bus import SessionBus
 from gateway.commands import CONTROL_COMMANDS, Commands, control_reply
 from gateway.config import GatewayConfig
@@ -41,6 +48,7 @@ from gateway.push_run import PushRunner
 from gateway.pushes import PushService
 from gateway.resets import ResetPolicy
 from gateway.sessions import session_key_for
+from gateway.store.approvals import Approvals
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.directory import Directory
 from gateway.store.jobs import JobStore
@@ -84,6 +92,8 @@ class Gateway:
         self.jobs = JobStore(self.engine)
         self.bridge = AsyncBridge()
         self.metrics = GatewayMetrics()
+        self.redact = Redactor(config.secret_values())
+        self.mcp = McpClients(mcp_specs(config), self.bridge)
         self.tools = build_catalog(config, self.bridge)
         push_tools = ToolRegistry()  # a push's "default" toolset: the chat tools minus chat-only ones
         for tool in self.tools.tools.values():
@@ -106,7 +116,8 @@ class Gateway:
             return MeteredModel(inner, self.metrics, limits.price_of(spec.model))
 
         self.agents = AgentCache(self.tools, build_model)
-        toolset = config.agent.toolset if config.agent.toolset is not None else list(self.tools.tools)
+        toolset = expand_toolset(config.agent.toolset, config.tools.toolsets) \
+            if config.agent.toolset is not None else list(self.tools.tools)
         self.agent_spec = AgentSpec(model=config.llm.model, base_url=config.llm.base_url, api_key=api_key,
                                     toolset=tuple(toolset))
         self.streams = StreamHub(
@@ -117,7 +128,13 @@ class Gateway:
         )
         self.directory = Directory(self.engine)
         sessions = config.sessions
+        self.approvals = Approvals(self.engine)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        policy = ApprovalPolicy(require_for=frozenset(config.approvals.require_for),
+                                dangerous_shell=tuple(re.compile(p) for p in config.approvals.dangerous_shell_patterns),
+                                timeout_s=config.approvals.timeout_s)
         self.runner = TurnRunner(
+            approvals=self.approvals, policy=policy, redact=self.redact, wake=self._wake_delivery,
             store=self.store, agents=self.agents, spec=self.agent_spec, bridge=self.bridge,
             limits=limits, history_window=config.agent.history_window,
             system_prompt=config.agent.system_prompt, streams=self.streams,
@@ -216,8 +233,13 @@ class Gateway:
 
     async def _control(self, message: InboundMessage, key: str, user_id: str) -> bool:
         """``/stop``: cancels the running turn (it stops at its next step and sends nothing) and
-        answers at once, without waiting for the lane."""
+        answers at once, without waiting for the lane. ``/approve ID`` / ``/deny ID`` decide a
+        pending approval (the waiting turn reads it from the database) and never cancel."""
         assert message.command is not None
+        if message.command in ("approve", "deny"):
+            text = await self.run_db(decide_reply, self.approvals, message.command, message.text, user_id,
+                                     is_admin(message, self.config.access))
+            return await self._answer_now(message, key, user_id, text)
         was_running = await self.run_db(self.store.lane_busy, key)
         stored = await self._answer_now(message, key, user_id, control_reply(message.command, was_running),
                                         cancel="always")
@@ -268,6 +290,11 @@ class Gateway:
                 await adapter.stop_receiving()
                 await self.run_db(self.store.release_lane, name, self.instance_id)
 
+    def _wake_delivery(self) -> None:
+        """Thread-safe ``delivery.wake`` (worker threads queue approval prompts)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.delivery.wake)
+
     # -- typing indicator ----------------------------------------------------------------------
     def _typing_start(self, address: ChatAddress) -> None:
         adapter = self.adapters.get(address.platform)
@@ -292,7 +319,15 @@ class Gateway:
     async def start(self) -> None:
         """Migrates the database, starts the bridge, HTTP server, bus, delivery and adapters."""
         await self.run_db(upgrade, self.engine)
+        self._loop = asyncio.get_running_loop()
         self.bridge.start()
+        discovered = await self.mcp.discover(self.config.mcp.startup_timeout_s)
+        for tool in discovered:
+            if self.tools.get(tool.name) is None:
+                self.tools.add(tool)
+        if discovered and self.config.agent.toolset is None:  # "every tool" includes the MCP ones
+            self.agent_spec = dataclasses.replace(self.agent_spec, toolset=tuple(self.tools.tools))
+            self.runner.spec = self.agent_spec
         self.streams.bind(asyncio.get_running_loop())
         await self.bus.start()
         await self.delivery.start()
@@ -370,10 +405,21 @@ class Gateway:
         return self.metrics.render()
 
 
+def expand_toolset(names: Sequence[str], toolsets: dict[str, list[str]]) -> list[str]:
+    """Tool names for ``agent.toolset`` entries: a toolset's name stands for its tools (one level)."""
+    out: list[str] = []
+    for name in names:
+        out.extend(toolsets.get(name, [name]))
+    return sorted(set(out))
+
+
 def build_catalog(config: GatewayConfig, bridge: AsyncBridge) -> ToolRegistry:
-    """Every tool this process offers: ``web_fetch``, ``delegate``, and the browser tools when the
-    configured Chromium exists. Agents mount subsets of it (``agent.toolset``)."""
+    """Every tool this process offers: ``web_fetch``, ``delegate``, the workspace tools of the
+    configured rung, and the browser tools when the configured Chromium exists. Agents mount
+    subsets of it (``agent.toolset``); MCP tools are added once discovered."""
     tools = ToolRegistry()
+    for tool in build_workspace(config).tools() if config.tools.workspace != "off" else []:
+        tools.add(tool)
     tools.add(WebFetcher(bridge, allow_private=config.tools.web_fetch_allow_private,
                          max_bytes=config.tools.web_fetch_max_bytes).tool())
     if config.tools.delegate_enabled:
@@ -389,3 +435,24 @@ def build_catalog(config: GatewayConfig, bridge: AsyncBridge) -> ToolRegistry:
             log.warning("browser tools off: %s not found (install the Debian package chromium)",
                         config.tools.browser_executable)
     return tools
+
+
+def mcp_specs(config: GatewayConfig) -> list[McpServerSpec]:
+    """The enabled MCP servers (header values read from their environment variables)."""
+    specs = []
+    for name, server in sorted(config.mcp.servers.items()):
+        if not server.enabled:
+            continue
+        headers = {header: config.secret(env) or "" for header, env in server.headers_env.items()}
+        specs.append(McpServerSpec(name=name, command=server.command, env=dict(server.env), url=server.url,
+                                   headers=headers, timeout_s=server.timeout_s))
+    return specs
+
+
+def build_workspace(config: GatewayConfig) -> Workspace:
+    """The workspace (and its shell sandbox) as configured; ``tools.workspace`` is its rung."""
+    t = config.tools
+    sandbox = Sandbox(timeout_s=t.shell_timeout_s, max_output_bytes=t.shell_max_output_bytes, cpu_s=t.shell_cpu_s,
+                      memory_bytes=t.shell_memory_mb << 20, allow_network=t.shell_allow_network,
+                      use_namespaces=t.workspace == "shell")
+    return Workspace(t.workspace_root, "read" if t.workspace == "off" else t.workspace, sandbox=sandbox)

@@ -15,14 +15,6 @@ from gateway.errors import ConfigError
 log = logging.getLogger("gateway.cli")
 
 
-def _secrets(config: GatewayConfig) -> list[str]:
-    names = [config.llm.api_key_env, config.telegram.token_env, config.telegram.webhook_secret_env,
-             config.slack.bot_token_env, config.slack.signing_secret_env, config.slack.app_token_env,
-             config.feishu.app_secret_env, config.feishu.verification_token_env, config.feishu.encrypt_key_env,
-             config.telemetry.otlp_headers_env]
-    return [value for name in names if (value := config.secret(name))]
-
-
 async def _run(config: GatewayConfig) -> None:
     from gateway.app import Gateway
     from gateway.telemetry import setup_tracing
@@ -114,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from gateway.logs import setup_logging
 
-    setup_logging(config.logging.level, _secrets(config))
+    setup_logging(config.logging.level, config.secret_values())
     try:
         if args.command == "run":
             asyncio.run(_run(config))

@@ -27,6 +27,7 @@ HELP = (
     "/stop - stop the answer in progress\n"
     '/schedule "0 9 * * 1-5" Asia/Shanghai [--to slack:T123:C456] WHAT TO REPORT - schedule a report\n'
     "/jobs - your scheduled reports; /run ID - fire one now; /unschedule ID - remove one\n"
+    "/approve ID, /deny ID - allow or refuse an action I asked about\n"
     "/help - this message"
 )
 
@@ -38,10 +39,12 @@ COMMANDS = [
     ("jobs", "Your scheduled reports"), ("run", "Fire a scheduled report now: /run ID"),
     ("unschedule", "Remove a scheduled report: /unschedule ID"),
     ("stop", "Stop the answer in progress"), ("help", "What this bot can do"),
+    ("stop", "Stop the answer in progress"), ("approve", "Allow an action: /approve ID"),
+    ("deny", "Refuse an action: /deny ID"), ("help", "What this bot can do"),
 ]
 """The native command menu (Telegram setMyCommands: 1-32 chars of a-z, 0-9 and _)."""
 
-CONTROL_COMMANDS = frozenset({"stop"})
+CONTROL_COMMANDS = frozenset({"stop", "approve", "deny"})
 """Handled on receipt, outside the lane."""
 
 LANE_COMMANDS = frozenset({"start", "help", "new", "sessions", "resume", "status", "link", "unlink",

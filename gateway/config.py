@@ -165,6 +165,58 @@ class ToolsConfig(_Section):
     browser_allow_private: bool = False
     """Let the browser open loopback/private addresses (off in production; tests turn it on)."""
     browser_timeout_s: float = 30.0
+    toolsets: dict[str, list[str]] = Field(default_factory=dict)
+    """Named groups of tools (``{"files": ["read_file", "list_files"]}``); ``agent.toolset`` may
+    name groups as well as tools. Unknown tool names are ignored (a tool may be unavailable)."""
+    workspace: Literal["off", "read", "write", "shell"] = "off"
+    """Permission ladder of the per-session workspace tools: ``read`` (read_file, list_files),
+    ``write`` (+ write_file), ``shell`` (+ run_shell); ``off`` offers none."""
+    workspace_root: str = "./data/workspaces"
+    """One directory per session below it."""
+    shell_timeout_s: float = 20.0
+    shell_max_output_bytes: int = 64_000
+    shell_cpu_s: int = 10
+    shell_memory_mb: int = 1024
+    shell_allow_network: bool = False
+    """Keep the host network for ``run_shell`` (default: a network namespace without network)."""
+
+
+class ApprovalsConfig(_Section):
+    """Which tool calls wait for a person's ``/approve`` in the chat."""
+
+    require_for: list[Literal["none", "read", "write", "external"]] = Field(
+        default_factory=lambda: ["write", "external"])
+    """Side effects that need approval; ``[]`` turns approvals off."""
+    dangerous_shell_patterns: list[str] = Field(default_factory=lambda: [
+        r"\brm\s+-[a-zA-Z]*[rf]", r"\bsudo\b", r"\bcurl\b|\bwget\b", r"\bchmod\b|\bchown\b",
+        r"\bdd\b|\bmkfs", r">\s*/"])
+    """Regexes: a ``run_shell`` command matching one needs approval even when ``write`` does not."""
+    timeout_s: float = 300.0
+    """A request nobody answers within this many seconds is denied."""
+
+
+class McpServerConfig(_Section):
+    """One MCP server: ``command`` (stdio) or ``url`` (streamable HTTP)."""
+
+    command: list[str] | None = None
+    """argv of a stdio server, e.g. ``["uvx", "mcp-server-git"]``."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment of a stdio server (values are used as is; the gateway's own environment
+    is not passed except ``PATH``)."""
+    url: str | None = None
+    """A streamable-HTTP server's endpoint."""
+    headers_env: dict[str, str] = Field(default_factory=dict)
+    """HTTP header -> environment variable holding its value (e.g. ``Authorization``)."""
+    timeout_s: float = 30.0
+    """Per tool call."""
+    enabled: bool = True
+
+
+class McpConfig(_Section):
+    servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    """By name; tools are offered as ``<name>__<tool>``."""
+    startup_timeout_s: float = 10.0
+    """Discovery limit per server at start-up (a slower or unreachable server is skipped)."""
 
 
 class BusConfig(_Section):
@@ -289,6 +341,8 @@ class GatewayConfig(BaseSettings):
     llm: LlmConfig = Field(default_factory=LlmConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
+    mcp: McpConfig = Field(default_factory=McpConfig)
     bus: BusConfig = Field(default_factory=BusConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
@@ -323,6 +377,16 @@ class GatewayConfig(BaseSettings):
     def platforms(self) -> list[str]:
         """Names of the enabled platforms."""
         return [name for name in ("telegram", "slack", "feishu") if getattr(self, name).enabled]
+
+    def secret_values(self) -> list[str]:
+        """Every configured secret's value (platform tokens, the model key, MCP header values):
+        what must never reach the model or the logs."""
+        names = [self.llm.api_key_env, self.telegram.token_env, self.telegram.webhook_secret_env,
+                 self.slack.bot_token_env, self.slack.signing_secret_env, self.slack.app_token_env,
+                 self.feishu.app_secret_env, self.feishu.verification_token_env, self.feishu.encrypt_key_env,
+                 self.telemetry.otlp_headers_env]
+        names += [env for server in self.mcp.servers.values() for env in server.headers_env.values()]
+        return [value for name in names if (value := self.secret(name))]
 
     def require_secret(self, env_name: str, what: str) -> str:
         """Like ``secret`` but raises ``ConfigError`` naming the variable when it is missing."""

@@ -4,6 +4,7 @@ what is wrong in plain words."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import openai
 
@@ -62,5 +63,35 @@ async def run_doctor(config: GatewayConfig) -> int:
             report(True, adapter.platform, detail)
         except Exception as exc:
             report(False, adapter.platform, f"{type(exc).__name__}: {exc}")
+    await _check_tools(config, report)
     print("all checks passed" if failures == 0 else f"{failures} check(s) failed", flush=True)
     return 0 if failures == 0 else 1
+
+
+async def _check_tools(config: GatewayConfig, report: Callable[[bool, str, str], None]) -> None:
+    """The workspace rung and shell sandbox in effect, and each MCP server's tools (or why not)."""
+    from agent.bridge import AsyncBridge
+    from agent.mcp import McpClients
+    from gateway.app import build_workspace, mcp_specs
+
+    if config.tools.workspace == "off":
+        report(True, "workspace", "off (no file or shell tools)")
+    else:
+        workspace = await asyncio.to_thread(build_workspace, config)
+        detail = f"{config.tools.workspace} in {workspace.root}"
+        if config.tools.workspace == "shell":
+            detail += f"; shell sandbox {workspace.sandbox.describe()}"
+        report(True, "workspace", detail)
+    specs = mcp_specs(config)
+    if not specs:
+        return
+    bridge = AsyncBridge("doctor-bridge")
+    bridge.start()
+    try:
+        clients = McpClients(specs, bridge)
+        await clients.discover(config.mcp.startup_timeout_s)
+        for status in sorted(clients.status, key=lambda s: s.name):
+            detail = f"{status.detail} ({', '.join(status.tools)})" if status.ok and status.tools else status.detail
+            report(status.ok, f"mcp {status.name}", detail)
+    finally:
+        await asyncio.to_thread(bridge.stop)

@@ -4,23 +4,18 @@ masks the configured secret values (tokens appear in Telegram URLs, for example)
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable
 
-_TELEGRAM_TOKEN = re.compile(r"bot\d{5,}:[A-Za-z0-9_-]{20,}")
+from agent.redact import Redactor
 
 
 class RedactSecrets(logging.Filter):
-    """Replaces each known secret value, and anything shaped like a Telegram bot token, with ``***``."""
+    """Replaces each known secret value, and anything shaped like a token (Telegram
+    ``bot<digits>:<secret>``, Slack ``xoxb-``/``xapp-``, ``sk-`` API keys), with ``***``."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
         super().__init__()
-        self._secrets = sorted({s for s in secrets if s and len(s) >= 6}, key=len, reverse=True)
-
-    def _clean(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return _TELEGRAM_TOKEN.sub("bot***", text)
+        self._clean = Redactor(secrets)
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

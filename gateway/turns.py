@@ -25,12 +25,14 @@ from agent.context import RunContext
 from agent.loop import run_turn
 from agent.model import ModelError, Usage
 from agent.tracing import end_agent, invoke_agent
+from gateway.approvals import ApprovalPolicy, ChatApprover
 from gateway.commands import LANE_COMMANDS, CommandContext, Commands
 from gateway.compression import Compressor
 from gateway.context import user_meta
 from gateway.metrics import GatewayMetrics
 from gateway.resets import ResetPolicy
 from gateway.sessions import is_dm_key
+from gateway.store.approvals import Approvals
 from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage
 from gateway.streaming import StreamHub
 from gateway.telemetry import span as traced
@@ -65,13 +67,20 @@ class TurnRunner:
         job_commands: answers scheduling commands (``/schedule``, ``/jobs``...) the same way.
         window: the model's context window and when to compress (``gateway.compression``);
             summaries are made on the turn's worker thread before its first model call.
+        approvals: pending approvals (``None``: no call ever needs approval).
+        policy: which calls need approval.
+        redact: removes configured secrets from user text and tool results before the model
+            (and the transcript) sees them.
+        wake: tells delivery an approval prompt was queued (thread-safe).
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
                  limits: Limits, history_window: int, system_prompt: str, streams: StreamHub | None = None,
                  commands: Commands | None = None, is_admin: Callable[[InboundMessage], bool] = lambda m: False,
                  reset: ResetPolicy | None = None, job_commands: CommandHandler | None = None,
-                 window: WindowPolicy | None = None, metrics: GatewayMetrics | None = None) -> None:
+                 window: WindowPolicy | None = None, metrics: GatewayMetrics | None = None,
+                 approvals: Approvals | None = None, policy: ApprovalPolicy | None = None,
+                 redact: Callable[[str], str] = lambda text: text, wake: Callable[[], None] = lambda: None) -> None:
         self.job_commands = job_commands
         self.store = store
         self.metrics = metrics
@@ -86,6 +95,10 @@ class TurnRunner:
         self.is_admin = is_admin
         self.reset = reset
         self.compressor = Compressor(store, window or WindowPolicy(), history_window)
+        self.approvals = approvals
+        self.policy = policy or ApprovalPolicy()
+        self.redact = redact
+        self.wake = wake
         self._generations: dict[str, int] = {}
         self._generations_lock = threading.Lock()
 
@@ -157,9 +170,10 @@ class TurnRunner:
             pending_turn = f"in{pending.inbox_id}"
             if (pending_turn, "user") not in present:
                 meta = user_meta(pending.message, time.time(), budget=initial_note(self.limits))
-                unwritten.append(NewMessage(pending_turn, "user", pending.message.text,
+                text = self.redact(pending.message.text)  # a pasted secret never reaches the model
+                unwritten.append(NewMessage(pending_turn, "user", text,
                                             {"meta": meta, "platform_message_id": pending.message.message_id}))
-                window.append(StoredMessage(0, pending_turn, "user", pending.message.text, None, None, None, meta))
+                window.append(StoredMessage(0, pending_turn, "user", text, None, None, None, meta))
 
         def record(msg: dict[str, Any], usage: Usage | None, meta: dict[str, Any] | None) -> None:
             fields = {"tool_calls": msg.get("tool_calls"), "tool_call_id": msg.get("tool_call_id"), "meta": meta}
@@ -199,7 +213,8 @@ class TurnRunner:
             outcome = run_turn(system_prompt=system_prompt, history=projection.history, model=agent.model,
                                tools=agent.tools, bridge=self.bridge, limits=self.limits, record=record,
                                should_stop=should_stop, on_text=stream.on_text if stream is not None else None,
-                               context=RunContext(session_id=session_id, turn_id=turn_id))
+                               context=RunContext(session_id=session_id, turn_id=turn_id,
+                                                  approver=self._approver(last, turn_id), redact=self.redact))
         except ModelError as exc:
             log.warning("turn %s failed: %s", turn_id, exc)
             return finish("failed", f"⚠️ {exc.user_message}", session_id, "model_error")
@@ -220,6 +235,12 @@ class TurnRunner:
             log.info("turn %s stopped by %s after %d model calls ($%.4f)", turn_id, outcome.stop_reason,
                      outcome.steps, outcome.cost_usd)
         return finish("done", notice + (outcome.reply.strip() or "(no answer)"), session_id, outcome.stop_reason)
+
+    def _approver(self, last: PendingInbound, turn_id: str) -> ChatApprover | None:
+        if self.approvals is None:
+            return None
+        return ChatApprover(self.approvals, self.policy, last.message.address, last.session_key, turn_id,
+                            last.user_id, wake=self.wake, redact=self.redact, reply_to_id=last.message.reply_to_id)
 
     # -- in-process cancellation -------------------------------------------------------------
     def note_generation(self, key: str, generation: int) -> None:

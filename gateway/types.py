@@ -137,6 +137,10 @@ class OutboundMessage:
     edit_id: str | None = None
     """Deliver part 1 by editing this platform message (the streamed preview) instead of sending
     a new one; later parts are sent as new messages. Only for adapters with ``edit``."""
+    buttons: tuple[tuple[str, str], ...] = ()
+    """``(label, command text)`` pairs shown under the last part where the platform has buttons
+    (Telegram inline keyboard); pressing one arrives as that command from the presser. The text
+    must name the same commands, for platforms without buttons."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,6 +109,7 @@ def gateway_config(tmp_path: Path, fake_openai: FakeOpenAI, fake_telegram: FakeT
         "tools": {"web_fetch_allow_private": True},
         "bus": {"sweep_interval_s": 0.5},
         "delivery": {"backoff_base_s": 0.05},
+        "approvals": {"require_for": []},  # tests of approvals turn them on
     }
     if fake_telegram is not None:
         overrides["telegram"] = {"enabled": True, "token_env": "GATEWAY_TEST_TELEGRAM_TOKEN",

@@ -17,11 +17,19 @@ import random
 import warnings
 
 from aiohttp import web
-from telegram import Bot, BotCommand, MessageEntity, ReplyParameters, Update
+from telegram import (
+    Bot,
+    BotCommand,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    MessageEntity,
+    ReplyParameters,
+    Update,
+)
 from telegram.error import BadRequest, ChatMigrated, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
 
 from adapters.telegram.format import Chunk, chunk_text, format_reply
-from adapters.telegram.inbound import BotIdentity, Ignored, to_inbound
+from adapters.telegram.inbound import BotIdentity, Ignored, callback_to_inbound, to_inbound
 from adapters.telegram.request import AiohttpRequest
 from gateway.ports import BeforePart, InboundSink, PartSent
 from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
@@ -164,8 +172,9 @@ class TelegramAdapter:
                 await self.bot.answer_callback_query(update.callback_query.id)
             except TelegramError as exc:
                 log.warning("answerCallbackQuery failed: %s", exc)
-            return
-        result = to_inbound(update, self._identity)
+            result = callback_to_inbound(update, self._identity)
+        else:
+            result = to_inbound(update, self._identity)
         if isinstance(result, Ignored):
             log.debug("telegram update %s ignored: %s", update.update_id, result.reason)
             return
@@ -210,7 +219,8 @@ class TelegramAdapter:
                 if index == 0 and message.edit_id:
                     sent_id = await self._edit_chunk(message.address, message.edit_id, chunk, quote)
                 else:
-                    sent_id = await self._send_chunk(message.address, chunk, quote)
+                    markup = _keyboard(message.buttons) if index == len(chunks) - 1 else None
+                    sent_id = await self._send_chunk(message.address, chunk, quote, markup)
             except RetryAfter as exc:
                 return DeliveryResult(False, tuple(ids), retryable=True, retry_after=_retry_after(exc),
                                       error="telegram flood control")
@@ -227,8 +237,11 @@ class TelegramAdapter:
                 await on_part(sent_id)  # recorded before the next part: a crash never repeats it
         return DeliveryResult(True, tuple(ids))
 
-    async def _send_chunk(self, address: ChatAddress, chunk: Chunk, quote: str | None) -> str:
+    async def _send_chunk(self, address: ChatAddress, chunk: Chunk, quote: str | None,
+                          markup: InlineKeyboardMarkup | None = None) -> str:
         kwargs: dict[str, object] = {"chat_id": int(address.chat_id), "text": chunk.text}
+        if markup is not None:
+            kwargs["reply_markup"] = markup
         if address.thread_id:
             kwargs["message_thread_id"] = int(address.thread_id)
         if quote:
@@ -288,6 +301,13 @@ class TelegramAdapter:
             )
         except TelegramError as exc:
             log.debug("sendChatAction failed: %s", exc)
+
+
+def _keyboard(buttons: tuple[tuple[str, str], ...]) -> InlineKeyboardMarkup | None:
+    """One row of inline buttons whose ``callback_data`` is the command text (≤ 64 bytes)."""
+    row = [InlineKeyboardButton(label, callback_data=command) for label, command in buttons
+           if len(command.encode()) <= 64]
+    return InlineKeyboardMarkup([row]) if row else None
 
 
 def _seconds(value: object) -> float:

@@ -131,3 +131,29 @@ def to_inbound(update: Update, bot: BotIdentity) -> InboundMessage | Ignored:
         received_at=message.date.timestamp() if message.date else 0.0,
         event_id=str(update.update_id),
     )
+
+
+def callback_to_inbound(update: Update, bot: BotIdentity) -> InboundMessage | Ignored:
+    """A pressed inline button whose ``callback_data`` is a command (``/approve abc123``) becomes
+    that command from the presser, in the chat of the message carrying the button. Pure."""
+    query = update.callback_query
+    if query is None or not query.data or not query.data.startswith("/"):
+        return Ignored("unsupported_callback")
+    message = query.message
+    if message is None or query.from_user is None or query.from_user.is_bot:
+        return Ignored("unsupported_callback")
+    chat = message.chat
+    name, _, args = query.data[1:].partition(" ")
+    sender = query.from_user
+    display = " ".join(p for p in (sender.first_name, sender.last_name) if p)
+    thread_id = str(message.message_thread_id) if getattr(message, "is_topic_message", False) and \
+        message.message_thread_id else None
+    return InboundMessage(
+        address=ChatAddress("telegram", str(bot.id), str(chat.id), thread_id),
+        message_id=f"cb:{query.id}",
+        chat_type="dm" if chat.type == "private" else "group",
+        sender=Sender(str(sender.id), display, sender.username, False),
+        text=args.strip(),
+        command=name.lower(),
+        event_id=str(update.update_id),
+    )

@@ -122,6 +122,8 @@ class OutboxRow(Base):
     (a part was in flight when its sender died; it is never sent again). A streamed reply's row
     is ``streaming`` while its turn runs (never claimed), then ``pending`` with the final text."""
     preview_id: Mapped[str | None] = mapped_column(String(255))
+    buttons: Mapped[list[Any] | None] = mapped_column(JSON)
+    """``[[label, command text], ...]`` (``OutboundMessage.buttons``)."""
     """Platform id of the streamed preview message: part 1 of the final reply is an edit of it.
     ``"?"`` while the preview's first send is in flight (unknown after a crash: no edit then)."""
     attempts: Mapped[int] = mapped_column(Integer, default=0)
@@ -278,3 +280,27 @@ class SummaryRow(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+
+class ApprovalRow(Base):
+    """A side-effecting tool call waiting for a person (issue 9). The waiting turn polls its
+    ``status`` (``pending`` -> ``approved`` | ``denied`` | ``expired`` | ``cancelled``), so an
+    ``/approve`` received by any instance wakes it."""
+
+    __tablename__ = "approvals"
+    __table_args__ = (Index("ix_approvals_key_status", "session_key", "status"),)
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    session_key: Mapped[str] = mapped_column(String(255))
+    turn_id: Mapped[str] = mapped_column(String(64))
+    call_id: Mapped[str] = mapped_column(String(128))
+    requested_by: Mapped[str | None] = mapped_column(String(32))
+    """The user whose message started the turn; only they (or an admin) may decide."""
+    tool: Mapped[str] = mapped_column(String(128))
+    summary: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    decided_by: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    decided_at: Mapped[float | None] = mapped_column(Float)

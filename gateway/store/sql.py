@@ -522,6 +522,7 @@ class Store:
                 idempotency_key=reply.idempotency_key, session_id=session_id, session_key=session_key,
                 chat_key=_chat_key(a), generation=generation, address=a.to_dict(),
                 text=reply.text, reply_to_id=reply.reply_to_id, status="pending", attempts=0,
+                buttons=[list(b) for b in reply.buttons] or None,
                 next_attempt_at=now, claim_until=0.0, created_at=now,
             )
         )
@@ -590,7 +591,7 @@ class Store:
                 rows = conn.execute(
                     select(_outbox.c.id, _outbox.c.attempts, _outbox.c.idempotency_key, _outbox.c.address,
                            _outbox.c.text, _outbox.c.reply_to_id, _outbox.c.platform_message_ids, _outbox.c.status,
-                           _outbox.c.preview_id,
+                           _outbox.c.preview_id, _outbox.c.buttons,
                            _outbox.c.generation, _lanes.c.generation.label("lane_generation"))
                     .select_from(_outbox.outerjoin(_lanes, _lanes.c.key == _outbox.c.session_key))
                     .where(due, ~blocked)
@@ -622,6 +623,7 @@ class Store:
                                 reply_to_id=row.reply_to_id,
                                 resume_from=len(sent_ids),
                                 edit_id=row.preview_id if row.preview_id not in (None, "?") else None,
+                                buttons=tuple((str(b[0]), str(b[1])) for b in row.buttons or ()),
                             ),
                             sent_ids,
                             unconfirmed=row.status == "sending",

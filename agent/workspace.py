@@ -1,0 +1,153 @@
+"""Workspace tools: ``read_file``, ``write_file``, ``list_files``, ``run_shell`` (issue 9).
+
+Each session gets its own directory ``<root>/<session id>``; every path the model gives is
+resolved (symlinks followed) and refused unless it stays inside that directory. The permission
+ladder decides which tools exist at all: ``read`` (read/list), ``write`` (+ write), ``shell``
+(+ run_shell). Shell commands run through ``agent.sandbox`` (see there for what is isolated).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+from agent.context import RunContext
+from agent.sandbox import Sandbox
+from agent.tools import Tool, tool
+
+Permission = Literal["read", "write", "shell"]
+LADDER: dict[str, tuple[str, ...]] = {
+    "read": ("list_files", "read_file"),
+    "write": ("list_files", "read_file", "write_file"),
+    "shell": ("list_files", "read_file", "run_shell", "write_file"),
+}
+"""Tools offered at each rung of the permission ladder."""
+_SAFE_ID = re.compile(r"[^A-Za-z0-9_-]")
+
+
+class WorkspaceError(PermissionError):
+    """A path outside the session's workspace (the message is shown to the model)."""
+
+
+class Workspace:
+    """Per-session directories under ``root`` and the tools confined to them.
+
+    Args:
+        root: parent of all session workspaces (created on first use).
+        permission: the rung of the ladder (``read`` | ``write`` | ``shell``).
+        sandbox: runs ``run_shell`` commands.
+        max_read_chars: ``read_file`` returns at most this many characters.
+        max_write_bytes: ``write_file`` refuses larger contents.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], permission: Permission = "read", *,
+                 sandbox: Sandbox | None = None, max_read_chars: int = 50_000,
+                 max_write_bytes: int = 1_000_000) -> None:
+        self.root = Path(root).resolve()
+        self.permission = permission
+        self.sandbox = sandbox or Sandbox()
+        self.max_read_chars = max_read_chars
+        self.max_write_bytes = max_write_bytes
+
+    def directory(self, session_id: str) -> Path:
+        """The session's workspace, created on first use (``ValueError`` for an empty id)."""
+        safe = _SAFE_ID.sub("_", session_id)
+        if not safe:
+            raise ValueError("a workspace needs a session id")
+        path = self.root / safe
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+    def resolve(self, session_id: str, relative: str) -> Path:
+        """``relative`` inside the session's workspace, symlinks resolved.
+
+        Raises:
+            WorkspaceError: the path (or a symlink on it) leads outside the workspace.
+        """
+        base = self.directory(session_id).resolve()
+        target = (base / relative.lstrip("/") if not os.path.isabs(relative) else Path(relative)).resolve()
+        if target != base and not target.is_relative_to(base):
+            raise WorkspaceError(f"{relative!r} is outside the workspace; use paths relative to it")
+        return target
+
+    # -- the tools' functions (ctx first; the model never sees it) -------------------------------
+    def read_file(self, ctx: RunContext, path: str) -> str:
+        """Read a text file from your workspace.
+
+        Args:
+            path: file path relative to the workspace root.
+        """
+        target = self.resolve(ctx.session_id, path)
+        if not target.is_file():
+            return f"Error: {path} is not a file in the workspace."
+        with open(target, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(self.max_read_chars + 1)
+        if len(text) > self.max_read_chars:
+            text = text[: self.max_read_chars] + f"\n[truncated at {self.max_read_chars} characters]"
+        return text
+
+    def write_file(self, ctx: RunContext, path: str, content: str) -> str:
+        """Create or overwrite a text file in your workspace (parent folders are created).
+
+        Args:
+            path: file path relative to the workspace root.
+            content: the full new content of the file.
+        """
+        data = content.encode()
+        if len(data) > self.max_write_bytes:
+            return f"Error: content is {len(data)} bytes; the limit is {self.max_write_bytes}."
+        target = self.resolve(ctx.session_id, path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # O_NOFOLLOW: a symlink swapped in after the check is not followed out of the workspace.
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        return f"Wrote {len(data)} bytes to {target.relative_to(self.directory(ctx.session_id).resolve())}."
+
+    def list_files(self, ctx: RunContext, path: str = ".") -> str:
+        """List files and folders in your workspace (recursive, at most 500 entries).
+
+        Args:
+            path: folder relative to the workspace root.
+        """
+        base = self.directory(ctx.session_id).resolve()
+        start = self.resolve(ctx.session_id, path)
+        if not start.is_dir():
+            return f"Error: {path} is not a folder in the workspace."
+        lines: list[str] = []
+        for folder, dirs, files in os.walk(start):
+            dirs.sort()
+            for name in sorted(files):
+                full = Path(folder) / name
+                size = full.lstat().st_size
+                lines.append(f"{full.relative_to(base)} ({size} bytes)")
+            if len(lines) >= 500:
+                lines = [*lines[:500], "[more entries omitted]"]
+                break
+        return "\n".join(lines) or "(empty)"
+
+    def run_shell(self, ctx: RunContext, command: str) -> str:
+        """Run a shell command (/bin/sh) in your workspace folder; returns exit code and output.
+        No network, limited CPU time, memory and output; state outside the workspace is not kept.
+
+        Args:
+            command: the shell command line.
+        """
+        result = self.sandbox.run(command, self.directory(ctx.session_id))
+        return result.describe()
+
+    def tools(self) -> list[Tool]:
+        """The tools of this rung of the ladder."""
+        made = {
+            "read_file": tool(self.read_file, name="read_file", takes_context=True, side_effect="read",
+                              idempotent=True),
+            "list_files": tool(self.list_files, name="list_files", takes_context=True, side_effect="read",
+                               idempotent=True),
+            "write_file": tool(self.write_file, name="write_file", takes_context=True, side_effect="write",
+                               idempotent=True),
+            "run_shell": tool(self.run_shell, name="run_shell", takes_context=True, side_effect="write",
+                              timeout_s=self.sandbox.timeout_s + 5, retries=0),
+        }
+        return [made[name] for name in LADDER[self.permission]]

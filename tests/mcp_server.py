@@ -1,0 +1,54 @@
+"""A tiny stdio MCP server for the tests (plain JSON-RPC over stdin/stdout, no SDK): two tools,
+``add(a, b)`` and ``shout(text)`` (read-only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+TOOLS = [
+    {"name": "add", "description": "Add two integers.",
+     "inputSchema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                     "required": ["a", "b"]}},
+    {"name": "shout", "description": "Upper-case a text.", "annotations": {"readOnlyHint": True},
+     "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}},
+]
+
+
+def answer(request: dict) -> dict | None:
+    method, params = request.get("method"), request.get("params") or {}
+    if "id" not in request:
+        return None  # a notification
+    if method == "initialize":
+        result = {"protocolVersion": params.get("protocolVersion", "2025-06-18"), "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "test-server", "version": "1.0"}}
+    elif method == "tools/list":
+        result = {"tools": TOOLS}
+    elif method == "tools/call":
+        args = params.get("arguments") or {}
+        if params.get("name") == "add":
+            text = str(int(args["a"]) + int(args["b"]))
+        elif params.get("name") == "shout":
+            text = str(args["text"]).upper()
+        else:
+            return {"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32602, "message": "unknown tool"}}
+        result = {"content": [{"type": "text", "text": text}], "isError": False}
+    elif method == "ping":
+        result = {}
+    else:
+        return {"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32601, "message": f"no {method}"}}
+    return {"jsonrpc": "2.0", "id": request["id"], "result": result}
+
+
+def main() -> None:
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        response = answer(json.loads(line))
+        if response is not None:
+            sys.stdout.write(json.dumps(response) + "\n")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
