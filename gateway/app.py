@@ -160,6 +160,7 @@ class Gateway:
                 run_db=self.run_db, workers=self._workers, instance_id=self.instance_id, on_queued=self.delivery.wake,
                 misfire_grace_s=sc.misfire_grace_s, claim_timeout_s=sc.claim_timeout_s,
                 reload_interval_s=sc.reload_interval_s,
+                on_fired=lambda status: self.metrics.scheduled_fires.labels(status).inc(),
             )
         self.runner.job_commands = JobCommands(jobs=self.jobs, planner=self.planner, service=self.pushes).handle
         self.bus = SessionBus(

@@ -56,6 +56,8 @@ class GatewayMetrics:
         self.unconfirmed = Gauge("gateway_deliveries_unconfirmed",
                                  "Replies whose part in flight at a crash was not resent", registry=r)
         self.turns_running = Gauge("gateway_turns_running", "Turns running on this instance", registry=r)
+        self.scheduled_fires = Counter("gateway_scheduled_fires", "Scheduled report runs by outcome "
+                                       "(delivering, failed, skipped, lost)", ["status"], registry=r)
 
     def refresh(self, pending: int, leases: int, outbox: dict[str, int]) -> None:
         """Sets the database-backed gauges (called before each scrape)."""

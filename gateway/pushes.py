@@ -42,8 +42,10 @@ class PushService:
 
     def __init__(self, *, jobs: JobStore, runner: PushRunner, run_db: Callable[..., Any], workers: Executor,
                  instance_id: str, on_queued: Callable[[], None], misfire_grace_s: float = 300.0,
-                 claim_timeout_s: float = 60.0, reload_interval_s: float = 15.0) -> None:
+                 claim_timeout_s: float = 60.0, reload_interval_s: float = 15.0,
+                 on_fired: Callable[[str], None] | None = None) -> None:
         self.jobs = jobs
+        self._on_fired = on_fired
         self.runner = runner
         self._run_db = run_db
         self._workers = workers
@@ -133,6 +135,8 @@ class PushService:
         finally:
             keeper.cancel()
         self.fired += 1
+        if self._on_fired is not None:
+            self._on_fired(status)
         self._on_queued()
         if status == "failed":
             await self.notify_failures()

@@ -116,6 +116,7 @@ async def test_schedule_in_telegram_delivers_into_a_slack_channel(tmp_path, fake
     await wait_until(lambda: gateway.jobs.get_run(run_id).status == "sent", what="scheduled run sent")
     channel_posts = [m["text"] for m in fake_slack.posted(CHANNEL) if m["text"].startswith("Sales")]
     assert len(channel_posts) == 2
+    assert gateway.metrics.scheduled_fires.labels("delivering")._value.get() >= 2  # /metrics counts fires
 
     listing = await ask(fake_telegram, "/jobs", 8003)
     assert job_id in listing and "0 9 * * 1-5" in listing and SLACK_TARGET in listing
