@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from bench.harness import CHAT_BASE, last_user_line, post, rig, update, wait_for
+from gateway.compression import SUMMARY_PROMPT
 from tests.fakes import openai as oa
 
 
@@ -26,18 +27,25 @@ def _prefix(body: dict[str, Any]) -> str:
     return json.dumps([system[:1], body.get("tools")], sort_keys=False, ensure_ascii=False)
 
 
+def _is_summary_call(body: dict[str, Any]) -> bool:
+    first = body["messages"][0] if body["messages"] else {}
+    return first.get("role") == "system" and str(first.get("content", "")).startswith(SUMMARY_PROMPT[:40])
+
+
 def run_long_conversation(workdir: Path, *, turns: int = 500, checkpoints: tuple[int, ...] = (10, 100, 500)
                           ) -> dict[str, Any]:
     """Runs the conversation; returns prefix stability and prompt tokens at the checkpoints."""
     with rig(workdir) as r:
         r.model.responder = lambda req: oa.text(f"Noted: {last_user_line(req)}. " + "Some detail. " * 20, pieces=1)
         asyncio.run(_converse(r, turns))
-        requests = [q for q in r.model.requests if q["status"] == 200]
+        answered = [q for q in r.model.requests if q["status"] == 200]
+    # Turn requests only: a summarising call (compression) is a different request with its own prompt.
+    requests = [q for q in answered if not _is_summary_call(q["json"])]
     prefixes = [_prefix(q["json"]) for q in requests]
     same = sum(1 for a, b in itertools.pairwise(prefixes) if a == b)
     tokens = {f"turn_{n}": requests[n - 1]["prompt_tokens"] for n in checkpoints if n <= len(requests)}
     cached = {f"turn_{n}": requests[n - 1]["cached_tokens"] for n in checkpoints if n <= len(requests)}
-    return {"turns": turns, "model_requests": len(requests),
+    return {"turns": turns, "model_requests": len(answered), "summary_calls": len(answered) - len(requests),
             "prefix_stable_share": round(same / max(1, len(prefixes) - 1), 4),
             "input_tokens": tokens, "cached_tokens": cached}
 
