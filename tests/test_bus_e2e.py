@@ -4,14 +4,30 @@ redelivery, one turn per session at a time, busy policies, /stop, rate-limit wai
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
+import pytest
 from sqlalchemy import select
 
 from gateway.store.models import MessageRow
-from tests.conftest import gateway_config, start_gateway
+from tests.conftest import TEST_TOKEN, gateway_config, start_gateway
 from tests.fakes import openai as oa
+from tests.fakes.telegram import FakeTelegram
 from tests.helpers import wait_until
 from tests.test_telegram_e2e import dm_update, sends_to
+
+
+@pytest.fixture
+def fake_telegram() -> Iterator[FakeTelegram]:
+    """A fresh Bot API fake per test: each test runs on SQLite and on PostgreSQL (``db_url``) with
+    the same chat ids, so nothing recorded may carry over."""
+    with FakeTelegram(token=TEST_TOKEN) as fake:
+        yield fake
+
+
+def on_db(tmp_path, db_url: str, fake_openai, fake_telegram, **sections):
+    """The gateway config for this test's database (SQLite or PostgreSQL)."""
+    return gateway_config(tmp_path, fake_openai, fake_telegram, database={"url": db_url}, **sections)
 
 
 def texts(fake, chat_id: int) -> list[str]:
@@ -22,10 +38,10 @@ def last_user_text(request: dict) -> str:
     return next(m["content"] for m in reversed(request["messages"]) if m["role"] == "user").splitlines()[-1]
 
 
-async def test_same_update_after_restart_is_answered_once(tmp_path, fake_telegram, fake_openai, running):
+async def test_same_update_after_restart_is_answered_once(tmp_path, db_url, fake_telegram, fake_openai, running):
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.text("hello once")
-    config = gateway_config(tmp_path, fake_openai, fake_telegram)
+    config = on_db(tmp_path, db_url, fake_openai, fake_telegram)
     first = await start_gateway(config, running)
     update = dm_update("hi there", 7001, user_id=5552001)
     update["update_id"] = 930001
@@ -42,10 +58,10 @@ async def test_same_update_after_restart_is_answered_once(tmp_path, fake_telegra
     assert len(fake_openai.requests) == 1
 
 
-async def test_queue_policy_runs_one_turn_at_a_time_in_order(tmp_path, fake_telegram, fake_openai, running):
+async def test_queue_policy_runs_one_turn_at_a_time_in_order(tmp_path, db_url, fake_telegram, fake_openai, running):
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.delay(0.4, oa.text(f"reply to {last_user_text(req)}"))
-    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    gateway = await start_gateway(on_db(tmp_path, db_url, fake_openai, fake_telegram), running)
     fake_telegram.inject(dm_update("first", 7101, user_id=5552002))
     await asyncio.sleep(0.01)
     fake_telegram.inject(dm_update("second", 7102, user_id=5552002))
@@ -60,11 +76,11 @@ async def test_queue_policy_runs_one_turn_at_a_time_in_order(tmp_path, fake_tele
         ("user", "first"), ("assistant", "reply to first"), ("user", "second"), ("assistant", "reply to second")]
 
 
-async def test_merge_policy_answers_waiting_messages_in_one_turn(tmp_path, fake_telegram, fake_openai, running):
+async def test_merge_policy_answers_waiting_messages_in_one_turn(tmp_path, db_url, fake_telegram, fake_openai, running):
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.delay(0.4, oa.text(
         "seen: " + ", ".join(m["content"].splitlines()[-1] for m in req["messages"] if m["role"] == "user")))
-    config = gateway_config(tmp_path, fake_openai, fake_telegram, bus={"busy_policy": "merge"})
+    config = on_db(tmp_path, db_url, fake_openai, fake_telegram, bus={"busy_policy": "merge"})
     await start_gateway(config, running)
     fake_telegram.inject(dm_update("one", 7201, user_id=5552003))
     await asyncio.sleep(0.15)
@@ -77,11 +93,11 @@ async def test_merge_policy_answers_waiting_messages_in_one_turn(tmp_path, fake_
     assert len(fake_openai.requests) == 2
 
 
-async def test_stop_cancels_the_running_turn_and_nothing_from_it_is_sent(tmp_path, fake_telegram, fake_openai,
+async def test_stop_cancels_the_running_turn_and_nothing_from_it_is_sent(tmp_path, db_url, fake_telegram, fake_openai,
                                                                           running):
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.delay(0.6, oa.text("the slow answer"))
-    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    gateway = await start_gateway(on_db(tmp_path, db_url, fake_openai, fake_telegram), running)
     fake_telegram.inject(dm_update("think hard", 7301, user_id=5552004))
     await wait_until(lambda: len(fake_openai.requests) == 1, what="model called")
     stop = dm_update("/stop", 7302, user_id=5552004)
@@ -99,8 +115,8 @@ async def test_stop_cancels_the_running_turn_and_nothing_from_it_is_sent(tmp_pat
     assert texts(fake_telegram, 5552004)[-1] == "fresh answer"
 
 
-async def test_interrupt_policy_cancels_the_running_turn_for_the_new_message(tmp_path, fake_telegram, fake_openai,
-                                                                              running):
+async def test_interrupt_policy_cancels_the_running_turn_for_the_new_message(tmp_path, db_url, fake_telegram,
+                                                                              fake_openai, running):
     fake_openai.reset()
 
     def respond(req):
@@ -109,7 +125,7 @@ async def test_interrupt_policy_cancels_the_running_turn_for_the_new_message(tmp
         return oa.text("answer to the new message")
 
     fake_openai.responder = respond
-    config = gateway_config(tmp_path, fake_openai, fake_telegram, bus={"busy_policy": "interrupt"})
+    config = on_db(tmp_path, db_url, fake_openai, fake_telegram, bus={"busy_policy": "interrupt"})
     await start_gateway(config, running)
     fake_telegram.inject(dm_update("long task", 7401, user_id=5552005))
     await wait_until(lambda: len(fake_openai.requests) == 1, what="first model call")
@@ -119,11 +135,11 @@ async def test_interrupt_policy_cancels_the_running_turn_for_the_new_message(tmp
     assert texts(fake_telegram, 5552005) == ["answer to the new message"]
 
 
-async def test_rate_limited_reply_waits_retry_after_with_no_other_call_to_the_chat(tmp_path, fake_telegram,
+async def test_rate_limited_reply_waits_retry_after_with_no_other_call_to_the_chat(tmp_path, db_url, fake_telegram,
                                                                                    fake_openai, running):
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.text(f"reply to {last_user_text(req)}")
-    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    await start_gateway(on_db(tmp_path, db_url, fake_openai, fake_telegram), running)
     fake_telegram.fail_next("sendMessage", 429, "Too Many Requests: retry after 3", {"retry_after": 3})
     fake_telegram.inject(dm_update("first", 7501, user_id=5552006))
     await wait_until(lambda: len(sends_to(fake_telegram, 5552006)) == 1, what="first attempt")
