@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.fault_injection import run_fault_injection
 
 
+@pytest.mark.timeout(300)
 def test_sigkill_during_turns_loses_and_duplicates_nothing(tmp_path):
     figures = run_fault_injection(messages=60, chats=20, seed=11, workdir=tmp_path)
     print("fault injection:", figures)
