@@ -84,13 +84,14 @@ def test_concurrent_claims_of_the_same_fires_have_one_winner_each(db_url):
 def test_a_dead_owners_claim_is_taken_over_and_the_dead_owner_is_fenced(stores):
     jobs, store = stores
     job, _ = jobs.create_job(new_job())
+    alive = jobs.claim_run(job.id, 1_796_086_800.0, "schedule", "alive", 60)
     dead = jobs.claim_run(job.id, 1_796_000_400.0, "schedule", "dead", 0.05)
     session = jobs.run_session(dead, "system")
-    assert jobs.take_over_expired("b", 60) == []  # not expired yet
     time.sleep(0.1)
-    [taken] = jobs.take_over_expired("b", 60)
+    [taken] = jobs.take_over_expired("b", 60)  # the live claim is left alone
     assert (taken.run_id, taken.owner, taken.attempts) == (dead.run_id, "b", 2)
     assert jobs.take_over_expired("c", 60) == []
+    assert jobs.renew_run(alive, 60)
     assert jobs.run_session(taken, "system") == session  # the transcript is resumed, not restarted
     assert not jobs.renew_run(dead, 60)
     late = OutboundMessage(SLACK_CHANNEL, "late answer", idempotency_key=f"push:{dead.run_id}")

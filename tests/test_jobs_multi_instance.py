@@ -93,7 +93,7 @@ async def test_killed_claim_holder_is_taken_over_and_delivered_once(tmp_path, pg
     def respond(request):
         calls.append(time.monotonic())
         if len(calls) == 1:
-            return oa.delay(2.5, oa.text("never sent"))  # the holder is killed long before it comes
+            return oa.delay(4, oa.text("never sent"))  # the holder is killed long before it comes
         return oa.text("report after takeover")
 
     fake_openai.responder = respond
@@ -129,7 +129,7 @@ claim_timeout_s = 1.5
     gateway = await start_gateway(config, running)
     await wait_until(lambda: sent_texts(fake_telegram, chat) == ["report after takeover"], timeout=15,
                      what="delivery after takeover")
-    assert len(calls) == 2 and calls[1] - killed_at < 5
+    assert len(calls) == 2 and calls[1] - killed_at < 10
     await wait_until(lambda: gateway.jobs.runs(job.id)[0].status == "sent", what="run settled")
     [run] = gateway.jobs.runs(job.id)
     assert (run.claimed_by, run.attempts, run.trigger) == ("gw-b", 2, "manual")
