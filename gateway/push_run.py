@@ -86,7 +86,8 @@ class PushRunner:
             outcome = run_turn(system_prompt=self.jobs.session_prompt(session_id), history=render_history(window),
                                model=model, tools=tools, bridge=self.turns.bridge,
                                limits=self.turns.limits, record=record, should_stop=lost,
-                               context=RunContext(session_id=session_id, turn_id=turn_id))
+                               context=RunContext(session_id=session_id, turn_id=turn_id,
+                                                  approver=self._deny_unattended))
         except ModelError as exc:
             log.warning("push run %s of job %s failed: %s", claim.run_id, job.id, exc)
             return self._fail(claim, exc.user_message, once)
@@ -99,6 +100,13 @@ class PushRunner:
             return "lost"
         log.info("push run %s of job %s: answer queued for %s", claim.run_id, job.id, job.target.platform)
         return "delivering"
+
+    def _deny_unattended(self, ctx: RunContext, tool: Any, args: dict[str, Any]) -> str | None:
+        """Scheduled runs deny by default: nobody is there to approve a call that needs approval."""
+        if self.turns.policy.needs(tool, args) or getattr(tool, "needs_approval", False):
+            return (f"Denied: {tool.name} needs a person's approval, and a scheduled report runs "
+                    "unattended. Report what you would have done instead.")
+        return None
 
     def _fail(self, claim: RunClaim, error: str, once: bool) -> str:
         done = self.jobs.finish_run(claim, status="failed", error=error, disable_job=once)

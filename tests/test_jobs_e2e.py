@@ -291,3 +291,31 @@ async def test_a_one_shot_job_fires_once_and_retires(tmp_path, fake_telegram, fa
     await wait_until(lambda: gateway.pushes.scheduler.scheduled() == [], what="retired")
     listing = await ask(fake_telegram, "/jobs", 8502, user_id=user)
     assert "[finished]" in listing and "next: -" in listing
+
+
+async def test_scheduled_runs_deny_side_effects_by_default(tmp_path, fake_telegram, fake_slack, fake_openai, running):
+    """Nobody is there to approve during a push: a write the model attempts is denied, not run."""
+    fake_openai.reset()
+
+    def write_in_push(request: dict[str, Any]) -> oa.Reply:
+        last = request["messages"][-1]
+        if last["role"] == "tool":
+            return oa.text("report: " + ("denied" if "Denied" in last["content"] else "written"))
+        if "Scheduled report" in str(last.get("content")):
+            return oa.tool_calls(oa.call("write_file", {"path": "push.txt", "content": "x"}))
+        return respond(request)
+
+    fake_openai.responder = write_in_push
+    cfg = config(tmp_path, fake_openai, fake_telegram, fake_slack)
+    cfg = cfg.model_copy(update={  # production defaults: writes need approval
+        "tools": cfg.tools.model_copy(update={"workspace": "write", "workspace_root": str(tmp_path / "ws")}),
+        "approvals": cfg.approvals.model_copy(update={"require_for": ["write", "external"]})})
+    gateway = await start_gateway(cfg, running)
+    user = 5553077
+    created = await ask(fake_telegram, f'/schedule "0 9 * * 1-5" Asia/Shanghai {SALES_PROMPT}', 8701, user_id=user)
+    job_id = re.search(r"Scheduled report (\w+)", created).group(1)
+    run_id = await gateway.pushes.fire(job_id, MONDAY_9_SHANGHAI)
+    await wait_until(lambda: any(t.startswith("report:") for t in texts(fake_telegram, user)), what="push delivered")
+    assert "report: denied" in texts(fake_telegram, user)
+    assert gateway.jobs.get_run(run_id) is not None
+    assert not list((tmp_path / "ws").rglob("push.txt"))

@@ -34,7 +34,15 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.format import format_reply
-from adapters.slack.inbound import BotIdentity, Ignored, to_inbound, users_to_resolve
+from adapters.slack.inbound import (
+    ACTION_PREFIX,
+    BotIdentity,
+    Ignored,
+    action_to_inbound,
+    command_blocks,
+    to_inbound,
+    users_to_resolve,
+)
 from gateway.ports import BeforePart, InboundSink, PartSent
 from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
 
@@ -161,8 +169,18 @@ class SlackAdapter:
         async def on_other_event(body: dict[str, Any]) -> None:
             log.debug("slack event %s ignored", (body.get("event") or {}).get("type"))
 
+        async def on_button(ack: Any, body: dict[str, Any]) -> None:
+            await ack()  # Slack needs the ack within 3 s; the press is stored right after
+            assert self._identity is not None and self._sink is not None
+            result = action_to_inbound(body, self._identity)
+            if isinstance(result, Ignored):
+                log.debug("slack interaction ignored: %s", result.reason)
+                return
+            await self._sink(result)
+
         app.event("message")(on_message_event)
         app.event("app_mention")(on_message_event)
+        app.action(re.compile(f"^{ACTION_PREFIX}\\d+$"))(on_button)
         app.event(re.compile(".*"))(on_other_event)  # anything else subscribed: ack, never 404
         return app
 
@@ -301,6 +319,8 @@ class SlackAdapter:
             if index < message.resume_from:
                 continue
             kwargs: dict[str, Any] = {"channel": address.chat_id, "text": chunk, "mrkdwn": True}
+            if message.buttons and index == len(chunks) - 1:
+                kwargs["blocks"] = command_blocks(chunk, message.buttons)
             if address.thread_id:
                 kwargs["thread_ts"] = address.thread_id
             if before_part is not None:

@@ -175,3 +175,54 @@ def to_inbound(envelope: dict[str, Any], bot: BotIdentity, names: Mapping[str, s
         event_id=str(envelope["event_id"]) if envelope.get("event_id") else None,
         addressed=addressed,
     )
+
+
+ACTION_PREFIX = "gw_cmd_"
+"""``action_id`` prefix of the gateway's command buttons (the button's ``value`` is the command)."""
+
+
+def command_blocks(text: str, buttons: tuple[tuple[str, str], ...]) -> list[dict[str, Any]]:
+    """Block Kit for a message with command buttons: the mrkdwn text, then one actions row.
+
+    Slack Block Kit: a section's text holds at most 3,000 characters; a button's ``value`` at most
+    2,000; an actions block at most 25 elements.
+    """
+    section_text = text if len(text) <= 3000 else text[:2990] + "…"
+    elements = [{"type": "button", "text": {"type": "plain_text", "text": label[:75]},
+                 "action_id": f"{ACTION_PREFIX}{i}", "value": command[:2000]}
+                for i, (label, command) in enumerate(buttons[:25])]
+    return [{"type": "section", "text": {"type": "mrkdwn", "text": section_text}},
+            {"type": "actions", "elements": elements}]
+
+
+def action_to_inbound(body: Mapping[str, Any], bot: BotIdentity) -> InboundMessage | Ignored:
+    """A pressed command button (``block_actions`` payload) becomes that command sent by the
+    presser, in the chat (and thread) of the message carrying the button. Pure.
+
+    Slack interactivity: ``user.id`` is who pressed, ``channel.id`` where, ``message.thread_ts``
+    the thread of the pressed message, ``actions[0].value`` the button's value, ``action_ts`` a
+    per-press timestamp (the dedupe id: Slack may redeliver an interaction).
+    """
+    actions = body.get("actions") or []
+    if body.get("type") != "block_actions" or not actions or not isinstance(actions[0], Mapping):
+        return Ignored("unsupported_interaction")
+    action = actions[0]
+    value = str(action.get("value") or "")
+    user = str((body.get("user") or {}).get("id") or "")
+    channel = str((body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id") or "")
+    if not str(action.get("action_id", "")).startswith(ACTION_PREFIX) or not value.startswith("/") \
+            or not user or not channel or user == bot.user_id:
+        return Ignored("unsupported_interaction")
+    name, _, args = value[1:].partition(" ")
+    message = body.get("message") or {}
+    thread = message.get("thread_ts")
+    team = str((body.get("team") or {}).get("id") or bot.team_id)
+    return InboundMessage(
+        address=ChatAddress("slack", team, channel, str(thread) if thread else None),
+        message_id=f"{channel}:action:{action.get('action_ts') or message.get('ts')}:{user}",
+        chat_type="dm" if channel.startswith("D") else "group",
+        sender=Sender(user, str((body.get("user") or {}).get("name") or ""), None, False),
+        text=args.strip(),
+        command=name.lower(),
+        received_at=float(action.get("action_ts") or 0.0),
+    )

@@ -459,3 +459,17 @@ class FakeSlack(ThreadedServer):
 
     def _connections_open(self, params: JSON) -> JSON:
         return {"url": f"ws://127.0.0.1:{self.port}/link"}
+
+
+async def post_interaction(fake: FakeSlack, url: str, payload: JSON) -> EventDelivery:
+    """POSTs a signed interactivity payload (``block_actions``) as Slack does: a form body
+    ``payload=<JSON>`` (Slack interactivity: request URL, ``application/x-www-form-urlencoded``)."""
+    from urllib.parse import urlencode
+
+    body = urlencode({"payload": json.dumps(payload)}).encode()
+    timestamp = int(time.time())
+    headers = {"Content-Type": "application/x-www-form-urlencoded",
+               "X-Slack-Request-Timestamp": str(timestamp), "X-Slack-Signature": fake.sign(body, timestamp)}
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as session, session.post(url, data=body, headers=headers) as resp:
+        return EventDelivery(resp.status, await resp.text(), time.monotonic() - started, dict(resp.headers))
