@@ -195,3 +195,23 @@ def db_url(request, tmp_path) -> Iterator[str]:
     Store(engine).purge_all()
     engine.dispose()
     yield url
+
+
+@pytest.fixture(autouse=True)
+def no_secret_in_any_log_record(caplog):
+    """Every test runs with DEBUG log capture through the filter every production handler carries
+    (``gateway.logs.RedactSecrets``); afterwards no configured test secret may appear in any record."""
+    import logging
+
+    from gateway.logs import RedactSecrets
+
+    secrets = [value for name, value in os.environ.items() if name.startswith("GATEWAY_TEST_") and len(value) >= 6]
+    redact = RedactSecrets(secrets)
+    caplog.handler.addFilter(redact)
+    caplog.set_level(logging.DEBUG)
+    yield
+    caplog.handler.removeFilter(redact)
+    for record in caplog.records:
+        text = record.getMessage() + (record.exc_text or "")
+        leaked = [s for s in secrets if s in text]
+        assert not leaked, f"secret in a log record of {record.name}: {text[:200]}"
