@@ -44,13 +44,8 @@ def invoke_agent(name: str, *, model: str, conversation_id: str = "", turn_id: s
         attributes["gen_ai.conversation.id"] = conversation_id
     if turn_id:
         attributes["gateway.turn.id"] = turn_id
-    with tracer.start_as_current_span(f"invoke_agent {name}", kind=SpanKind.INTERNAL, attributes=attributes,
-                                      record_exception=False, set_status_on_exception=False) as span:
-        try:
-            yield span
-        except BaseException as exc:
-            _failed(span, exc)
-            raise
+    with _span(f"invoke_agent {name}", SpanKind.INTERNAL, attributes) as span:
+        yield span
 
 
 def end_agent(span: Span, *, stop_reason: str, steps: int, input_tokens: int, output_tokens: int,
@@ -68,7 +63,14 @@ def chat(model: str, messages: list[dict[str, Any]]) -> Iterator[Span]:
                                   "gen_ai.request.model": model}
     if capture_content():
         attributes["gen_ai.input.messages"] = json.dumps(messages, ensure_ascii=False, default=str)
-    with tracer.start_as_current_span(f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes,
+    with _span(f"chat {model}", SpanKind.CLIENT, attributes) as span:
+        yield span
+
+
+@contextmanager
+def _span(name: str, kind: SpanKind, attributes: dict[str, Any]) -> Iterator[Span]:
+    """A current span that records a failure by the exception's type only (see ``_failed``)."""
+    with tracer.start_as_current_span(name, kind=kind, attributes=attributes,
                                       record_exception=False, set_status_on_exception=False) as span:
         try:
             yield span
@@ -105,13 +107,8 @@ def execute_tool(name: str, call_id: str, arguments: Any) -> Iterator[Span]:
                                   "gen_ai.tool.call.id": call_id, "gen_ai.tool.type": "function"}
     if capture_content():
         attributes["gen_ai.tool.call.arguments"] = json.dumps(arguments, ensure_ascii=False, default=str)
-    with tracer.start_as_current_span(f"execute_tool {name}", kind=SpanKind.INTERNAL, attributes=attributes,
-                                      record_exception=False, set_status_on_exception=False) as span:
-        try:
-            yield span
-        except BaseException as exc:
-            _failed(span, exc)
-            raise
+    with _span(f"execute_tool {name}", SpanKind.INTERNAL, attributes) as span:
+        yield span
 
 
 def end_tool(span: Span, status: str, result: str) -> None:
