@@ -30,7 +30,8 @@ log = logging.getLogger("gateway.pushes")
 
 PUSH_NOTE = (
     "\n\nThis conversation is a scheduled report: nobody is waiting for a reply in real time. "
-    "Your final answer is posted as the report into the target chat, so answer with the report itself."
+    "Your final answer is posted as the report into the target chat, so answer with the report itself. "
+    "If the Skills list has a procedure for reports (daily-report), load it first and follow it."
 )
 """Appended to the configured system prompt for push sessions (stored per session, once)."""
 
@@ -63,7 +64,7 @@ class PushRunner:
         tools = self.toolsets.get(job.toolset)
         if tools is None:
             return self._fail(claim, f"unknown toolset {job.toolset!r}", once)
-        session_id = self.jobs.run_session(claim, self.turns.system_prompt + PUSH_NOTE)
+        session_id = self.jobs.run_session(claim, self.turns.prompt() + PUSH_NOTE)
         if session_id is None:
             return "lost"
         turn_id = f"run{claim.run_id}"
