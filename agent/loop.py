@@ -38,8 +38,8 @@ from agent.tools import ToolRegistry
 from agent.tracing import chat, end_chat
 from agent.turn_state import TurnState
 
-__all__ = ["INTERRUPTED", "Abort", "ConfirmChecks", "FinalReply", "Limits", "NextStep", "Record", "RunTools", "TurnOutcome",
-           "cap_text", "run_turn"]
+__all__ = ["INTERRUPTED", "Abort", "ConfirmChecks", "FinalReply", "Limits", "NextStep", "Record", "RunTools",
+           "TurnOutcome", "cap_text", "run_turn"]
 
 Record = Callable[[dict[str, Any], Usage | None, dict[str, Any] | None], None]
 """Called with each new model-facing message (assistant or tool), the step's usage (assistant
@@ -236,7 +236,8 @@ def _model_step(reply: ModelReply, price: Price | None, budget: Budget, outcome:
 def _summary(outcome: TurnOutcome, budget: Budget, state: TurnState | None = None) -> dict[str, Any]:
     """Facts recorded on a turn's last message: why it stopped, what it cost, and the turn state's
     facts (skill versions used, the plan)."""
-    return {**(state.facts() if state is not None else {}), "stop_reason": outcome.stop_reason, "steps": outcome.steps, "task_model_calls": budget.used,
+    return {**(state.facts() if state is not None else {}), "stop_reason": outcome.stop_reason,
+            "steps": outcome.steps, "task_model_calls": budget.used,
             "turn_cost_usd": round(outcome.cost_usd, 8), "task_cost_usd": round(budget.cost_usd, 8),
             "tokens": sum(u.prompt_tokens + u.completion_tokens for u in outcome.usage)}
 

@@ -78,7 +78,8 @@ class TurnRunner:
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
-                 limits: Limits, history_window: int, system_prompt: str | Callable[[], str], streams: StreamHub | None = None,
+                 limits: Limits, history_window: int, system_prompt: str | Callable[[], str],
+                 streams: StreamHub | None = None,
                  commands: Commands | None = None, is_admin: Callable[[InboundMessage], bool] = lambda m: False,
                  reset: ResetPolicy | None = None, job_commands: CommandHandler | None = None,
                  window: WindowPolicy | None = None, metrics: GatewayMetrics | None = None,
