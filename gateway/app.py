@@ -37,7 +37,7 @@ from agent.workspace import Workspace
 from gateway.access import decide, is_admin
 from gateway.approvals import ApprovalPolicy, decide_reply
 from gateway.bus import SessionBus
-from gateway.commands import CONTROL_COMMANDS, Commands, control_reply
+from gateway.commands import CONTROL_COMMANDS, CommandContext, Commands, control_reply
 from gateway.config import GatewayConfig
 from gateway.delivery import Delivery
 from gateway.http import build_app
@@ -49,7 +49,7 @@ from gateway.ports import Adapter
 from gateway.push_run import PushRunner
 from gateway.pushes import PushService
 from gateway.resets import ResetPolicy
-from gateway.sessions import session_key_for
+from gateway.sessions import is_dm_key, session_key_for
 from gateway.store.approvals import Approvals
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.directory import Directory
@@ -248,9 +248,16 @@ class Gateway:
 
     async def _control(self, message: InboundMessage, key: str, user_id: str) -> bool:
         """``/stop``: cancels the running turn (it stops at its next step and sends nothing) and
-        answers at once, without waiting for the lane. ``/approve ID`` / ``/deny ID`` decide a
+        answers at once, without waiting for the lane. ``/status`` answers at once too (it only
+        reads), so it shows the plan of a turn still running. ``/approve ID`` / ``/deny ID`` decide a
         pending approval (the waiting turn reads it from the database) and never cancel."""
         assert message.command is not None
+        if message.command == "status":  # read-only: answered at once, a running turn's plan included
+            ctx = CommandContext(message, key, user_id, is_dm_key(key), is_admin(message, self.config.access),
+                                 self.agent_spec.model)
+            commands = self.runner.commands
+            text = await self.run_db(commands.run, ctx) if commands is not None else None
+            return await self._answer_now(message, key, user_id, text or "No status here.")
         if message.command in ("approve", "deny"):
             text = await self.run_db(decide_reply, self.approvals, message.command, message.text, user_id,
                                      is_admin(message, self.config.access))

@@ -48,10 +48,10 @@ COMMANDS = [
 ]
 """The native command menu (Telegram setMyCommands: 1-32 chars of a-z, 0-9 and _)."""
 
-CONTROL_COMMANDS = frozenset({"stop", "approve", "deny"})
-"""Handled on receipt, outside the lane."""
+CONTROL_COMMANDS = frozenset({"stop", "approve", "deny", "status"})
+"""Handled on receipt, outside the lane (``/status`` shows a running turn's plan while it runs)."""
 
-LANE_COMMANDS = frozenset({"start", "help", "new", "sessions", "resume", "status", "skills", "link", "unlink",
+LANE_COMMANDS = frozenset({"start", "help", "new", "sessions", "resume", "skills", "link", "unlink",
                            "approve_user", "approve-user"})
 """Answered by the gateway in the lane, without the model."""
 

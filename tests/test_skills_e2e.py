@@ -150,14 +150,20 @@ async def test_a_simple_question_gets_no_plan_message_and_no_checklist(tmp_path,
     assert not [r for r in gateway.store.outbox_rows() if r["idempotency_key"].endswith(":plan")]
 
 
-async def test_stop_during_a_planned_turn_leaves_no_plan_row_streaming(tmp_path, fake_telegram, fake_openai, running):
+async def test_status_shows_a_running_plan_and_stop_leaves_no_plan_row_streaming(tmp_path, fake_telegram,
+                                                                                 fake_openai, running):
     fake_openai.reset()
     fake_openai.script(oa.tool_calls(oa.call("update_plan", plan("in_progress", "pending", "pending"))),
-                       oa.delay(1.5, oa.text("too late")))
+                       oa.delay(2.0, oa.text("too late")))
     gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
     chat = 5561301
     fake_telegram.inject(dm_update("do the three things", 9831, user_id=chat))
     await wait_until(lambda: sends_to(fake_telegram, chat), what="plan message")
+    fake_telegram.inject(tg_command("/status", 9833, chat))  # answered while the turn runs, not after it
+    await wait_until(lambda: len(sends_to(fake_telegram, chat)) == 2, what="/status")
+    status = sends_to(fake_telegram, chat)[1].params["text"]
+    assert "Plan (0/3 done)\n⏳ Fetch the release notes\n▫️ Compare with the changelog" in status
+    assert gateway.store.lane_busy(gateway.store.outbox_rows()[0]["session_key"])
     fake_telegram.inject(tg_command("/stop", 9832, chat))
     await wait_until(lambda: any(r["idempotency_key"].endswith(":plan") and r["status"] == "cancelled"
                                  for r in gateway.store.outbox_rows()), timeout=15, what="plan row cancelled")
@@ -165,3 +171,39 @@ async def test_stop_during_a_planned_turn_leaves_no_plan_row_streaming(tmp_path,
     texts = [c.params["text"] for c in sends_to(fake_telegram, chat)]
     assert texts[0].startswith("Plan (0/3 done)") and "too late" not in texts
     assert not [r for r in gateway.store.outbox_rows() if r["status"] == "streaming"]
+
+
+async def test_a_scheduled_push_follows_the_bundled_daily_report_skill(tmp_path, fake_telegram, fake_openai, running):
+    from tests.test_jobs_e2e import MONDAY_9_SHANGHAI, ask
+
+    fake_openai.reset()
+    report = "**Daily report: sales, 2035-01-01**\nHighlights\n- 12 orders\nGaps\n- refunds unknown"
+
+    def model(request: dict) -> oa.Reply:
+        messages = request["messages"]
+        if messages[-1]["role"] == "user" and "[Before your final answer" in messages[-1]["content"]:
+            return oa.text(report)
+        if messages[-1]["role"] == "user":
+            return oa.tool_calls(oa.call("load_skill", {"name": "daily-report"}))
+        return oa.text("Sales: 12 orders.")  # the draft, before the checklist
+
+    fake_openai.responder = model
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    user = 5561401
+    created = await ask(fake_telegram, '/schedule "0 9 * * 1-5" Asia/Shanghai Sales: 12 orders yesterday', 8401,
+                        user_id=user)
+    job_id = created.split("Scheduled report ")[1].split()[0].strip(":.")
+    run_id = await gateway.pushes.fire(job_id, MONDAY_9_SHANGHAI)
+    await wait_until(lambda: any(m["text"].startswith("Daily report: sales") for m in
+                                 fake_telegram.sent_messages(user)), what="report delivered")
+    prompt = system_prompt(fake_openai.requests[0])
+    assert "- daily-report:" in prompt and "load it first" in prompt  # the push session's stored prompt
+    loaded = next(m for m in fake_openai.requests[1]["json"]["messages"] if m["role"] == "tool")
+    assert loaded["content"].startswith("Skill daily-report (version 1.0.0)")
+    assert "templates/report.md" in loaded["content"] and "Gaps" in loaded["content"]
+    assert "bold title line" in fake_openai.requests[2]["json"]["messages"][-1]["content"]  # its checklist
+    assert not any(m["text"] == "Sales: 12 orders." for m in fake_telegram.sent_messages(user))
+    with gateway.engine.connect() as conn:
+        session_id = conn.exec_driver_sql("SELECT session_id FROM job_runs WHERE id = ?", (run_id,)).scalar_one()
+    last = gateway.store.transcript(session_id)[-1]
+    assert last.content == report and last.meta["skills"] == {"daily-report": "1.0.0"}
