@@ -157,7 +157,9 @@ def run_turn(
         if step is None:
             _validate(messages)
             with chat(model.model, messages) as span:
-                reply = model.complete(messages, tools.schemas(), on_text)
+                # A draft that the checklist may replace is not streamed into the chat.
+                drafting = ctx.depth == 0 and not state.checks_asked and bool(state.checklist())
+                reply = model.complete(messages, tools.schemas(), None if drafting else on_text)
                 step = _model_step(reply, price, budget, outcome, messages, record, ctx)
                 end_chat(span, reply, price.cost(reply.usage) if price is not None else 0.0)
         if isinstance(step, ConfirmChecks):

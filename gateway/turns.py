@@ -104,8 +104,6 @@ class TurnRunner:
         self.redact = redact
         self.wake = wake
         self._generations: dict[str, int] = {}
-        self.last_state: TurnState | None = None
-        """The state of the latest turn this runner finished (tests, debugging)."""
         self._generations_lock = threading.Lock()
 
     def prompt(self) -> str:
@@ -228,7 +226,6 @@ class TurnRunner:
         if progress is not None:
             plan.append(progress)
             state.on_plan = progress.show
-        self.last_state = state
         token = CURRENT_MESSAGE.set(message)
         try:
             outcome = run_turn(system_prompt=system_prompt, history=projection.history, model=agent.model,
