@@ -141,13 +141,15 @@ class PlanMessage:
 
 def latest_plan(window: list[StoredMessage]) -> PlanSteps | None:
     """The newest plan of the newest turn in ``window`` (a transcript tail), read from its
-    ``update_plan`` calls; ``None`` when that turn made none."""
+    ``update_plan`` calls (a call the tool refused, whose result is an error, does not count);
+    ``None`` when that turn made none."""
     last_turn = next((m.turn_id for m in reversed(window) if m.role == "user"), None)
+    refused = {m.tool_call_id for m in window if m.role == "tool" and (m.content or "").startswith("Error")}
     for message in reversed(window):
         if message.turn_id != last_turn:
             continue
         for call in reversed(message.tool_calls or []):
-            if call.get("function", {}).get("name") != PLAN_TOOL:
+            if call.get("function", {}).get("name") != PLAN_TOOL or call.get("id") in refused:
                 continue
             try:
                 steps = json.loads(call["function"].get("arguments") or "{}").get("steps")

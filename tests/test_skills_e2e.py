@@ -207,3 +207,33 @@ async def test_a_scheduled_push_follows_the_bundled_daily_report_skill(tmp_path,
         session_id = conn.exec_driver_sql("SELECT session_id FROM job_runs WHERE id = ?", (run_id,)).scalar_one()
     last = gateway.store.transcript(session_id)[-1]
     assert last.content == report and last.meta["skills"] == {"daily-report": "1.0.0"}
+
+
+async def test_slack_plan_is_one_post_updated_in_place_and_the_reply_another(tmp_path, fake_slack, fake_openai,
+                                                                             running):
+    from tests.test_slack_e2e import events_url, message
+
+    fake_openai.reset()
+    fake_openai.script(oa.tool_calls(oa.call("update_plan", plan("in_progress", "pending", "pending"))),
+                       oa.tool_calls(oa.call("update_plan", plan("done", "in_progress", "pending"))),
+                       oa.tool_calls(oa.call("update_plan", plan("done", "done", "done"))),
+                       oa.text("All three done."))
+    config = gateway_config(tmp_path, fake_openai, fake_slack=fake_slack,
+                            agent={"stream_edit_interval_s": {"slack": 0.0}})
+    gateway = await start_gateway(config, running)
+    channel = "D0PLAN0001"
+    fake_slack.add_channel(channel)
+    since_posts, since_updates = len(fake_slack.calls("chat.postMessage")), len(fake_slack.calls("chat.update"))
+    status = await fake_slack.post_event(events_url(gateway), fake_slack.envelope(
+        message("do the three things", "1735800000.000100", channel=channel)))
+    assert status.status == 200
+    await wait_until(lambda: [m["text"] for m in fake_slack.posted(channel)][-1:] == ["All three done."],
+                     what="reply")
+    await wait_until(lambda: all(r["status"] == "sent" for r in gateway.store.outbox_rows()), what="settled")
+    await asyncio.sleep(0.3)
+    posts = [c for c in fake_slack.calls("chat.postMessage")[since_posts:] if c.params["channel"] == channel]
+    updates = [c for c in fake_slack.calls("chat.update")[since_updates:] if c.params["channel"] == channel]
+    assert [c.params["text"].splitlines()[0] for c in posts] == ["Plan (0/3 done)", "All three done."]
+    plan_ts = fake_slack.posted(channel)[0]["ts"]
+    assert len(updates) >= 2 and {c.params["ts"] for c in updates} == {plan_ts}
+    assert [m["text"].splitlines()[0] for m in fake_slack.posted(channel)] == ["Plan (3/3 done)", "All three done."]
