@@ -156,3 +156,15 @@ def test_sessions_export_as_eval_writes_the_failed_turns(tmp_path, fake_openai, 
     assert [c["task"] for c in json.loads(capsys.readouterr().out)["cases"]] == [
         "what is 2+2?", "summarise https://example.com"]
     assert cli(config, "sessions", "export", "ffffffff", "--as-eval") == 1
+
+
+async def test_doctor_names_invalid_skills(tmp_path, fake_openai, capsys):
+    from gateway.doctor import run_doctor
+
+    skills = tmp_path / "skills"
+    write_skill(skills, "fine", description="Fine.", version="1")
+    (write_skill(skills, "broken", description="Broken.", version="1") / "SKILL.md").write_text("no front matter")
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills)})
+    assert await run_doctor(config) == 1
+    out = capsys.readouterr().out
+    assert f"[FAIL] skills: 3 valid ({skills} and bundled); invalid: broken (see `gateway skills validate`)" in out
