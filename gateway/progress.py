@@ -23,7 +23,8 @@ import time
 from typing import Any
 
 from agent.plan import render_plan
-from agent.turn_state import PlanSteps
+from agent.resume_state import restore_state
+from agent.turn_state import PlanSteps, TurnState
 from gateway.ports import can_edit
 from gateway.store.sql import StoredMessage
 from gateway.streaming import SEND_TIMEOUT_S, StreamHub
@@ -158,3 +159,10 @@ def latest_plan(window: list[StoredMessage]) -> PlanSteps | None:
             if isinstance(steps, list) and all(isinstance(s, dict) for s in steps):
                 return [{"step": str(s.get("step", "")), "status": str(s.get("status", "pending"))} for s in steps]
     return None
+
+
+def resumed_state(window: list[StoredMessage], turn_id: str) -> TurnState:
+    """The state a turn continues with: rebuilt from its messages already in ``window`` (a turn
+    resumed after a crash keeps its skills, plan and checklist), empty for a new turn."""
+    return restore_state([{"role": m.role, "content": m.content, "tool_calls": m.tool_calls,
+                           "tool_call_id": m.tool_call_id} for m in window if m.turn_id == turn_id])

@@ -21,6 +21,7 @@ from agent.model import ModelError, Usage
 from agent.tools import ToolRegistry
 from gateway.context import render_history
 from gateway.jobs import job_schedule, local_time
+from gateway.progress import resumed_state
 from gateway.store.jobs import Job, JobStore, RunClaim
 from gateway.store.sql import StoredMessage
 from gateway.turns import TurnRunner
@@ -88,7 +89,8 @@ class PushRunner:
                                model=model, tools=tools, bridge=self.turns.bridge,
                                limits=self.turns.limits, record=record, should_stop=lost,
                                context=RunContext(session_id=session_id, turn_id=turn_id,
-                                                  approver=self._deny_unattended))
+                                                  approver=self._deny_unattended,
+                                                  state=resumed_state(window, turn_id)))
         except ModelError as exc:
             log.warning("push run %s of job %s failed: %s", claim.run_id, job.id, exc)
             return self._fail(claim, exc.user_message, once)

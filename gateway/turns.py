@@ -25,13 +25,12 @@ from agent.context import RunContext
 from agent.loop import run_turn
 from agent.model import ModelError, Usage
 from agent.tracing import end_agent, invoke_agent
-from agent.turn_state import TurnState
 from gateway.approvals import ApprovalPolicy, ChatApprover
 from gateway.commands import LANE_COMMANDS, CommandContext, Commands
 from gateway.compression import Compressor
 from gateway.context import user_meta
 from gateway.metrics import GatewayMetrics
-from gateway.progress import PlanMessage
+from gateway.progress import PlanMessage, resumed_state
 from gateway.resets import ResetPolicy
 from gateway.sessions import is_dm_key
 from gateway.store.approvals import Approvals
@@ -219,7 +218,7 @@ class TurnRunner:
             stream = self.streams.open(address=message.address, idempotency_key=reply_key,
                                        reply_to_id=message.reply_to_id, session_id=session_id, session_key=key,
                                        generation=generation)
-        state = TurnState()
+        state = resumed_state(window, turn_id)  # empty for a new turn
         progress = PlanMessage.open(self.streams, address=message.address, reply_key=reply_key,
                                     reply_to_id=message.reply_to_id, session_id=session_id, session_key=key,
                                     generation=generation)

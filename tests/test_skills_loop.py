@@ -92,3 +92,45 @@ def test_load_skill_reads_the_disk_at_each_call_and_explains_bad_names(tmp_path,
         tool.fn(ctx, "evolving", "../SKILL.md")
     with pytest.raises(ValueError, match="no skill named 'nope'; available: evolving"):
         tool.fn(ctx, "nope")
+
+
+def test_a_resumed_turn_keeps_its_skills_plan_and_asks_the_checklist_once(tmp_path, model, fake_openai):
+    """What a crash leaves in the transcript is enough: the turn taken over still records the
+    skill version, keeps the plan, and asks the checklist only if it was not asked yet."""
+    from agent.loop import CHECKLIST_REQUEST
+    from agent.resume_state import restore_state
+
+    write_skill(tmp_path, "strict", description="Strict.", version="4.2", checks=["Say DONE.", "Be brief."])
+    tools = tools_for(SkillLibrary([tmp_path]))
+    load = oa.call("load_skill", {"name": "strict"})
+    steps = [{"step": "one", "status": "done"}]
+    planned = oa.call("update_plan", {"steps": steps})
+    loaded = tools.get("load_skill").fn(RunContext(state=TurnState(), tools=tools), "strict")
+    history = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": load.id, "type": "function", "function": {"name": "load_skill", "arguments": load.arguments}},
+            {"id": planned.id, "type": "function", "function": {"name": "update_plan",
+                                                               "arguments": planned.arguments}}]},
+        {"role": "tool", "tool_call_id": load.id, "content": loaded},
+        {"role": "tool", "tool_call_id": planned.id, "content": "Plan (1/1 done)\n✅ one\n[budget: 80 left]"},
+    ]
+    state = restore_state(history)
+    assert state.checklist() == [("strict", "Say DONE."), ("strict", "Be brief.")] and state.plan == steps
+    fake_openai.script(oa.text("draft"), oa.text("DONE"))
+    recorded: list = []
+    outcome = run_turn(system_prompt="sys", history=history, model=model, tools=tools, bridge=None,
+                       limits=Limits(), record=lambda m, u, meta: recorded.append((m, meta)),
+                       context=RunContext(state=state))
+    assert outcome.reply == "DONE" and recorded[-1][1]["skills"] == {"strict": "4.2"}
+    assert recorded[-1][1]["plan"] == steps and recorded[1][1] == {"kind": "checklist"}
+
+    asked = {"role": "user", "content": CHECKLIST_REQUEST.format(skills="strict", checks="- [ ] Say DONE.")}
+    again = restore_state([*history, {"role": "assistant", "content": "draft"}, asked])
+    assert again.checks_asked
+    fake_openai.reset()
+    fake_openai.script(oa.text("DONE again"))
+    outcome = run_turn(system_prompt="sys", history=[*history, {"role": "assistant", "content": "draft"}, asked],
+                       model=model, tools=tools, bridge=None, limits=Limits(), record=lambda *a: None,
+                       context=RunContext(state=again))
+    assert outcome.reply == "DONE again" and len(fake_openai.requests) == 1

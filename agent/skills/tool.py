@@ -22,6 +22,9 @@ DESCRIPTION = (
 )
 
 
+CHECKS_HEADER = "Acceptance checks (you will confirm each against your work before your final answer):\n"
+
+
 def render_skill(name: str, version: str, body: str, files: list[str], checks: tuple[str, ...],
                  missing_tools: list[str]) -> str:
     """The tool result for a loaded skill: header, instructions, files, checklist."""
@@ -35,8 +38,7 @@ def render_skill(name: str, version: str, body: str, files: list[str], checks: t
         parts.append(f"Note: this skill needs {', '.join(missing_tools)}, which you do not have here; "
                      "say so if the task cannot be done without them.")
     if checks:
-        parts.append("Acceptance checks (you will confirm each against your work before your final answer):\n"
-                     + "\n".join(f"- {c}" for c in checks))
+        parts.append(CHECKS_HEADER + "\n".join(f"- {c}" for c in checks))
     return "\n\n".join(parts)
 
 
