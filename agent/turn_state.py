@@ -53,6 +53,7 @@ class TurnState:
             self.on_plan([dict(step) for step in steps])
 
     def add_skill(self, name: str, version: str, checks: tuple[str, ...]) -> None:
+        """Records that the skill ``name`` at ``version`` was loaded (loading it again replaces it)."""
         with self._lock:
             self.skills[name] = LoadedSkill(version, checks)
 

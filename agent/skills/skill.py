@@ -88,6 +88,7 @@ class Skill:
         return (self.folder / relative).read_text(encoding="utf-8")
 
     def eval_files(self) -> list[Path]:
+        """The skill's ``evals/*.json`` files, sorted by name (``agent.skills.evals``)."""
         root = self.folder / "evals"
         return sorted(root.glob("*.json")) if root.is_dir() else []
 
