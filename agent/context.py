@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from agent.guard import Provenance
     from agent.model import ChatModel
     from agent.tools import Tool, ToolRegistry
+    from agent.turn_state import TurnState
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class RunContext:
             the loop before each step's calls.
         redact: removes known secrets from text before it reaches the model (tool results and
             errors); ``None``: no redaction.
+        state: the turn's plan and loaded skills (``agent.turn_state``); the loop makes one when
+            the caller passes none, and sub-agents share their parent's.
     """
 
     session_id: str = ""
@@ -57,6 +60,7 @@ class RunContext:
     approver: Approver | None = None
     redact: Callable[[str], str] | None = None
     provenance: Provenance | None = None
+    state: TurnState | None = None
 
 
 Approver = Callable[[RunContext, "Tool", dict[str, Any]], "str | None"]

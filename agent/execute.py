@@ -157,7 +157,7 @@ def run_calls(calls: list[dict[str, Any]], tools: ToolRegistry, ctx: RunContext)
                 call_ctx.reservation.close()
         if ctx.redact is not None:
             result = ctx.redact(result)
-        content = wrap_untrusted(name, result) if ok else result
+        content = wrap_untrusted(name, result) if ok and not tool.trusted_output else result
         return ToolOutcome(_message(call, content), name, json.dumps(args, sort_keys=True), result, ran=True, ok=ok)
 
     if len(prepared) <= 1:

@@ -11,6 +11,11 @@ wall clock); when one ends, the turn ends with one reply that says what was done
 stopped, recorded with ``meta.stop_reason``. The model reads its remaining budget in the newest
 tool message of each step (and the starting budget in the user message), never in the system
 prompt, whose bytes stay identical across turns.
+
+Acceptance checks: when a skill with checks was loaded in the turn (``RunContext.state``), the
+model's first answer without tool calls is a draft: the loop asks it once to confirm each check
+against its work (``ConfirmChecks``, a host message in the transcript), and its next answer is
+the final reply. The turn's last message records ``state.facts()`` (skill versions, the plan).
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from agent.model import ChatModel, ModelReply, OnText, Usage
 from agent.sequence import problems, repair
 from agent.tools import ToolRegistry
 from agent.tracing import chat, end_chat
+from agent.turn_state import TurnState
 
-__all__ = ["INTERRUPTED", "Abort", "FinalReply", "Limits", "NextStep", "Record", "RunTools", "TurnOutcome",
-           "cap_text", "run_turn"]
+__all__ = ["INTERRUPTED", "Abort", "ConfirmChecks", "FinalReply", "Limits", "NextStep", "Record", "RunTools",
+           "TurnOutcome", "cap_text", "run_turn"]
 
 Record = Callable[[dict[str, Any], Usage | None, dict[str, Any] | None], None]
 """Called with each new model-facing message (assistant or tool), the step's usage (assistant
@@ -68,7 +74,22 @@ class Abort:
     detail: str = ""
 
 
-NextStep = FinalReply | RunTools | Abort
+@dataclass(frozen=True)
+class ConfirmChecks:
+    """The model answered, but a loaded skill has acceptance checks: ask it to confirm them first."""
+
+    checks: list[tuple[str, str]]
+
+
+NextStep = FinalReply | RunTools | Abort | ConfirmChecks
+
+CHECKLIST_REQUEST = (
+    "[Before your final answer: you used the skill(s) {skills} in this task. Check your answer above "
+    "against each acceptance check below. If one is not met, fix the work first (use tools if you need "
+    "to). Then reply with your final answer to the user, complete: it replaces the draft above.]\n{checks}"
+)
+"""The host's message asking the model to confirm a skill's checklist (role ``user``, ``meta.kind =
+"checklist"``: a message of the gateway, not of a person)."""
 
 
 @dataclass
@@ -120,8 +141,9 @@ def run_turn(
         agent.model.ModelError: the model endpoint failed (an infrastructure fault).
     """
     budget = budget or Budget.wallet(limits)
+    state = context.state if context is not None and context.state is not None else TurnState()
     ctx = dataclasses.replace(context or RunContext(), model=model, tools=tools, bridge=bridge, limits=limits,
-                              budget=budget, should_stop=should_stop)
+                              budget=budget, should_stop=should_stop, state=state)
     messages = [{"role": "system", "content": system_prompt}, *history]
     inherited = context.provenance if context is not None and context.depth > 0 else None
     outcome = TurnOutcome(reply="", stop_reason="stop")
@@ -135,9 +157,19 @@ def run_turn(
         if step is None:
             _validate(messages)
             with chat(model.model, messages) as span:
-                reply = model.complete(messages, tools.schemas(), on_text)
-                step = _model_step(reply, price, budget, outcome, messages, record)
+                # A draft that the checklist may replace is not streamed into the chat.
+                drafting = ctx.depth == 0 and not state.checks_asked and bool(state.checklist())
+                reply = model.complete(messages, tools.schemas(), None if drafting else on_text)
+                step = _model_step(reply, price, budget, outcome, messages, record, ctx)
                 end_chat(span, reply, price.cost(reply.usage) if price is not None else 0.0)
+        if isinstance(step, ConfirmChecks):
+            state.checks_asked = True
+            skills = ", ".join(sorted({name for name, _ in step.checks}))
+            request = {"role": "user", "content": CHECKLIST_REQUEST.format(
+                skills=skills, checks="\n".join(f"- [ ] {check}" for _, check in step.checks))}
+            messages.append(request)
+            record(request, None, {"kind": "checklist"})
+            continue
         if isinstance(step, FinalReply):
             outcome.reply = step.text
             outcome.stop_reason = "length" if step.finish_reason == "length" else "stop"
@@ -148,7 +180,7 @@ def run_turn(
                 outcome.reply = stop_reply(step, outcome, budget)
                 message = {"role": "assistant", "content": outcome.reply}
                 messages.append(message)
-                record(message, None, _summary(outcome, budget))
+                record(message, None, _summary(outcome, budget, state))
             return outcome
         step_ctx = dataclasses.replace(ctx, provenance=provenance_of(messages, inherited))
         results = run_calls(step.calls, tools, step_ctx)
@@ -178,7 +210,7 @@ def _boundary(should_stop: Callable[[], bool] | None, budget: Budget) -> Abort |
 
 
 def _model_step(reply: ModelReply, price: Price | None, budget: Budget, outcome: TurnOutcome,
-                     messages: list[dict[str, Any]], record: Record) -> NextStep:
+                messages: list[dict[str, Any]], record: Record, ctx: RunContext) -> NextStep:
     cost = price.cost(reply.usage) if price is not None else 0.0
     budget.charge(reply.usage, cost)
     outcome.steps += 1
@@ -191,16 +223,23 @@ def _model_step(reply: ModelReply, price: Price | None, budget: Budget, outcome:
     step: NextStep = (RunTools(reply.tool_calls) if reply.tool_calls
                       else FinalReply(reply.content or "", reply.finish_reason))
     meta: dict[str, Any] = {"cost_usd": round(cost, 8)}
-    if isinstance(step, FinalReply):
+    state = ctx.state
+    if isinstance(step, FinalReply) and state is not None and ctx.depth == 0 and not state.checks_asked \
+            and reply.finish_reason != "length" and (checks := state.checklist()):
+        step = ConfirmChecks(checks)
+        meta["draft"] = True  # answered again after the checklist; this text is not the reply
+    elif isinstance(step, FinalReply):
         outcome.stop_reason = "length" if reply.finish_reason == "length" else "stop"
-        meta.update(_summary(outcome, budget))
+        meta.update(_summary(outcome, budget, state))
     record(message, reply.usage, meta)
     return step
 
 
-def _summary(outcome: TurnOutcome, budget: Budget) -> dict[str, Any]:
-    """Facts recorded on a turn's last message: why it stopped and what it cost."""
-    return {"stop_reason": outcome.stop_reason, "steps": outcome.steps, "task_model_calls": budget.used,
+def _summary(outcome: TurnOutcome, budget: Budget, state: TurnState | None = None) -> dict[str, Any]:
+    """Facts recorded on a turn's last message: why it stopped, what it cost, and the turn state's
+    facts (skill versions used, the plan)."""
+    return {**(state.facts() if state is not None else {}), "stop_reason": outcome.stop_reason,
+            "steps": outcome.steps, "task_model_calls": budget.used,
             "turn_cost_usd": round(outcome.cost_usd, 8), "task_cost_usd": round(budget.cost_usd, 8),
             "tokens": sum(u.prompt_tokens + u.completion_tokens for u in outcome.usage)}
 

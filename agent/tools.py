@@ -48,6 +48,8 @@ class Tool:
             are validated (and coerced) with it before the call, and a failure goes to the model.
         needs_approval: ``True``/``False`` forces the approval decision; ``None`` leaves it to the
             approval policy (by ``side_effect``).
+        trusted_output: the result is the host's own text (a skill's body written by the operator,
+            the plan), not content from outside, so it is not wrapped as untrusted data.
     """
 
     name: str
@@ -63,6 +65,7 @@ class Tool:
     reserves_budget: bool = False
     args_model: type[BaseModel] | None = None
     needs_approval: bool | None = None
+    trusted_output: bool = False
 
     def __post_init__(self) -> None:
         if not NAME_RULE.match(self.name):

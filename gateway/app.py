@@ -27,15 +27,17 @@ from agent.cache import AgentCache, AgentSpec
 from agent.delegate import delegate_tool
 from agent.mcp import McpClients, McpServerSpec
 from agent.model import ChatModel, OpenAIChatModel
+from agent.plan import update_plan_tool
 from agent.redact import Redactor
 from agent.sandbox import Sandbox
+from agent.skills import SkillLibrary, load_skill_tool, with_catalogue
 from agent.tools import ToolRegistry
 from agent.web import WebFetcher
 from agent.workspace import Workspace
 from gateway.access import decide, is_admin
 from gateway.approvals import ApprovalPolicy, decide_reply
 from gateway.bus import SessionBus
-from gateway.commands import CONTROL_COMMANDS, Commands, control_reply
+from gateway.commands import CONTROL_COMMANDS, CommandContext, Commands, control_reply
 from gateway.config import GatewayConfig
 from gateway.delivery import Delivery
 from gateway.http import build_app
@@ -47,7 +49,7 @@ from gateway.ports import Adapter
 from gateway.push_run import PushRunner
 from gateway.pushes import PushService
 from gateway.resets import ResetPolicy
-from gateway.sessions import session_key_for
+from gateway.sessions import is_dm_key, session_key_for
 from gateway.store.approvals import Approvals
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.directory import Directory
@@ -95,6 +97,11 @@ class Gateway:
         self.redact = Redactor(config.secret_values())
         self.mcp = McpClients(mcp_specs(config), self.bridge)
         self.tools = build_catalog(config, self.bridge)
+        self.skills = SkillLibrary(config.skills.dirs()) if config.skills.enabled else None
+        if self.skills is not None:
+            self.tools.add(load_skill_tool(self.skills))
+        if config.skills.plan:
+            self.tools.add(update_plan_tool())
         push_tools = ToolRegistry()  # a push's "default" toolset: the chat tools minus chat-only ones
         for tool in self.tools.tools.values():
             push_tools.add(tool)
@@ -137,8 +144,8 @@ class Gateway:
             approvals=self.approvals, policy=policy, redact=self.redact, wake=self._wake_delivery,
             store=self.store, agents=self.agents, spec=self.agent_spec, bridge=self.bridge,
             limits=limits, history_window=config.agent.history_window,
-            system_prompt=config.agent.system_prompt, streams=self.streams,
-            commands=Commands(self.store, self.directory, lambda: config.agent.system_prompt),
+            system_prompt=self.build_system_prompt, streams=self.streams,
+            commands=Commands(self.store, self.directory, self.build_system_prompt, skills=self.skills),
             is_admin=lambda message: is_admin(message, config.access),
             reset=ResetPolicy(idle_s=sessions.idle_reset_minutes * 60 if sessions.idle_reset_minutes else None,
                               daily_hour=sessions.daily_reset_hour, zone=sessions.reset_timezone)
@@ -178,6 +185,13 @@ class Gateway:
         self.received = 0
         self.duplicates = 0
         self.dropped = 0
+
+    def build_system_prompt(self) -> str:
+        """A new session's system prompt: the configured one plus the skill catalogue as it is on
+        disk now (for the tools chat turns mount). Stored with the session, never rebuilt for it."""
+        toolset = self.agent_spec.toolset
+        catalogue = self.skills.catalogue(toolset) if self.skills is not None and "load_skill" in toolset else ""
+        return with_catalogue(self.config.agent.system_prompt, catalogue)
 
     async def run_db(self, fn: Callable[..., T], *args: Any) -> T:
         """Runs a blocking store call off the main loop (on the small DB pool)."""
@@ -234,9 +248,16 @@ class Gateway:
 
     async def _control(self, message: InboundMessage, key: str, user_id: str) -> bool:
         """``/stop``: cancels the running turn (it stops at its next step and sends nothing) and
-        answers at once, without waiting for the lane. ``/approve ID`` / ``/deny ID`` decide a
+        answers at once, without waiting for the lane. ``/status`` answers at once too (it only
+        reads), so it shows the plan of a turn still running. ``/approve ID`` / ``/deny ID`` decide a
         pending approval (the waiting turn reads it from the database) and never cancel."""
         assert message.command is not None
+        if message.command == "status":  # read-only: answered at once, a running turn's plan included
+            ctx = CommandContext(message, key, user_id, is_dm_key(key), is_admin(message, self.config.access),
+                                 self.agent_spec.model)
+            commands = self.runner.commands
+            text = await self.run_db(commands.run, ctx) if commands is not None else None
+            return await self._answer_now(message, key, user_id, text or "No status here.")
         if message.command in ("approve", "deny"):
             text = await self.run_db(decide_reply, self.approvals, message.command, message.text, user_id,
                                      is_admin(message, self.config.access))

@@ -1,4 +1,5 @@
-"""Command line: ``gateway run | chat | db upgrade | doctor | jobs ...`` (also ``python -m gateway``)."""
+"""Command line: ``gateway run | chat | db upgrade | doctor | jobs ... | skills ... | sessions export``
+(also ``python -m gateway``)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.jobs_cli import add_parser as add_jobs_parser
 
     add_jobs_parser(sub)
+    from gateway.skills_cli import add_parser as add_skills_parser
+
+    add_skills_parser(sub)
     args = parser.parse_args(argv)
 
     try:
@@ -125,6 +129,14 @@ def main(argv: list[str] | None = None) -> int:
             from gateway.jobs_cli import run_jobs_command
 
             return run_jobs_command(config, args)
+        elif args.command == "skills":
+            from gateway.skills_cli import run_skills_command
+
+            return run_skills_command(config, args)
+        elif args.command == "sessions":
+            from gateway.skills_cli import run_sessions_command
+
+            return run_sessions_command(config, args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

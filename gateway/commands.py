@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from agent.skills import SkillLibrary
+from gateway.skill_commands import plan_lines, skills_reply
 from gateway.store.directory import CodeError, Directory
 from gateway.store.sql import Store
 from gateway.types import InboundMessage
@@ -20,7 +22,8 @@ HELP = (
     "/new - start a fresh conversation (the old one stays in /sessions)\n"
     "/sessions - your conversations\n"
     "/resume ID - continue one of them\n"
-    "/status - model, conversation, usage, queue\n"
+    "/status - model, conversation, usage, queue, the current plan\n"
+    "/skills - the procedures I can load, and their versions\n"
     "/link - get a code to join another account of yours (Telegram, Slack, Feishu)\n"
     "/link CODE - join this account to the one that made CODE\n"
     "/unlink - detach this account again\n"
@@ -34,6 +37,7 @@ HELP = (
 COMMANDS = [
     ("new", "Start a fresh conversation"), ("sessions", "List your conversations"),
     ("resume", "Continue a conversation: /resume ID"), ("status", "Model, conversation and usage"),
+    ("skills", "Skills and their versions"),
     ("link", "Link another account of yours"), ("unlink", "Unlink this account"),
     ("schedule", "Schedule a report: /schedule \"0 9 * * 1-5\" Zone what to report"),
     ("jobs", "Your scheduled reports"), ("run", "Fire a scheduled report now: /run ID"),
@@ -44,10 +48,10 @@ COMMANDS = [
 ]
 """The native command menu (Telegram setMyCommands: 1-32 chars of a-z, 0-9 and _)."""
 
-CONTROL_COMMANDS = frozenset({"stop", "approve", "deny"})
-"""Handled on receipt, outside the lane."""
+CONTROL_COMMANDS = frozenset({"stop", "approve", "deny", "status"})
+"""Handled on receipt, outside the lane (``/status`` shows a running turn's plan while it runs)."""
 
-LANE_COMMANDS = frozenset({"start", "help", "new", "sessions", "resume", "status", "link", "unlink",
+LANE_COMMANDS = frozenset({"start", "help", "new", "sessions", "resume", "skills", "link", "unlink",
                            "approve_user", "approve-user"})
 """Answered by the gateway in the lane, without the model."""
 
@@ -76,9 +80,12 @@ class Commands:
 
     Args:
         build_system_prompt: builds the system prompt of a new session (stored once).
+        skills: the skill library ``/skills`` lists (``None``: skills are off).
     """
 
-    def __init__(self, store: Store, directory: Directory, build_system_prompt: Callable[[], str]) -> None:
+    def __init__(self, store: Store, directory: Directory, build_system_prompt: Callable[[], str],
+                 skills: SkillLibrary | None = None) -> None:
+        self.skills = skills
         self.store = store
         self.directory = directory
         self.build_system_prompt = build_system_prompt
@@ -93,6 +100,8 @@ class Commands:
             return "Started a new conversation. The previous one is listed in /sessions."
         if command == "status":
             return self._status(ctx)
+        if command == "skills":
+            return skills_reply(self.skills, self.store, self.store.current_session_id(ctx.key))
         if ctx.user_id is None:
             return None
         if command == "sessions":
@@ -124,6 +133,7 @@ class Commands:
             count, prompt_tokens, completion_tokens = self.directory.session_usage(session_id)
             lines.append(f"Conversation: {session_id[:8]} ({count} messages)")
             lines.append(f"Tokens used: {prompt_tokens} in, {completion_tokens} out")
+            lines += plan_lines(self.store, session_id)
         lines.append(f"Waiting messages: {self.directory.pending_count(ctx.key)}")
         return "\n".join(lines)
 

@@ -215,6 +215,28 @@ class McpConfig(_Section):
     """Discovery limit per server at start-up (a slower or unreachable server is skipped)."""
 
 
+class SkillsConfig(_Section):
+    """Skills (procedures loaded on demand) and the plan tool."""
+
+    enabled: bool = True
+    """Offer ``load_skill`` and put the skill catalogue into new sessions' system prompts."""
+    directory: str = "./skills"
+    """The operator's skills: one folder with a ``SKILL.md`` per skill (a missing directory is
+    fine); a skill here replaces a bundled one of the same name."""
+    bundled: bool = True
+    """Offer the bundled skills (``daily-report``, ``summarize-web-page``)."""
+    plan: bool = True
+    """Offer ``update_plan`` (multi-step work shown as one progress message in the chat)."""
+
+    def dirs(self) -> list[Path]:
+        """Where skills are read from, in override order (bundled first)."""
+        if not self.enabled:
+            return []
+        from agent.skills import BUNDLED_DIR
+
+        return ([BUNDLED_DIR] if self.bundled else []) + [Path(self.directory)]
+
+
 class BusConfig(_Section):
     busy_policy: Literal["queue", "merge", "interrupt"] = "queue"
     lease_s: float = 15.0
@@ -339,6 +361,7 @@ class GatewayConfig(BaseSettings):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
+    skills: SkillsConfig = Field(default_factory=SkillsConfig)
     bus: BusConfig = Field(default_factory=BusConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)

@@ -64,8 +64,25 @@ async def run_doctor(config: GatewayConfig) -> int:
         except Exception as exc:
             report(False, adapter.platform, f"{type(exc).__name__}: {exc}")
     await _check_tools(config, report)
+    _check_skills(config, report)
     print("all checks passed" if failures == 0 else f"{failures} check(s) failed", flush=True)
     return 0 if failures == 0 else 1
+
+
+def _check_skills(config: GatewayConfig, report: Callable[[bool, str, str], None]) -> None:
+    """How many skills are installed and which ones ``gateway skills validate`` would reject."""
+    if not config.skills.enabled:
+        report(True, "skills", "off")
+        return
+    from agent.skills import SkillLibrary, problems
+
+    folders = SkillLibrary(config.skills.dirs()).folders()
+    bad = sorted(name for name, folder in folders.items() if problems(folder))
+    where = config.skills.directory + (" and bundled" if config.skills.bundled else "")
+    detail = f"{len(folders) - len(bad)} valid ({where})"
+    if bad:
+        detail += f"; invalid: {', '.join(bad)} (see `gateway skills validate`)"
+    report(not bad, "skills", detail)
 
 
 async def _check_tools(config: GatewayConfig, report: Callable[[bool, str, str], None]) -> None:

@@ -21,6 +21,7 @@ from agent.model import ModelError, Usage
 from agent.tools import ToolRegistry
 from gateway.context import render_history
 from gateway.jobs import job_schedule, local_time
+from gateway.progress import resumed_state
 from gateway.store.jobs import Job, JobStore, RunClaim
 from gateway.store.sql import StoredMessage
 from gateway.turns import TurnRunner
@@ -30,7 +31,8 @@ log = logging.getLogger("gateway.pushes")
 
 PUSH_NOTE = (
     "\n\nThis conversation is a scheduled report: nobody is waiting for a reply in real time. "
-    "Your final answer is posted as the report into the target chat, so answer with the report itself."
+    "Your final answer is posted as the report into the target chat, so answer with the report itself. "
+    "If the Skills list has a procedure for reports (daily-report), load it first and follow it."
 )
 """Appended to the configured system prompt for push sessions (stored per session, once)."""
 
@@ -63,7 +65,7 @@ class PushRunner:
         tools = self.toolsets.get(job.toolset)
         if tools is None:
             return self._fail(claim, f"unknown toolset {job.toolset!r}", once)
-        session_id = self.jobs.run_session(claim, self.turns.system_prompt + PUSH_NOTE)
+        session_id = self.jobs.run_session(claim, self.turns.prompt() + PUSH_NOTE)
         if session_id is None:
             return "lost"
         turn_id = f"run{claim.run_id}"
@@ -87,7 +89,8 @@ class PushRunner:
                                model=model, tools=tools, bridge=self.turns.bridge,
                                limits=self.turns.limits, record=record, should_stop=lost,
                                context=RunContext(session_id=session_id, turn_id=turn_id,
-                                                  approver=self._deny_unattended))
+                                                  approver=self._deny_unattended,
+                                                  state=resumed_state(window, turn_id)))
         except ModelError as exc:
             log.warning("push run %s of job %s failed: %s", claim.run_id, job.id, exc)
             return self._fail(claim, exc.user_message, once)

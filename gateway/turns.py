@@ -30,6 +30,7 @@ from gateway.commands import LANE_COMMANDS, CommandContext, Commands
 from gateway.compression import Compressor
 from gateway.context import user_meta
 from gateway.metrics import GatewayMetrics
+from gateway.progress import PlanMessage, resumed_state
 from gateway.resets import ResetPolicy
 from gateway.sessions import is_dm_key
 from gateway.store.approvals import Approvals
@@ -60,7 +61,8 @@ class TurnRunner:
         agents: the agent cache (model client + mounted tools by signature).
         spec: which agent chat turns use (model, endpoint, key, toolset).
         limits: the run boundaries of each turn's task.
-        system_prompt: stored on each new session at creation and reused byte for byte.
+        system_prompt: stored on each new session at creation and reused byte for byte; a
+            callable builds it when a session is created (the skill catalogue as it is then).
         history_window: most transcript messages loaded per turn (after the latest summary's cut).
         streams: opens a streamed preview for turns on streaming platforms (``None``: no streaming).
         commands: the session commands (``/new``, ``/link``...), answered in the lane without the model.
@@ -75,7 +77,8 @@ class TurnRunner:
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
-                 limits: Limits, history_window: int, system_prompt: str, streams: StreamHub | None = None,
+                 limits: Limits, history_window: int, system_prompt: str | Callable[[], str],
+                 streams: StreamHub | None = None,
                  commands: Commands | None = None, is_admin: Callable[[InboundMessage], bool] = lambda m: False,
                  reset: ResetPolicy | None = None, job_commands: CommandHandler | None = None,
                  window: WindowPolicy | None = None, metrics: GatewayMetrics | None = None,
@@ -102,6 +105,10 @@ class TurnRunner:
         self._generations: dict[str, int] = {}
         self._generations_lock = threading.Lock()
 
+    def prompt(self) -> str:
+        """The system prompt a new session gets now (stored with it, then never rebuilt)."""
+        return self.system_prompt() if callable(self.system_prompt) else self.system_prompt
+
     def run(self, batch: Sequence[PendingInbound], generation: int) -> str:
         """Runs one turn answering ``batch`` (one message, or several merged) to completion and
         returns its outcome (``done``, ``failed``, ``cancelled``).
@@ -127,16 +134,19 @@ class TurnRunner:
         reply_key = f"{turn_id}-{origin.hexdigest()[:12]}:0"
 
         unwritten: list[NewMessage] = []
+        plan: list[PlanMessage] = []  # the turn's progress message, once opened
 
         def finish(status: str, text: str | None, session_id: str | None, stop_reason: str = "none") -> str:
             replies = [] if text is None else [
                 OutboundMessage(message.address, text, idempotency_key=reply_key, reply_to_id=message.reply_to_id)
             ]
+            shown = plan[0].final() if plan and text is not None else None
+            replies = [shown, *replies] if shown is not None else replies  # the plan's last state first
             with traced("finish_turn", attributes={"gateway.replies": len(replies)}):
                 self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
                                        generation=generation, messages=list(unwritten),
                                        merged_status="cancelled" if status == "cancelled" else "merged",
-                                       stream_key=reply_key)
+                                       stream_key=[reply_key, *(p.key for p in plan)])
             span.set_attributes({"gateway.turn.outcome": status, "gateway.stop_reason": stop_reason})
             if self.metrics is not None:
                 self.metrics.turns.labels(status, stop_reason).inc()
@@ -154,12 +164,12 @@ class TurnRunner:
 
         owner = last.user_id if is_dm_key(key) else None
         with traced("load_session") as load:
-            opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
+            opened = self.store.open_session(key, self.prompt, self.history_window, owner)
             load.set_attribute("gateway.messages_loaded", len(opened.window))
         notice = ""
         if self.reset is not None and self.reset.expired(opened.last_used_at):
-            self.store.new_session(key, self.system_prompt, owner)
-            opened = self.store.open_session(key, lambda: self.system_prompt, self.history_window, owner)
+            self.store.new_session(key, self.prompt(), owner)
+            opened = self.store.open_session(key, self.prompt, self.history_window, owner)
             notice = f"({self.reset.describe()}: this is a new conversation; the last one is in /sessions.)\n\n"
         session_id, system_prompt, window = opened.session_id, opened.system_prompt, list(opened.window)
         span.set_attribute("gen_ai.conversation.id", session_id)
@@ -208,13 +218,21 @@ class TurnRunner:
             stream = self.streams.open(address=message.address, idempotency_key=reply_key,
                                        reply_to_id=message.reply_to_id, session_id=session_id, session_key=key,
                                        generation=generation)
+        state = resumed_state(window, turn_id)  # empty for a new turn
+        progress = PlanMessage.open(self.streams, address=message.address, reply_key=reply_key,
+                                    reply_to_id=message.reply_to_id, session_id=session_id, session_key=key,
+                                    generation=generation)
+        if progress is not None:
+            plan.append(progress)
+            state.on_plan = progress.show
         token = CURRENT_MESSAGE.set(message)
         try:
             outcome = run_turn(system_prompt=system_prompt, history=projection.history, model=agent.model,
                                tools=agent.tools, bridge=self.bridge, limits=self.limits, record=record,
                                should_stop=should_stop, on_text=stream.on_text if stream is not None else None,
                                context=RunContext(session_id=session_id, turn_id=turn_id,
-                                                  approver=self._approver(last, turn_id), redact=self.redact))
+                                                  approver=self._approver(last, turn_id), redact=self.redact,
+                                                  state=state))
         except ModelError as exc:
             log.warning("turn %s failed: %s", turn_id, exc)
             return finish("failed", f"⚠️ {exc.user_message}", session_id, "model_error")
@@ -222,6 +240,8 @@ class TurnRunner:
             CURRENT_MESSAGE.reset(token)
             if stream is not None:
                 stream.close()
+            if progress is not None:
+                progress.close()
         end_agent(span, stop_reason=outcome.stop_reason, steps=outcome.steps,
                   input_tokens=sum(u.prompt_tokens for u in outcome.usage),
                   output_tokens=sum(u.completion_tokens for u in outcome.usage), cost_usd=outcome.cost_usd)

@@ -453,7 +453,7 @@ class Store:
         generation: int = 0,
         merged_status: str = "merged",
         messages: Sequence[NewMessage] = (),
-        stream_key: str | None = None,
+        stream_key: str | Sequence[str] | None = None,
     ) -> None:
         """Queues ``replies`` and marks the turn's inbox rows in one transaction: the last row gets
         ``status``, earlier ones (answered together by a merged turn) ``merged_status``.
@@ -461,7 +461,8 @@ class Store:
         A reply whose idempotency key is already queued (a resumed turn) is not queued again; a
         ``streaming`` row of the same key gets the final text and becomes ``pending``. The turn's
         streaming row ``stream_key`` left without a reply (a cancelled turn) becomes ``cancelled``
-        (its preview stays as it was). ``messages`` (the final transcript messages, not yet
+        (its preview stays as it was); ``stream_key`` may list several (the reply's and the
+        plan's, ``gateway.progress``). ``messages`` (the final transcript messages, not yet
         written) are appended first.
         """
         now = time.time()
@@ -473,8 +474,9 @@ class Store:
                 self._touch_session(conn, session_id, messages, replies, now)
             for reply in replies:
                 self._queue(conn, reply, session_id, session_key, generation, now)
-            if stream_key is not None:
-                conn.execute(update(_outbox).where(_outbox.c.idempotency_key == stream_key,
+            stream_keys = [stream_key] if isinstance(stream_key, str) else list(stream_key or ())
+            if stream_keys:
+                conn.execute(update(_outbox).where(_outbox.c.idempotency_key.in_(stream_keys),
                                                    _outbox.c.status == "streaming")
                              .values(status="cancelled", error="turn stopped while streaming"))
             *earlier, last = inbox_ids

@@ -1,0 +1,170 @@
+"""``gateway skills list | show | validate | eval`` and ``gateway sessions export --as-eval``,
+against skill folders on disk, a SQLite file and the fake OpenAI model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from agent.skills.evals import load_cases
+from gateway.errors import ConfigError
+from gateway.skills_cli import add_parser, run_sessions_command, run_skills_command
+from gateway.store.db import create_db_engine, upgrade
+from gateway.store.sql import NewMessage, Store
+from tests.conftest import gateway_config
+from tests.fakes import openai as oa
+from tests.test_skills_e2e import write_skill
+
+
+def cli(config, *argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(list(argv))
+    return (run_skills_command if args.command == "skills" else run_sessions_command)(config, args)
+
+
+def test_validate_names_the_file_and_the_missing_field(tmp_path, fake_openai, capsys):
+    skills = tmp_path / "skills"
+    write_skill(skills, "good-one", description="Fine.", version="1.0.0", extra="See `templates/out.md`.")
+    (skills / "good-one" / "templates").mkdir()
+    (skills / "good-one" / "templates" / "out.md").write_text("shape")
+    broken = write_skill(skills, "no-version", description="Lacks a version.", version="1.0.0")
+    text = (broken / "SKILL.md").read_text().replace("version: 1.0.0\n", "")
+    (broken / "SKILL.md").write_text(text)
+    bare = skills / "no-front-matter"
+    bare.mkdir()
+    (bare / "SKILL.md").write_text("# Just instructions\nDo the thing.\n")
+    dangling = write_skill(skills, "dangling", description="Points nowhere.", version="1",
+                           extra="Use references/gone.md.")
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills), "bundled": False})
+
+    assert cli(config, "skills", "validate") == 1
+    out = capsys.readouterr().out
+    assert f"error: {broken / 'SKILL.md'}: field 'version': is missing" in out
+    assert f"error: {bare / 'SKILL.md'}: no front matter" in out
+    assert f"error: {dangling / 'SKILL.md'}: references references/gone.md, which does not exist" in out
+    assert f"ok: good-one ({skills / 'good-one' / 'SKILL.md'})" in out and "1 valid, 3 invalid" in out
+
+    # A skill whose front matter is invalid is left out of the catalogue and `list` says why.
+    assert cli(config, "skills", "list") == 0
+    listing = capsys.readouterr().out
+    assert "good-one  v1.0.0  Fine." in listing and "no-version  INVALID" in listing
+    from agent.skills import SkillLibrary
+
+    assert [line.split(":")[0] for line in SkillLibrary(config.skills.dirs()).catalogue().splitlines()[2:]] == \
+        ["- dangling", "- good-one"]
+
+    assert cli(config, "skills", "validate", str(skills / "good-one")) == 0
+    assert "1 valid, 0 invalid" in capsys.readouterr().out
+
+
+def test_validate_rejects_unknown_fields_tools_and_bad_evals(tmp_path, fake_openai, capsys):
+    skills = tmp_path / "skills"
+    typo = write_skill(skills, "typo", description="Has a typo.", version="1")
+    (typo / "SKILL.md").write_text((typo / "SKILL.md").read_text().replace("version: 1", "version: 1\nchecks: [a]"))
+    tools = write_skill(skills, "needs-tools", description="Needs a tool.", version="1")
+    (tools / "SKILL.md").write_text((tools / "SKILL.md").read_text().replace("version: 1",
+                                                                             "version: 1\ntoolset: [teleport]"))
+    evals = write_skill(skills, "bad-evals", description="Bad evals.", version="1")
+    (evals / "evals").mkdir()
+    (evals / "evals" / "a.json").write_text('{"cases": [{"task": "x", "expect": {"contain": ["y"]}}]}')
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills), "bundled": False})
+    assert cli(config, "skills", "validate") == 1
+    out = capsys.readouterr().out
+    assert f"{typo / 'SKILL.md'}: field 'checks': unknown field" in out
+    assert f"{tools / 'SKILL.md'}: field 'toolset': tool 'teleport' is not offered" in out
+    assert f"{evals / 'evals' / 'a.json'}: case 1: unknown expectation 'contain'" in out
+
+
+def test_the_bundled_skills_are_valid_and_show_prints_one(tmp_path, fake_openai, capsys):
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(tmp_path / "none")})
+    assert cli(config, "skills", "validate") == 0
+    assert "2 valid, 0 invalid" in capsys.readouterr().out
+    assert cli(config, "skills", "show", "summarize-web-page") == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("summarize-web-page v1.0.0") and "toolset: web_fetch" in shown
+    assert "files: references/style.md" in shown and "evals: basics.json" in shown
+    assert cli(config, "skills", "show", "nope") == 1
+
+
+def test_eval_prints_pass_rates_against_a_configured_model(tmp_path, fake_openai, capsys):
+    skills = tmp_path / "skills"
+    folder = write_skill(skills, "release-check", description="Checks a release.", version="3.0.0",
+                         checks=["The answer ends with DONE."])
+    (folder / "evals").mkdir()
+    (folder / "evals" / "cases.json").write_text(json.dumps({"cases": [
+        {"name": "alpha", "task": "check alpha", "expect": {"contains": ["DONE"], "max_chars": 100}},
+        {"name": "beta", "task": "check beta", "expect": {"contains": ["DONE"]}},
+    ]}))
+
+    def model(request: dict) -> oa.TextReply:
+        messages = request["messages"]
+        task = messages[1]["content"]
+        if "[Before your final answer" not in messages[-1]["content"]:
+            return oa.text("draft")
+        return oa.text("alpha is fine. DONE" if "alpha" in task else "beta: no idea")
+
+    fake_openai.reset()
+    fake_openai.responder = model
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills)})
+    assert cli(config, "skills", "eval", "release-check", "--model", "gpt-4.1-mini", "--runs", "2") == 0
+    out = capsys.readouterr().out
+    assert "PASS  alpha" in out and "FAIL  beta: does not contain 'DONE'" in out
+    assert "release-check v3.0.0 on gpt-4.1-mini: 2/4 passed (50%)" in out
+    assert "  alpha: 2/2 passed (100%)" in out and "  beta: 0/2 passed (0%)" in out
+    first = fake_openai.requests[0]["json"]
+    assert first["model"] == "gpt-4.1-mini" and "- release-check: Checks a release." in first["messages"][0]["content"]
+    assert first["messages"][3]["content"].startswith("Skill release-check (version 3.0.0)")
+    assert len(fake_openai.requests) == 8  # each run: the draft, then the answer after the checklist
+
+    with pytest.raises(ConfigError, match="no skill 'nope'"):
+        cli(config, "skills", "eval", "nope")
+
+
+def test_sessions_export_as_eval_writes_the_failed_turns(tmp_path, fake_openai, capsys):
+    config = gateway_config(tmp_path, fake_openai)
+    engine = create_db_engine(config.database.url)
+    upgrade(engine)
+    store = Store(engine)
+    session_id = store.new_session("telegram:1:5", "system", None)
+    store.append_messages(session_id, [
+        NewMessage("in1", "user", "what is 2+2?", {"meta": {"time": 1.0}}),
+        NewMessage("in1", "assistant", "4", {"meta": {"stop_reason": "stop"}}),
+        NewMessage("in2", "user", "summarise https://example.com", {"meta": {"time": 2.0}}),
+        NewMessage("in2", "assistant", None, {"tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "web_fetch", "arguments": "{}"}}]}),
+        NewMessage("in2", "tool", "page", {"tool_call_id": "c1"}),
+        NewMessage("in2", "assistant", "⚠️ I stopped before finishing", {"meta": {
+            "stop_reason": "iteration_budget", "skills": {"summarize-web-page": "1.0.0"}}}),
+    ])
+    engine.dispose()
+    out = tmp_path / "failed.json"
+    assert cli(config, "sessions", "export", session_id[:8], "--as-eval", "--out", str(out)) == 0
+    data = json.loads(out.read_text())
+    [case] = data["cases"]
+    assert case["task"] == "summarise https://example.com" and case["expect"] == {}
+    assert case["observed"] == {"reply": "⚠️ I stopped before finishing", "stop_reason": "iteration_budget",
+                                "tools_called": ["web_fetch"], "skills": {"summarize-web-page": "1.0.0"}}
+    assert "Fill in each case's 'expect'" in data["note"]
+    with pytest.raises(ValueError, match=r"case 1: field 'expect' is missing or empty"):
+        load_cases(out)  # usable as an eval once someone says what a good answer has
+
+    capsys.readouterr()
+    assert cli(config, "sessions", "export", session_id, "--as-eval", "--all") == 0
+    assert [c["task"] for c in json.loads(capsys.readouterr().out)["cases"]] == [
+        "what is 2+2?", "summarise https://example.com"]
+    assert cli(config, "sessions", "export", "ffffffff", "--as-eval") == 1
+
+
+async def test_doctor_names_invalid_skills(tmp_path, fake_openai, capsys):
+    from gateway.doctor import run_doctor
+
+    skills = tmp_path / "skills"
+    write_skill(skills, "fine", description="Fine.", version="1")
+    (write_skill(skills, "broken", description="Broken.", version="1") / "SKILL.md").write_text("no front matter")
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills)})
+    assert await run_doctor(config) == 1
+    out = capsys.readouterr().out
+    assert f"[FAIL] skills: 3 valid ({skills} and bundled); invalid: broken (see `gateway skills validate`)" in out
