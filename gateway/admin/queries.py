@@ -51,7 +51,14 @@ class AdminQueries:
                                             _sessions.c.id.in_(matching)))
         statement = statement.order_by(func.coalesce(stats.c.last_at, _sessions.c.created_at).desc()).limit(limit)
         with read_tx(self.engine) as conn:
-            return [dict(r._mapping) for r in conn.execute(statement).all()]
+            rows = [dict(r._mapping) for r in conn.execute(statement).all()]
+            for row in rows:  # a first turn that called tools leaves the title unset: show its message
+                if not row["title"]:
+                    first = conn.execute(select(_messages.c.content).where(
+                        _messages.c.session_id == row["id"], _messages.c.role == "user")
+                        .order_by(_messages.c.id).limit(1)).scalar()
+                    row["title"] = " ".join((first or "").split())[:80] or None
+        return rows
 
     def session(self, session_id: str) -> dict[str, Any] | None:
         """One session with its transcript grouped into turns, or ``None``.

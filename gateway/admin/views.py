@@ -125,7 +125,7 @@ class AdminSite:
             if flash:
                 response.set_cookie(FLASH_COOKIE, quote(flash), httponly=True, samesite="Strict",
                                     secure=self.auth.secure, path="/admin")
-            return response
+            raise response
         return action
 
     async def _css(self, _: web.Request) -> web.Response:
@@ -150,7 +150,7 @@ class AdminSite:
                                 error="Wrong password.")
         response = web.HTTPFound(target)
         self.auth.start_session(response)
-        return response
+        raise response
 
     async def _logout(self, _: web.Request, __: Any) -> tuple[str, str]:
         raise_response = web.HTTPFound("/admin/login")
