@@ -54,8 +54,7 @@ function onRow(ev) {
   const via = ev.platform && ev.platform !== "web" ? " · via " + ev.platform : "";
   let el = ev.message_id ? local.get(ev.message_id) : null;
   if (el) {
-    local.delete(ev.message_id);
-    el.querySelector(".meta").textContent = who + via;
+    local.delete(ev.message_id);  // the bubble keeps the name it was sent with
   } else {
     el = bubble(ev.role, who + via);
   }
@@ -81,12 +80,14 @@ function onEvent(ev) {
       el = bubble("assistant plain", "Agent");
       live.set(ev.id, el);
     }
-    el.classList.toggle("live", ev.type === "preview" || ev.text === undefined || / …$/.test(ev.text));
+    const growing = ev.type === "preview" || / …$/.test(ev.text || "");
+    el.classList.toggle("live", growing);
     setHtml(el, ev.html);
-    showTyping(false);
+    if (!growing) showTyping(false);  // typing stays on while the reply is still being written
   } else if (ev.type === "settled") {
     const el = live.get(ev.id);
     if (el) { el.remove(); live.delete(ev.id); }
+    showTyping(false);
   } else if (ev.type === "typing") {
     showTyping(true);
   }
