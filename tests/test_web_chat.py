@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from yarl import URL
+
 from adapters.web.inbound import WebInputError, message_from_post
 from tests.conftest import gateway_config, start_gateway
 from tests.fakes import openai as oa
@@ -148,6 +150,36 @@ async def test_a_web_user_linked_to_telegram_sees_the_telegram_turn(tmp_path, fa
         assert len(tg_texts(fake_telegram, alice_tg)) == 2  # the answer went to Telegram, where it was asked
         # The model saw one conversation: the browser turn is in the Telegram turn's context.
         assert "hello from the browser" in str(fake_openai.requests[-1]["json"]["messages"])
+    finally:
+        fake_openai.responder = None
+        await page.close()
+
+
+async def test_new_conversation_resets_the_page_and_a_reload_shows_the_current_one(tmp_path, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.responder = lambda request: oa.text("noted")
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai), running)
+    page = WebClient(base_of(gateway))
+    try:
+        await page.open()
+        page.listen()
+        await page.say("first conversation")
+        await wait_until(lambda: page.of("row", lambda e: e["role"] == "assistant"), what="first answer")
+        old = page.of("row")[0]["session"]
+        await page.say("/new")
+        await wait_until(lambda: page.of("reply", lambda e: e["text"].startswith("Started a new conversation")),
+                         what="/new answered")
+        await page.say("second conversation")
+        await wait_until(lambda: page.of("reset"), what="page reset")
+        await wait_until(lambda: page.of("row", lambda e: e["text"] == "second conversation"), what="new row")
+        assert page.of("reset")[0]["session"] not in (None, old)
+
+        reloaded = WebClient(base_of(gateway))  # the same browser (cookie) opening the page again
+        reloaded.http.cookie_jar.update_cookies(page.http.cookie_jar.filter_cookies(URL(page.base)))
+        reloaded.listen()
+        await wait_until(lambda: len(reloaded.of("row")) == 2, what="history on reload")
+        assert [e["text"] for e in reloaded.of("row")] == ["second conversation", "noted"]
+        await reloaded.close()
     finally:
         fake_openai.responder = None
         await page.close()
