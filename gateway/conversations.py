@@ -59,19 +59,20 @@ class TranscriptReader:
                 select(_messages.c.id, _messages.c.turn_id, _messages.c.role, _messages.c.content,
                        _messages.c.created_at, _messages.c.platform_message_id)
                 .where(_messages.c.session_id == session_id, _messages.c.id > after_id,
-                       _messages.c.role.in_(("user", "assistant")))
+                       _messages.c.role.in_(("user", "assistant")), _messages.c.content.is_not(None),
+                       _messages.c.content != "")  # not an assistant message that only called tools
                 .order_by(_messages.c.id).limit(limit)).all()
-            inbox_ids = {int(r.turn_id[2:]) for r in rows if r.turn_id and r.turn_id[2:].isdigit()
-                         and r.turn_id.startswith("in")}
+            inbox_ids = {inbox_id_of(r.turn_id) for r in rows} - {None}
             platforms = dict(conn.execute(select(_inbox.c.id, _inbox.c.platform)
                                           .where(_inbox.c.id.in_(inbox_ids))).all()) if inbox_ids else {}
-        entries = []
-        for r in rows:
-            if not (r.content or "").strip():
-                continue  # an assistant message that only called tools
-            inbox_id = int(r.turn_id[2:]) if r.turn_id and r.turn_id.startswith("in") and r.turn_id[2:].isdigit() \
-                else None
-            entries.append({"id": int(r.id), "role": r.role, "text": r.content,
-                            "platform": platforms.get(inbox_id), "message_id": r.platform_message_id,
-                            "created_at": float(r.created_at)})
-        return str(session_id), entries
+        return str(session_id), [
+            {"id": int(r.id), "role": r.role, "text": r.content, "platform": platforms.get(inbox_id_of(r.turn_id)),
+             "message_id": r.platform_message_id, "created_at": float(r.created_at)} for r in rows]
+
+
+def inbox_id_of(turn_id: str | None) -> int | None:
+    """The inbox row behind a chat turn's id (``in<inbox id>``, ``gateway.turns``); ``None`` for
+    other turns (scheduled runs)."""
+    if turn_id and turn_id.startswith("in") and turn_id[2:].isdigit():
+        return int(turn_id[2:])
+    return None

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine, func, or_, select
 
+from gateway.conversations import inbox_id_of
 from gateway.store.db import read_tx
 from gateway.store.models import ApprovalRow, IdentityRow, InboxRow, MessageRow, SessionRow, UserRow
 
@@ -74,14 +75,14 @@ class AdminQueries:
                 return None
             rows = conn.execute(select(_messages).where(_messages.c.session_id == session_id)
                                 .order_by(_messages.c.id)).all()
-            inbox_ids = {_inbox_id(r.turn_id) for r in rows} - {None}
+            inbox_ids = {inbox_id_of(r.turn_id) for r in rows} - {None}
             platforms = dict(conn.execute(select(_inbox.c.id, _inbox.c.platform)
                                           .where(_inbox.c.id.in_(inbox_ids))).all()) if inbox_ids else {}
         names: dict[str, str] = {}
         turns: list[dict[str, Any]] = []
         for r in rows:
             if not turns or turns[-1]["turn_id"] != r.turn_id:
-                turns.append({"turn_id": r.turn_id, "platform": platforms.get(_inbox_id(r.turn_id)),
+                turns.append({"turn_id": r.turn_id, "platform": platforms.get(inbox_id_of(r.turn_id)),
                               "messages": [], "prompt_tokens": 0, "completion_tokens": 0})
             turn = turns[-1]
             calls = []
@@ -126,13 +127,6 @@ class AdminQueries:
             rows = conn.execute(select(_approvals).where(_approvals.c.status == "pending")
                                 .order_by(_approvals.c.created_at)).all()
         return [dict(r._mapping) for r in rows]
-
-
-def _inbox_id(turn_id: str | None) -> int | None:
-    """The inbox row behind a chat turn id (``in<id>``), else ``None`` (scheduled runs...)."""
-    if turn_id and turn_id.startswith("in") and turn_id[2:].isdigit():
-        return int(turn_id[2:])
-    return None
 
 
 def _pretty(arguments: str) -> str:
