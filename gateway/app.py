@@ -35,10 +35,12 @@ from agent.tools import ToolRegistry
 from agent.web import WebFetcher
 from agent.workspace import Workspace
 from gateway.access import decide, is_admin
+from gateway.admin.views import admin_routes
 from gateway.approvals import ApprovalPolicy, decide_reply
 from gateway.bus import SessionBus
 from gateway.commands import CONTROL_COMMANDS, CommandContext, Commands, control_reply
 from gateway.config import GatewayConfig
+from gateway.conversations import TranscriptReader
 from gateway.delivery import Delivery
 from gateway.http import build_app
 from gateway.job_commands import JobCommands
@@ -90,6 +92,9 @@ class Gateway:
         self.adapters = {adapter.platform: adapter for adapter in adapters}
         self.serve_http = serve_http
         self.engine = create_db_engine(config.database.url, config.database.pool_size)
+        for adapter in adapters:  # channels that show the conversation themselves (the web chat)
+            if callable(getattr(adapter, "bind_conversations", None)):
+                adapter.bind_conversations(TranscriptReader(self.engine, self.run_db))  # type: ignore[attr-defined]
         self.store = Store(self.engine)
         self.jobs = JobStore(self.engine)
         self.bridge = AsyncBridge()
@@ -357,6 +362,7 @@ class Gateway:
             await self.pushes.start()
         if self.serve_http:
             routes = [route for adapter in self.adapters.values() for route in adapter.routes()]
+            routes += admin_routes(self)
             app = build_app(routes, self._ready, self._metrics, CONTENT_TYPE)
             self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()

@@ -32,6 +32,10 @@ async def _run(config: GatewayConfig) -> None:
     if not gateway.adapters:
         log.warning("no platform is enabled: set telegram.enabled (see deploy/gateway.example.toml), "
                     "or try `gateway chat` for a terminal conversation")
+    if "web" in gateway.adapters and gateway.http_port is not None:
+        admin = "admin pages at /admin" if config.secret(config.web.admin_password_env) else \
+            f"admin pages off: set {config.web.admin_password_env} to turn them on"
+        log.info("web chat: open http://%s:%s/ (%s)", config.http.host, gateway.http_port, admin)
     try:
         await stop.wait()
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,12 +126,12 @@ class AgentConfig(_Section):
     max_parallel_children: int = Limits.max_parallel_children
     toolset: list[str] | None = None
     """Tools mounted for chat turns (``None``: every available tool)."""
-    streaming: list[str] = Field(default_factory=lambda: ["telegram", "slack", "feishu"])
+    streaming: list[str] = Field(default_factory=lambda: ["telegram", "slack", "feishu", "web"])
     """Platforms whose replies stream into one edited message (needs ``llm.stream``)."""
     stream_first_after_s: float = 1.0
     """A preview is sent only once the model has been writing this long (short replies: none)."""
     stream_edit_interval_s: dict[str, float] = Field(
-        default_factory=lambda: {"telegram": 1.0, "slack": 1.0, "feishu": 1.0})
+        default_factory=lambda: {"telegram": 1.0, "slack": 1.0, "feishu": 1.0, "web": 0.25})
     """Seconds between preview edits per platform (Telegram: ~1 edit/s per chat)."""
 
     @field_validator("prices", mode="after")
@@ -304,6 +305,25 @@ class FeishuConfig(_Section):
     domain: str = "https://open.feishu.cn"
 
 
+_PROCESS_KEY = secrets.token_urlsafe(32)
+
+
+class WebConfig(_Section):
+    """The web chat at ``/`` (platform ``web``) and the admin pages at ``/admin``."""
+
+    enabled: bool = True
+    """Serve the web chat (on by default: talk to the agent before creating any bot account)."""
+    secret_env: str = "GATEWAY_WEB_SECRET"
+    """Environment variable holding the key that signs web cookies (the browser's user id, the
+    admin session). Unset: a random key per process (browsers get new identities after a
+    restart; several instances need one shared key)."""
+    admin_password_env: str = "GATEWAY_ADMIN_PASSWORD"
+    """Environment variable holding the admin password; unset or empty: the admin pages are off."""
+    cookie_secure: bool = False
+    """Mark cookies ``Secure`` (set it when the gateway is served over HTTPS)."""
+    admin_session_hours: float = 12.0
+
+
 class AccessConfig(_Section):
     """Who may talk to the agent (entries are ``platform:id``, e.g. ``telegram:5550001``)."""
 
@@ -368,6 +388,7 @@ class GatewayConfig(BaseSettings):
     telegram: TelegramConfig = Field(default_factory=TelegramConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)
     feishu: FeishuConfig = Field(default_factory=FeishuConfig)
+    web: WebConfig = Field(default_factory=WebConfig)
     access: AccessConfig = Field(default_factory=AccessConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -403,9 +424,14 @@ class GatewayConfig(BaseSettings):
         names = [self.llm.api_key_env, self.telegram.token_env, self.telegram.webhook_secret_env,
                  self.slack.bot_token_env, self.slack.signing_secret_env, self.slack.app_token_env,
                  self.feishu.app_secret_env, self.feishu.verification_token_env, self.feishu.encrypt_key_env,
-                 self.telemetry.otlp_headers_env]
+                 self.telemetry.otlp_headers_env, self.web.secret_env, self.web.admin_password_env]
         names += [env for server in self.mcp.servers.values() for env in server.headers_env.values()]
         return [value for name in names if (value := self.secret(name))]
+
+    def web_secret(self) -> str:
+        """The key signing web cookies: ``web.secret_env``'s value, else one random key per process
+        (the same for every caller in this process)."""
+        return self.secret(self.web.secret_env) or _PROCESS_KEY
 
     def require_secret(self, env_name: str, what: str) -> str:
         """Like ``secret`` but raises ``ConfigError`` naming the variable when it is missing."""

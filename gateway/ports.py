@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -86,4 +86,18 @@ class Adapter(Protocol):
     async def check(self) -> str:
         """Verifies credentials and reachability for ``gateway doctor``; returns a one-line
         description (e.g. the bot's username). Raises with a plain-words message on failure."""
+        ...
+
+
+class ConversationReader(Protocol):
+    """Reads the conversation a platform user is in, for channels that show it themselves (the web
+    chat shows the whole transcript, turns written from linked accounts on other platforms too)."""
+
+    async def read(self, platform: str, tenant: str, platform_user_id: str, after_id: int,
+                   limit: int = 200) -> tuple[str | None, list[dict[str, Any]]]:
+        """``(session_id, entries)``: the user's current DM session (``None`` before their first
+        message) and its user and assistant messages with id > ``after_id``, oldest first, at most
+        ``limit``. Each entry: ``id`` (int), ``role`` (``user`` | ``assistant``), ``text`` (markdown
+        as written), ``platform`` (where the turn came from, or ``None``), ``message_id`` (the platform's id
+        of a user message, else ``None``), ``created_at`` (epoch s)."""
         ...

@@ -18,7 +18,7 @@ class ChatAddress:
     """Where a reply goes: one chat (and thread/topic) on one platform account.
 
     Attributes:
-        platform: ``telegram`` | ``slack`` | ``feishu`` | ``local``.
+        platform: ``telegram`` | ``slack`` | ``feishu`` | ``web`` | ``local``.
         tenant: the account the bot lives in (Telegram bot id, Slack ``team_id``, Feishu ``tenant_key``).
         chat_id: the platform's chat id, as a string.
         thread_id: forum topic / thread root, or ``None``.

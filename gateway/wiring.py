@@ -51,4 +51,8 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
                                           domain=fs.domain))
         except ValueError as exc:  # lark-oapi rejects the domain (https only, http for loopback)
             raise ConfigError(f"feishu.domain is invalid: {exc}") from None
+    if config.web.enabled:
+        from adapters.web.adapter import WebAdapter
+
+        adapters.append(WebAdapter(secret=config.web_secret(), cookie_secure=config.web.cookie_secure))
     return adapters

@@ -348,7 +348,7 @@ def test_wiring_requires_a_verification_token_in_webhook_mode(tmp_path, fake_fei
         build_adapters(config)
     config = gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu,
                             feishu={"verification_token_env": "GATEWAY_TEST_FEISHU_UNSET", "mode": "websocket"})
-    assert [a.platform for a in build_adapters(config)] == ["feishu"]
+    assert [a.platform for a in build_adapters(config)] == ["feishu", "web"]  # the web chat is on by default
     config = gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu, feishu={"domain": "http://example.com"})
     with pytest.raises(ConfigError, match=r"feishu\.domain"):
         build_adapters(config)

@@ -175,6 +175,14 @@ class JobStore:
             return conn.execute(delete(_jobs).where(_jobs.c.id == job_id)).rowcount == 1
 
     @retry_locked
+    def set_enabled(self, job_id: str, enabled: bool) -> bool:
+        """Pauses (``False``) or resumes a job; schedulers drop or re-add it at their next reload.
+        Returns whether the job exists."""
+        with write_tx(self.engine) as conn:
+            return conn.execute(update(_jobs).where(_jobs.c.id == job_id)
+                                .values(enabled=enabled, updated_at=time.time())).rowcount == 1
+
+    @retry_locked
     def set_next_fire(self, job_id: str, next_fire_at: float | None) -> None:
         """Records the next scheduled time (bookkeeping; ``updated_at`` is not touched)."""
         with write_tx(self.engine) as conn:

@@ -1,0 +1,255 @@
+"""Web chat adapter (platform ``web``): a chat page at ``/`` served by the gateway's HTTP server.
+
+Each browser gets a signed cookie with a random user id (its identity: platform ``web``, tenant
+``web``); its chat id is that user id, so each browser user has one DM chat. Messages go in with
+``POST /web/messages`` and through the same inbox, bus and agent as every platform.
+
+The page listens on ``GET /web/events`` (Server-Sent Events). Each stream sends:
+- ``row``: the user and assistant messages of the conversation the user is in, read from the
+  transcript (``ConversationReader``), so turns written from a linked Telegram/Slack/Feishu
+  account appear too; ``reset`` when that conversation changes (``/new``, ``/resume``, ``/link``);
+- ``reply``: what delivery sends to this chat (a streamed preview, edited in place by
+  ``preview`` events, then its final text), and ``settled`` once that reply is in the
+  transcript (the page then shows the transcript row instead); replies that are not in the
+  transcript (command answers, approval prompts) stay on the page as they were sent;
+- ``typing`` while a turn runs.
+Every text is rendered to HTML on the server (``format``: raw HTML escaped); the page inserts only
+that HTML and sets everything else with ``textContent``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from itsdangerous import BadSignature, Signer
+
+from adapters.web.format import markdown_html, plain_html
+from adapters.web.inbound import TENANT, WebInputError, message_from_post
+from gateway.ports import BeforePart, ConversationReader, InboundSink, PartSent
+from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
+
+log = logging.getLogger("adapters.web")
+
+COOKIE = "gw_web"
+COOKIE_MAX_AGE_S = 365 * 24 * 3600
+REQUESTED_WITH = "gateway-web"
+"""Value of the ``X-Requested-With`` header every chat POST carries: a cross-site form cannot set
+it, and a cross-site script would need a CORS preflight this server never grants."""
+POLL_S = 1.0
+"""How often an open page's stream looks for new transcript rows (turns from other platforms)."""
+HEARTBEAT_S = 15.0
+STATIC = Path(__file__).with_name("static")
+CSP = ("default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+       "frame-ancestors 'none'; form-action 'self'")
+
+
+class WebAdapter:
+    """The web chat.
+
+    Args:
+        secret: key that signs the browser's user id cookie.
+        cookie_secure: mark the cookie ``Secure`` (HTTPS deployments).
+    """
+
+    platform = "web"
+    idempotent_send = False
+    receiver_lease = None
+
+    def __init__(self, *, secret: str, cookie_secure: bool = False) -> None:
+        self._signer = Signer(secret, salt="gateway-web-user")
+        self._cookie_secure = cookie_secure
+        self._sink: InboundSink | None = None
+        self._reader: ConversationReader | None = None
+        self._listeners: dict[str, set[asyncio.Queue[dict[str, Any] | None]]] = {}
+
+    def bind_conversations(self, reader: ConversationReader) -> None:
+        """Gives the adapter the transcript reader its pages show (called by the gateway)."""
+        self._reader = reader
+
+    # -- HTTP ------------------------------------------------------------------------------------
+    def routes(self) -> list[web.RouteDef]:
+        return [web.get("/", self._page), web.get("/web/chat.js", self._static("chat.js", "text/javascript")),
+                web.get("/web/chat.css", self._static("chat.css", "text/css")),
+                web.post("/web/messages", self._post), web.get("/web/events", self._events)]
+
+    def user_of(self, request: web.Request) -> str | None:
+        """The browser's user id from its signed cookie, or ``None`` (no cookie, bad signature)."""
+        value = request.cookies.get(COOKIE)
+        if not value:
+            return None
+        try:
+            return self._signer.unsign(value).decode()
+        except BadSignature:
+            return None
+
+    def cookie_for(self, user_id: str) -> str:
+        """The signed cookie value of ``user_id``."""
+        return self._signer.sign(user_id).decode()
+
+    async def _page(self, request: web.Request) -> web.Response:
+        response = web.Response(body=(STATIC / "chat.html").read_bytes(), content_type="text/html",
+                                charset="utf-8", headers=_page_headers())
+        if self.user_of(request) is None:
+            response.set_cookie(COOKIE, self.cookie_for(uuid.uuid4().hex), max_age=COOKIE_MAX_AGE_S, httponly=True,
+                                samesite="Strict", secure=self._cookie_secure, path="/")
+        return response
+
+    def _static(self, name: str, content_type: str) -> Any:
+        async def serve(_: web.Request) -> web.Response:
+            return web.Response(body=(STATIC / name).read_bytes(), content_type=content_type, charset="utf-8",
+                                headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+        return serve
+
+    async def _post(self, request: web.Request) -> web.Response:
+        if request.headers.get("X-Requested-With") != REQUESTED_WITH:
+            return _error(403, "missing X-Requested-With header (send messages from the chat page)")
+        user_id = self.user_of(request)
+        if user_id is None:
+            return _error(401, "no web identity: reload the page")
+        if self._sink is None:
+            return _error(503, "the gateway is starting; try again")
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "the request body is not JSON")
+        try:
+            message = message_from_post(body, user_id)
+        except WebInputError as exc:
+            return _error(400, str(exc))
+        try:
+            stored = await self._sink(message)
+        except Exception:
+            log.exception("web message from %s not stored", user_id)
+            return _error(503, "the message was not stored; send it again")
+        return web.json_response({"ok": True, "stored": stored})
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        user_id = self.user_of(request)
+        if user_id is None:
+            return _error(401, "no web identity: reload the page")
+        try:
+            after = max(0, int(request.query.get("after", "0")))
+        except ValueError:
+            return _error(400, "after must be a message id")
+        known = request.query.get("session") or None
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               "X-Accel-Buffering": "no"})
+        await response.prepare(request)
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        listeners = self._listeners.setdefault(user_id, set())
+        listeners.add(queue)
+        answered: deque[str] = deque(maxlen=20)  # assistant texts shown from the transcript
+        loop = asyncio.get_running_loop()
+        last_write = loop.time()
+        try:
+            events: list[dict[str, Any] | None] = []
+            read = True
+            while True:
+                if read and self._reader is not None:
+                    session_id, rows = await self._reader.read("web", TENANT, user_id, after)
+                    if known is not None and session_id != known:
+                        await _emit(response, {"type": "reset", "session": session_id})
+                        session_id, rows = await self._reader.read("web", TENANT, user_id, 0)
+                        after = 0
+                    known = session_id or known
+                    for row in rows:
+                        html = markdown_html(row["text"]) if row["role"] == "assistant" else plain_html(row["text"])
+                        await _emit(response, {**row, "type": "row", "html": html, "session": session_id})
+                        after = max(after, row["id"])
+                        if row["role"] == "assistant":
+                            answered.append(row["text"].strip())
+                    if rows:
+                        last_write = loop.time()
+                for event in events:
+                    if event is None:
+                        return response  # the adapter stops
+                    if event["type"] == "reply" and event["text"].strip() in answered:
+                        event = {"type": "settled", "id": event["id"]}
+                    await _emit(response, event)
+                    last_write = loop.time()
+                if loop.time() - last_write >= HEARTBEAT_S:
+                    await response.write(b": ping\n\n")  # finds closed connections
+                    last_write = loop.time()
+                try:
+                    events = [await asyncio.wait_for(queue.get(), POLL_S)]
+                except TimeoutError:
+                    events, read = [], True
+                    continue
+                while not queue.empty():
+                    events.append(queue.get_nowait())
+                read = any(e is None or e["type"] == "reply" for e in events)
+        except (ConnectionResetError, asyncio.CancelledError):
+            return response
+        finally:
+            listeners.discard(queue)
+            if not listeners:
+                self._listeners.pop(user_id, None)
+
+    def _publish(self, chat_id: str, event: dict[str, Any]) -> None:
+        for queue in self._listeners.get(chat_id, ()):
+            queue.put_nowait(event)
+
+    # -- Adapter ---------------------------------------------------------------------------------
+    async def start(self, sink: InboundSink) -> None:
+        self._sink = sink
+
+    async def start_receiving(self) -> None:
+        return None  # messages arrive through routes()
+
+    async def stop_receiving(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        """Ends every open event stream (so the HTTP server can close)."""
+        self._sink = None
+        for listeners in self._listeners.values():
+            for queue in listeners:
+                queue.put_nowait(None)
+
+    async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
+                   before_part: BeforePart | None = None) -> DeliveryResult:
+        """Shows the reply on the chat's open pages (one part; a page opened later finds a turn's
+        reply in the transcript). Part 1 of a reply with ``edit_id`` replaces that preview."""
+        if message.resume_from > 0:
+            return DeliveryResult(True)
+        if before_part is not None:
+            await before_part(0)
+        message_id = message.edit_id or uuid.uuid4().hex
+        html = plain_html(message.text) if message.format == "plain" else markdown_html(message.text)
+        self._publish(message.address.chat_id, {"type": "reply", "id": message_id, "text": message.text,
+                                                "html": html})
+        if on_part is not None:
+            await on_part(message_id)
+        return DeliveryResult(True, (message_id,))
+
+    async def edit(self, address: ChatAddress, message_id: str, text: str) -> DeliveryResult:
+        """Updates a streamed preview on the chat's open pages."""
+        self._publish(address.chat_id, {"type": "preview", "id": message_id, "html": plain_html(text)})
+        return DeliveryResult(True, (message_id,))
+
+    async def send_typing(self, address: ChatAddress) -> None:
+        self._publish(address.chat_id, {"type": "typing"})
+
+    async def check(self) -> str:
+        open_pages = sum(len(listeners) for listeners in self._listeners.values())
+        return f"web chat at / ({open_pages} open page(s))"
+
+
+async def _emit(response: web.StreamResponse, event: dict[str, Any]) -> None:
+    await response.write(f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode())
+
+
+def _error(status: int, text: str) -> web.Response:
+    return web.json_response({"ok": False, "error": text}, status=status)
+
+
+def _page_headers() -> dict[str, str]:
+    return {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+            "Cache-Control": "no-cache"}

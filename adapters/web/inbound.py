@@ -1,0 +1,62 @@
+"""A browser's chat POST -> ``InboundMessage`` (pure). Platform ``web``; one chat per browser user.
+
+Body (JSON): ``{"id": "<client message id>", "text": "...", "name": "<display name>"}``. The id is
+made by the page once per message and sent again on a retry, so the inbox drops the repeat.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from gateway.types import ChatAddress, InboundMessage, Sender
+
+TENANT = "web"
+MAX_TEXT_CHARS = 16_000
+MAX_NAME_CHARS = 64
+DEFAULT_NAME = "Web user"
+
+_MESSAGE_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+_COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_-]{0,31})(?:\s+|$)")
+
+
+class WebInputError(ValueError):
+    """The POST body cannot become a message; the text is safe to show to the user."""
+
+
+def address_of(user_id: str) -> ChatAddress:
+    """The web chat of browser user ``user_id`` (the chat id is the user id)."""
+    return ChatAddress("web", TENANT, user_id)
+
+
+def message_from_post(body: Any, user_id: str, now: float | None = None) -> InboundMessage:
+    """Normalizes one chat POST of browser user ``user_id`` (from the signed cookie).
+
+    A leading ``/name`` is a command (``/link ABC123`` -> command ``link``, text ``ABC123``), as the
+    platforms' own command syntax is.
+
+    Raises:
+        WebInputError: not an object, no or bad ``id``, empty or over ``MAX_TEXT_CHARS`` text, a
+            ``name`` that is not a string.
+    """
+    if not isinstance(body, dict):
+        raise WebInputError("the request body must be a JSON object")
+    message_id, text, name = body.get("id"), body.get("text"), body.get("name", "")
+    if not isinstance(message_id, str) or not _MESSAGE_ID.match(message_id):
+        raise WebInputError("id must be 8-64 letters, digits, '-' or '_'")
+    if not isinstance(text, str) or not text.strip():
+        raise WebInputError("the message is empty")
+    if len(text) > MAX_TEXT_CHARS:
+        raise WebInputError(f"the message is too long ({len(text)} characters; at most {MAX_TEXT_CHARS})")
+    if not isinstance(name, str):
+        raise WebInputError("name must be a string")
+    name = " ".join(name.split())[:MAX_NAME_CHARS] or DEFAULT_NAME
+    text = text.strip()
+    command = None
+    if match := _COMMAND.match(text):
+        command, text = match.group(1).lower(), text[match.end():].strip()
+    return InboundMessage(
+        address=address_of(user_id), message_id=message_id, chat_type="dm", sender=Sender(user_id, name),
+        text=text, command=command, received_at=time.time() if now is None else now,
+    )

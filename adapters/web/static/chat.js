@@ -1,0 +1,146 @@
+// The web chat page. Every text from the server arrives as HTML it rendered (raw HTML escaped);
+// everything the page writes itself goes through textContent.
+"use strict";
+
+const log = document.getElementById("log");
+const typing = document.getElementById("typing");
+const statusLine = document.getElementById("status");
+const nameInput = document.getElementById("name");
+const textInput = document.getElementById("text");
+const form = document.getElementById("compose");
+const local = new Map();  // client message id -> bubble (until its transcript row arrives)
+const live = new Map();   // reply id -> bubble (previews and replies not in the transcript)
+let session = null;
+let after = 0;
+let typingTimer = null;
+let source = null;
+
+nameInput.value = localStorage.getItem("gw-name") || "";
+nameInput.addEventListener("change", () => localStorage.setItem("gw-name", nameInput.value.trim()));
+
+function newId() {
+  const bytes = new Uint8Array(16);
+  crypto.getRandomValues(bytes);
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function bubble(role, metaText) {
+  const el = document.createElement("div");
+  el.className = "msg " + role;
+  const meta = document.createElement("div");
+  meta.className = "meta";
+  meta.textContent = metaText;
+  const body = document.createElement("div");
+  body.className = "body";
+  el.append(meta, body);
+  log.append(el);
+  log.scrollTop = log.scrollHeight;
+  return el;
+}
+
+function setHtml(el, html) {
+  el.querySelector(".body").innerHTML = html;  // server-rendered, escaped HTML only
+  log.scrollTop = log.scrollHeight;
+}
+
+function showTyping(on) {
+  clearTimeout(typingTimer);
+  typing.hidden = !on;
+  if (on) typingTimer = setTimeout(() => { typing.hidden = true; }, 6000);
+}
+
+function onRow(ev) {
+  const who = ev.role === "user" ? "You" : "Agent";
+  const via = ev.platform && ev.platform !== "web" ? " · via " + ev.platform : "";
+  let el = ev.message_id ? local.get(ev.message_id) : null;
+  if (el) {
+    local.delete(ev.message_id);  // the bubble keeps the name it was sent with
+  } else {
+    el = bubble(ev.role, who + via);
+  }
+  el.dataset.row = String(ev.id);
+  setHtml(el, ev.html);
+  after = Math.max(after, ev.id);
+  session = ev.session || session;
+  if (ev.role === "assistant") showTyping(false);
+}
+
+function onEvent(ev) {
+  if (ev.type === "reset") {
+    log.replaceChildren();
+    local.clear();
+    live.clear();
+    session = ev.session;
+    after = 0;
+  } else if (ev.type === "row") {
+    onRow(ev);
+  } else if (ev.type === "reply" || ev.type === "preview") {
+    let el = live.get(ev.id);
+    if (!el) {
+      el = bubble("assistant plain", "Agent");
+      live.set(ev.id, el);
+    }
+    const growing = ev.type === "preview" || / …$/.test(ev.text || "");
+    el.classList.toggle("live", growing);
+    setHtml(el, ev.html);
+    if (!growing) showTyping(false);  // typing stays on while the reply is still being written
+  } else if (ev.type === "settled") {
+    const el = live.get(ev.id);
+    if (el) { el.remove(); live.delete(ev.id); }
+    showTyping(false);
+  } else if (ev.type === "typing") {
+    showTyping(true);
+  }
+}
+
+function connect() {
+  const url = "/web/events?after=" + after + (session ? "&session=" + encodeURIComponent(session) : "");
+  source = new EventSource(url);
+  source.onopen = () => { statusLine.textContent = ""; };
+  source.onmessage = (e) => onEvent(JSON.parse(e.data));
+  source.onerror = () => {
+    source.close();
+    statusLine.textContent = "Reconnecting…";
+    setTimeout(connect, 1500);
+  };
+}
+
+async function send(text) {
+  const id = newId();
+  const el = bubble("user", nameInput.value.trim() || "You");
+  el.querySelector(".body").textContent = text;
+  local.set(id, el);
+  try {
+    const response = await fetch("/web/messages", {
+      method: "POST",
+      headers: {"Content-Type": "application/json", "X-Requested-With": "gateway-web"},
+      body: JSON.stringify({id: id, text: text, name: nameInput.value.trim()}),
+    });
+    const answer = await response.json().catch(() => ({error: "HTTP " + response.status}));
+    if (!response.ok) throw new Error(answer.error || "HTTP " + response.status);
+  } catch (err) {
+    el.classList.add("failed");
+    const note = document.createElement("div");
+    note.className = "error";
+    note.textContent = "Not sent: " + err.message;
+    el.append(note);
+    local.delete(id);
+    if (!textInput.value) textInput.value = text;  // nothing typed is lost
+  }
+}
+
+form.addEventListener("submit", (e) => {
+  e.preventDefault();
+  const text = textInput.value.trim();
+  if (!text) return;
+  textInput.value = "";
+  send(text);
+});
+textInput.addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+    e.preventDefault();
+    form.requestSubmit();
+  }
+});
+
+connect();

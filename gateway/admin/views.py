@@ -1,0 +1,253 @@
+"""The admin pages under ``/admin``: sessions, transcripts, users, jobs, approvals, adapters' health.
+
+Server-rendered (Jinja2, autoescaped: names, messages and tool output show as text). Read-mostly;
+the few changes go through the same code as the chat commands: ``/approve`` and ``/deny``
+(``gateway.approvals.decide_reply``), ``/run`` (``PushService.fire_soon``), and pausing a job
+(``JobStore.set_enabled`` + ``PushService.job_changed``, as ``/unschedule`` reloads). Every page
+needs a login, every POST a CSRF token (``gateway.admin.auth``). With no admin password
+configured, ``/admin`` answers 404 and says how to turn it on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
+
+from aiohttp import web
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from agent.model import Usage
+from gateway.admin.auth import CSRF_FIELD, AdminAuth
+from gateway.admin.queries import AdminQueries
+from gateway.approvals import decide_reply
+from gateway.jobs import format_address, job_schedule, local_time, next_fire_of
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+TEMPLATES = Path(__file__).with_name("templates")
+FLASH_COOKIE = "gw_admin_flash"
+CHECK_TIMEOUT_S = 5.0
+DECIDED_BY = "web-admin"
+CSP = "default-src 'none'; style-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+OFF_TEXT = ("The admin pages are off: no admin password is configured. Set the environment variable "
+            "{env} (named by web.admin_password_env) and restart the gateway.")
+
+Page = Callable[[web.Request], Awaitable[tuple[str, dict[str, Any]]]]
+Action = Callable[[web.Request, Any], Awaitable[tuple[str, str]]]
+
+
+def admin_routes(gateway: Gateway) -> list[web.RouteDef]:
+    """The ``/admin`` routes for ``gateway``: the pages, or a 404 that says they are off."""
+    web_config = gateway.config.web
+    auth = AdminAuth(gateway.config.secret(web_config.admin_password_env), gateway.config.web_secret(),
+                     web_config.admin_session_hours * 3600, web_config.cookie_secure)
+    if not auth.enabled:
+        text = OFF_TEXT.format(env=web_config.admin_password_env)
+
+        async def off(_: web.Request) -> web.Response:
+            return web.Response(status=404, text=text)
+
+        return [web.get("/admin", off), web.get("/admin/{tail:.*}", off)]
+    return AdminSite(gateway, auth).routes()
+
+
+def _when(epoch: float | None) -> str:
+    return "-" if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+class AdminSite:
+    """Handlers of the admin pages for one gateway."""
+
+    def __init__(self, gateway: Gateway, auth: AdminAuth) -> None:
+        self.gateway = gateway
+        self.auth = auth
+        self.queries = AdminQueries(gateway.engine)
+        self.env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]),
+                               trim_blocks=True, lstrip_blocks=True)
+        self.env.filters["when"] = _when
+        self.price = gateway.config.agent.limits().price_of(gateway.config.llm.model)
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/admin", self._index), web.get("/admin/", self._index),
+            web.get("/admin/static/admin.css", self._css),
+            web.get("/admin/login", self._login_form), web.post("/admin/login", self._login),
+            web.post("/admin/logout", self._action(self._logout)),
+            web.get("/admin/sessions", self._page(self._sessions)),
+            web.get("/admin/sessions/{session_id}", self._page(self._session)),
+            web.get("/admin/users", self._page(self._users)),
+            web.get("/admin/jobs", self._page(self._jobs)),
+            web.post("/admin/jobs/{job_id}/{op:pause|resume|run}", self._action(self._job_action)),
+            web.get("/admin/approvals", self._page(self._approvals)),
+            web.post("/admin/approvals/{approval_id}/{op:approve|deny}", self._action(self._approval_action)),
+            web.get("/admin/health", self._page(self._health)),
+        ]
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def _render(self, request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+        response = web.Response(status=status, content_type="text/html", charset="utf-8",
+                                headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                                         "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"})
+        nonce = self.auth.nonce(request, response)
+        flash = unquote(request.cookies.get(FLASH_COOKIE, ""))
+        if flash:
+            response.del_cookie(FLASH_COOKIE, path="/admin")
+        response.text = self.env.get_template(template).render(
+            csrf_field=CSRF_FIELD, csrf=self.auth.csrf_token(nonce), flash=flash, path=request.path, **context)
+        return response
+
+    def _page(self, handler: Page) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        @functools.wraps(handler)
+        async def page(request: web.Request) -> web.StreamResponse:
+            if not self.auth.logged_in(request):
+                raise web.HTTPFound("/admin/login?next=" + quote(request.path_qs, safe=""))
+            template, context = await handler(request)
+            return self._render(request, template, **context)
+        return page
+
+    def _action(self, handler: Action) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        @functools.wraps(handler)
+        async def action(request: web.Request) -> web.StreamResponse:
+            form = await request.post()
+            if not self.auth.logged_in(request):
+                return web.Response(status=403, text="Not logged in: open /admin/login first.")
+            if not self.auth.csrf_ok(request, form.get(CSRF_FIELD)):
+                return web.Response(status=403, text="CSRF token missing or wrong: reload the page and try again.")
+            target, flash = await handler(request, form)
+            response = web.HTTPFound(target)
+            if flash:
+                response.set_cookie(FLASH_COOKIE, quote(flash), httponly=True, samesite="Strict",
+                                    secure=self.auth.secure, path="/admin")
+            raise response
+        return action
+
+    async def _css(self, _: web.Request) -> web.Response:
+        return web.Response(body=(TEMPLATES / "admin.css").read_bytes(), content_type="text/css", charset="utf-8")
+
+    async def _index(self, _: web.Request) -> web.Response:
+        raise web.HTTPFound("/admin/sessions")
+
+    # -- login -----------------------------------------------------------------------------------
+    async def _login_form(self, request: web.Request) -> web.Response:
+        return self._render(request, "login.html", bare=True, next=_safe_next(request.query.get("next")),
+                            error=None)
+
+    async def _login(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        if not self.auth.csrf_ok(request, form.get(CSRF_FIELD)):
+            return web.Response(status=403, text="CSRF token missing or wrong: reload the page and try again.")
+        target = _safe_next(str(form.get("next", "")))
+        if not self.auth.password_ok(str(form.get("password", ""))):
+            await asyncio.sleep(0.3)  # slows down guessing
+            return self._render(request, "login.html", status=401, bare=True, next=target,
+                                error="Wrong password.")
+        response = web.HTTPFound(target)
+        self.auth.start_session(response)
+        raise response
+
+    async def _logout(self, _: web.Request, __: Any) -> tuple[str, str]:
+        raise_response = web.HTTPFound("/admin/login")
+        self.auth.end_session(raise_response)
+        raise raise_response
+
+    # -- pages -----------------------------------------------------------------------------------
+    async def _sessions(self, request: web.Request) -> tuple[str, dict[str, Any]]:
+        query = request.query.get("q", "")
+        rows = await self.gateway.run_db(self.queries.sessions, query)
+        for row in rows:
+            row["cost"] = self._cost(row["prompt_tokens"] or 0, row["completion_tokens"] or 0)
+        return "sessions.html", {"sessions": rows, "q": query}
+
+    async def _session(self, request: web.Request) -> tuple[str, dict[str, Any]]:
+        session = await self.gateway.run_db(self.queries.session, request.match_info["session_id"])
+        if session is None:
+            raise web.HTTPNotFound(text="No session has that id.")
+        for turn in session["turns"]:
+            turn["cost"] = self._cost(turn["prompt_tokens"], turn["completion_tokens"])
+        return "session.html", {"session": session, "model": self.gateway.config.llm.model}
+
+    async def _users(self, request: web.Request) -> tuple[str, dict[str, Any]]:
+        query = request.query.get("q", "")
+        return "users.html", {"users": await self.gateway.run_db(self.queries.users, query), "q": query}
+
+    async def _jobs(self, _: web.Request) -> tuple[str, dict[str, Any]]:
+        jobs_store = self.gateway.jobs
+
+        def load() -> list[dict[str, Any]]:
+            rows = []
+            for job in jobs_store.list_jobs():
+                rows.append({"job": job, "schedule": job_schedule(job).describe(), "target": format_address(job.target),
+                             "next": local_time(next_fire_of(job), job.timezone),
+                             "runs": jobs_store.runs(job.id, limit=5)})
+            return rows
+
+        return "jobs.html", {"jobs": await self.gateway.run_db(load), "scheduler_on": self.gateway.pushes is not None}
+
+    async def _approvals(self, _: web.Request) -> tuple[str, dict[str, Any]]:
+        return "approvals.html", {"approvals": await self.gateway.run_db(self.queries.pending_approvals)}
+
+    async def _health(self, _: web.Request) -> tuple[str, dict[str, Any]]:
+        gateway = self.gateway
+        adapters = await asyncio.gather(*(self._check(adapter) for adapter in gateway.adapters.values()))
+        try:
+            database = {"pending": await gateway.run_db(gateway.store.count_inbox, "pending"),
+                        "leases": await gateway.run_db(gateway.store.count_leases, time.time()),
+                        "outbox": await gateway.run_db(gateway.store.outbox_counts), "error": None}
+        except Exception as exc:
+            database = {"error": gateway.redact(f"{type(exc).__name__}: {exc}")[:300]}
+        return "health.html", {"adapters": adapters, "database": database, "instance": gateway.instance_id,
+                               "started": gateway.started, "received": gateway.received,
+                               "duplicates": gateway.duplicates, "dropped": gateway.dropped,
+                               "sent": gateway.delivery.sent}
+
+    async def _check(self, adapter: Any) -> dict[str, Any]:
+        try:
+            detail = await asyncio.wait_for(adapter.check(), CHECK_TIMEOUT_S)
+            ok = True
+        except TimeoutError:
+            ok, detail = False, f"no answer within {CHECK_TIMEOUT_S:.0f} s"
+        except Exception as exc:
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        return {"platform": adapter.platform, "ok": ok, "detail": self.gateway.redact(str(detail))[:300],
+                "receiver_lease": getattr(adapter, "receiver_lease", None)}
+
+    # -- actions (the chat commands' code paths) ------------------------------------------------
+    async def _job_action(self, request: web.Request, _: Any) -> tuple[str, str]:
+        job_id, op = request.match_info["job_id"], request.match_info["op"]
+        service = self.gateway.pushes
+        if service is None:
+            return "/admin/jobs", "Scheduled reports are turned off on this gateway."
+        job = await self.gateway.run_db(self.gateway.jobs.get_job, job_id)
+        if job is None:
+            return "/admin/jobs", f"No scheduled report {job_id!r}."
+        if op == "run":
+            service.fire_soon(job.id, time.time(), "manual")  # as /run ID
+            return "/admin/jobs", f"Running {job.id} now; the report goes to {format_address(job.target)}."
+        await self.gateway.run_db(self.gateway.jobs.set_enabled, job.id, op == "resume")
+        service.job_changed()
+        return "/admin/jobs", f"{'Resumed' if op == 'resume' else 'Paused'} {job.id}."
+
+    async def _approval_action(self, request: web.Request, _: Any) -> tuple[str, str]:
+        approval_id, op = request.match_info["approval_id"], request.match_info["op"]
+        text = await self.gateway.run_db(decide_reply, self.gateway.approvals, op, approval_id, DECIDED_BY, True)
+        return "/admin/approvals", text  # the same answer /approve ID and /deny ID give
+
+    def _cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
+        """Estimated USD at the configured model's price (cache discounts not known here)."""
+        if self.price is None:
+            return None
+        return self.price.cost(Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
+
+
+def _safe_next(target: str | None) -> str:
+    """Where to go after login: an admin path only (never another site)."""
+    if target and target.startswith("/admin") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/admin/sessions"

@@ -1,0 +1,176 @@
+"""The admin pages end to end: the real gateway and its aiohttp server, a web user talking to the
+fake model, and an HTTP client as the operator's browser (login, session cookie, CSRF tokens)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import aiohttp
+
+from tests.conftest import gateway_config, start_gateway
+from tests.fakes import openai as oa
+from tests.helpers import wait_until
+from tests.web_client import WebClient
+
+PASSWORD = "admin-pass-0001-secret"
+os.environ["GATEWAY_TEST_ADMIN_PASSWORD"] = PASSWORD  # GATEWAY_TEST_*: the log secret scan covers it
+ADMIN = {"admin_password_env": "GATEWAY_TEST_ADMIN_PASSWORD"}
+HTML_NAME = "<img src=x onerror=alert(1)>"
+
+
+class Operator:
+    """The operator's browser: its own cookie jar; ``csrf`` is read from the last form page."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.http = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+        self.csrf = ""
+
+    async def get(self, path: str) -> tuple[int, str, aiohttp.ClientResponse]:
+        async with self.http.get(self.base + path, allow_redirects=False) as response:
+            text = await response.text()
+        if match := re.search(r'name="csrf" value="([0-9a-f]+)"', text):
+            self.csrf = match.group(1)
+        return response.status, text, response
+
+    async def post(self, path: str, with_csrf: bool = True, **fields: str) -> aiohttp.ClientResponse:
+        data = {**fields, **({"csrf": self.csrf} if with_csrf else {})}
+        async with self.http.post(self.base + path, data=data, allow_redirects=False) as response:
+            await response.read()
+            return response
+
+    async def login(self) -> None:
+        await self.get("/admin/login")
+        response = await self.post("/admin/login", password=PASSWORD, next="/admin/sessions")
+        assert response.status == 302 and response.headers["Location"] == "/admin/sessions"
+
+
+def base_of(gateway) -> str:
+    return f"http://127.0.0.1:{gateway.http_port}"
+
+
+async def test_without_a_password_the_admin_pages_are_off(tmp_path, fake_openai, running):
+    config = gateway_config(tmp_path, fake_openai, web={"admin_password_env": "GATEWAY_TEST_NO_SUCH_PASSWORD"})
+    gateway = await start_gateway(config, running)
+    operator = Operator(base_of(gateway))
+    try:
+        for path in ("/admin", "/admin/sessions", "/admin/login"):
+            status, text, _ = await operator.get(path)
+            assert status == 404 and "GATEWAY_TEST_NO_SUCH_PASSWORD" in text
+    finally:
+        await operator.http.close()
+
+
+async def test_login_transcript_with_tool_calls_escaping_and_csrf(tmp_path, fake_openai, page_server, running):
+    fake_openai.reset()
+    fake_openai.script(oa.tool_calls(oa.call("web_fetch", {"url": f"{page_server.url}/page"})),
+                       oa.text("The codename is amber-falcon-42. <script>alert('x')</script>"))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    base = base_of(gateway)
+    page, operator = WebClient(base), Operator(base)
+    try:
+        await page.open()
+        page.listen()
+        await page.say("what is the codename on that page?", name=HTML_NAME)
+        await wait_until(lambda: page.of("row", lambda e: e["role"] == "assistant"), timeout=15, what="answer")
+
+        # Without a login: pages redirect to the login form, posts are refused.
+        status, _, response = await operator.get("/admin/sessions?q=x")
+        assert status == 302 and response.headers["Location"].startswith("/admin/login?next=")
+        assert "q%3Dx" in response.headers["Location"]
+        status, login_page, _ = await operator.get("/admin/login")
+        assert status == 200 and 'name="viewport"' in login_page and operator.csrf
+        assert (await operator.post("/admin/login", with_csrf=False, password=PASSWORD)).status == 403
+        assert (await operator.post("/admin/login", password="wrong")).status == 401
+        response = await operator.post("/admin/login", password=PASSWORD, next="https://evil.example/")
+        assert response.status == 302 and response.headers["Location"] == "/admin/sessions"  # never off-site
+        cookie = next(v for v in response.headers.getall("Set-Cookie") if v.startswith("gw_admin="))
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and PASSWORD not in cookie
+
+        # Sessions: listed, found by a word of the conversation, opened with the tool call folded.
+        status, sessions, _ = await operator.get("/admin/sessions")
+        session_id = re.search(r'href="/admin/sessions/([0-9a-f]{32})"', sessions).group(1)
+        assert status == 200 and "what is the codename on that page?" in sessions
+        assert session_id in (await operator.get("/admin/sessions?q=AMBER-falcon"))[1]
+        assert session_id not in (await operator.get("/admin/sessions?q=no-such-words"))[1]
+        status, transcript, _ = await operator.get(f"/admin/sessions/{session_id}")
+        assert status == 200
+        assert re.search(r"<details class=\"call\"><summary>Tool call: web_fetch", transcript)
+        assert f"{page_server.url}/page" in transcript
+        assert re.search(r"<details class=\"msg tool\"><summary>Tool result: web_fetch", transcript)
+        assert "amber-falcon-42" in transcript and " in / " in transcript and "est. (gpt-4o-mini)" in transcript
+        assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in transcript and "<script" not in transcript
+
+        # Users: the web identity with its HTML name shown as text.
+        status, users, _ = await operator.get("/admin/users")
+        assert status == 200 and "web:web:" in users
+        assert "&lt;img src=x onerror=alert(1)&gt;" in users and HTML_NAME not in users
+
+        # A form post without the CSRF token is refused; with it, it acts.
+        await operator.get("/admin/jobs")
+        assert (await operator.post("/admin/jobs/nojob/run", with_csrf=False)).status == 403
+        response = await operator.post("/admin/jobs/nojob/run")
+        assert response.status == 302 and response.headers["Location"] == "/admin/jobs"
+        assert "No scheduled report" in (await operator.get("/admin/jobs"))[1]
+
+        status, health, _ = await operator.get("/admin/health")
+        assert status == 200 and "web chat at /" in health and "Inbox pending 0" in health
+        await operator.post("/admin/logout")
+        assert (await operator.get("/admin/sessions"))[0] == 302
+    finally:
+        await page.close()
+        await operator.http.close()
+
+
+async def test_jobs_pause_and_run_now_and_approvals_through_the_chat_command_paths(
+        tmp_path, fake_openai, page_server, running):
+    fake_openai.reset()
+    fake_openai.responder = lambda request: oa.text("weekly numbers: fine")
+    config = gateway_config(tmp_path, fake_openai, web=ADMIN, approvals={"require_for": ["read"]})
+    gateway = await start_gateway(config, running)
+    base = base_of(gateway)
+    page, operator = WebClient(base), Operator(base)
+    try:
+        await page.open()
+        page.listen()
+        await operator.login()
+
+        # A job scheduled from the web chat into the web chat.
+        await page.say('/schedule "0 9 * * 1" UTC summarise the week')
+        await wait_until(lambda: page.of("reply", lambda e: "Scheduled report" in e["text"]), what="scheduled")
+        job_id = re.search(r"Scheduled report `([^`]+)`", page.of("reply")[0]["text"]).group(1)
+        status, jobs, _ = await operator.get("/admin/jobs")
+        assert status == 200 and job_id in jobs and "active" in jobs and "summarise the week" in jobs
+
+        assert (await operator.post(f"/admin/jobs/{job_id}/pause")).status == 302
+        assert not (await gateway.run_db(gateway.jobs.get_job, job_id)).enabled
+        jobs = (await operator.get("/admin/jobs"))[1]
+        assert f"Paused {job_id}." in jobs and "paused" in jobs and "Resume" in jobs
+
+        assert (await operator.post(f"/admin/jobs/{job_id}/run")).status == 302  # as /run ID
+        await wait_until(lambda: page.of("reply", lambda e: "weekly numbers: fine" in e["text"]), timeout=15,
+                         what="report delivered to the web chat")
+        await wait_until(lambda: gateway.jobs.runs(job_id)[0].status == "sent", what="run settled")
+        jobs = (await operator.get("/admin/jobs"))[1]
+        assert re.search(r"<td>manual</td><td>sent</td>\s*<td><code>[0-9a-f]{32}</code>", jobs)
+        assert (await operator.post(f"/admin/jobs/{job_id}/resume")).status == 302
+        assert (await gateway.run_db(gateway.jobs.get_job, job_id)).enabled
+
+        # A tool call waiting for approval is listed and approved from the admin page.
+        fake_openai.responder = None
+        fake_openai.script(oa.tool_calls(oa.call("web_fetch", {"url": f"{page_server.url}/page"})),
+                           oa.text("fetched it"))
+        await page.say("fetch the page")
+        await wait_until(lambda: page.of("reply", lambda e: "Approval needed" in e["text"]), what="approval prompt")
+        status, approvals, _ = await operator.get("/admin/approvals")
+        approval_id = re.search(r'action="/admin/approvals/([0-9a-z]+)/approve"', approvals).group(1)
+        assert status == 200 and "web_fetch" in approvals
+        assert (await operator.post(f"/admin/approvals/{approval_id}/approve", with_csrf=False)).status == 403
+        assert (await operator.post(f"/admin/approvals/{approval_id}/approve")).status == 302
+        assert "Approved: running web_fetch." in (await operator.get("/admin/approvals"))[1]
+        await wait_until(lambda: page.of("row", lambda e: e["text"] == "fetched it"), timeout=15, what="answer")
+    finally:
+        fake_openai.responder = None
+        await page.close()
+        await operator.http.close()
