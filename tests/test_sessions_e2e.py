@@ -159,3 +159,23 @@ async def test_unknown_dm_user_gets_a_pairing_code_and_no_model_call(tmp_path, f
     assert tg_texts(fake_telegram, stranger)[2] == "welcome"
     await asyncio.sleep(0.1)
     assert len(fake_openai.requests) == 1
+
+
+async def test_a_conversation_whose_first_turn_calls_a_tool_is_titled_by_its_first_message(
+        tmp_path, fake_telegram, fake_openai, running):
+    """The user message is written with the turn's first tool call, not at its end: /sessions
+    still lists the conversation by what the user first said."""
+    fake_openai.reset()
+
+    def responder(request: dict) -> oa.Reply:
+        if request["messages"][-1]["role"] == "tool":
+            return oa.text("it is late")
+        return oa.tool_calls(oa.call("no_such_tool", {}))  # any call: its result is written first
+
+    fake_openai.responder = responder
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    fake_telegram.inject(dm_update("what time is it in Lisbon?", 8401, user_id=5553401))
+    await wait_until(lambda: len(sends_to(fake_telegram, 5553401)) == 1, what="the answer")
+    fake_telegram.inject(tg_command("/sessions", 8402, 5553401))
+    await wait_until(lambda: len(sends_to(fake_telegram, 5553401)) == 2, what="the listing")
+    assert re.search(r"^[0-9a-f]{8} - what time is it in Lisbon\?", tg_texts(fake_telegram, 5553401)[1], re.M)

@@ -389,6 +389,10 @@ class Store:
             result = conn.execute(insert(_messages).values(session_id=session_id, turn_id=m.turn_id, role=m.role,
                                                            content=m.content, created_at=now, **m.fields))
             ids.append(int(result.inserted_primary_key[0]))
+        first_user = next((m.content for m in messages if m.role == "user" and m.content), None)
+        if first_user:  # the session's title: its first user message, whichever write carries it
+            conn.execute(update(_sessions).where(_sessions.c.id == session_id, _sessions.c.title.is_(None))
+                         .values(title=" ".join(first_user.split())[:80]))
         return ids
 
     def load_window(self, session_id: str, limit: int) -> list[StoredMessage]:
@@ -471,7 +475,7 @@ class Store:
                 assert session_id is not None
                 self._append(conn, session_id, messages)
             if session_id is not None:
-                self._touch_session(conn, session_id, messages, replies, now)
+                self._touch_session(conn, session_id, replies, now)
             for reply in replies:
                 self._queue(conn, reply, session_id, session_key, generation, now)
             stream_keys = [stream_key] if isinstance(stream_key, str) else list(stream_key or ())
@@ -486,15 +490,9 @@ class Store:
             conn.execute(update(_inbox).where(_inbox.c.id == last).values(status=status, finished_at=now))
 
     @staticmethod
-    def _touch_session(conn: Any, session_id: str, messages: Sequence[NewMessage],
-                       replies: Sequence[OutboundMessage], now: float) -> None:
-        """Last use, a title from the first user message, and the chats the session was used from."""
+    def _touch_session(conn: Any, session_id: str, replies: Sequence[OutboundMessage], now: float) -> None:
+        """Last use and the chats the session was used from (the title is set by ``_append``)."""
         conn.execute(update(_sessions).where(_sessions.c.id == session_id).values(updated_at=now))
-        first_user = next((m.content for m in messages if m.role == "user" and m.content), None)
-        if first_user:
-            title = " ".join(first_user.split())[:80]
-            conn.execute(update(_sessions).where(_sessions.c.id == session_id, _sessions.c.title.is_(None))
-                         .values(title=title))
         for reply in replies[:1]:
             a = reply.address
             chat_key = f"{a.platform}:{a.tenant}:{a.chat_id}"
