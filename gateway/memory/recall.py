@@ -61,7 +61,7 @@ class RecallPolicy:
     threshold: float = 0.3
     relative: float = 0.6
     max_entries: int = 12
-    candidates: int = 30
+    candidates: int = 50
     half_life_days: float = 30.0
     freshness_days: float = 180.0
     vector_floor: float = 0.3
@@ -176,21 +176,22 @@ class Recaller:
         self.embed = embed
 
     def recall(self, owner: str, query: str, now: float | None = None, exclude: Iterable[int] = (),
-               query_vector: list[float] | None = None) -> list[Scored]:
+               query_vector: list[float] | None = None, policy: RecallPolicy | None = None) -> list[Scored]:
         """Gates 2 and 3: the owner's entries relevant to ``query``, best first (``exclude``: ids
         left out, e.g. already shown in this conversation). ``query_vector``: the query's
-        embedding when there is one."""
+        embedding when there is one; ``policy``: overrides the recaller's (an explicit search)."""
         now = time.time() if now is None else now
+        policy = policy or self.policy
         skip = set(exclude)
-        found = {m.id: m for m in self.store.keyword_search(owner, words(query), self.policy.candidates)}
+        found = {m.id: m for m in self.store.keyword_search(owner, words(query), policy.candidates)}
         vectors: dict[int, float] = {}
         if query_vector is not None:
             nearest = sorted(((cosine(query_vector, m.embedding or []), m) for m in self.store.with_embeddings(owner)),
-                             key=lambda pair: -pair[0])[:self.policy.candidates]
+                             key=lambda pair: -pair[0])[:policy.candidates]
             for cos, memory in nearest:
                 vectors[memory.id] = cos
                 found.setdefault(memory.id, memory)
-        return rescore(query, (m for i, m in found.items() if i not in skip), now, self.policy, vectors)
+        return rescore(query, (m for i, m in found.items() if i not in skip), now, policy, vectors)
 
     def block(self, scored: Sequence[Scored]) -> Block:
         """Gate 4 with the policy's budget."""

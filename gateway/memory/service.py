@@ -106,7 +106,7 @@ class MemoryService:
         try:
             shown = {i for row in window if row.role == "user" and row.meta for i in row.meta.get("memory_ids", ())}
             query = self._query(query)
-            scored = self.recaller.recall(owner_for(key), query, exclude=shown, query_vector=self._vector(query))
+            scored = self.recaller.recall(owner_for(key), query, exclude=shown, query_vector=self.query_vector(query))
             block = self.recaller.block(scored)
             if not block.ids:
                 return meta
@@ -129,7 +129,8 @@ class MemoryService:
         rewritten = " ".join((reply.content or "").split())[:300]
         return rewritten or text
 
-    def _vector(self, text: str) -> list[float] | None:
+    def query_vector(self, text: str) -> list[float] | None:
+        """The query's embedding (``None`` without an embeddings endpoint or when the call fails)."""
         if self.embed is None or not text.strip():
             return None
         try:

@@ -17,7 +17,7 @@ import snowballstemmer
 _WORD = re.compile(r"[^\W_]+")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]+")
 
-STOPWORDS = frozenset(" ".join("""
+_STOPWORD_LIST = """
 a about above after again against all am an and any are as at be because been before being below between both
 but by can could did do does doing down during each few for from further had has have having he her here hers
 herself him himself his how i if in into is it its itself just me more most my myself no nor not now of off on
@@ -25,7 +25,8 @@ once only or other our ours ourselves out over own same she should so some such 
 themselves then there these they this those through to too under until up very was we were what when where which
 while who whom why will with would you your yours yourself yourselves also any anything please tell told know
 remember say said ok okay thanks thank let lets us get got use used using want like really much many thing things
-""".split()).split())
+"""
+STOPWORDS = frozenset(_STOPWORD_LIST.split())
 """Words that carry no topic. ``like``, ``use``, ``remember`` ... are here too: they say how, not what."""
 
 _local = threading.local()

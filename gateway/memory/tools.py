@@ -8,6 +8,7 @@ as the promotion gate), so text the model made up is not stored.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 from agent.context import RunContext
@@ -36,7 +37,11 @@ def memory_tools(service: MemoryService) -> list[Tool]:
         message = CURRENT_MESSAGE.get()
         if message is None:
             return "Error: memory can only be used while answering a user in a chat."
-        scored = service.recaller.recall(service.owner_of(message), query)
+        # An explicit search: half the threshold and no cut relative to the best (the model judges).
+        policy = dataclasses.replace(service.recaller.policy, threshold=service.recaller.policy.threshold / 2,
+                                     relative=0.0)
+        scored = service.recaller.recall(service.owner_of(message), query, query_vector=service.query_vector(query),
+                                         policy=policy)
         if not scored:
             return "No memory entries match."
         service.memories.used([s.memory.id for s in scored])

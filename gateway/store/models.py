@@ -309,9 +309,8 @@ class ApprovalRow(Base):
 class MemoryRow(Base):
     """A long-term memory entry (issue 10): a conclusion or constraint, never a transcript, owned by
     one user or one group chat. A newer entry that contradicts it sets ``superseded_by``; both stay
-    (audit, ``/memory``). Full-text search beside it (migration ``0401``): an FTS5 index
-    ``memories_fts`` kept by triggers on SQLite, a GIN index on ``to_tsvector('english', text)`` on
-    PostgreSQL."""
+    (audit, ``/memory``). Full-text search: an FTS5 index ``memories_fts`` kept by triggers on SQLite
+    (migration ``0401``); ``to_tsvector('english', text)`` over the owner's rows on PostgreSQL."""
 
     __tablename__ = "memories"
     __table_args__ = (Index("ix_memories_owner_superseded", "owner", "superseded_by"),)
@@ -345,3 +344,9 @@ class MemoryRow(Base):
 # The FTS5 index is not a SQLAlchemy table: dropping ``memories`` (tests reset with drop_all) drops it too.
 event.listen(MemoryRow.__table__, "after_drop",
              DDL("DROP TABLE IF EXISTS memories_fts").execute_if(dialect="sqlite"))
+
+
+def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """Alembic's autogenerate filter: the SQLite FTS5 index of ``memories`` and its shadow tables
+    (``memories_fts*``) are made by migration ``0401``, not by these models."""
+    return not (type_ == "table" and name is not None and name.startswith("memories_fts"))
