@@ -258,9 +258,9 @@ class MemoryConfig(_Section):
     """Recall, write-back, the memory tools and ``/memory``; off: none of them."""
     budget_tokens: int = 500
     """Most tokens of the memory block of one turn (whole entries only, best first)."""
-    threshold: float = 0.3
+    threshold: float = 0.25
     """Least relevance score (0..1) of an injected entry; below it nothing is injected."""
-    relative: float = 0.6
+    relative: float = 0.7
     """Least score as a share of the turn's best entry (cuts the weak tail)."""
     max_entries: int = 12
     half_life_days: float = 30.0

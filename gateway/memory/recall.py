@@ -58,8 +58,8 @@ class RecallPolicy:
     """
 
     budget_tokens: int = 500
-    threshold: float = 0.3
-    relative: float = 0.6
+    threshold: float = 0.25
+    relative: float = 0.7
     max_entries: int = 12
     candidates: int = 50
     half_life_days: float = 30.0

@@ -25,9 +25,10 @@ once only or other our ours ourselves out over own same she should so some such 
 themselves then there these they this those through to too under until up very was we were what when where which
 while who whom why will with would you your yours yourself yourselves also any anything please tell told know
 remember say said ok okay thanks thank let lets us get got use used using want like really much many thing things
+called named go goes going
 """
 STOPWORDS = frozenset(_STOPWORD_LIST.split())
-"""Words that carry no topic. ``like``, ``use``, ``remember`` ... are here too: they say how, not what."""
+"""Words that carry no topic. ``like``, ``use``, ``remember``, ``called`` ... are here too: they say how, not what."""
 
 _local = threading.local()
 
