@@ -291,3 +291,51 @@ async def test_vector_recall_finds_an_entry_that_shares_no_keyword(tmp_path, fak
     assert "red Volvo" in " ".join(memory_lines(newest_user(turn_requests(fake_openai)[-1])))
     assert gateway.memory.memories.keyword_search(owner, ["automobile"]) == []  # keywords alone miss it
     assert {r["model"] for r in fake_openai.embedding_requests} == {"embed-test"}
+
+
+def group_message(text: str, message_id: int, user_id: int, chat: int, topic: int) -> dict:
+    update = dm_update(f"@gateway_test_bot {text}", message_id, user_id=user_id)
+    update["message"]["chat"] = {"id": chat, "title": "Ops", "type": "supergroup", "is_forum": True}
+    update["message"].update(message_thread_id=topic, is_topic_message=True)
+    update["message"]["entities"] = [{"type": "mention", "offset": 0, "length": 17}]
+    return update
+
+
+async def test_a_group_remembers_for_all_its_threads_but_not_for_its_members_dms(
+        tmp_path, fake_telegram, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("ok")
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    chat, alice, bob = -1003000000777, 5561701, 5561702
+    fake_telegram.inject(group_message("remember the deploy window is Friday 16:00", 9971, alice, chat, topic=11))
+    await wait_until(lambda: len(turn_requests(fake_openai)) == 1, what="group turn")
+    fake_telegram.inject(group_message("when is the deploy window?", 9972, bob, chat, topic=22))
+    await wait_until(lambda: len(turn_requests(fake_openai)) == 2, what="other thread")
+    assert "deploy window is Friday 16:00" in " ".join(memory_lines(newest_user(turn_requests(fake_openai)[-1])))
+    fake_telegram.inject(dm_update("when is the deploy window?", 9973, user_id=alice))
+    await wait_until(lambda: len(turn_requests(fake_openai)) == 3, what="alice's DM")
+    assert memory_lines(newest_user(turn_requests(fake_openai)[-1])) == []  # the group's memory is not hers
+
+
+async def test_the_model_can_rewrite_the_query_before_recall(tmp_path, fake_telegram, fake_openai, running):
+    from gateway.memory.service import REWRITE_PROMPT
+
+    fake_openai.reset()
+
+    def respond(req):
+        if req["messages"][0]["content"] == REWRITE_PROMPT:
+            return oa.text("employee number")
+        return oa.text("ok")
+
+    fake_openai.responder = respond
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram, memory={"rewrite_query": True}),
+                        running)
+    user = 5561801
+    fake_telegram.inject(dm_update("remember my employee number is 4711", 9981, user_id=user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 1, what="first answer")
+    fake_telegram.inject(dm_update("which digits did HR give me?", 9982, user_id=user))  # no word in common
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 2, what="second answer")
+    chat_turns = [r["json"] for r in fake_openai.requests if r["json"]["messages"][0]["content"] != REWRITE_PROMPT]
+    assert "employee number is 4711" in " ".join(memory_lines(newest_user(chat_turns[-1])))
+    rewrites = [r["json"] for r in fake_openai.requests if r["json"]["messages"][0]["content"] == REWRITE_PROMPT]
+    assert rewrites[-1]["messages"][1]["content"] == "which digits did HR give me?" and "tools" not in rewrites[-1]

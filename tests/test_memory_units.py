@@ -135,3 +135,11 @@ def test_bad_entries_are_refused_with_a_clear_error():
         NewMemory("user:u1", "text", "rumour", "task")
     with pytest.raises(ValueError, match="needs text"):
         NewMemory("user:u1", "  ", "fact", "task")
+
+
+def test_a_restated_fact_is_recognised_and_a_new_one_is_not():
+    from gateway.memory.promote import restated
+
+    existing = [entry(1, "My employee number is 4711"), entry(2, "I live in Porto")]
+    assert restated("my employee number is 4711", existing).id == 1
+    assert restated("My employee number is 9032", existing) is None
