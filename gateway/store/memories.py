@@ -2,7 +2,8 @@
 
 Every read is filtered by owner, so one user's (or group's) entries never come back for another.
 Keyword search uses the database's full-text engine: SQLite FTS5 (``bm25`` order) or PostgreSQL
-``to_tsvector('english', ...) @@ to_tsquery`` (``ts_rank`` order); both stem English words.
+``to_tsvector('english', ...) @@ to_tsquery`` (GIN index; ``ts_rank`` order, shorter entries first
+on ties); both stem English words.
 Calls block: run them on worker threads.
 """
 
@@ -107,7 +108,7 @@ class MemoryStore:
                 rows = conn.execute(text(
                     "SELECT * FROM memories WHERE owner = :owner AND superseded_by IS NULL "
                     "AND to_tsvector('english', text) @@ to_tsquery('english', :query) "
-                    "ORDER BY ts_rank(to_tsvector('english', text), to_tsquery('english', :query)) DESC, id DESC "
+                    "ORDER BY ts_rank(to_tsvector('english', text), to_tsquery('english', :query), 1) DESC, id DESC "
                     "LIMIT :limit"), {"owner": owner, "query": " | ".join(words), "limit": limit}).all()
             else:
                 query = " OR ".join(f'"{w}"' for w in words)

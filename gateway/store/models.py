@@ -309,8 +309,8 @@ class ApprovalRow(Base):
 class MemoryRow(Base):
     """A long-term memory entry (issue 10): a conclusion or constraint, never a transcript, owned by
     one user or one group chat. A newer entry that contradicts it sets ``superseded_by``; both stay
-    (audit, ``/memory``). Full-text search: an FTS5 index ``memories_fts`` kept by triggers on SQLite
-    (migration ``0401``); ``to_tsvector('english', text)`` over the owner's rows on PostgreSQL."""
+    (audit, ``/memory``). Full-text search (migration ``0401``): an FTS5 index ``memories_fts`` kept by
+    triggers on SQLite, a GIN index ``ix_memories_fts`` on ``to_tsvector('english', text)`` on PostgreSQL."""
 
     __tablename__ = "memories"
     __table_args__ = (Index("ix_memories_owner_superseded", "owner", "superseded_by"),)
@@ -347,6 +347,10 @@ event.listen(MemoryRow.__table__, "after_drop",
 
 
 def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
-    """Alembic's autogenerate filter: the SQLite FTS5 index of ``memories`` and its shadow tables
-    (``memories_fts*``) are made by migration ``0401``, not by these models."""
-    return not (type_ == "table" and name is not None and name.startswith("memories_fts"))
+    """Alembic's autogenerate filter: the full-text indexes of ``memories`` (SQLite: the FTS5 table
+    ``memories_fts`` and its shadow tables; PostgreSQL: the GIN index ``ix_memories_fts``) are made by
+    migration ``0401`` for one dialect each, not by these models."""
+    if name is None:
+        return True
+    fts_table = type_ == "table" and name.startswith("memories_fts")
+    return not (fts_table or (type_ == "index" and name == "ix_memories_fts"))

@@ -34,9 +34,9 @@ def upgrade() -> None:
     )
     with op.batch_alter_table('memories', schema=None) as batch_op:
         batch_op.create_index('ix_memories_owner_superseded', ['owner', 'superseded_by'], unique=False)
-    # PostgreSQL needs no full-text index: a search reads one owner's rows (ix_memories_owner_superseded)
-    # and matches to_tsvector('english', text) on those.
-    if op.get_bind().dialect.name == 'sqlite':
+    if op.get_bind().dialect.name == 'postgresql':
+        op.execute("CREATE INDEX ix_memories_fts ON memories USING GIN (to_tsvector('english', text))")
+    else:
         # External-content FTS5 index over memories.text, kept in step by triggers.
         op.execute("DROP TABLE IF EXISTS memories_fts")  # a leftover of a table dropped outside Alembic
         op.execute("CREATE VIRTUAL TABLE memories_fts USING fts5(text, content='memories', content_rowid='id', "
@@ -51,7 +51,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    if op.get_bind().dialect.name == 'sqlite':
+    if op.get_bind().dialect.name == 'postgresql':
+        op.execute("DROP INDEX IF EXISTS ix_memories_fts")
+    else:
         for trigger in ('memories_fts_insert', 'memories_fts_delete', 'memories_fts_update'):
             op.execute(f"DROP TRIGGER IF EXISTS {trigger}")
         op.execute("DROP TABLE IF EXISTS memories_fts")
