@@ -60,6 +60,8 @@ history_window = {history_window}
 browser_enabled = false
 [bus]
 sweep_interval_s = 1.0
+[memory]
+promote = false  # the turn path only: memory proposals are one extra, off-path model call per turn
 [delivery]
 backoff_base_s = 0.05
 [telegram]

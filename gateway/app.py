@@ -46,6 +46,9 @@ from gateway.http import build_app
 from gateway.job_commands import JobCommands
 from gateway.job_tool import schedule_report_tool
 from gateway.jobs import JobPlanner
+from gateway.memory.build import build_memory, first_answer
+from gateway.memory.commands import MemoryCommands
+from gateway.memory.tools import memory_tools
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, MeteredModel, timed
 from gateway.ports import Adapter
 from gateway.push_run import PushRunner
@@ -117,6 +120,11 @@ class Gateway:
         if config.scheduler.enabled:
             self.tools.add(schedule_report_tool(self.jobs, self.planner,
                                                 lambda: self.pushes.job_changed() if self.pushes else None))
+        # Long-term memory: its tools are chat-only (a push has no user to remember for).
+        self.memory = build_memory(config, self.engine, self.store, lambda: self.model) \
+            if config.memory.enabled else None
+        for tool in memory_tools(self.memory) if self.memory is not None else []:
+            self.tools.add(tool)
         api_key = config.secret(config.llm.api_key_env) or "missing-api-key"
 
         limits = config.agent.limits()
@@ -156,7 +164,7 @@ class Gateway:
                               daily_hour=sessions.daily_reset_hour, zone=sessions.reset_timezone)
             if sessions.idle_reset_minutes or sessions.daily_reset_hour is not None else None,
             window=config.llm.window_policy(),
-            metrics=self.metrics,
+            metrics=self.metrics, memory=self.memory,
         )
         self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
@@ -174,7 +182,9 @@ class Gateway:
                 reload_interval_s=sc.reload_interval_s,
                 on_fired=lambda status: self.metrics.scheduled_fires.labels(status).inc(),
             )
-        self.runner.job_commands = JobCommands(jobs=self.jobs, planner=self.planner, service=self.pushes).handle
+        self.runner.job_commands = first_answer(
+            [JobCommands(jobs=self.jobs, planner=self.planner, service=self.pushes).handle]
+            + ([MemoryCommands(self.memory).handle] if self.memory is not None else []))
         self.bus = SessionBus(
             store=self.store, run_turn=timed(self.metrics, self.runner.run), workers=self._workers,
             instance_id=self.instance_id,
@@ -401,6 +411,8 @@ class Gateway:
             task.cancel()
         self._typing.clear()
         await asyncio.get_running_loop().run_in_executor(None, functools.partial(self._workers.shutdown, wait=True))
+        if self.memory is not None:  # queued write-backs finish first
+            await asyncio.get_running_loop().run_in_executor(None, self.memory.close)
         await self.delivery.stop()
         self.bridge.stop()
         self._db_pool.shutdown(wait=True)

@@ -31,6 +31,7 @@ HELP = (
     '/schedule "0 9 * * 1-5" Asia/Shanghai [--to slack:T123:C456] WHAT TO REPORT - schedule a report\n'
     "/jobs - your scheduled reports; /run ID - fire one now; /unschedule ID - remove one\n"
     "/approve ID, /deny ID - allow or refuse an action I asked about\n"
+    "/memory - what I remember about you (/memory export: all of it as JSON); /forget ID - delete an entry\n"
     "/help - this message"
 )
 
@@ -45,6 +46,7 @@ COMMANDS = [
     ("stop", "Stop the answer in progress"), ("help", "What this bot can do"),
     ("stop", "Stop the answer in progress"), ("approve", "Allow an action: /approve ID"),
     ("deny", "Refuse an action: /deny ID"), ("help", "What this bot can do"),
+    ("memory", "What I remember about you"), ("forget", "Delete a memory entry: /forget ID"),
 ]
 """The native command menu (Telegram setMyCommands: 1-32 chars of a-z, 0-9 and _)."""
 

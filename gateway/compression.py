@@ -225,7 +225,8 @@ def transcript_lines(rows: Sequence[StoredMessage]) -> list[str]:
     lines = []
     for row in rows:
         if row.role == "user":
-            lines.append("User: " + cap(render_user(row.content, row.meta)))
+            meta = {k: v for k, v in (row.meta or {}).items() if k != "memory"}  # memory is not the conversation
+            lines.append("User: " + cap(render_user(row.content, meta)))
         elif row.role == "assistant":
             if row.content:
                 lines.append("Assistant: " + cap(row.content))

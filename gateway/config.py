@@ -274,6 +274,35 @@ class SchedulerConfig(_Section):
     they have written from."""
 
 
+class MemoryConfig(_Section):
+    """Long-term memory (issue 10): recalled into the newest user message, promoted after turns."""
+
+    enabled: bool = True
+    """Recall, write-back, the memory tools and ``/memory``; off: none of them."""
+    budget_tokens: int = 500
+    """Most tokens of the memory block of one turn (whole entries only, best first)."""
+    threshold: float = 0.25
+    """Least relevance score (0..1) of an injected entry; below it nothing is injected."""
+    relative: float = 0.7
+    """Least score as a share of the turn's best entry (cuts the weak tail)."""
+    max_entries: int = 12
+    half_life_days: float = 30.0
+    """An entry's weight halves for every this many days it goes unused."""
+    promote: bool = True
+    """After each turn, one model call proposes entries (task conclusions, repeated facts), off the
+    reply's path; "remember ..." is stored without it either way."""
+    promote_min_chars: int = 24
+    """Turns with shorter user text and no tool call get no proposal call."""
+    rewrite_query: bool = False
+    """Ask the model for a retrieval query before recall (one more call on each turn's path)."""
+    embeddings_url: str | None = None
+    """OpenAI-compatible embeddings endpoint (``https://api.openai.com/v1``); ``None``: keyword recall only."""
+    embeddings_model: str = "text-embedding-3-small"
+    embeddings_key_env: str = "OPENAI_API_KEY"
+    vector_floor: float = 0.3
+    """Embedding cosine at or below which an entry counts as unrelated."""
+
+
 class TelegramConfig(_Section):
     enabled: bool = False
     token_env: str = "TELEGRAM_BOT_TOKEN"
@@ -385,6 +414,7 @@ class GatewayConfig(BaseSettings):
     bus: BusConfig = Field(default_factory=BusConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     telegram: TelegramConfig = Field(default_factory=TelegramConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)
     feishu: FeishuConfig = Field(default_factory=FeishuConfig)
@@ -425,6 +455,8 @@ class GatewayConfig(BaseSettings):
                  self.slack.bot_token_env, self.slack.signing_secret_env, self.slack.app_token_env,
                  self.feishu.app_secret_env, self.feishu.verification_token_env, self.feishu.encrypt_key_env,
                  self.telemetry.otlp_headers_env, self.web.secret_env, self.web.admin_password_env]
+        if self.memory.embeddings_url:
+            names.append(self.memory.embeddings_key_env)
         names += [env for server in self.mcp.servers.values() for env in server.headers_env.values()]
         return [value for name in names if (value := self.secret(name))]
 

@@ -46,6 +46,8 @@ def render_user(content: str | None, meta: dict[str, Any] | None) -> str:
     for attachment in meta.get("attachments", ()):
         described = ", ".join(f"{k}={v}" for k, v in attachment.items() if v is not None and k != "kind")
         lines.append(f"[attached {attachment['kind']}{': ' + described if described else ''}]")
+    if meta.get("memory"):
+        lines.append(meta["memory"])  # the turn's long-term memory block (gateway.memory), stored with it
     if content:
         lines.append(content)
     return "\n".join(lines)

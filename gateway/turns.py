@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span
 
@@ -39,6 +39,9 @@ from gateway.streaming import StreamHub
 from gateway.telemetry import span as traced
 from gateway.types import InboundMessage, OutboundMessage
 from gateway.window import WindowPolicy
+
+if TYPE_CHECKING:
+    from gateway.memory.service import MemoryService
 
 log = logging.getLogger("gateway.turns")
 
@@ -74,6 +77,8 @@ class TurnRunner:
         redact: removes configured secrets from user text and tool results before the model
             (and the transcript) sees them.
         wake: tells delivery an approval prompt was queued (thread-safe).
+        memory: long-term memory: recalled into the newest user message's meta before the turn,
+            written back after it (``None``: no memory).
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
@@ -83,7 +88,9 @@ class TurnRunner:
                  reset: ResetPolicy | None = None, job_commands: CommandHandler | None = None,
                  window: WindowPolicy | None = None, metrics: GatewayMetrics | None = None,
                  approvals: Approvals | None = None, policy: ApprovalPolicy | None = None,
-                 redact: Callable[[str], str] = lambda text: text, wake: Callable[[], None] = lambda: None) -> None:
+                 redact: Callable[[str], str] = lambda text: text, wake: Callable[[], None] = lambda: None,
+                 memory: MemoryService | None = None) -> None:
+        self.memory = memory
         self.job_commands = job_commands
         self.store = store
         self.metrics = metrics
@@ -181,6 +188,8 @@ class TurnRunner:
             if (pending_turn, "user") not in present:
                 meta = user_meta(pending.message, time.time(), budget=initial_note(self.limits))
                 text = self.redact(pending.message.text)  # a pasted secret never reaches the model
+                if self.memory is not None and pending is last:  # stored with it: replays render the same bytes
+                    meta = self.memory.annotate(meta, key=key, query=text, window=window)
                 unwritten.append(NewMessage(pending_turn, "user", text,
                                             {"meta": meta, "platform_message_id": pending.message.message_id}))
                 window.append(StoredMessage(0, pending_turn, "user", text, None, None, None, meta))
@@ -254,7 +263,10 @@ class TurnRunner:
         if outcome.stop_reason not in ("stop", "length"):
             log.info("turn %s stopped by %s after %d model calls ($%.4f)", turn_id, outcome.stop_reason,
                      outcome.steps, outcome.cost_usd)
-        return finish("done", notice + (outcome.reply.strip() or "(no answer)"), session_id, outcome.stop_reason)
+        status = finish("done", notice + (outcome.reply.strip() or "(no answer)"), session_id, outcome.stop_reason)
+        if self.memory is not None:
+            self.memory.after_turn(key=key, session_id=session_id, turn_ids=[f"in{p.inbox_id}" for p in batch])
+        return status
 
     def _approver(self, last: PendingInbound, turn_id: str) -> ChatApprover | None:
         if self.approvals is None:

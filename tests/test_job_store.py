@@ -173,10 +173,11 @@ def test_migrations_match_the_models(db_url):
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from gateway.store.models import Base
+    from gateway.store.models import Base, include_object
 
     engine = create_db_engine(db_url)
     with engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"include_object": include_object}),
+                                Base.metadata)
     engine.dispose()
     assert diff == []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, Boolean, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import DDL, JSON, Boolean, Float, Index, Integer, String, Text, UniqueConstraint, event
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -304,3 +304,53 @@ class ApprovalRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[float] = mapped_column(Float)
     decided_at: Mapped[float | None] = mapped_column(Float)
+
+
+class MemoryRow(Base):
+    """A long-term memory entry (issue 10): a conclusion or constraint, never a transcript, owned by
+    one user or one group chat. A newer entry that contradicts it sets ``superseded_by``; both stay
+    (audit, ``/memory``). Full-text search (migration ``0401``): an FTS5 index ``memories_fts`` kept by
+    triggers on SQLite, a GIN index ``ix_memories_fts`` on ``to_tsvector('english', text)`` on PostgreSQL."""
+
+    __tablename__ = "memories"
+    __table_args__ = (Index("ix_memories_owner_superseded", "owner", "superseded_by"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(255))
+    """``user:<user id>`` (DM memory; linked accounts share the user) or ``group:<chat key>``."""
+    text: Mapped[str] = mapped_column(Text)
+    type: Mapped[str] = mapped_column(String(16))
+    """``preference`` | ``fact`` | ``decision`` | ``episode``."""
+    source: Mapped[str] = mapped_column(String(16))
+    """``user_explicit`` ("remember ...") | ``task`` (proposed after a turn, or saved by the model
+    with ``save_memory``) | ``import``."""
+    confidence: Mapped[float] = mapped_column(Float)
+    """0..1: 1.0 for the user's own words, the proposing model's figure otherwise."""
+    created_at: Mapped[float] = mapped_column(Float)
+    last_used_at: Mapped[float | None] = mapped_column(Float)
+    """Last time the entry was injected or returned by ``recall_memory`` (decay starts here)."""
+    hits: Mapped[int] = mapped_column(Integer, default=0)
+    """How many turns used the entry."""
+    weight: Mapped[float] = mapped_column(Float)
+    """Base importance (explicit entries weigh more); decays with time unused when scored."""
+    superseded_by: Mapped[int | None] = mapped_column(Integer)
+    """The entry that replaced this one (``None`` while valid); only valid entries are recalled."""
+    evidence: Mapped[list[Any]] = mapped_column(JSON)
+    """Transcript message ids (``messages.id``) of the user messages or tool results it came from."""
+    embedding: Mapped[list[Any] | None] = mapped_column(JSON)
+    """The text's embedding when an embedding endpoint is configured (cosine computed in Python)."""
+
+
+# The FTS5 index is not a SQLAlchemy table: dropping ``memories`` (tests reset with drop_all) drops it too.
+event.listen(MemoryRow.__table__, "after_drop",
+             DDL("DROP TABLE IF EXISTS memories_fts").execute_if(dialect="sqlite"))
+
+
+def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """Alembic's autogenerate filter: the full-text indexes of ``memories`` (SQLite: the FTS5 table
+    ``memories_fts`` and its shadow tables; PostgreSQL: the GIN index ``ix_memories_fts``) are made by
+    migration ``0401`` for one dialect each, not by these models."""
+    if name is None:
+        return True
+    fts_table = type_ == "table" and name.startswith("memories_fts")
+    return not (fts_table or (type_ == "index" and name == "ix_memories_fts"))

@@ -35,6 +35,8 @@ _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
 _ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 _CACHE_BLOCK_CHARS = 128 * 4  # the provider caches in 128-token blocks; 1 token ~ 4 chars here
 _CACHE_MIN_TOKENS = 1024
+_EMBED_STOPWORDS = frozenset({"the", "and", "what", "which", "who", "mine", "your", "you", "are", "was", "this",
+                              "that", "with", "for", "have", "has", "does", "did"})
 
 
 # --------------------------------------------------------------------------------------- replies
@@ -258,7 +260,8 @@ def _pieces(s: str, n: int = 3) -> list[str]:
 
 
 class FakeOpenAI(ThreadedServer):
-    """The fake server. ``POST /v1/chat/completions`` and ``GET /v1/models``, Bearer auth required.
+    """The fake server. ``POST /v1/chat/completions``, ``POST /v1/embeddings`` and ``GET /v1/models``,
+    Bearer auth required.
 
     Public state (all thread-safe): ``responder`` (``fn(request_json) -> Reply | str | None``, used
     when the queue is empty), ``requests`` (list of records ``{"path", "json", "headers", "time",
@@ -281,6 +284,10 @@ class FakeOpenAI(ThreadedServer):
         self._queue: deque[Reply] = deque()
         self._requests: list[dict[str, Any]] = []
         self._prefixes: set[bytes] = set()
+        self.embedding_requests: list[dict[str, Any]] = []
+        """Bodies of ``POST /v1/embeddings`` requests (kept apart from chat ``requests``)."""
+        self.embedding_aliases: dict[str, str] = {}
+        """Word -> word it embeds as (``{"automobile": "car"}``: synonyms a keyword search misses)."""
 
     # ---- scripting and inspection (any thread)
 
@@ -296,6 +303,8 @@ class FakeOpenAI(ThreadedServer):
             self._requests.clear()
             self._prefixes.clear()
             self.responder = None
+            self.embedding_requests.clear()
+            self.embedding_aliases.clear()
 
     @property
     def pending(self) -> int:
@@ -334,6 +343,7 @@ class FakeOpenAI(ThreadedServer):
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         return app
 
     def _auth_error(self, request: web.Request) -> ErrorReply | None:
@@ -399,6 +409,35 @@ class FakeOpenAI(ThreadedServer):
             return await self._stream(request, body, reply, prompt_tokens, cached)
         return web.json_response(self._completion(body, reply, prompt_tokens, cached),
                                  headers={"x-request-id": _new_id("req_", 32)})
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        """``POST /v1/embeddings``: a deterministic bag-of-words vector per input (64 dimensions;
+        words of 3+ letters hashed, a few stop words and a trailing ``s`` dropped,
+        ``embedding_aliases`` applied), so texts sharing words (or aliased words) are near."""
+        if (err := self._auth_error(request)) is not None:
+            return self._error_response(err)
+        body = await request.json()
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not body.get("model") or not isinstance(inputs, list) or not inputs:
+            return self._error_response(ErrorReply(400, "'model' and a non-empty 'input' are required."))
+        with self._lock:
+            self.embedding_requests.append(body)
+            aliases = dict(self.embedding_aliases)
+        data = []
+        for index, text_ in enumerate(inputs):
+            vector = [0.0] * 64
+            for word in re.findall(r"[a-z0-9]{3,}", str(text_).lower()):
+                if word in _EMBED_STOPWORDS:
+                    continue
+                word = aliases.get(word, word)
+                word = word[:-1] if word.endswith("s") else word
+                vector[hashlib.md5(word.encode()).digest()[0] % 64] += 1.0
+            data.append({"object": "embedding", "index": index, "embedding": vector})
+        tokens = sum(len(str(t)) // 4 + 1 for t in inputs)
+        return web.json_response({"object": "list", "data": data, "model": body["model"],
+                                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     def _next_reply(self, body: dict[str, Any]) -> Reply:
         with self._lock:

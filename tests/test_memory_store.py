@@ -1,0 +1,65 @@
+"""``MemoryStore`` on SQLite (FTS5) and PostgreSQL (full-text): owner isolation, supersede chains,
+forgetting, hits."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.store.db import create_db_engine
+from gateway.store.memories import MemoryStore, NewMemory
+
+
+@pytest.fixture
+def memories(db_url):
+    engine = create_db_engine(db_url)
+    yield MemoryStore(engine)
+    engine.dispose()
+
+
+def test_keyword_search_is_stemmed_and_never_crosses_owners(memories):
+    alice = memories.add(NewMemory("user:alice", "Alice reports sales figures every Monday", "fact", "user_explicit"))
+    memories.add(NewMemory("user:bob", "Bob reports sales figures every Friday", "fact", "user_explicit"))
+    memories.add(NewMemory("user:alice", "Alice is allergic to peanuts", "fact", "user_explicit"))
+    found = memories.keyword_search("user:alice", ["report", "sale"])
+    assert [m.id for m in found] == [alice.id]  # stems match ("report" ~ "reports"); Bob's never
+    assert memories.keyword_search("user:carol", ["report", "sale"]) == []
+    assert memories.keyword_search("user:alice", []) == []
+    assert memories.keyword_search("user:alice", ["x'); DROP TABLE memories; --"]) == []  # not a word: ignored
+
+
+def test_a_superseded_entry_is_not_found_but_stays_in_history(memories):
+    old = memories.add(NewMemory("user:alice", "Report figures in year-on-year terms", "preference", "user_explicit"))
+    new = memories.add(NewMemory("user:alice", "Report figures in month-on-month terms", "preference", "task"),
+                       supersedes=[old.id])
+    assert [m.id for m in memories.keyword_search("user:alice", ["report", "figures"])] == [new.id]
+    history = memories.entries("user:alice")
+    assert [(m.id, m.superseded_by) for m in history] == [(old.id, new.id), (new.id, None)]
+
+
+def test_supersede_touches_only_the_owners_valid_entries(memories):
+    bobs = memories.add(NewMemory("user:bob", "Bob likes tea", "preference", "user_explicit"))
+    mine = memories.add(NewMemory("user:alice", "Alice likes coffee", "preference", "user_explicit"))
+    newer = memories.add(NewMemory("user:alice", "Alice likes green tea", "preference", "task"),
+                         supersedes=[bobs.id, mine.id])
+    assert memories.get("user:bob", bobs.id).superseded_by is None
+    assert memories.get("user:alice", mine.id).superseded_by == newer.id
+    assert memories.get("user:alice", bobs.id) is None  # another owner's id reads as nothing
+
+
+def test_forget_deletes_the_entry_and_the_older_versions_it_replaced(memories):
+    first = memories.add(NewMemory("user:alice", "Home office in Leeds", "fact", "user_explicit"))
+    second = memories.add(NewMemory("user:alice", "Home office in York", "fact", "user_explicit"),
+                          supersedes=[first.id])
+    other = memories.add(NewMemory("user:alice", "Works on the billing team", "fact", "user_explicit"))
+    assert memories.forget("user:bob", second.id) == []  # not Bob's
+    assert memories.forget("user:alice", second.id) == sorted([first.id, second.id])
+    assert [m.id for m in memories.entries("user:alice")] == [other.id]
+    assert memories.keyword_search("user:alice", ["office", "leeds", "york"]) == []  # gone from the index too
+
+
+def test_hits_are_counted_and_restart_the_decay_clock(memories):
+    entry = memories.add(NewMemory("user:alice", "Prefers metric units", "preference", "user_explicit"), now=100.0)
+    memories.used([entry.id], now=200.0)
+    memories.used([entry.id], now=300.0)
+    stored = memories.get("user:alice", entry.id)
+    assert (stored.hits, stored.last_used_at, stored.created_at) == (2, 300.0, 100.0)
