@@ -131,8 +131,9 @@ class AgentConfig(_Section):
     stream_first_after_s: float = 1.0
     """A preview is sent only once the model has been writing this long (short replies: none)."""
     stream_edit_interval_s: dict[str, float] = Field(
-        default_factory=lambda: {"telegram": 1.0, "slack": 1.0, "feishu": 1.0, "web": 0.25})
-    """Seconds between preview edits per platform (Telegram: ~1 edit/s per chat)."""
+        default_factory=lambda: {"telegram": 1.0, "slack": 1.0, "feishu": 0.5, "web": 0.25})
+    """Seconds between preview edits per platform (Telegram: ~1 edit/s per chat; Feishu: card PATCH
+    ≤ 5 QPS per message, PLATFORMS.md §3.3 advises 2-4 Hz)."""
 
     @field_validator("prices", mode="after")
     @classmethod

@@ -105,7 +105,8 @@ class PlanMessage:
             self.message_id = message_id  # a resumed turn keeps editing its message
             return
         store.set_preview(row_id, "?")
-        message = OutboundMessage(address, text, f"{self.key}:first", reply_to_id=self._reply_to_id, format="plain")
+        message = OutboundMessage(address, text, f"{self.key}:first", reply_to_id=self._reply_to_id, format="plain",
+                                  editable=True)
         try:
             result = self._submit(self._adapter.send(message)).result(SEND_TIMEOUT_S)
         except Exception:

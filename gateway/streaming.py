@@ -139,7 +139,7 @@ class TurnStream:
         store.set_preview(row_id, "?")
         shown = preview_text(text)
         message = OutboundMessage(address, shown, f"{self._key}:preview", reply_to_id=self._reply_to_id,
-                                  format="plain")
+                                  format="plain", editable=True)
         try:
             result = self._submit(self._adapter.send(message)).result(SEND_TIMEOUT_S)
         except Exception:

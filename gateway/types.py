@@ -141,6 +141,9 @@ class OutboundMessage:
     """``(label, command text)`` pairs shown under the last part where the platform has buttons
     (Telegram inline keyboard); pressing one arrives as that command from the presser. The text
     must name the same commands, for platforms without buttons."""
+    editable: bool = False
+    """The message will be edited later (a streamed preview, the plan message): an adapter that can
+    edit only some kinds of message sends one of those (Feishu: a shared interactive card)."""
 
 
 @dataclass(frozen=True, slots=True)

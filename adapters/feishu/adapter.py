@@ -39,11 +39,14 @@ from lark_oapi.api.im.v1 import (
     CreateMessageRequestBody,
     DeleteMessageReactionRequest,
     Emoji,
+    PatchMessageRequest,
+    PatchMessageRequestBody,
     ReplyMessageRequest,
     ReplyMessageRequestBody,
 )
 from lark_oapi.core.utils import AESCipher
 
+from adapters.feishu.cards import action_to_inbound, card_parts
 from adapters.feishu.format import Part, format_plain, format_reply
 from adapters.feishu.inbound import Ignored, to_inbound
 from adapters.feishu.token import TenantToken
@@ -67,6 +70,8 @@ NAME_CACHE_S = 3600.0
 """How long a looked-up name (or the contact API's refusal) is remembered."""
 WS_STORE_TIMEOUT_S = 10.0
 """How long a long-connection event waits for the inbox write before it is nacked (re-pushed)."""
+RECALLED_CODE = 230011
+"""Feishu: the message was recalled (a preview card the user or an admin took back)."""
 
 
 class FeishuApiError(Exception):
@@ -171,6 +176,7 @@ class FeishuAdapter:
         self._last_inbound: OrderedDict[ChatAddress, str] = OrderedDict()
         self._typing: dict[ChatAddress, list[tuple[str, str]]] = {}  # address -> [(message_id, reaction_id)]
         self._reacted: OrderedDict[str, None] = OrderedDict()  # message ids already given a reaction
+        self._dm_chats: OrderedDict[str, bool] = OrderedDict()  # chat id -> is a p2p chat (seen inbound)
         self._ws_thread: threading.Thread | None = None
         self._ws_loop: asyncio.AbstractEventLoop | None = None
         self._ws_client: Any = None
@@ -283,6 +289,10 @@ class FeishuAdapter:
     async def _dispatch(self, body: dict[str, Any]) -> None:
         """Normalizes one decrypted event and stores it (raises if the inbox write failed)."""
         assert self._sink is not None
+        press = action_to_inbound(body, self.bot_open_id)
+        if press is not None:  # a command button on one of our cards: the presser's command
+            await self._sink(press)
+            return
         result = to_inbound(body, self.bot_open_id)
         if isinstance(result, Ignored):
             header = body.get("header") or {}
@@ -335,6 +345,10 @@ class FeishuAdapter:
         self._last_inbound.move_to_end(message.address)
         while len(self._last_inbound) > 4096:
             self._last_inbound.popitem(last=False)
+        self._dm_chats[message.address.chat_id] = message.chat_type == "dm"
+        self._dm_chats.move_to_end(message.address.chat_id)
+        while len(self._dm_chats) > 4096:
+            self._dm_chats.popitem(last=False)
 
     def _verify(self, request: web.Request, raw: bytes) -> tuple[int, dict[str, Any] | str]:
         """Checks and decodes one webhook body: ``(200, event)`` or ``(status, reason)``.
@@ -380,13 +394,16 @@ class FeishuAdapter:
         assert isinstance(checked, dict)
         if checked.get("type") == "url_verification":
             return web.json_response({"challenge": checked.get("challenge", "")})
+        # A card callback's answer may carry a toast or a new card (lark-oapi
+        # P2CardActionTriggerResponse); ``{}`` leaves the card as it is.
+        answer = {} if (checked.get("header") or {}).get("event_type") == "card.action.trigger" else {"msg": "success"}
         try:
             await self._dispatch(checked)
         except Exception:
             event_id = (checked.get("header") or {}).get("event_id")
             log.exception("could not store feishu event %s; asking Feishu to push it again", event_id)
             return web.json_response({"msg": "not stored"}, status=500)
-        return web.json_response({"msg": "success"})
+        return web.json_response(answer)
 
     def _on_long_connection_payload(self, payload: bytes) -> None:
         """Runs on the long-connection thread: hands the event to the main loop and waits for the
@@ -430,17 +447,27 @@ class FeishuAdapter:
     # -- outbound ----------------------------------------------------------------------------
     async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
                    before_part: BeforePart | None = None) -> DeliveryResult:
-        """Sends the reply as ``post`` parts (``text`` for plain format), in order.
+        """Sends the reply as ``post`` parts (``text`` for plain format), in order; as shared
+        interactive cards (``adapters.feishu.cards``) when it will be edited (``editable``), edits a
+        card (``edit_id``) or carries command ``buttons`` (on its last card).
 
         Feishu open API im/v1 messages: a reply (``POST /messages/{reply_to_id}/reply``) when
         ``reply_to_id`` is set, with ``reply_in_thread`` when the address is a thread (every part then
         goes into the thread); otherwise ``POST /messages?receive_id_type=chat_id``. Each part carries
         ``uuid`` = idempotency key + part index, so Feishu drops a retried duplicate; parts below
-        ``resume_from`` are skipped. Rate limits (HTTP 429, 99991400, 230020, 11232), 5xx and network
-        errors are retryable (``retry_after`` from ``x-ogw-ratelimit-reset``); other codes are not.
+        ``resume_from`` are skipped. With ``edit_id`` (a streamed preview or plan card), part 1 is a
+        ``PATCH /messages/{edit_id}`` of that card (repeating it is harmless); a card that was recalled
+        (230011) is replaced by a new message. Rate limits (HTTP 429, 99991400, 230020, 11232), 5xx
+        and network errors are retryable (``retry_after`` from ``x-ogw-ratelimit-reset``); other codes
+        are not.
         """
-        parts = format_reply(message.text) if message.format == "markdown" else format_plain(message.text)
         address = message.address
+        if message.editable or message.edit_id or message.buttons:
+            parts = card_parts(message.text, message.format, message.buttons, self._button_context(message))
+        elif message.format == "markdown":
+            parts = format_reply(message.text)
+        else:
+            parts = format_plain(message.text)
         ids: list[str] = []
         for index, part in enumerate(parts):
             if index < message.resume_from:
@@ -448,20 +475,66 @@ class FeishuAdapter:
             target = message.reply_to_id if index == 0 or address.thread_id else None
             if before_part is not None:
                 await before_part(index)
+            sender = self._sender(address, part, target, _uuid(message, index))
+            patched = index == 0 and message.edit_id is not None
             try:
-                response = await self._call(self._sender(address, part, target, _uuid(message, index)))
+                if patched:
+                    assert message.edit_id is not None
+                    response = await self._call(self._patcher(message.edit_id, part.content))
+                    if response.code == RECALLED_CODE:
+                        log.warning("feishu card %s was recalled; sending the reply as a new message", message.edit_id)
+                        patched = False
+                        response = await self._call(sender)
+                else:
+                    response = await self._call(sender)
             except FeishuApiError as exc:  # token fetch failed
                 return DeliveryResult(False, tuple(ids), retryable=exc.code is None or exc.status is None
                                       or exc.status >= 500, error=f"tenant token: code {exc.code}")
             except Exception as exc:
                 return DeliveryResult(False, tuple(ids), retryable=True, error=f"network: {type(exc).__name__}")
-            if response.code != 0 or response.data is None:
+            if response.code != 0 or (not patched and response.data is None):
                 return self._failure(response, tuple(ids))
-            ids.append(str(response.data.message_id))
+            ids.append(message.edit_id if patched and message.edit_id else str(response.data.message_id))
             if on_part is not None and index < len(parts) - 1:
                 await on_part(ids[-1])  # recorded before the next part: a crash never repeats it
         await self._clear_typing(address)
         return DeliveryResult(True, tuple(ids))
+
+    def _button_context(self, message: OutboundMessage) -> dict[str, Any]:
+        """What a button press must bring back to be answered where the card is: the thread and
+        whether the chat is a DM (remembered from inbound messages; else a card that quotes no
+        message is taken to be in a DM, as only DM replies quote nothing)."""
+        chat_id = message.address.chat_id
+        is_dm = self._dm_chats.get(chat_id, message.reply_to_id is None)
+        return {"chat_type": "dm" if is_dm else "group", "thread_id": message.address.thread_id or ""}
+
+    def _patcher(self, message_id: str, content: str) -> Callable[[lark.RequestOption], Awaitable[Any]]:
+        """A factory of the card update call (Feishu open API: ``PATCH /open-apis/im/v1/messages/{id}``,
+        shared cards only, ≤ 5 QPS per message)."""
+        def invoke(option: lark.RequestOption) -> Awaitable[Any]:
+            body = PatchMessageRequestBody.builder().content(content).build()
+            request = PatchMessageRequest.builder().message_id(message_id).request_body(body).build()
+            return self.client.im.v1.message.apatch(request, option)
+
+        return invoke
+
+    async def edit(self, address: ChatAddress, message_id: str, text: str) -> DeliveryResult:
+        """Shows plain ``text`` in the bot's card ``message_id`` (a streamed preview or the plan
+        message, sent ``editable``) by a card PATCH; text beyond one card (30 KB) is cut. Never raises.
+
+        Card update, not message edit: ``PUT /open-apis/im/v1/messages/{id}`` allows 20 edits per
+        message, a shared card's PATCH has no such count (see ``adapters.feishu.cards``); its 5 QPS
+        per message is kept by the gateway's edit interval (``agent.stream_edit_interval_s``)."""
+        content = card_parts(text, "plain")[0].content
+        try:
+            response = await self._call(self._patcher(message_id, content))
+        except FeishuApiError as exc:
+            return DeliveryResult(False, retryable=True, error=f"tenant token: code {exc.code}")
+        except Exception as exc:
+            return DeliveryResult(False, retryable=True, error=f"network: {type(exc).__name__}")
+        if response.code != 0:
+            return self._failure(response, ())
+        return DeliveryResult(True, (message_id,))
 
     def _sender(self, address: ChatAddress, part: Part, reply_to: str | None,
                 uuid: str) -> Callable[[lark.RequestOption], Awaitable[Any]]:

@@ -278,7 +278,9 @@ def _cut(text: str, budget: int) -> int:
     return end
 
 
-def _split_text(text: str, budget: int) -> list[str]:
+def split_text(text: str, budget: int) -> list[str]:
+    """``text`` cut into pieces costing ≤ ``budget`` bytes each once encoded into a request body
+    (cuts prefer line breaks, then spaces); ``[]`` for empty text."""
     pieces = []
     while text:
         at = _cut(text, budget)
@@ -292,14 +294,14 @@ def _split_row(row: Row, budget: int) -> list[Row]:
     if len(row) == 1 and row[0].get("tag") == "code_block":
         block = row[0]
         shell = encoded_size({**block, "text": ""}) + 2
-        return [[{**block, "text": piece.rstrip("\n")}] for piece in _split_text(block["text"], budget - shell)]
+        return [[{**block, "text": piece.rstrip("\n")}] for piece in split_text(block["text"], budget - shell)]
     rows: list[Row] = []
     current: Row = []
     used = 2
     for element in row:
         shell = encoded_size({**element, "text": ""}) + 1
         text = str(element.get("text") or "")
-        for piece in _split_text(text, budget - 2 - shell) if text else [""]:
+        for piece in split_text(text, budget - 2 - shell) if text else [""]:
             piece_element = {**element, "text": piece}
             size = shell + sum(_char_cost(ch) for ch in piece)
             if current and used + size > budget:
@@ -347,4 +349,4 @@ def format_plain(text: str, limit: int = TEXT_LIMIT_BYTES) -> list[Part]:
     """Plain text -> ``text`` parts (``{"text": ...}``) within ``limit`` bytes each; blank text -> []."""
     budget = limit - BODY_OVERHEAD_BYTES - encoded_size({"text": ""})
     return [Part("text", json.dumps({"text": piece}, ensure_ascii=False))
-            for piece in _split_text(text, budget) if piece.strip()]
+            for piece in split_text(text, budget) if piece.strip()]

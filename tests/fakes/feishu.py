@@ -12,7 +12,11 @@ the long connection's protobuf frames):
   dedupes creates and replies (the first message is returned again, nothing new is stored);
 - reply targets must exist (messages learned from posted events or sent by the bot); ``reply_in_thread``
   puts the reply in the target's thread (a new ``omt_`` one when it had none); edits (PUT) ≤ 20 per
-  message and only of the bot's text/post messages; PATCH only on interactive cards;
+  message and only of the bot's text/post messages; PATCH only on interactive cards sent with
+  ``config.update_multi: true`` (shared cards);
+- card callbacks: ``card_action`` builds the ``card.action.trigger`` body Feishu sends when a user
+  presses a button of a card the bot sent (the button must be on the card); post it with
+  ``post_event`` (webhook) or ``ws_push`` (long connection);
 - canned faults per route (``fail_next``), e.g. 429 + 99991400 + ``x-ogw-ratelimit-reset``;
 - event push: ``post_event`` sends plaintext or ``{"encrypt"}`` bodies (AES-256-CBC, key = SHA-256 of
   the encrypt key, base64 of IV + ciphertext) with ``X-Lark-Request-Timestamp/-Nonce/-Signature``;
@@ -153,10 +157,32 @@ def signature(timestamp: str, nonce: str, encrypt_key: str, body: bytes) -> str:
     return hashlib.sha256((timestamp + nonce + encrypt_key).encode() + body).hexdigest()
 
 
+def card_elements(content: Any) -> list[JSON]:
+    """The elements of a decoded card (JSON 2.0 ``body.elements`` or 1.0 ``elements``), nested ones
+    (columns) flattened, in order."""
+    found: list[JSON] = []
+
+    def walk(elements: Any) -> None:
+        for element in elements or ():
+            if isinstance(element, dict):
+                found.append(element)
+                walk(element.get("elements"))
+                walk(element.get("columns"))
+                walk(element.get("actions"))
+
+    walk(((content or {}).get("body") or {}).get("elements") or (content or {}).get("elements"))
+    return found
+
+
 def post_text(content: Any) -> str:
-    """The visible text of a decoded ``post`` (rows joined by newlines) or ``text`` content."""
+    """The visible text of a decoded ``post`` (rows joined by newlines), ``text`` or card content
+    (its markdown and plain text elements joined by newlines)."""
     if isinstance(content, dict) and "text" in content:
         return str(content["text"])
+    if isinstance(content, dict) and ("body" in content or "elements" in content):
+        texts = [str(el.get("content") if el.get("tag") == "markdown" else (el.get("text") or {}).get("content", ""))
+                 for el in card_elements(content) if el.get("tag") in ("markdown", "div")]
+        return "\n".join(texts)
     locale = next((v for k, v in (content or {}).items() if k in LOCALES), {})
     return "\n".join("".join(str(el.get("text", "")) for el in row) for row in locale.get("content", []))
 
@@ -294,6 +320,30 @@ class FakeFeishu(ThreadedServer):
                        "app_id": self.app_id},
             "event": {"sender": {"sender_id": {"open_id": sender, "union_id": "", "user_id": ""},
                                  "sender_type": "user", "tenant_key": self.tenant_key}, "message": message},
+        }
+
+    def card_action(self, message_id: str, label: str, *, operator: str = "ou_fakealice00000000000000000000001",
+                    event_id: str | None = None) -> JSON:
+        """The ``card.action.trigger`` callback body (schema 2.0) for ``operator`` pressing the button
+        labelled ``label`` on the bot's card ``message_id``, as Feishu sends it: ``action.value`` is
+        the button's value. Raises ``LookupError`` when the card has no such button."""
+        with self._lock:
+            message = copy.deepcopy(self._messages.get(message_id))
+        if message is None or message["msg_type"] != "interactive":
+            raise LookupError(f"{message_id} is not a card the bot sent")
+        button = next((el for el in card_elements(message["content"]) if el.get("tag") == "button"
+                       and (el.get("text") or {}).get("content") == label), None)
+        if button is None:
+            raise LookupError(f"card {message_id} has no button {label!r}")
+        return {
+            "schema": "2.0",
+            "header": {"event_id": event_id or uuid_lib.uuid4().hex, "token": self.verification_token,
+                       "create_time": str(int(time.time() * 1000)), "event_type": "card.action.trigger",
+                       "tenant_key": self.tenant_key, "app_id": self.app_id},
+            "event": {"operator": {"tenant_key": self.tenant_key, "open_id": operator, "user_id": "", "union_id": ""},
+                      "token": f"c-{uuid_lib.uuid4().hex}", "host": "im_message",
+                      "action": {"tag": "button", "value": button.get("value") or {}},
+                      "context": {"open_message_id": message_id, "open_chat_id": message["chat_id"]}},
         }
 
     def encrypt(self, plaintext: bytes) -> str:
@@ -595,6 +645,8 @@ class FakeFeishu(ThreadedServer):
         target = self._target(request)
         if target["msg_type"] != "interactive":
             raise ApiError(400, 230001, "Your request contains an invalid request parameter: not a card")
+        if not ((target["content"] or {}).get("config") or {}).get("update_multi"):
+            raise ApiError(400, 230001, "Your request contains an invalid request parameter: not a shared card")
         self._check_message({**(body or {}), "msg_type": "interactive"}, raw, call)
         with self._lock:
             target.update(edits=target["edits"] + 1, content=call.content)
