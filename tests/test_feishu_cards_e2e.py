@@ -1,0 +1,178 @@
+"""Feishu interactive cards end to end, through the real lark-oapi against the loopback fake: a
+streamed reply is one card patched in place whose last state is the answer; a plan is one card
+patched in place and the reply another message; an approval card's buttons become the presser's
+``/approve`` / ``/deny`` (webhook and long connection), and only the asker may decide."""
+
+from __future__ import annotations
+
+import json
+
+from adapters.feishu.cards import action_to_inbound, card_parts
+from gateway.streaming import PREVIEW_SUFFIX
+from tests.conftest import gateway_config, start_gateway
+from tests.fakes import openai as oa
+from tests.fakes.feishu import card_elements, post_text
+from tests.helpers import wait_until
+from tests.test_approvals_e2e import write_then_report
+from tests.test_feishu_e2e import P2P, url
+from tests.test_skills_e2e import plan
+from tests.test_streaming import FINAL
+
+ALICE, BOB = "ou_fakealice00000000000000000000001", "ou_fakebob000000000000000000000001"
+GROUP = "oc_fakegroupcards00000000000000001"
+STREAM_FAST = {"stream_first_after_s": 0.2, "stream_edit_interval_s": {"feishu": 0.3}}
+
+
+def created(fake, chat_id: str) -> list:
+    """Successful create/reply calls that put a message into ``chat_id``."""
+    ids = {m["message_id"] for m in fake.sent(chat_id)}
+    return [c for c in fake.calls() if c.route in ("create", "reply") and c.code == 0 and c.message_id in ids]
+
+
+def patches_of(fake, message_id: str) -> list:
+    return [c for c in fake.calls("patch") if c.code == 0 and c.path.endswith("/" + message_id)]
+
+
+def settled(gateway) -> bool:
+    rows = gateway.store.outbox_rows()
+    return bool(rows) and all(r["status"] == "sent" for r in rows)
+
+
+async def test_streamed_reply_is_one_card_patched_in_place_and_ends_as_the_answer(tmp_path, fake_feishu, fake_openai,
+                                                                                   running):
+    fake_feishu.reset()
+    fake_openai.reset()
+    fake_openai.script(oa.text(FINAL, pieces=10, piece_delay_s=0.15))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu, agent=STREAM_FAST),
+                                  running)
+    status, _ = await fake_feishu.post_event(url(gateway), fake_feishu.text_event("stream it"))
+    assert status == 200
+    await wait_until(lambda: [post_text(m["content"]) for m in fake_feishu.sent(P2P)] == [FINAL],
+                     what="the preview card patched into the answer")
+    await wait_until(lambda: settled(gateway), what="outbox settled")
+
+    [create] = created(fake_feishu, P2P)  # one message: the preview, never a second copy of the answer
+    assert create.body["msg_type"] == "interactive" and create.content["config"]["update_multi"] is True
+    assert post_text(create.content).endswith(PREVIEW_SUFFIX)
+    [message] = fake_feishu.sent(P2P)
+    patches = patches_of(fake_feishu, message["message_id"])
+    assert len(patches) >= 2  # preview edits, then the final state
+    assert [el["tag"] for el in card_elements(message["content"])] == ["markdown"]  # the answer keeps its markdown
+    assert [r["preview_id"] for r in gateway.store.outbox_rows()] == [message["message_id"]]
+
+
+async def test_plan_is_one_card_patched_in_place_and_the_reply_another_message(tmp_path, fake_feishu, fake_openai,
+                                                                               running):
+    fake_feishu.reset()
+    fake_openai.reset()
+    fake_openai.script(oa.tool_calls(oa.call("update_plan", plan("in_progress", "pending", "pending"))),
+                       oa.tool_calls(oa.call("update_plan", plan("done", "in_progress", "pending"))),
+                       oa.tool_calls(oa.call("update_plan", plan("done", "done", "done"))),
+                       oa.text("All three done."))
+    config = gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu,
+                            agent={"stream_edit_interval_s": {"feishu": 0.0}})
+    gateway = await start_gateway(config, running)
+    status, _ = await fake_feishu.post_event(url(gateway), fake_feishu.text_event("do the three things"))
+    assert status == 200
+    await wait_until(lambda: [post_text(m["content"]) for m in fake_feishu.sent(P2P)][-1:] == ["All three done."],
+                     what="reply")
+    await wait_until(lambda: settled(gateway), what="outbox settled")
+
+    plan_card, reply = fake_feishu.sent(P2P)
+    assert [c.content and post_text(c.content).splitlines()[0] for c in created(fake_feishu, P2P)] == [
+        "Plan (0/3 done)", "All three done."]
+    assert plan_card["msg_type"] == "interactive" and reply["msg_type"] == "post"
+    assert post_text(plan_card["content"]).splitlines()[0] == "Plan (3/3 done)"
+    assert len(patches_of(fake_feishu, plan_card["message_id"])) >= 2
+    assert not [c for c in fake_feishu.calls("patch") if c.path.endswith("/" + reply["message_id"])]
+
+
+def approval_config(tmp_path, fake_openai, fake_feishu, **feishu):
+    return gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu, feishu=feishu,
+                          tools={"workspace": "write", "workspace_root": str(tmp_path / "ws")},
+                          approvals={"require_for": ["write", "external"], "timeout_s": 10.0})
+
+
+def texts(fake, chat_id: str) -> list[str]:
+    return [post_text(m["content"]) for m in fake.sent(chat_id)]
+
+
+async def approval_card(fake, chat_id: str) -> dict:
+    await wait_until(lambda: any("Approval needed" in t for t in texts(fake, chat_id)), what="approval card")
+    card = next(m for m in fake.sent(chat_id) if "Approval needed" in post_text(m["content"]))
+    assert card["msg_type"] == "interactive"
+    buttons = [el for el in card_elements(card["content"]) if el["tag"] == "button"]
+    assert [b["text"]["content"] for b in buttons] == ["✅ Approve", "❌ Deny"]
+    assert buttons[0]["value"]["gw_cmd"].startswith("/approve ") and buttons[1]["value"]["gw_cmd"].startswith("/deny ")
+    return card
+
+
+async def test_approve_button_runs_the_tool_and_another_users_press_is_refused(tmp_path, fake_feishu, fake_openai,
+                                                                               running):
+    fake_feishu.reset()
+    fake_openai.reset()
+    fake_openai.responder = write_then_report
+    gateway = await start_gateway(approval_config(tmp_path, fake_openai, fake_feishu), running)
+    status, _ = await fake_feishu.post_event(url(gateway), fake_feishu.text_event(
+        "make a plan", chat_id=GROUP, chat_type="group", mention_bot=True, sender=ALICE))
+    assert status == 200
+    card = await approval_card(fake_feishu, GROUP)
+
+    status, body = await fake_feishu.post_event(url(gateway), fake_feishu.card_action(
+        card["message_id"], "✅ Approve", operator=BOB))
+    assert (status, body) == (200, {})
+    await wait_until(lambda: any("Only the person" in t for t in texts(fake_feishu, GROUP)), what="Bob refused")
+    refusal = next(m for m in fake_feishu.sent(GROUP) if "Only the person" in post_text(m["content"]))
+    assert refusal["parent_id"] == card["message_id"]  # answered under the pressed card
+    assert not list((tmp_path / "ws").rglob("plan.txt"))
+
+    press = fake_feishu.card_action(card["message_id"], "✅ Approve", operator=ALICE)
+    assert (await fake_feishu.post_event(url(gateway), press))[0] == 200
+    await wait_until(lambda: any(t.startswith("tool said") for t in texts(fake_feishu, GROUP)), what="turn finished")
+    assert texts(fake_feishu, GROUP)[-1] == "tool said: Wrote 6 bytes to plan.txt."
+    assert list((tmp_path / "ws").rglob("plan.txt"))
+
+    assert (await fake_feishu.post_event(url(gateway), press))[0] == 200  # Feishu pushes the callback again
+    await wait_until(lambda: settled(gateway), what="outbox settled")
+    assert sum(t.startswith("Approved:") for t in texts(fake_feishu, GROUP)) == 1
+
+
+async def test_deny_button_over_the_long_connection_tells_the_model_and_nothing_runs(tmp_path, fake_feishu,
+                                                                                     fake_openai, running):
+    fake_feishu.reset()
+    fake_openai.reset()
+    fake_openai.responder = write_then_report
+    await start_gateway(approval_config(tmp_path, fake_openai, fake_feishu, mode="websocket"), running)
+    await fake_feishu.wait_ws_connected()
+    chat = "oc_fakep2pcards0000000000000000001"
+    assert (await fake_feishu.ws_push(fake_feishu.text_event("make a plan", chat_id=chat)))["code"] == 200
+    card = await approval_card(fake_feishu, chat)
+
+    ack = await fake_feishu.ws_push(fake_feishu.card_action(card["message_id"], "❌ Deny", operator=ALICE))
+    assert ack["code"] == 200
+    await wait_until(lambda: any(t.startswith("tool said") for t in texts(fake_feishu, chat)), what="turn finished")
+    assert "denied" in texts(fake_feishu, chat)[-1].lower()
+    assert any(t.startswith("Denied:") for t in texts(fake_feishu, chat))
+    assert not list((tmp_path / "ws").rglob("plan.txt"))
+
+
+def test_card_markdown_never_becomes_a_tag_and_long_text_is_cut_into_cards_with_buttons_on_the_last():
+    [part] = card_parts("ping <at id=all></at> and a < b", "markdown")
+    content = json.loads(part.content)
+    assert content["body"]["elements"][0]["content"] == "ping &lt;at id=all>&lt;/at> and a < b"
+
+    parts = card_parts("word " * 20000, "markdown", (("OK", "/approve x"),))
+    assert len(parts) >= 2 and all(len(json.dumps({"content": p.content}).encode()) < 30 * 1024 for p in parts)
+    assert [any(el["tag"] == "button" for el in card_elements(json.loads(p.content))) for p in parts] == [
+        False] * (len(parts) - 1) + [True]
+
+
+def test_a_press_without_a_command_or_by_the_bot_is_not_a_message():
+    body = {"schema": "2.0", "header": {"event_type": "card.action.trigger", "event_id": "e1", "tenant_key": "t"},
+            "event": {"operator": {"open_id": ALICE}, "action": {"value": {"gw_cmd": "approve x"}},
+                      "context": {"open_message_id": "om_1", "open_chat_id": "oc_1"}}}
+    assert action_to_inbound(body, "ou_bot") is None  # not a command
+    body["event"]["action"]["value"]["gw_cmd"] = "/approve x"
+    assert action_to_inbound(body, ALICE) is None  # the bot itself
+    message = action_to_inbound(body, "ou_bot")
+    assert message is not None and (message.command, message.text, message.sender.user_id) == ("approve", "x", ALICE)
