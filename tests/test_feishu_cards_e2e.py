@@ -176,3 +176,20 @@ def test_a_press_without_a_command_or_by_the_bot_is_not_a_message():
     assert action_to_inbound(body, ALICE) is None  # the bot itself
     message = action_to_inbound(body, "ou_bot")
     assert message is not None and (message.command, message.text, message.sender.user_id) == ("approve", "x", ALICE)
+
+
+async def test_a_recalled_preview_card_gets_the_answer_as_a_new_message(tmp_path, fake_feishu, fake_openai, running):
+    from gateway.types import ChatAddress, OutboundMessage
+
+    fake_feishu.reset()
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu), running)
+    adapter = gateway.adapters["feishu"]
+    address = ChatAddress("feishu", fake_feishu.tenant_key, P2P)
+    preview = await adapter.send(OutboundMessage(address, "Draft …", "t1:0:preview", format="plain", editable=True))
+    assert preview.ok and (await adapter.edit(address, preview.platform_message_ids[0], "Draft, more …")).ok
+
+    fake_feishu.fail_next("patch", 400, 230011, "The message was recalled.")
+    final = await adapter.send(OutboundMessage(address, "The **answer**.", "t1:0",
+                                               edit_id=preview.platform_message_ids[0]))
+    assert final.ok and final.platform_message_ids[0] != preview.platform_message_ids[0]
+    assert [post_text(m["content"]) for m in fake_feishu.sent(P2P)] == ["Draft, more …", "The **answer**."]
