@@ -228,6 +228,9 @@ class Gateway:
             return stored
 
     async def _receive(self, message: InboundMessage) -> bool:
+        redacted = self.redact(message.text)  # a pasted secret is never stored, not even in the inbox
+        if redacted != message.text:
+            message = dataclasses.replace(message, text=redacted)
         identity = await self.run_db(self.directory.identify, message)
         key = session_key_for(message, identity.user_id, self.config.sessions.group_scope)
         if not message.addressed and not await self.run_db(self.store.lane_exists, key):

@@ -37,5 +37,6 @@ def setup_logging(level: str, secrets: Iterable[str]) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     # These log every request URL at INFO (Telegram URLs contain the token): keep them quiet.
-    for noisy in ("httpx", "httpcore", "telegram.ext", "apscheduler", "alembic"):
+    # (openai 3.x ships its own httpx fork, ``httpx2``/``httpcore2``.)
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "telegram.ext", "apscheduler", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -17,6 +17,8 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agent.bridge import AsyncBridge
 from agent.budget import Limits, initial_note
@@ -30,7 +32,7 @@ from gateway.commands import LANE_COMMANDS, CommandContext, Commands
 from gateway.compression import Compressor
 from gateway.context import user_meta
 from gateway.metrics import GatewayMetrics
-from gateway.progress import PlanMessage, resumed_state
+from gateway.progress import PlanMessage, plan_key, resumed_state
 from gateway.resets import ResetPolicy
 from gateway.sessions import is_dm_key
 from gateway.store.approvals import Approvals
@@ -55,6 +57,26 @@ free of gateway types."""
 
 CommandHandler = Callable[[InboundMessage], "str | None"]
 """Answers a gateway command without the model (``None``: not one of its commands)."""
+
+
+MAX_TURN_ATTEMPTS = 3
+"""Runs of one turn that may fail with an unexpected error (not a database outage) before it is
+answered with ``GAVE_UP_TEXT`` and the lane moves on (counted per instance)."""
+
+GAVE_UP_TEXT = "⚠️ Sorry, something went wrong while answering this message, and it was not processed. " \
+               "Please try again, perhaps in other words."
+
+TRANSIENT = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
+"""Database faults that pass: a turn failing with one is retried without limit (nothing is lost)."""
+
+
+def reply_key_for(last: PendingInbound) -> str:
+    """The idempotency key of the reply to ``last`` (``in<inbox id>-<origin>:0``). Unique beyond
+    this database (a platform that dedupes by our key, like Feishu's uuid, must never confuse a
+    reply with one from before a database reset): bound to the platform message."""
+    message = last.message
+    origin = hashlib.sha256(f"{message.platform}:{message.address.tenant}:{message.message_id}".encode())
+    return f"in{last.inbox_id}-{origin.hexdigest()[:12]}:0"
 
 
 class TurnRunner:
@@ -111,6 +133,7 @@ class TurnRunner:
         self.wake = wake
         self._generations: dict[str, int] = {}
         self._generations_lock = threading.Lock()
+        self._failures: dict[int, int] = {}  # inbox id -> failed runs here (cleared when it finishes)
 
     def prompt(self) -> str:
         """The system prompt a new session gets now (stored with it, then never rebuilt)."""
@@ -126,7 +149,42 @@ class TurnRunner:
         """
         last = batch[-1]
         with invoke_agent("assistant", model=self.spec.model, turn_id=f"in{last.inbox_id}") as span:
-            return self._run(batch, generation, span)
+            try:
+                outcome = self._run(batch, generation, span)
+            except TRANSIENT:
+                raise  # the database is away: the rows stay pending and are retried, however often
+            except Exception as exc:
+                if self._attempt_failed(last.inbox_id) < MAX_TURN_ATTEMPTS:
+                    raise
+                log.error("turn in%s failed %d times; answering it with an error so the conversation moves on",
+                          last.inbox_id, MAX_TURN_ATTEMPTS, exc_info=exc)
+                return self._give_up(batch, generation)
+            self._attempt_done(last.inbox_id)
+            return outcome
+
+    def _attempt_failed(self, inbox_id: int) -> int:
+        with self._generations_lock:
+            self._failures[inbox_id] = self._failures.get(inbox_id, 0) + 1
+            return self._failures[inbox_id]
+
+    def _attempt_done(self, inbox_id: int) -> None:
+        if self._failures:
+            with self._generations_lock:
+                self._failures.pop(inbox_id, None)
+
+    def _give_up(self, batch: Sequence[PendingInbound], generation: int) -> str:
+        """Finishes a turn that failed ``MAX_TURN_ATTEMPTS`` times (a bug, or input nothing can
+        process) as ``failed`` with an apology, so the messages behind it in the lane run."""
+        last = batch[-1]
+        message = last.message
+        reply = OutboundMessage(message.address, GAVE_UP_TEXT, idempotency_key=reply_key_for(last),
+                                reply_to_id=message.reply_to_id)
+        self.store.finish_turn([p.inbox_id for p in batch], "failed", [reply], session_key=last.session_key,
+                               generation=generation, stream_key=[reply.idempotency_key, plan_key(reply.idempotency_key)])
+        self._attempt_done(last.inbox_id)
+        if self.metrics is not None:
+            self.metrics.turns.labels("failed", "gave_up").inc()
+        return "failed"
 
     def _run(self, batch: Sequence[PendingInbound], generation: int, span: Span) -> str:
         last = batch[-1]
@@ -135,10 +193,7 @@ class TurnRunner:
         turn_id = f"in{last.inbox_id}"
         inbox_ids = [p.inbox_id for p in batch]
 
-        # Unique beyond this database (a platform that dedupes by our key, like Feishu's uuid, must
-        # never confuse a reply with one from before a database reset): bind it to the message.
-        origin = hashlib.sha256(f"{message.platform}:{message.address.tenant}:{message.message_id}".encode())
-        reply_key = f"{turn_id}-{origin.hexdigest()[:12]}:0"
+        reply_key = reply_key_for(last)
 
         unwritten: list[NewMessage] = []
         plan: list[PlanMessage] = []  # the turn's progress message, once opened

@@ -10,7 +10,7 @@ import re
 
 from sqlalchemy import select
 
-from gateway.store.models import SessionRow
+from gateway.store.models import InboxRow, MessageRow, SessionRow
 from tests.conftest import TEST_TOKEN, gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.test_telegram_e2e import dm_update, sends_to, wait_until
@@ -137,6 +137,12 @@ async def test_secrets_never_reach_the_model(tmp_path, fake_telegram, fake_opena
         assert all(secret not in body for body in bodies), secret
     assert "***" in bodies[-1]
     assert any(s.name == "down" and not s.ok for s in gateway.mcp.status)
+    # Nor is a pasted secret stored: not in the transcript, not even in the inbox's copy.
+    with gateway.engine.connect() as conn:
+        stored = [str(row) for row in conn.execute(select(InboxRow.payload)).scalars()]
+        stored += [str(row) for row in conn.execute(select(MessageRow.content)).scalars()]
+    assert any("my token is ***" in row for row in stored)
+    assert all(TEST_TOKEN not in row and "sk-test-please" not in row for row in stored)
 
 
 async def test_no_secret_in_any_log_record_at_debug(tmp_path, fake_telegram, fake_openai, running, caplog):

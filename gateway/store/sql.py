@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from gateway.store.db import read_tx, write_tx
+from gateway.store.text import storable, storable_text
 from gateway.store.models import (
     Base,
     InboxRow,
@@ -161,10 +162,10 @@ class Store:
                     insert(_inbox).values(
                         platform=message.platform,
                         tenant=message.address.tenant,
-                        platform_message_id=message.message_id,
+                        platform_message_id=storable_text(message.message_id),
                         session_key=session_key,
                         user_id=user_id,
-                        payload=message.to_dict(),
+                        payload=storable(message.to_dict()),
                         status="pending" if control_reply is None else "done",
                         received_at=message.received_at,
                         finished_at=None if control_reply is None else now,
@@ -386,8 +387,9 @@ class Store:
         ids = []
         now = time.time()
         for m in messages:
+            content = storable_text(m.content) if m.content else m.content  # a tool result may hold NUL
             result = conn.execute(insert(_messages).values(session_id=session_id, turn_id=m.turn_id, role=m.role,
-                                                           content=m.content, created_at=now, **m.fields))
+                                                           content=content, created_at=now, **m.fields))
             ids.append(int(result.inserted_primary_key[0]))
         first_user = next((m.content for m in messages if m.role == "user" and m.content), None)
         if first_user:  # the session's title: its first user message, whichever write carries it

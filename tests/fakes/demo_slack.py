@@ -36,7 +36,7 @@ def environment(slack: FakeSlack, model: FakeOpenAI) -> dict[str, str]:
         "OPENAI_API_KEY": "sk-test",
         "GATEWAY__TOOLS__WEB_FETCH_ALLOW_PRIVATE": "true",
         "GATEWAY__DATABASE__URL": "sqlite:///./data/demo-slack.db",
-        "GATEWAY__HTTP__PORT": "8080",
+        "GATEWAY__HTTP__PORT": os.environ.get("GATEWAY__HTTP__PORT", "8080"),  # yours wins
     }
 
 
