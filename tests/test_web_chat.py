@@ -183,3 +183,20 @@ async def test_new_conversation_resets_the_page_and_a_reload_shows_the_current_o
     finally:
         fake_openai.responder = None
         await page.close()
+
+
+async def test_the_identity_cookie_is_lax_and_a_valid_one_is_never_replaced(tmp_path, fake_openai, running):
+    import aiohttp
+
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai), running)
+    base = base_of(gateway)
+    async with aiohttp.ClientSession() as http:  # no cookie jar: each request says what it carries
+        async with http.get(f"{base}/") as response:
+            set_cookie = response.headers.getall("Set-Cookie")
+        assert len(set_cookie) == 1 and set_cookie[0].startswith("gw_web=")
+        assert "SameSite=Lax" in set_cookie[0] and "HttpOnly" in set_cookie[0]
+        cookie = set_cookie[0].split(";")[0]
+        async with http.get(f"{base}/", headers={"Cookie": cookie}) as response:
+            assert response.status == 200 and "Set-Cookie" not in response.headers  # kept, not replaced
+        async with http.get(f"{base}/", headers={"Cookie": "gw_web=forged.value"}) as response:
+            assert response.headers["Set-Cookie"].startswith("gw_web=")  # a bad one is replaced

@@ -1,7 +1,10 @@
 """Web chat adapter (platform ``web``): a chat page at ``/`` served by the gateway's HTTP server.
 
 Each browser gets a signed cookie with a random user id (its identity: platform ``web``, tenant
-``web``); its chat id is that user id, so each browser user has one DM chat. Messages go in with
+``web``); its chat id is that user id, so each browser user has one DM chat. The cookie is
+SameSite=Lax, so arriving from a link on another site keeps the identity (Strict would send no
+cookie and the page would make a new identity); a valid cookie is never replaced. POSTs stay
+same-site by the ``X-Requested-With`` check. Messages go in with
 ``POST /web/messages`` and through the same inbox, bus and agent as every platform.
 
 The page listens on ``GET /web/events`` (Server-Sent Events). Each stream sends:
@@ -98,7 +101,7 @@ class WebAdapter:
                                 charset="utf-8", headers=_page_headers())
         if self.user_of(request) is None:
             response.set_cookie(COOKIE, self.cookie_for(uuid.uuid4().hex), max_age=COOKIE_MAX_AGE_S, httponly=True,
-                                samesite="Strict", secure=self._cookie_secure, path="/")
+                                samesite="Lax", secure=self._cookie_secure, path="/")
         return response
 
     def _static(self, name: str, content_type: str) -> Any:
