@@ -174,3 +174,41 @@ async def test_jobs_pause_and_run_now_and_approvals_through_the_chat_command_pat
         fake_openai.responder = None
         await page.close()
         await operator.http.close()
+
+
+def _cookie(response: aiohttp.ClientResponse, name: str) -> str:
+    return next(v for v in response.headers.getall("Set-Cookie") if v.startswith(name + "=")).split(";")[0]
+
+
+async def test_admin_sessions_are_random_revocable_and_rotate_the_csrf_nonce(tmp_path, fake_openai, running):
+    import hashlib
+
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    base = base_of(gateway)
+    first, second = Operator(base), Operator(base)
+    try:
+        cookies, nonces = [], []
+        for operator in (first, second):
+            _, _, form = await operator.get("/admin/login")
+            nonces.append(_cookie(form, "gw_admin_nonce"))
+            response = await operator.post("/admin/login", password=PASSWORD, next="/admin/sessions")
+            assert response.status == 302
+            cookies.append(_cookie(response, "gw_admin"))
+            assert _cookie(response, "gw_admin_nonce") != nonces[-1]  # a nonce planted before login dies
+        # Two logins in the same second: different cookies; nothing in them comes from the password alone.
+        assert cookies[0] != cookies[1]
+        unkeyed = hashlib.sha256(b"gateway-admin:" + PASSWORD.encode()).hexdigest()[:16]
+        assert not any(unkeyed in cookie or PASSWORD in cookie for cookie in cookies)
+
+        assert (await first.get("/admin/sessions"))[0] == 200  # the new nonce's token works for forms
+        assert (await first.post("/admin/logout")).status == 302
+        async with aiohttp.ClientSession() as replay:  # the stolen cookie after logout: revoked
+            async with replay.get(base + "/admin/sessions", headers={"Cookie": cookies[0]},
+                                  allow_redirects=False) as response:
+                assert response.status == 302 and response.headers["Location"].startswith("/admin/login")
+            async with replay.get(base + "/admin/sessions", headers={"Cookie": cookies[1]},
+                                  allow_redirects=False) as response:
+                assert response.status == 200  # the other login is untouched
+    finally:
+        await first.http.close()
+        await second.http.close()
