@@ -212,3 +212,46 @@ async def test_admin_sessions_are_random_revocable_and_rotate_the_csrf_nonce(tmp
     finally:
         await first.http.close()
         await second.http.close()
+
+
+async def test_password_guessing_is_limited_per_address_and_logged(tmp_path, fake_openai, running, caplog):
+    import asyncio
+    import logging
+
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    operator = Operator(base_of(gateway))
+    try:
+        await operator.get("/admin/login")
+        with caplog.at_level(logging.WARNING, logger="gateway.admin"):
+            answers = await asyncio.gather(*(operator.post("/admin/login", password=f"guess-{i:03d}-xyz")
+                                             for i in range(40)))
+        statuses = sorted(response.status for response in answers)
+        assert statuses == [401] * 5 + [429] * 35
+        retry_after = {int(r.headers["Retry-After"]) for r in answers if r.status == 429}
+        assert retry_after and all(0 < seconds <= 300 for seconds in retry_after)
+        refused = await operator.post("/admin/login", password=PASSWORD)  # even the right one, for now
+        assert refused.status == 429 and "Retry-After" in refused.headers
+        failed = [r.getMessage() for r in caplog.records if "admin login failed" in r.getMessage()]
+        assert len(failed) == 5 and all("from 127.0.0.1" in line for line in failed)
+        assert not any("guess-" in r.getMessage() for r in caplog.records)  # never the password tried
+    finally:
+        await operator.http.close()
+
+
+def test_the_login_limiter_has_an_overall_cap_and_forgets_after_the_window():
+    from gateway.admin.limits import LoginLimiter
+
+    now = [1000.0]
+    limiter = LoginLimiter(window_s=300, per_client=5, overall=12, clock=lambda: now[0])
+    for i in range(12):  # 12 addresses, one failure each: none reaches 5, together they reach 12
+        assert limiter.retry_after(f"10.0.0.{i}") is None
+        limiter.failed(f"10.0.0.{i}")
+        now[0] += 1
+    assert limiter.retry_after("10.9.9.9") == 300 - 12  # a new address waits for the oldest failure
+    now[0] += 300
+    assert limiter.retry_after("10.9.9.9") is None
+    for _ in range(5):
+        limiter.failed("10.0.0.1")
+    assert limiter.retry_after("10.0.0.1") == 300 and limiter.retry_after("10.0.0.2") is None
+    limiter.succeeded("10.0.0.1")
+    assert limiter.retry_after("10.0.0.1") is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -24,6 +25,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from agent.model import Usage
 from gateway.admin.auth import CSRF_FIELD, AdminAuth
+from gateway.admin.limits import LoginLimiter
 from gateway.admin.queries import AdminQueries
 from gateway.admin.sessions import AdminSessions
 from gateway.approvals import decide_reply
@@ -31,6 +33,8 @@ from gateway.jobs import format_address, job_schedule, local_time, next_fire_of
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
+
+log = logging.getLogger("gateway.admin")
 
 TEMPLATES = Path(__file__).with_name("templates")
 FLASH_COOKIE = "gw_admin_flash"
@@ -71,6 +75,7 @@ class AdminSite:
         self.auth = auth
         self.queries = AdminQueries(gateway.engine)
         self.sessions = AdminSessions(gateway.engine)
+        self.limiter = LoginLimiter()
         self.env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]),
                                trim_blocks=True, lstrip_blocks=True)
         self.env.filters["when"] = _when
@@ -150,10 +155,19 @@ class AdminSite:
         if not self.auth.csrf_ok(request, form.get(CSRF_FIELD)):
             return web.Response(status=403, text="CSRF token missing or wrong: reload the page and try again.")
         target = _safe_next(str(form.get("next", "")))
+        client = request.remote or "unknown"
+        wait_s = self.limiter.retry_after(client)
+        if wait_s is not None:
+            return web.Response(status=429, headers={"Retry-After": str(wait_s)},
+                                text=f"Too many wrong passwords; try again in {wait_s} seconds.")
         if not self.auth.password_ok(str(form.get("password", ""))):
+            failures = self.limiter.failed(client)
+            log.warning("admin login failed from %s (%d failure(s) from it in %.0f s)", client, failures,
+                        self.limiter.window_s)
             await asyncio.sleep(0.3)  # slows down guessing
             return self._render(request, "login.html", status=401, bare=True, next=target,
                                 error="Wrong password.")
+        self.limiter.succeeded(client)
         response = web.HTTPFound(target)
         self.auth.start_session(response, await self.gateway.run_db(self.sessions.create, self.auth.session_s))
         raise response
