@@ -29,6 +29,7 @@ def test_a_post_becomes_a_dm_from_the_browser_user_and_commands_are_parsed():
     message = message_from_post({"id": "a1b2c3d4e5", "text": "  /link  ABC123 ", "name": "  Ann \n Lee "}, "u1")
     assert (message.platform, message.address.chat_id, message.chat_type) == ("web", "u1", "dm")
     assert (message.command, message.text, message.sender.display_name) == ("link", "ABC123", "Ann Lee")
+    assert message.message_id == "u1:a1b2c3d4e5"  # scoped by the user: the inbox dedupes per platform
     plain = message_from_post({"id": "a1b2c3d4e6", "text": "hi /there"}, "u1")
     assert (plain.command, plain.text, plain.sender.display_name) == (None, "hi /there", "Web user")
     for body, error in [([], "JSON object"), ({"id": "x", "text": "hi"}, "id must be"),
@@ -200,3 +201,24 @@ async def test_the_identity_cookie_is_lax_and_a_valid_one_is_never_replaced(tmp_
             assert response.status == 200 and "Set-Cookie" not in response.headers  # kept, not replaced
         async with http.get(f"{base}/", headers={"Cookie": "gw_web=forged.value"}) as response:
             assert response.headers["Set-Cookie"].startswith("gw_web=")  # a bad one is replaced
+
+
+async def test_two_browsers_with_the_same_client_message_id_are_both_answered(tmp_path, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.responder = lambda request: oa.text(f"echo: {request['messages'][-1]['content']}")
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai), running)
+    ann, bob = WebClient(base_of(gateway)), WebClient(base_of(gateway))
+    try:
+        for page, text in ((ann, "from ann"), (bob, "from bob")):
+            await page.open()
+            page.listen()
+            assert (await page.say(text, message_id="same-id-0001")).status == 200
+        for page, text in ((ann, "from ann"), (bob, "from bob")):
+            await wait_until(lambda page=page: page.of("row", lambda e: e["role"] == "assistant"), what="answer")
+            mine = page.of("row", lambda e: e["role"] == "user")
+            assert [(e["text"], e["message_id"]) for e in mine] == [(text, "same-id-0001")]  # the page's own id
+            assert page.of("row", lambda e: e["role"] == "assistant")[0]["text"].endswith(text)
+        assert gateway.duplicates == 0 and len(fake_openai.requests) == 2
+    finally:
+        await ann.close()
+        await bob.close()

@@ -34,7 +34,7 @@ from aiohttp import web
 from itsdangerous import BadSignature, Signer
 
 from adapters.web.format import markdown_html, plain_html
-from adapters.web.inbound import TENANT, WebInputError, message_from_post
+from adapters.web.inbound import TENANT, WebInputError, client_id_of, message_from_post
 from gateway.ports import BeforePart, ConversationReader, InboundSink, PartSent
 from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
 
@@ -163,6 +163,8 @@ class WebAdapter:
                         after = 0
                     known = session_id or known
                     for row in rows:
+                        if row["platform"] == "web" and row["message_id"]:
+                            row = {**row, "message_id": client_id_of(row["message_id"])}  # the page's id
                         html = markdown_html(row["text"]) if row["role"] == "assistant" else plain_html(row["text"])
                         await _emit(response, {**row, "type": "row", "html": html, "session": session_id})
                         after = max(after, row["id"])
