@@ -222,3 +222,30 @@ async def test_two_browsers_with_the_same_client_message_id_are_both_answered(tm
     finally:
         await ann.close()
         await bob.close()
+
+
+async def test_wrong_link_codes_are_limited_per_user(tmp_path, fake_openai, running):
+    """Five wrong ``/link CODE`` guesses in 15 minutes, then even the right code is refused (the
+    guesses are counted in the database, for every platform and every instance)."""
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai), running)
+    owner, guesser = WebClient(base_of(gateway)), WebClient(base_of(gateway))
+    try:
+        for page in (owner, guesser):
+            await page.open()
+            page.listen()
+        await owner.say("/link")
+        await wait_until(owner.link_code, what="link code")
+        wrong = "ZZZZZ2" if owner.link_code() != "ZZZZZ2" else "ZZZZZ3"
+        for attempt in range(1, 6):
+            await guesser.say(f"/link {wrong}")
+            await wait_until(lambda attempt=attempt: len(guesser.of("reply")) == attempt, what=f"answer {attempt}")
+        assert all("not valid" in e["text"] for e in guesser.of("reply"))
+        await guesser.say(f"/link {owner.link_code()}")  # the right code, after five wrong ones
+        await wait_until(lambda: len(guesser.of("reply")) == 6, what="refusal")
+        assert guesser.of("reply")[-1]["text"] == "Too many wrong codes; try again in 15 minutes."
+        await owner.say("/link ZZZZZ4")  # another user is not held back by them
+        await wait_until(lambda: len(owner.of("reply")) == 2, what="owner's answer")
+        assert "not valid" in owner.of("reply")[-1]["text"]
+    finally:
+        await owner.close()
+        await guesser.close()
