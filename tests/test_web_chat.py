@@ -89,6 +89,10 @@ async def test_bad_posts_get_clear_errors_and_a_retry_is_not_a_second_message(tm
         async with page.http.post(f"{base}/web/messages", data=b"{not json",
                                   headers={"X-Requested-With": "gateway-web"}) as response:
             assert response.status == 400 and "not JSON" in (await response.json())["error"]
+        async with page.http.post(f"{base}/web/messages", data=b'{"id": "abcdefgh", "text": "hi"}',
+                                  headers={"X-Requested-With": "gateway-web",
+                                           "Content-Type": "application/json; charset=nosuch"}) as response:
+            assert response.status == 400 and "unknown charset 'nosuch'" in (await response.json())["error"]
         assert (await page.say("   ")).status == 400
         first = await page.say("hello", message_id="retry-0001")
         again = await page.say("hello", message_id="retry-0001")  # the page's retry after a lost answer

@@ -120,6 +120,8 @@ class WebAdapter:
             return _error(503, "the gateway is starting; try again")
         try:
             body = await request.json()
+        except LookupError:  # aiohttp decodes with the Content-Type's charset: an unknown one
+            return _error(400, f"unknown charset {request.charset!r}: send UTF-8 JSON")
         except (ValueError, UnicodeDecodeError):
             return _error(400, "the request body is not JSON")
         try:
