@@ -253,3 +253,39 @@ async def test_wrong_link_codes_are_limited_per_user(tmp_path, fake_openai, runn
     finally:
         await owner.close()
         await guesser.close()
+
+
+async def test_one_web_user_holds_at_most_eight_event_streams(tmp_path, fake_openai, running):
+    import asyncio
+
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai), running)
+    base = base_of(gateway)
+    page, other = WebClient(base), WebClient(base)
+    streams = []
+    try:
+        await page.open()
+        await other.open()
+        opened = await asyncio.gather(*(page.http.get(f"{base}/web/events?after=0") for _ in range(12)))
+        streams = [r for r in opened if r.status == 200]
+        refused = [r for r in opened if r.status != 200]
+        assert len(streams) == 8 and {r.status for r in refused} == {429}
+        assert "at most 8" in (await refused[0].json())["error"]
+        async with other.http.get(f"{base}/web/events?after=0") as response:
+            assert response.status == 200  # another web user is not held back
+
+        streams.pop().close()  # a tab closes: its place is free again
+        statuses: list[int] = []
+
+        async def open_one() -> None:
+            while not statuses or statuses[-1] != 200:
+                async with page.http.get(f"{base}/web/events?after=0") as response:
+                    statuses.append(response.status)
+                await asyncio.sleep(0.05)
+        opener = asyncio.create_task(open_one())
+        await wait_until(lambda: statuses and statuses[-1] == 200, what="a stream after one closed")
+        await opener
+    finally:
+        for response in streams:
+            response.close()
+        await page.close()
+        await other.close()

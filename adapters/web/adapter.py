@@ -48,6 +48,9 @@ it, and a cross-site script would need a CORS preflight this server never grants
 POLL_S = 1.0
 """How often an open page's stream looks for new transcript rows (turns from other platforms)."""
 HEARTBEAT_S = 15.0
+MAX_STREAMS_PER_USER = 8
+"""Open event streams one web user may hold (tabs, devices); a further one gets 429 (the page
+retries it, so it comes in once another tab closes)."""
 STATIC = Path(__file__).with_name("static")
 CSP = ("default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
        "frame-ancestors 'none'; form-action 'self'")
@@ -144,16 +147,18 @@ class WebAdapter:
         except ValueError:
             return _error(400, "after must be a message id")
         known = request.query.get("session") or None
+        listeners = self._listeners.setdefault(user_id, set())
+        if len(listeners) >= MAX_STREAMS_PER_USER:
+            return _error(429, f"too many open chat pages (at most {MAX_STREAMS_PER_USER}); close one")
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        listeners.add(queue)  # before the first await, so parallel opens count each other
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                "X-Accel-Buffering": "no"})
-        await response.prepare(request)
-        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        listeners = self._listeners.setdefault(user_id, set())
-        listeners.add(queue)
         answered: deque[str] = deque(maxlen=20)  # assistant texts shown from the transcript
         loop = asyncio.get_running_loop()
         last_write = loop.time()
         try:
+            await response.prepare(request)
             events: list[dict[str, Any] | None] = []
             read = True
             while True:
@@ -187,6 +192,8 @@ class WebAdapter:
                 try:
                     events = [await asyncio.wait_for(queue.get(), POLL_S)]
                 except TimeoutError:
+                    if request.transport is None or request.transport.is_closing():
+                        return response  # the page went away: free its place now, not at the next write
                     events, read = [], True
                     continue
                 while not queue.empty():
