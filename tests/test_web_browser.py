@@ -36,6 +36,7 @@ async def test_a_browser_sends_a_message_and_sees_the_reply_stream_in(tmp_path, 
             page = await context.new_page()
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("response", lambda r: r.status >= 400 and errors.append(f"{r.status} {r.url}"))
             await page.goto(f"http://127.0.0.1:{gateway.http_port}/")
             await page.fill("#name", NAME)
             await page.fill("#text", "hi, what is the plan?")

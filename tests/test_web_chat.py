@@ -52,6 +52,11 @@ async def test_the_reply_streams_to_the_page_then_settles_into_the_transcript(tm
     try:
         html = await page.open()
         assert 'name="viewport"' in html and "/web/chat.js" in html
+        assert '<link rel="icon" href="/web/icon.svg"' in html
+        for path in ("/web/icon.svg", "/favicon.ico"):  # the page's icon; browsers' default request
+            async with page.http.get(base_of(gateway) + path) as response:
+                assert response.status == 200 and response.content_type == "image/svg+xml"
+                assert (await response.text()).startswith("<svg")
         page.listen()
         response = await page.say("explain it please", message_id="msg-0001")
         assert response.status == 200

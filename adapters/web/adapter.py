@@ -83,6 +83,8 @@ class WebAdapter:
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/", self._page), web.get("/web/chat.js", self._static("chat.js", "text/javascript")),
                 web.get("/web/chat.css", self._static("chat.css", "text/css")),
+                web.get("/web/icon.svg", self._static("icon.svg", "image/svg+xml")),
+                web.get("/favicon.ico", self._favicon),
                 web.post("/web/messages", self._post), web.get("/web/events", self._events)]
 
     def user_of(self, request: web.Request) -> str | None:
@@ -106,6 +108,9 @@ class WebAdapter:
             response.set_cookie(COOKIE, self.cookie_for(uuid.uuid4().hex), max_age=COOKIE_MAX_AGE_S, httponly=True,
                                 samesite="Lax", secure=self._cookie_secure, path="/")
         return response
+
+    async def _favicon(self, _: web.Request) -> web.Response:
+        raise web.HTTPMovedPermanently("/web/icon.svg")  # pages without an icon link (admin) ask here
 
     def _static(self, name: str, content_type: str) -> Any:
         async def serve(_: web.Request) -> web.Response:
