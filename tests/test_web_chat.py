@@ -225,7 +225,7 @@ async def test_two_browsers_with_the_same_client_message_id_are_both_answered(tm
         for page, text in ((ann, "from ann"), (bob, "from bob")):
             await wait_until(lambda page=page: page.of("row", lambda e: e["role"] == "assistant"), what="answer")
             mine = page.of("row", lambda e: e["role"] == "user")
-            assert [(e["text"], e["message_id"]) for e in mine] == [(text, "same-id-0001")]  # the page's own id
+            assert [(row["text"], row["message_id"]) for row in mine] == [(text, "same-id-0001")]  # the page's id
             assert page.of("row", lambda e: e["role"] == "assistant")[0]["text"].endswith(text)
         assert gateway.duplicates == 0 and len(fake_openai.requests) == 2
     finally:

@@ -41,7 +41,8 @@ def client_id_of(message_id: str) -> str:
 def message_from_post(body: Any, user_id: str, now: float | None = None) -> InboundMessage:
     """Normalizes one chat POST of browser user ``user_id`` (from the signed cookie).
 
-    The message id is ``f"{user_id}:{body['id']}"``. A leading ``/name`` is a command (``/link ABC123`` -> command ``link``, text ``ABC123``), as the
+    The message id is ``f"{user_id}:{body['id']}"``. A leading ``/name`` is a command
+    (``/link ABC123`` -> command ``link``, text ``ABC123``), as the
     platforms' own command syntax is.
 
     Raises:
