@@ -255,3 +255,43 @@ def test_the_login_limiter_has_an_overall_cap_and_forgets_after_the_window():
     assert limiter.retry_after("10.0.0.1") == 300 and limiter.retry_after("10.0.0.2") is None
     limiter.succeeded("10.0.0.1")
     assert limiter.retry_after("10.0.0.1") is None
+
+
+async def test_a_logout_on_one_instance_ends_the_session_on_another_and_a_new_password_ends_all(
+        tmp_path, fake_openai, running):
+    """Two gateways on one database: the session cookie works on both, a logout on one is seen by
+    the other (the revocation is in ``admin_sessions``); a gateway started with another password
+    takes none of the old cookies."""
+    first = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    second = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    operator = Operator(base_of(first))
+    other_login = Operator(base_of(first))
+    try:
+        await operator.login()
+        await other_login.login()
+        cookies = [_cookie_of(operator), _cookie_of(other_login)]
+        async with aiohttp.ClientSession() as browser:
+            async def status_on(gateway, cookie: str) -> int:
+                async with browser.get(base_of(gateway) + "/admin/sessions", headers={"Cookie": cookie},
+                                       allow_redirects=False) as response:
+                    return response.status
+
+            assert await status_on(second, cookies[0]) == 200
+            await operator.get("/admin/sessions")
+            assert (await operator.post("/admin/logout")).status == 302
+            assert await status_on(second, cookies[0]) == 302  # revoked everywhere
+            assert await status_on(second, cookies[1]) == 200
+
+            os.environ["GATEWAY_TEST_ADMIN_PASSWORD_NEW"] = PASSWORD + "-changed"
+            changed = await start_gateway(gateway_config(tmp_path, fake_openai, web={
+                "admin_password_env": "GATEWAY_TEST_ADMIN_PASSWORD_NEW"}), running)
+            assert await status_on(changed, cookies[1]) == 302  # a new password ends every session
+    finally:
+        os.environ.pop("GATEWAY_TEST_ADMIN_PASSWORD_NEW", None)
+        await operator.http.close()
+        await other_login.http.close()
+
+
+def _cookie_of(operator: Operator) -> str:
+    value = next(c.value for c in operator.http.cookie_jar if c.key == "gw_admin")
+    return f"gw_admin={value}"
