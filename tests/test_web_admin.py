@@ -174,3 +174,124 @@ async def test_jobs_pause_and_run_now_and_approvals_through_the_chat_command_pat
         fake_openai.responder = None
         await page.close()
         await operator.http.close()
+
+
+def _cookie(response: aiohttp.ClientResponse, name: str) -> str:
+    return next(v for v in response.headers.getall("Set-Cookie") if v.startswith(name + "=")).split(";")[0]
+
+
+async def test_admin_sessions_are_random_revocable_and_rotate_the_csrf_nonce(tmp_path, fake_openai, running):
+    import hashlib
+
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    base = base_of(gateway)
+    first, second = Operator(base), Operator(base)
+    try:
+        cookies, nonces = [], []
+        for operator in (first, second):
+            _, _, form = await operator.get("/admin/login")
+            nonces.append(_cookie(form, "gw_admin_nonce"))
+            response = await operator.post("/admin/login", password=PASSWORD, next="/admin/sessions")
+            assert response.status == 302
+            cookies.append(_cookie(response, "gw_admin"))
+            assert _cookie(response, "gw_admin_nonce") != nonces[-1]  # a nonce planted before login dies
+        # Two logins in the same second: different cookies; nothing in them comes from the password alone.
+        assert cookies[0] != cookies[1]
+        unkeyed = hashlib.sha256(b"gateway-admin:" + PASSWORD.encode()).hexdigest()[:16]
+        assert not any(unkeyed in cookie or PASSWORD in cookie for cookie in cookies)
+
+        assert (await first.get("/admin/sessions"))[0] == 200  # the new nonce's token works for forms
+        assert (await first.post("/admin/logout")).status == 302
+        async with aiohttp.ClientSession() as replay:  # the stolen cookie after logout: revoked
+            async with replay.get(base + "/admin/sessions", headers={"Cookie": cookies[0]},
+                                  allow_redirects=False) as response:
+                assert response.status == 302 and response.headers["Location"].startswith("/admin/login")
+            async with replay.get(base + "/admin/sessions", headers={"Cookie": cookies[1]},
+                                  allow_redirects=False) as response:
+                assert response.status == 200  # the other login is untouched
+    finally:
+        await first.http.close()
+        await second.http.close()
+
+
+async def test_password_guessing_is_limited_per_address_and_logged(tmp_path, fake_openai, running, caplog):
+    import asyncio
+    import logging
+
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    operator = Operator(base_of(gateway))
+    try:
+        await operator.get("/admin/login")
+        with caplog.at_level(logging.WARNING, logger="gateway.admin"):
+            answers = await asyncio.gather(*(operator.post("/admin/login", password=f"guess-{i:03d}-xyz")
+                                             for i in range(40)))
+        statuses = sorted(response.status for response in answers)
+        assert statuses == [401] * 5 + [429] * 35
+        retry_after = {int(r.headers["Retry-After"]) for r in answers if r.status == 429}
+        assert retry_after and all(0 < seconds <= 300 for seconds in retry_after)
+        refused = await operator.post("/admin/login", password=PASSWORD)  # even the right one, for now
+        assert refused.status == 429 and "Retry-After" in refused.headers
+        failed = [r.getMessage() for r in caplog.records if "admin login failed" in r.getMessage()]
+        assert len(failed) == 5 and all("from 127.0.0.1" in line for line in failed)
+        assert not any("guess-" in r.getMessage() for r in caplog.records)  # never the password tried
+    finally:
+        await operator.http.close()
+
+
+def test_the_login_limiter_has_an_overall_cap_and_forgets_after_the_window():
+    from gateway.admin.limits import LoginLimiter
+
+    now = [1000.0]
+    limiter = LoginLimiter(window_s=300, per_client=5, overall=12, clock=lambda: now[0])
+    for i in range(12):  # 12 addresses, one failure each: none reaches 5, together they reach 12
+        assert limiter.retry_after(f"10.0.0.{i}") is None
+        limiter.failed(f"10.0.0.{i}")
+        now[0] += 1
+    assert limiter.retry_after("10.9.9.9") == 300 - 12  # a new address waits for the oldest failure
+    now[0] += 300
+    assert limiter.retry_after("10.9.9.9") is None
+    for _ in range(5):
+        limiter.failed("10.0.0.1")
+    assert limiter.retry_after("10.0.0.1") == 300 and limiter.retry_after("10.0.0.2") is None
+    limiter.succeeded("10.0.0.1")
+    assert limiter.retry_after("10.0.0.1") is None
+
+
+async def test_a_logout_on_one_instance_ends_the_session_on_another_and_a_new_password_ends_all(
+        tmp_path, fake_openai, running):
+    """Two gateways on one database: the session cookie works on both, a logout on one is seen by
+    the other (the revocation is in ``admin_sessions``); a gateway started with another password
+    takes none of the old cookies."""
+    first = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    second = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    operator = Operator(base_of(first))
+    other_login = Operator(base_of(first))
+    try:
+        await operator.login()
+        await other_login.login()
+        cookies = [_cookie_of(operator), _cookie_of(other_login)]
+        async with aiohttp.ClientSession() as browser:
+            async def status_on(gateway, cookie: str) -> int:
+                async with browser.get(base_of(gateway) + "/admin/sessions", headers={"Cookie": cookie},
+                                       allow_redirects=False) as response:
+                    return response.status
+
+            assert await status_on(second, cookies[0]) == 200
+            await operator.get("/admin/sessions")
+            assert (await operator.post("/admin/logout")).status == 302
+            assert await status_on(second, cookies[0]) == 302  # revoked everywhere
+            assert await status_on(second, cookies[1]) == 200
+
+            os.environ["GATEWAY_TEST_ADMIN_PASSWORD_NEW"] = PASSWORD + "-changed"
+            changed = await start_gateway(gateway_config(tmp_path, fake_openai, web={
+                "admin_password_env": "GATEWAY_TEST_ADMIN_PASSWORD_NEW"}), running)
+            assert await status_on(changed, cookies[1]) == 302  # a new password ends every session
+    finally:
+        os.environ.pop("GATEWAY_TEST_ADMIN_PASSWORD_NEW", None)
+        await operator.http.close()
+        await other_login.http.close()
+
+
+def _cookie_of(operator: Operator) -> str:
+    value = next(c.value for c in operator.http.cookie_jar if c.key == "gw_admin")
+    return f"gw_admin={value}"

@@ -36,6 +36,7 @@ async def test_a_browser_sends_a_message_and_sees_the_reply_stream_in(tmp_path, 
             page = await context.new_page()
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("response", lambda r: r.status >= 400 and errors.append(f"{r.status} {r.url}"))
             await page.goto(f"http://127.0.0.1:{gateway.http_port}/")
             await page.fill("#name", NAME)
             await page.fill("#text", "hi, what is the plan?")
@@ -62,5 +63,39 @@ async def test_a_browser_sends_a_message_and_sees_the_reply_stream_in(tmp_path, 
             assert await page.locator("#typing").is_hidden()
             assert not errors, errors
             assert (tmp_path / "web-chat.png").stat().st_size > 0
+        finally:
+            await browser.close()
+
+
+async def test_arriving_from_another_site_keeps_the_identity_and_the_conversation(tmp_path, fake_openai, running):
+    """A link on another site (here a page Playwright serves as ``http://other.test``) opens the
+    chat with a top-level navigation: the identity cookie goes along, so the page shows the same
+    conversation and sets no new identity."""
+    from playwright.async_api import async_playwright
+
+    fake_openai.reset()
+    fake_openai.script(oa.text("remembered answer"))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai), running)
+    chat = f"http://127.0.0.1:{gateway.http_port}/"
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            context = await browser.new_context()
+            page = await context.new_page()
+            await page.goto(chat)
+            await page.fill("#text", "remember this")
+            await page.press("#text", "Enter")
+            await page.wait_for_selector(".msg.assistant[data-row] >> text=remembered answer", timeout=15_000)
+            before = [c["value"] for c in await context.cookies(chat) if c["name"] == "gw_web"]
+
+            await context.route("http://other.test/**", lambda route: route.fulfill(
+                status=200, content_type="text/html", body=f'<a id="go" href="{chat}">open the chat</a>'))
+            await page.goto("http://other.test/")
+            await page.click("#go")
+            await page.wait_for_url(chat)
+            await page.wait_for_selector(".msg.assistant[data-row] >> text=remembered answer", timeout=10_000)
+            assert await page.locator(".msg.user >> text=remember this").count() == 1
+            after = [c["value"] for c in await context.cookies(chat) if c["name"] == "gw_web"]
+            assert before and after == before
         finally:
             await browser.close()

@@ -29,6 +29,7 @@ def test_a_post_becomes_a_dm_from_the_browser_user_and_commands_are_parsed():
     message = message_from_post({"id": "a1b2c3d4e5", "text": "  /link  ABC123 ", "name": "  Ann \n Lee "}, "u1")
     assert (message.platform, message.address.chat_id, message.chat_type) == ("web", "u1", "dm")
     assert (message.command, message.text, message.sender.display_name) == ("link", "ABC123", "Ann Lee")
+    assert message.message_id == "u1:a1b2c3d4e5"  # scoped by the user: the inbox dedupes per platform
     plain = message_from_post({"id": "a1b2c3d4e6", "text": "hi /there"}, "u1")
     assert (plain.command, plain.text, plain.sender.display_name) == (None, "hi /there", "Web user")
     for body, error in [([], "JSON object"), ({"id": "x", "text": "hi"}, "id must be"),
@@ -51,6 +52,11 @@ async def test_the_reply_streams_to_the_page_then_settles_into_the_transcript(tm
     try:
         html = await page.open()
         assert 'name="viewport"' in html and "/web/chat.js" in html
+        assert '<link rel="icon" href="/web/icon.svg"' in html
+        for path in ("/web/icon.svg", "/favicon.ico"):  # the page's icon; browsers' default request
+            async with page.http.get(base_of(gateway) + path) as response:
+                assert response.status == 200 and response.content_type == "image/svg+xml"
+                assert (await response.text()).startswith("<svg")
         page.listen()
         response = await page.say("explain it please", message_id="msg-0001")
         assert response.status == 200
@@ -88,6 +94,10 @@ async def test_bad_posts_get_clear_errors_and_a_retry_is_not_a_second_message(tm
         async with page.http.post(f"{base}/web/messages", data=b"{not json",
                                   headers={"X-Requested-With": "gateway-web"}) as response:
             assert response.status == 400 and "not JSON" in (await response.json())["error"]
+        async with page.http.post(f"{base}/web/messages", data=b'{"id": "abcdefgh", "text": "hi"}',
+                                  headers={"X-Requested-With": "gateway-web",
+                                           "Content-Type": "application/json; charset=nosuch"}) as response:
+            assert response.status == 400 and "unknown charset 'nosuch'" in (await response.json())["error"]
         assert (await page.say("   ")).status == 400
         first = await page.say("hello", message_id="retry-0001")
         again = await page.say("hello", message_id="retry-0001")  # the page's retry after a lost answer
@@ -183,3 +193,104 @@ async def test_new_conversation_resets_the_page_and_a_reload_shows_the_current_o
     finally:
         fake_openai.responder = None
         await page.close()
+
+
+async def test_the_identity_cookie_is_lax_and_a_valid_one_is_never_replaced(tmp_path, fake_openai, running):
+    import aiohttp
+
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai), running)
+    base = base_of(gateway)
+    async with aiohttp.ClientSession() as http:  # no cookie jar: each request says what it carries
+        async with http.get(f"{base}/") as response:
+            set_cookie = response.headers.getall("Set-Cookie")
+        assert len(set_cookie) == 1 and set_cookie[0].startswith("gw_web=")
+        assert "SameSite=Lax" in set_cookie[0] and "HttpOnly" in set_cookie[0]
+        cookie = set_cookie[0].split(";")[0]
+        async with http.get(f"{base}/", headers={"Cookie": cookie}) as response:
+            assert response.status == 200 and "Set-Cookie" not in response.headers  # kept, not replaced
+        async with http.get(f"{base}/", headers={"Cookie": "gw_web=forged.value"}) as response:
+            assert response.headers["Set-Cookie"].startswith("gw_web=")  # a bad one is replaced
+
+
+async def test_two_browsers_with_the_same_client_message_id_are_both_answered(tmp_path, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.responder = lambda request: oa.text(f"echo: {request['messages'][-1]['content']}")
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai), running)
+    ann, bob = WebClient(base_of(gateway)), WebClient(base_of(gateway))
+    try:
+        for page, text in ((ann, "from ann"), (bob, "from bob")):
+            await page.open()
+            page.listen()
+            assert (await page.say(text, message_id="same-id-0001")).status == 200
+        for page, text in ((ann, "from ann"), (bob, "from bob")):
+            await wait_until(lambda page=page: page.of("row", lambda e: e["role"] == "assistant"), what="answer")
+            mine = page.of("row", lambda e: e["role"] == "user")
+            assert [(row["text"], row["message_id"]) for row in mine] == [(text, "same-id-0001")]  # the page's id
+            assert page.of("row", lambda e: e["role"] == "assistant")[0]["text"].endswith(text)
+        assert gateway.duplicates == 0 and len(fake_openai.requests) == 2
+    finally:
+        await ann.close()
+        await bob.close()
+
+
+async def test_wrong_link_codes_are_limited_per_user(tmp_path, fake_openai, running):
+    """Five wrong ``/link CODE`` guesses in 15 minutes, then even the right code is refused (the
+    guesses are counted in the database, for every platform and every instance)."""
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai), running)
+    owner, guesser = WebClient(base_of(gateway)), WebClient(base_of(gateway))
+    try:
+        for page in (owner, guesser):
+            await page.open()
+            page.listen()
+        await owner.say("/link")
+        await wait_until(owner.link_code, what="link code")
+        wrong = "ZZZZZ2" if owner.link_code() != "ZZZZZ2" else "ZZZZZ3"
+        for attempt in range(1, 6):
+            await guesser.say(f"/link {wrong}")
+            await wait_until(lambda attempt=attempt: len(guesser.of("reply")) == attempt, what=f"answer {attempt}")
+        assert all("not valid" in e["text"] for e in guesser.of("reply"))
+        await guesser.say(f"/link {owner.link_code()}")  # the right code, after five wrong ones
+        await wait_until(lambda: len(guesser.of("reply")) == 6, what="refusal")
+        assert guesser.of("reply")[-1]["text"] == "Too many wrong codes; try again in 15 minutes."
+        await owner.say("/link ZZZZZ4")  # another user is not held back by them
+        await wait_until(lambda: len(owner.of("reply")) == 2, what="owner's answer")
+        assert "not valid" in owner.of("reply")[-1]["text"]
+    finally:
+        await owner.close()
+        await guesser.close()
+
+
+async def test_one_web_user_holds_at_most_eight_event_streams(tmp_path, fake_openai, running):
+    import asyncio
+
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai), running)
+    base = base_of(gateway)
+    page, other = WebClient(base), WebClient(base)
+    streams = []
+    try:
+        await page.open()
+        await other.open()
+        opened = await asyncio.gather(*(page.http.get(f"{base}/web/events?after=0") for _ in range(12)))
+        streams = [r for r in opened if r.status == 200]
+        refused = [r for r in opened if r.status != 200]
+        assert len(streams) == 8 and {r.status for r in refused} == {429}
+        assert "at most 8" in (await refused[0].json())["error"]
+        async with other.http.get(f"{base}/web/events?after=0") as response:
+            assert response.status == 200  # another web user is not held back
+
+        streams.pop().close()  # a tab closes: its place is free again
+        statuses: list[int] = []
+
+        async def open_one() -> None:
+            while not statuses or statuses[-1] != 200:
+                async with page.http.get(f"{base}/web/events?after=0") as response:
+                    statuses.append(response.status)
+                await asyncio.sleep(0.05)
+        opener = asyncio.create_task(open_one())
+        await wait_until(lambda: statuses and statuses[-1] == 200, what="a stream after one closed")
+        await opener
+    finally:
+        for response in streams:
+            response.close()
+        await page.close()
+        await other.close()

@@ -1,7 +1,10 @@
 """Web chat adapter (platform ``web``): a chat page at ``/`` served by the gateway's HTTP server.
 
 Each browser gets a signed cookie with a random user id (its identity: platform ``web``, tenant
-``web``); its chat id is that user id, so each browser user has one DM chat. Messages go in with
+``web``); its chat id is that user id, so each browser user has one DM chat. The cookie is
+SameSite=Lax, so arriving from a link on another site keeps the identity (Strict would send no
+cookie and the page would make a new identity); a valid cookie is never replaced. POSTs stay
+same-site by the ``X-Requested-With`` check. Messages go in with
 ``POST /web/messages`` and through the same inbox, bus and agent as every platform.
 
 The page listens on ``GET /web/events`` (Server-Sent Events). Each stream sends:
@@ -31,7 +34,7 @@ from aiohttp import web
 from itsdangerous import BadSignature, Signer
 
 from adapters.web.format import markdown_html, plain_html
-from adapters.web.inbound import TENANT, WebInputError, message_from_post
+from adapters.web.inbound import TENANT, WebInputError, client_id_of, message_from_post
 from gateway.ports import BeforePart, ConversationReader, InboundSink, PartSent
 from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
 
@@ -45,6 +48,9 @@ it, and a cross-site script would need a CORS preflight this server never grants
 POLL_S = 1.0
 """How often an open page's stream looks for new transcript rows (turns from other platforms)."""
 HEARTBEAT_S = 15.0
+MAX_STREAMS_PER_USER = 8
+"""Open event streams one web user may hold (tabs, devices); a further one gets 429 (the page
+retries it, so it comes in once another tab closes)."""
 STATIC = Path(__file__).with_name("static")
 CSP = ("default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
        "frame-ancestors 'none'; form-action 'self'")
@@ -77,6 +83,8 @@ class WebAdapter:
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/", self._page), web.get("/web/chat.js", self._static("chat.js", "text/javascript")),
                 web.get("/web/chat.css", self._static("chat.css", "text/css")),
+                web.get("/web/icon.svg", self._static("icon.svg", "image/svg+xml")),
+                web.get("/favicon.ico", self._favicon),
                 web.post("/web/messages", self._post), web.get("/web/events", self._events)]
 
     def user_of(self, request: web.Request) -> str | None:
@@ -98,8 +106,11 @@ class WebAdapter:
                                 charset="utf-8", headers=_page_headers())
         if self.user_of(request) is None:
             response.set_cookie(COOKIE, self.cookie_for(uuid.uuid4().hex), max_age=COOKIE_MAX_AGE_S, httponly=True,
-                                samesite="Strict", secure=self._cookie_secure, path="/")
+                                samesite="Lax", secure=self._cookie_secure, path="/")
         return response
+
+    async def _favicon(self, _: web.Request) -> web.Response:
+        raise web.HTTPMovedPermanently("/web/icon.svg")  # pages without an icon link (admin) ask here
 
     def _static(self, name: str, content_type: str) -> Any:
         async def serve(_: web.Request) -> web.Response:
@@ -117,6 +128,8 @@ class WebAdapter:
             return _error(503, "the gateway is starting; try again")
         try:
             body = await request.json()
+        except LookupError:  # aiohttp decodes with the Content-Type's charset: an unknown one
+            return _error(400, f"unknown charset {request.charset!r}: send UTF-8 JSON")
         except (ValueError, UnicodeDecodeError):
             return _error(400, "the request body is not JSON")
         try:
@@ -139,16 +152,18 @@ class WebAdapter:
         except ValueError:
             return _error(400, "after must be a message id")
         known = request.query.get("session") or None
+        listeners = self._listeners.setdefault(user_id, set())
+        if len(listeners) >= MAX_STREAMS_PER_USER:
+            return _error(429, f"too many open chat pages (at most {MAX_STREAMS_PER_USER}); close one")
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        listeners.add(queue)  # before the first await, so parallel opens count each other
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                "X-Accel-Buffering": "no"})
-        await response.prepare(request)
-        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        listeners = self._listeners.setdefault(user_id, set())
-        listeners.add(queue)
         answered: deque[str] = deque(maxlen=20)  # assistant texts shown from the transcript
         loop = asyncio.get_running_loop()
         last_write = loop.time()
         try:
+            await response.prepare(request)
             events: list[dict[str, Any] | None] = []
             read = True
             while True:
@@ -160,6 +175,8 @@ class WebAdapter:
                         after = 0
                     known = session_id or known
                     for row in rows:
+                        if row["platform"] == "web" and row["message_id"]:
+                            row = {**row, "message_id": client_id_of(row["message_id"])}  # the page's id
                         html = markdown_html(row["text"]) if row["role"] == "assistant" else plain_html(row["text"])
                         await _emit(response, {**row, "type": "row", "html": html, "session": session_id})
                         after = max(after, row["id"])
@@ -180,6 +197,8 @@ class WebAdapter:
                 try:
                     events = [await asyncio.wait_for(queue.get(), POLL_S)]
                 except TimeoutError:
+                    if request.transport is None or request.transport.is_closing():
+                        return response  # the page went away: free its place now, not at the next write
                     events, read = [], True
                     continue
                 while not queue.empty():

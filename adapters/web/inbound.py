@@ -1,7 +1,10 @@
 """A browser's chat POST -> ``InboundMessage`` (pure). Platform ``web``; one chat per browser user.
 
 Body (JSON): ``{"id": "<client message id>", "text": "...", "name": "<display name>"}``. The id is
-made by the page once per message and sent again on a retry, so the inbox drops the repeat.
+made by the page once per message and sent again on a retry, so the inbox drops the repeat. The
+inbox dedupes on (platform, tenant, message id) and the id comes from the browser, so the message
+id is scoped by the web user: ``"<user id>:<client id>"`` (one browser cannot drop another's message
+by reusing its id).
 """
 
 from __future__ import annotations
@@ -30,10 +33,16 @@ def address_of(user_id: str) -> ChatAddress:
     return ChatAddress("web", TENANT, user_id)
 
 
+def client_id_of(message_id: str) -> str:
+    """The page's own id of a web message id ``"<user id>:<client id>"`` (unchanged without ``:``)."""
+    return message_id.rpartition(":")[2]
+
+
 def message_from_post(body: Any, user_id: str, now: float | None = None) -> InboundMessage:
     """Normalizes one chat POST of browser user ``user_id`` (from the signed cookie).
 
-    A leading ``/name`` is a command (``/link ABC123`` -> command ``link``, text ``ABC123``), as the
+    The message id is ``f"{user_id}:{body['id']}"``. A leading ``/name`` is a command
+    (``/link ABC123`` -> command ``link``, text ``ABC123``), as the
     platforms' own command syntax is.
 
     Raises:
@@ -57,6 +66,6 @@ def message_from_post(body: Any, user_id: str, now: float | None = None) -> Inbo
     if match := _COMMAND.match(text):
         command, text = match.group(1).lower(), text[match.end():].strip()
     return InboundMessage(
-        address=address_of(user_id), message_id=message_id, chat_type="dm", sender=Sender(user_id, name),
+        address=address_of(user_id), message_id=f"{user_id}:{message_id}", chat_type="dm", sender=Sender(user_id, name),
         text=text, command=command, received_at=time.time() if now is None else now,
     )

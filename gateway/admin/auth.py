@@ -2,12 +2,14 @@
 
 - Login: the password held by the environment variable ``web.admin_password_env`` (compared in
   constant time). No password configured: the admin pages are off.
-- Session: a signed, timestamped cookie (``itsdangerous``), HttpOnly, SameSite=Strict, valid for
-  ``web.admin_session_hours``; it names a digest of the password, so changing the password ends
-  every session.
-- CSRF: every browser gets a random nonce cookie (HttpOnly, SameSite=Strict); each form carries
-  an HMAC of that nonce under the signing key, and every POST is refused (403) without the
-  matching token (the synchronizer-token pattern, OWASP CSRF Prevention Cheat Sheet).
+- Session: a random session id (a row of ``admin_sessions``, ``gateway.admin.sessions``) in a
+  signed, timestamped cookie (``itsdangerous``), HttpOnly, SameSite=Strict, valid for
+  ``web.admin_session_hours``. The signing key is HMAC-SHA256(web secret, password): changing the
+  password ends every session, and the cookie holds nothing derived from the password alone.
+  Logout revokes the row (every instance sees it).
+- CSRF: every browser gets a random nonce cookie (HttpOnly, SameSite=Strict), replaced at login;
+  each form carries an HMAC of that nonce under the web secret, and every POST is refused (403)
+  without the matching token (the synchronizer-token pattern, OWASP CSRF Prevention Cheat Sheet).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ class AdminAuth:
     def __init__(self, password: str | None, secret: str, session_s: float, secure: bool = False) -> None:
         self.password = password
         self._secret = secret.encode()
-        self._signer = TimestampSigner(secret, salt="gateway-admin-session")
+        session_key = hmac.new(self._secret, b"gateway-admin-session:" + (password or "").encode(),
+                               hashlib.sha256).hexdigest()
+        self._signer = TimestampSigner(session_key, salt="gateway-admin-session")
         self.session_s = session_s
         self.secure = secure
 
@@ -52,27 +56,28 @@ class AdminAuth:
         return hmac.compare_digest(hashlib.sha256(given.encode()).digest(),
                                    hashlib.sha256(self.password.encode()).digest())
 
-    def _subject(self) -> str:
-        assert self.password
-        return "admin:" + hashlib.sha256(b"gateway-admin:" + self.password.encode()).hexdigest()[:16]
-
-    def logged_in(self, request: web.Request) -> bool:
-        """Whether the request carries a valid, unexpired session cookie."""
+    def session_id(self, request: web.Request) -> str | None:
+        """The session id of the request's cookie when its signature (under the current password)
+        holds and it is younger than the session lifetime; else ``None``. The caller still checks
+        that the session was not revoked (``AdminSessions.active``)."""
         value = request.cookies.get(SESSION_COOKIE)
         if not value or not self.enabled:
-            return False
+            return None
         try:
-            subject = self._signer.unsign(value, max_age=self.session_s).decode()
+            return self._signer.unsign(value, max_age=self.session_s).decode()
         except (BadSignature, SignatureExpired):
-            return False
-        return hmac.compare_digest(subject, self._subject())
+            return None
 
-    def start_session(self, response: web.StreamResponse) -> None:
-        """Sets the session cookie on ``response`` (after a correct password)."""
-        response.set_cookie(SESSION_COOKIE, self._signer.sign(self._subject()).decode(), max_age=int(self.session_s),
+    def start_session(self, response: web.StreamResponse, session_id: str) -> None:
+        """Sets the session cookie for ``session_id`` on ``response`` (after a correct password) and
+        a fresh CSRF nonce (a nonce planted before login is not carried into the session)."""
+        response.set_cookie(SESSION_COOKIE, self._signer.sign(session_id).decode(), max_age=int(self.session_s),
                             httponly=True, samesite="Strict", secure=self.secure, path="/admin")
+        response.set_cookie(NONCE_COOKIE, secrets.token_urlsafe(24), httponly=True, samesite="Strict",
+                            secure=self.secure, path="/admin")
 
     def end_session(self, response: web.StreamResponse) -> None:
+        """Deletes the session cookie (the caller revokes the session row)."""
         response.del_cookie(SESSION_COOKIE, path="/admin")
 
     def nonce(self, request: web.Request, response: web.StreamResponse | None = None) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -24,12 +25,16 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from agent.model import Usage
 from gateway.admin.auth import CSRF_FIELD, AdminAuth
+from gateway.admin.limits import LoginLimiter
 from gateway.admin.queries import AdminQueries
+from gateway.admin.sessions import AdminSessions
 from gateway.approvals import decide_reply
 from gateway.jobs import format_address, job_schedule, local_time, next_fire_of
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
+
+log = logging.getLogger("gateway.admin")
 
 TEMPLATES = Path(__file__).with_name("templates")
 FLASH_COOKIE = "gw_admin_flash"
@@ -69,6 +74,8 @@ class AdminSite:
         self.gateway = gateway
         self.auth = auth
         self.queries = AdminQueries(gateway.engine)
+        self.sessions = AdminSessions(gateway.engine)
+        self.limiter = LoginLimiter()
         self.env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]),
                                trim_blocks=True, lstrip_blocks=True)
         self.env.filters["when"] = _when
@@ -106,7 +113,7 @@ class AdminSite:
     def _page(self, handler: Page) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         @functools.wraps(handler)
         async def page(request: web.Request) -> web.StreamResponse:
-            if not self.auth.logged_in(request):
+            if not await self._logged_in(request):
                 raise web.HTTPFound("/admin/login?next=" + quote(request.path_qs, safe=""))
             template, context = await handler(request)
             return self._render(request, template, **context)
@@ -116,7 +123,7 @@ class AdminSite:
         @functools.wraps(handler)
         async def action(request: web.Request) -> web.StreamResponse:
             form = await request.post()
-            if not self.auth.logged_in(request):
+            if not await self._logged_in(request):
                 return web.Response(status=403, text="Not logged in: open /admin/login first.")
             if not self.auth.csrf_ok(request, form.get(CSRF_FIELD)):
                 return web.Response(status=403, text="CSRF token missing or wrong: reload the page and try again.")
@@ -127,6 +134,10 @@ class AdminSite:
                                     secure=self.auth.secure, path="/admin")
             raise response
         return action
+
+    async def _logged_in(self, request: web.Request) -> bool:
+        session_id = self.auth.session_id(request)
+        return session_id is not None and await self.gateway.run_db(self.sessions.active, session_id)
 
     async def _css(self, _: web.Request) -> web.Response:
         return web.Response(body=(TEMPLATES / "admin.css").read_bytes(), content_type="text/css", charset="utf-8")
@@ -144,15 +155,27 @@ class AdminSite:
         if not self.auth.csrf_ok(request, form.get(CSRF_FIELD)):
             return web.Response(status=403, text="CSRF token missing or wrong: reload the page and try again.")
         target = _safe_next(str(form.get("next", "")))
+        client = request.remote or "unknown"
+        wait_s = self.limiter.retry_after(client)
+        if wait_s is not None:
+            return web.Response(status=429, headers={"Retry-After": str(wait_s)},
+                                text=f"Too many wrong passwords; try again in {wait_s} seconds.")
         if not self.auth.password_ok(str(form.get("password", ""))):
+            failures = self.limiter.failed(client)
+            log.warning("admin login failed from %s (%d failure(s) from it in %.0f s)", client, failures,
+                        self.limiter.window_s)
             await asyncio.sleep(0.3)  # slows down guessing
             return self._render(request, "login.html", status=401, bare=True, next=target,
                                 error="Wrong password.")
+        self.limiter.succeeded(client)
         response = web.HTTPFound(target)
-        self.auth.start_session(response)
+        self.auth.start_session(response, await self.gateway.run_db(self.sessions.create, self.auth.session_s))
         raise response
 
-    async def _logout(self, _: web.Request, __: Any) -> tuple[str, str]:
+    async def _logout(self, request: web.Request, __: Any) -> tuple[str, str]:
+        session_id = self.auth.session_id(request)
+        if session_id is not None:
+            await self.gateway.run_db(self.sessions.revoke, session_id)
         raise_response = web.HTTPFound("/admin/login")
         self.auth.end_session(raise_response)
         raise raise_response

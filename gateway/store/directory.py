@@ -4,17 +4,27 @@ the sessions a user owns. Every call is a short transaction; call from worker th
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, insert, select, update
+from sqlalchemy import Engine, and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gateway.store.db import read_tx, write_tx
-from gateway.store.models import CodeRow, IdentityRow, InboxRow, LaneRow, MessageRow, SessionRow, UserRow
+from gateway.store.models import (
+    CodeRow,
+    IdentityRow,
+    InboxRow,
+    LaneRow,
+    LinkFailureRow,
+    MessageRow,
+    SessionRow,
+    UserRow,
+)
 from gateway.store.sql import retry_locked
 from gateway.types import InboundMessage
 
@@ -25,16 +35,25 @@ _sessions = SessionRow.__table__
 _lanes = LaneRow.__table__
 _inbox = InboxRow.__table__
 _messages = MessageRow.__table__
+_link_failures = LinkFailureRow.__table__
 
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: read aloud and typed on phones
 CODE_LENGTH = 6
 LINK_CODE_TTL_S = 600.0
 LINK_CODES_PER_HOUR = 5
 PAIRING_CODE_TTL_S = 7 * 24 * 3600.0
+LINK_GUESSES = 5
+LINK_GUESS_WINDOW_S = 900.0
+"""At most ``LINK_GUESSES`` wrong ``/link CODE`` guesses per user in ``LINK_GUESS_WINDOW_S``; past
+that, ``/link CODE`` is refused (even with a right code) until the oldest guess leaves the window."""
 
 
 class CodeError(Exception):
     """A code cannot be used; the message is safe to show to the user."""
+
+
+class WrongCode(CodeError):
+    """The code is wrong, used or expired (a guess that counts against the limit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,18 +143,39 @@ class Directory:
         row = conn.execute(select(_codes.c.user_id, _codes.c.expires_at, _codes.c.used_at)
                            .where(_codes.c.code == code.strip().upper(), _codes.c.kind == kind)).first()
         if row is None or row.used_at is not None or row.expires_at < now:
-            raise CodeError("That code is not valid (wrong, used or expired).")
+            raise WrongCode("That code is not valid (wrong, used or expired).")
         taken = conn.execute(update(_codes).where(_codes.c.code == code.strip().upper(), _codes.c.used_at.is_(None))
                              .values(used_at=now)).rowcount
         if taken != 1:
-            raise CodeError("That code is not valid (wrong, used or expired).")
+            raise WrongCode("That code is not valid (wrong, used or expired).")
         return str(row.user_id)
 
     @retry_locked
     def link(self, code: str, user_id: str) -> str:
         """Joins ``user_id`` (the sender of ``/link CODE``) into the code's user: all its
-        identities and sessions move there. Returns the surviving user id. Raises ``CodeError``."""
+        identities and sessions move there. Returns the surviving user id.
+
+        Raises:
+            CodeError: the code is wrong, used or expired (recorded as a wrong guess), names this
+                user, or the user made ``LINK_GUESSES`` wrong guesses in ``LINK_GUESS_WINDOW_S``.
+        """
         now = time.time()
+        with read_tx(self.engine) as conn:
+            guesses = conn.execute(select(_link_failures.c.failed_at).where(
+                _link_failures.c.user_id == user_id, _link_failures.c.failed_at > now - LINK_GUESS_WINDOW_S)
+                .order_by(_link_failures.c.failed_at.desc()).limit(LINK_GUESSES)).scalars().all()
+        if len(guesses) >= LINK_GUESSES:
+            minutes = max(1, math.ceil((min(guesses) + LINK_GUESS_WINDOW_S - now) / 60))
+            raise CodeError(f"Too many wrong codes; try again in {minutes} minutes.")
+        try:
+            return self._join(code, user_id, now)
+        except WrongCode:
+            with write_tx(self.engine) as conn:
+                conn.execute(insert(_link_failures).values(user_id=user_id, failed_at=now))
+                conn.execute(delete(_link_failures).where(_link_failures.c.failed_at < now - LINK_GUESS_WINDOW_S))
+            raise
+
+    def _join(self, code: str, user_id: str, now: float) -> str:
         with write_tx(self.engine) as conn:
             target = self._take_code(conn, code, "link")
             if target == user_id:

@@ -341,6 +341,30 @@ class MemoryRow(Base):
     """The text's embedding when an embedding endpoint is configured (cosine computed in Python)."""
 
 
+
+class AdminSessionRow(Base):
+    """One admin login (``gateway.admin.sessions``): the id the signed ``gw_admin`` cookie carries.
+    Logout sets ``revoked_at``, which every instance sees."""
+
+    __tablename__ = "admin_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float)
+
+
+class LinkFailureRow(Base):
+    """A wrong ``/link CODE`` guess by a user (``Directory.link`` refuses more than
+    ``LINK_GUESSES`` in ``LINK_GUESS_WINDOW_S``, on every instance)."""
+
+    __tablename__ = "link_failures"
+    __table_args__ = (Index("ix_link_failures_user_at", "user_id", "failed_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user_id: Mapped[str] = mapped_column(String(32))
+    failed_at: Mapped[float] = mapped_column(Float)
+
 # The FTS5 index is not a SQLAlchemy table: dropping ``memories`` (tests reset with drop_all) drops it too.
 event.listen(MemoryRow.__table__, "after_drop",
              DDL("DROP TABLE IF EXISTS memories_fts").execute_if(dialect="sqlite"))
