@@ -15,7 +15,7 @@ from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import NewMessage, Store
 from tests.conftest import gateway_config
 from tests.fakes import openai as oa
-from tests.test_skills_e2e import write_skill
+from tests.test_skills_e2e import write_skill, write_undecodable_skill
 
 
 def cli(config, *argv: str) -> int:
@@ -168,3 +168,28 @@ async def test_doctor_names_invalid_skills(tmp_path, fake_openai, capsys):
     assert await run_doctor(config) == 1
     out = capsys.readouterr().out
     assert f"[FAIL] skills: 3 valid ({skills} and bundled); invalid: broken (see `gateway skills validate`)" in out
+
+
+async def test_validate_and_doctor_name_a_skill_that_is_not_utf8(tmp_path, fake_openai, capsys):
+    from gateway.doctor import run_doctor
+
+    skills = tmp_path / "skills"
+    write_skill(skills, "fine", description="Fine.", version="1")
+    garbled = write_undecodable_skill(skills, "garbled")
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills), "bundled": False})
+    assert cli(config, "skills", "validate") == 1
+    out = capsys.readouterr().out
+    assert f"error: {garbled / 'SKILL.md'}: not UTF-8 text (byte 0xff at offset" in out and "1 valid, 1 invalid" in out
+    assert cli(config, "skills", "list") == 0
+    assert f"garbled  INVALID  {garbled / 'SKILL.md'}: not UTF-8 text" in capsys.readouterr().out
+    assert cli(config, "skills", "show", "garbled") == 1
+    assert await run_doctor(config) == 1
+    assert "[FAIL] skills: 1 valid" in (out := capsys.readouterr().out) and "invalid: garbled" in out
+
+
+def test_a_skill_with_a_date_it_cannot_read_is_invalid_not_a_crash(tmp_path, fake_openai, capsys):
+    skills = tmp_path / "skills"
+    bad_date = write_skill(skills, "bad-date", description="Fine.", version="2024-13-45")
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills), "bundled": False})
+    assert cli(config, "skills", "validate") == 1
+    assert f"error: {bad_date / 'SKILL.md'}: front matter is not valid YAML" in capsys.readouterr().out

@@ -85,7 +85,7 @@ class Skill:
         if relative not in self.files():
             listed = ", ".join(self.files()) or "none"
             raise ValueError(f"skill {self.name} has no file {relative!r}; its files: {listed}")
-        return (self.folder / relative).read_text(encoding="utf-8")
+        return read_text(self.folder / relative)
 
     def eval_files(self) -> list[Path]:
         """The skill's ``evals/*.json`` files, sorted by name (``agent.skills.evals``)."""
@@ -107,7 +107,7 @@ def split_front_matter(text: str, path: Path) -> tuple[dict[str, Any], str]:
         raise SkillError(path, "the front matter is not closed by a '---' line")
     try:
         data = yaml.safe_load("\n".join(lines[1:end]))
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:  # ValueError: a date like 2024-13-45
         raise SkillError(path, f"front matter is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise SkillError(path, "front matter must be a YAML mapping of fields")
@@ -130,17 +130,34 @@ def _list(data: dict[str, Any], key: str, path: Path) -> tuple[str, ...]:
     return tuple(v.strip() for v in value)
 
 
-def parse_skill(folder: Path) -> Skill:
-    """Reads and checks the skill in ``folder``.
+def read_text(path: Path) -> str:
+    """The UTF-8 text of one of a skill's files.
 
     Raises:
-        SkillError: no ``SKILL.md``, bad front matter (naming the file and the field), a name that
-            differs from the folder's, a description longer than one line.
+        SkillError: the file cannot be read (``OSError``) or is not UTF-8 (naming the first bad byte).
+    """
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SkillError(path, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                               "save it as UTF-8") from None
+    except OSError as exc:
+        raise SkillError(path, f"cannot be read ({exc.strerror or exc})") from None
+
+
+def parse_skill(folder: Path) -> Skill:
+    """Reads and checks the skill in ``folder``. Never raises anything but ``SkillError``, so one
+    broken skill can be left out without breaking the others.
+
+    Raises:
+        SkillError: no ``SKILL.md``, a file that cannot be read or is not UTF-8, bad front matter
+            (naming the file and the field), a name that differs from the folder's, a description
+            longer than one line.
     """
     path = folder / SKILL_FILE
     if not path.is_file():
         raise SkillError(path, "not found")
-    data, body = split_front_matter(path.read_text(encoding="utf-8"), path)
+    data, body = split_front_matter(read_text(path), path)
     unknown = sorted(set(data) - set(REQUIRED) - set(OPTIONAL))
     if unknown:
         raise SkillError(path, f"unknown field (known: {', '.join(REQUIRED + OPTIONAL)})", unknown[0])
@@ -192,8 +209,9 @@ def problems(folder: Path, known_tools: set[str] | None = None) -> list[str]:
 
 
 def read_json(path: Path) -> Any:
-    """Parses a JSON file. Raises ``ValueError`` naming the file and the position."""
+    """Parses a JSON file. Raises ``ValueError`` naming the file and the position (``SkillError``
+    when the file cannot be read or is not UTF-8)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
