@@ -193,3 +193,19 @@ def test_a_skill_with_a_date_it_cannot_read_is_invalid_not_a_crash(tmp_path, fak
     config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills), "bundled": False})
     assert cli(config, "skills", "validate") == 1
     assert f"error: {bad_date / 'SKILL.md'}: front matter is not valid YAML" in capsys.readouterr().out
+
+
+def test_validate_refuses_a_symlink_out_of_the_skill_folder(tmp_path, fake_openai, capsys):
+    secret = tmp_path / "passwd"
+    secret.write_text("root:x:0:0\n")
+    skills = tmp_path / "skills"
+    folder = write_skill(skills, "leaky", description="Leaks.", version="1", extra="See references/pw.md.")
+    (folder / "references").mkdir()
+    (folder / "references" / "pw.md").symlink_to(secret)
+    (folder / "references" / "unmentioned.md").symlink_to(secret)
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills), "bundled": False})
+    assert cli(config, "skills", "validate") == 1
+    out = capsys.readouterr().out
+    assert f"error: {folder / 'SKILL.md'}: references references/pw.md, which resolves outside {folder}" in out
+    assert f"error: {folder / 'references' / 'unmentioned.md'}: resolves outside {folder}" in out
+    assert "does not exist" not in out and "0 valid, 1 invalid" in out

@@ -68,20 +68,21 @@ class Skill:
     folder: Path
 
     def files(self) -> list[str]:
-        """Relative paths of the skill's references, templates and scripts, sorted."""
-        out = []
-        for sub in FILE_DIRS:
-            root = self.folder / sub
-            if root.is_dir():
-                out += [p.relative_to(self.folder).as_posix() for p in sorted(root.rglob("*")) if p.is_file()]
-        return out
+        """Relative paths of the skill's references, templates and scripts, sorted; a file that
+        resolves outside the skill's folder (a symlink out of it) is not one of them
+        (``outside_files``)."""
+        return [f for f in _listed_files(self.folder) if inside(self.folder, f)]
 
     def read_file(self, relative: str) -> str:
         """The text of one of ``files()``.
 
         Raises:
-            ValueError: the path is not one of the skill's files (no escaping its folder).
+            ValueError: the path resolves outside the skill's folder (``..``, a symlink out of it),
+                or is not one of the skill's files; ``SkillError`` (a ``ValueError``): it cannot be
+                read or is not UTF-8.
         """
+        if not inside(self.folder, relative):
+            raise ValueError(f"skill {self.name}: {relative!r} resolves outside the skill's folder; refused")
         if relative not in self.files():
             listed = ", ".join(self.files()) or "none"
             raise ValueError(f"skill {self.name} has no file {relative!r}; its files: {listed}")
@@ -91,6 +92,29 @@ class Skill:
         """The skill's ``evals/*.json`` files, sorted by name (``agent.skills.evals``)."""
         root = self.folder / "evals"
         return sorted(root.glob("*.json")) if root.is_dir() else []
+
+
+def _listed_files(folder: Path) -> list[str]:
+    out = []
+    for sub in FILE_DIRS:
+        root = folder / sub
+        if root.is_dir():
+            out += [p.relative_to(folder).as_posix() for p in sorted(root.rglob("*")) if p.is_file()]
+    return out
+
+
+def inside(folder: Path, relative: str) -> bool:
+    """Whether ``folder / relative``, symlinks and ``..`` resolved, is inside ``folder``."""
+    try:
+        return (folder / relative).resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):  # a symlink loop
+        return False
+
+
+def outside_files(folder: Path) -> list[str]:
+    """The files under ``references/``, ``templates/``, ``scripts/`` that resolve outside ``folder``
+    (symlinks out of it): refused by ``load_skill``, reported by ``problems``."""
+    return [f for f in _listed_files(folder) if not inside(folder, f)]
 
 
 def split_front_matter(text: str, path: Path) -> tuple[dict[str, Any], str]:
@@ -180,7 +204,8 @@ def problems(folder: Path, known_tools: set[str] | None = None) -> list[str]:
     """Everything wrong with the skill in ``folder``, each naming its file (empty: valid).
 
     Checks the front matter, that every file the instructions mention (``references/...``,
-    ``templates/...``, ``scripts/...``, relative Markdown links) exists, that the required tools
+    ``templates/...``, ``scripts/...``, relative Markdown links) exists inside the skill's folder,
+    that no file of the skill resolves outside it (a symlink out of it), that the required tools
     are known (when ``known_tools`` is given), and that each ``evals/*.json`` parses into cases.
     """
     try:
@@ -191,9 +216,12 @@ def problems(folder: Path, known_tools: set[str] | None = None) -> list[str]:
     path = folder / SKILL_FILE
     mentioned = set(_MENTIONED.findall(skill.body)) | {m.split("#")[0] for m in _LINKED.findall(skill.body)}
     for relative in sorted(m for m in mentioned if m):
-        target = (folder / relative).resolve()
-        if not target.is_relative_to(folder.resolve()) or not target.exists():
+        if not inside(folder, relative):
+            found.append(f"{path}: references {relative}, which resolves outside {folder} (refused)")
+        elif not (folder / relative).exists():
             found.append(f"{path}: references {relative}, which does not exist in {folder}")
+    found += [f"{folder / f}: resolves outside {folder} (a symlink out of the skill's folder); "
+              "load_skill refuses it" for f in outside_files(folder)]
     if known_tools is not None:
         for name in skill.toolset:
             if name not in known_tools:
