@@ -47,14 +47,15 @@ def test_validate_names_the_file_and_the_missing_field(tmp_path, fake_openai, ca
     assert f"error: {dangling / 'SKILL.md'}: references references/gone.md, which does not exist" in out
     assert f"ok: good-one ({skills / 'good-one' / 'SKILL.md'})" in out and "1 valid, 3 invalid" in out
 
-    # A skill whose front matter is invalid is left out of the catalogue and `list` says why.
+    # What validate rejects is left out of the catalogue, and `list` says why.
     assert cli(config, "skills", "list") == 0
     listing = capsys.readouterr().out
     assert "good-one  v1.0.0  Fine." in listing and "no-version  INVALID" in listing
+    assert f"dangling  INVALID  {dangling / 'SKILL.md'}: references references/gone.md" in listing
     from agent.skills import SkillLibrary
 
     assert [line.split(":")[0] for line in SkillLibrary(config.skills.dirs()).catalogue().splitlines()[2:]] == \
-        ["- dangling", "- good-one"]
+        ["- good-one"]
 
     assert cli(config, "skills", "validate", str(skills / "good-one")) == 0
     assert "1 valid, 0 invalid" in capsys.readouterr().out
@@ -209,3 +210,29 @@ def test_validate_refuses_a_symlink_out_of_the_skill_folder(tmp_path, fake_opena
     assert f"error: {folder / 'SKILL.md'}: references references/pw.md, which resolves outside {folder}" in out
     assert f"error: {folder / 'references' / 'unmentioned.md'}: resolves outside {folder}" in out
     assert "does not exist" not in out and "0 valid, 1 invalid" in out
+
+
+def test_show_fails_for_anything_that_is_not_a_valid_skill_and_validate_names_stray_folders(
+        tmp_path, fake_openai, capsys):
+    skills = tmp_path / "skills"
+    write_skill(skills, "fine", description="Fine.", version="1")
+    bad_yaml = write_skill(skills, "badyaml", description="Fine.", version="1")
+    (bad_yaml / "SKILL.md").write_text((bad_yaml / "SKILL.md").read_text().replace("version: 1", "version: [1"))
+    write_skill(skills, "dangling", description="Points nowhere.", version="1", extra="Use references/gone.md.")
+    (skills / "notes").mkdir()
+    (skills / "notes" / "README.md").write_text("not a skill")
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills), "bundled": False})
+    for name in ("../../etc", "..", "Fine", "nosuch", "badyaml", "dangling", "notes"):
+        assert cli(config, "skills", "show", name) == 1, name
+    err = capsys.readouterr().err
+    assert "'../../etc' is not a skill name" in err and "front matter is not valid YAML" in err
+    assert "references references/gone.md, which does not exist" in err and "no skill 'notes'" in err
+    assert cli(config, "skills", "show", "fine") == 0
+
+    capsys.readouterr()
+    assert cli(config, "skills", "validate") == 1
+    out = capsys.readouterr().out
+    assert f"error: {skills / 'notes'}: has no SKILL.md, so it is not a skill (left out)" in out
+    assert "1 valid, 3 invalid" in out
+    assert cli(config, "skills", "list") == 0
+    assert f"notes  NOT A SKILL  {skills / 'notes'}: has no SKILL.md" in capsys.readouterr().out

@@ -269,3 +269,31 @@ async def test_a_skill_that_is_not_utf8_is_left_out_and_conversations_go_on(tmp_
     await wait_until(lambda: len(sends_to(fake_telegram, chat)) == 2, what="/skills answered")
     listing = sends_to(fake_telegram, chat)[1].params["text"]
     assert "release-check v1.0.0" in listing and "garbled" not in listing
+
+
+async def test_skills_lists_what_the_catalogue_offers_and_nothing_else(tmp_path, fake_telegram, fake_openai, running,
+                                                                      caplog):
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("ok")
+    skills = tmp_path / "skills"
+    write_skill(skills, "release-check", description="Checks a release against its notes.", version="1.0.0")
+    needs = write_skill(skills, "beam-me-up", description="Needs a tool nobody has.", version="1")
+    (needs / "SKILL.md").write_text((needs / "SKILL.md").read_text().replace("version: 1", "version: 1\n"
+                                                                            "toolset: [teleport]"))
+    write_skill(skills, "dangling", description="Points nowhere.", version="1", extra="Use references/gone.md.")
+    (skills / "no-skill-file").mkdir()
+    (skills / "no-skill-file" / "skill.md").write_text("lower case: not found")
+    config = gateway_config(tmp_path, fake_openai, fake_telegram, skills={"directory": str(skills), "bundled": False})
+    await start_gateway(config, running)
+    chat = 5561601
+    fake_telegram.inject(dm_update("hi", 9861, user_id=chat))
+    await wait_until(lambda: len(sends_to(fake_telegram, chat)) == 1, what="the reply")
+    fake_telegram.inject(tg_command("/skills", 9862, chat))
+    await wait_until(lambda: len(sends_to(fake_telegram, chat)) == 2, what="/skills answered")
+    offered = [line.split(":")[0] for line in system_prompt(fake_openai.requests[0]).splitlines() if line.startswith("- ")]
+    listing = sends_to(fake_telegram, chat)[1].params["text"].splitlines()
+    assert offered == ["- release-check"]
+    assert listing[1:] == ["release-check v1.0.0 - Checks a release against its notes."]
+    logged = caplog.text
+    assert "skill beam-me-up left out" in logged and "teleport" in logged and "skill dangling left out" in logged
+    assert f"skill folder {skills / 'no-skill-file'} has no SKILL.md" in logged

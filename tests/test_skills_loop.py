@@ -12,7 +12,7 @@ from agent.delegate import delegate_tool
 from agent.loop import run_turn
 from agent.model import OpenAIChatModel
 from agent.plan import update_plan_tool
-from agent.skills import SkillLibrary, load_skill_tool
+from agent.skills import SkillLibrary, load_skill_tool, parse_skill
 from agent.tools import ToolRegistry
 from agent.turn_state import TurnState
 from tests.fakes import openai as oa
@@ -153,12 +153,18 @@ def test_a_symlink_out_of_the_skill_folder_is_never_read(tmp_path, model, fake_o
                                      oa.call("load_skill", {"name": "leaky", "file": "templates/passwd"}),
                                      oa.call("load_skill", {"name": "leaky", "file": "references/ok.md"})),
                        oa.text("done"))
-    outcome, recorded = run(model, tools_for(SkillLibrary([tmp_path / "skills"])), TurnState())
+    library = SkillLibrary([tmp_path / "skills"])
+    assert library.catalogue() == "" and library.skills() == {}  # validate rejects it: not on offer
+    outcome, recorded = run(model, tools_for(library), TurnState())
     assert outcome.reply == "done"
     results = [m["content"] for m, _ in recorded if m["role"] == "tool"]
-    assert "Files of this skill (read one with load_skill(name, file=PATH)): references/ok.md\n" in results[0]
-    assert "passwd" not in results[0]  # the symlinked-out files are not offered
-    assert "'references/pw.md' resolves outside the skill's folder; refused" in results[1]
-    assert "'templates/passwd' resolves outside the skill's folder; refused" in results[2]
-    assert results[3].startswith("fine text")
+    assert all("skill leaky is broken and cannot be used" in r for r in results)
+    assert "references/pw.md, which resolves outside" in results[0]
     assert not any("SECRET-LINE" in r for r in results)
+
+    # Even a Skill parsed directly never reads through the symlinks, nor lists them.
+    skill = parse_skill(folder)
+    assert skill.files() == ["references/ok.md"] and skill.read_file("references/ok.md") == "fine text"
+    for escaping in ("references/pw.md", "templates/passwd", "../../outside/passwd", str(secret)):
+        with pytest.raises(ValueError, match="resolves outside the skill's folder; refused"):
+            skill.read_file(escaping)
