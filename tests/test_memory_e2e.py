@@ -117,7 +117,7 @@ async def test_the_block_fits_its_token_budget_with_whole_entries_best_first(
     owner = owner_of_dm(gateway)
     for n in range(40):  # all relevant; every 4th is long and weighs most, so it ranks high but few fit
         long = n % 4 == 0
-        detail = "; sales report figures in EUR" * (20 if long else 0)
+        detail = "; sales report figures in EUR" * (14 if long else 0)  # 455 characters: under the 500 limit
         gateway.memory.memories.add(NewMemory(owner, f"Sales report rule {n:02d}: figures in EUR{detail}",
                                               "preference", "import", weight=3.0 if long else 1.0 + (n % 3) / 2))
     fake_telegram.inject(dm_update("what are my sales report rules?", 9602, user_id=user))
@@ -339,3 +339,35 @@ async def test_the_model_can_rewrite_the_query_before_recall(tmp_path, fake_tele
     assert "employee number is 4711" in " ".join(memory_lines(newest_user(chat_turns[-1])))
     rewrites = [r["json"] for r in fake_openai.requests if r["json"]["messages"][0]["content"] == REWRITE_PROMPT]
     assert rewrites[-1]["messages"][1]["content"] == "which digits did HR give me?" and "tools" not in rewrites[-1]
+
+
+async def test_remember_with_nothing_to_remember_or_too_much_stores_nothing_and_says_why(
+        tmp_path, fake_telegram, fake_openai, running):
+    fake_openai.reset()
+    pasted = "remember " + "the quarterly figures were fine " * 470  # 15,049 characters
+    fake_openai.script(
+        oa.text("Sure, what should I remember?"),
+        oa.text("That is a lot of text."),
+        oa.tool_calls(oa.call("save_memory", {"text": "Figures " + "were fine and " * 60, "type": "fact"})),
+        oa.text("I could not save all of that."),
+    )
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram, memory={"promote": False}),
+                                  running)
+    user = 5561901
+    fake_telegram.inject(dm_update("Please remember that", 9991, user_id=user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 1, what="first reply")
+    assert texts(fake_telegram, user) == ["Sure, what should I remember?"]  # the model answers; nothing stored
+    owner = owner_of_dm(gateway)
+
+    fake_telegram.inject(dm_update(pasted, 9992, user_id=user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 2, what="second reply")
+    reply = texts(fake_telegram, user)[1]
+    assert reply.startswith("That is a lot of text.\n\n(Not remembered: a memory entry holds at most 500 characters, "
+                            "this one has 15,039: keep the conclusion in a sentence or two")
+
+    fake_telegram.inject(dm_update("the quarterly figures were fine and were fine", 9993, user_id=user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 3, what="third reply")
+    result = [m["content"] for m in fake_openai.requests[3]["json"]["messages"] if m["role"] == "tool"][-1]
+    assert "Not saved: a memory entry holds at most 500 characters, this one has 847" in result
+    assert texts(fake_telegram, user)[2] == "I could not save all of that."  # no notice: no "remember" here
+    assert gateway.memory.memories.entries(owner) == []

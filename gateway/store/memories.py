@@ -21,6 +21,9 @@ from gateway.store.models import MemoryRow
 from gateway.store.sql import retry_locked
 
 _memories = MemoryRow.__table__
+MAX_TEXT_CHARS = 500
+"""Longest entry text: a conclusion or constraint in a sentence or two, never a transcript (a
+longer one could never fit a memory block's token budget)."""
 TYPES = ("preference", "fact", "decision", "episode")
 SOURCES = ("user_explicit", "task", "import")
 
@@ -46,7 +49,8 @@ class Memory:
 
 @dataclass(frozen=True, slots=True)
 class NewMemory:
-    """An entry to store. Raises ``ValueError`` for an unknown ``type`` or ``source`` or empty text."""
+    """An entry to store. Raises ``ValueError`` for an unknown ``type`` or ``source``, empty text,
+    or text longer than ``MAX_TEXT_CHARS`` (stripped)."""
 
     owner: str
     text: str
@@ -64,6 +68,14 @@ class NewMemory:
             raise ValueError(f"memory source must be one of {', '.join(SOURCES)}, not {self.source!r}")
         if not self.text.strip():
             raise ValueError("a memory needs text")
+        if len(self.text.strip()) > MAX_TEXT_CHARS:
+            raise ValueError(too_long(self.text))
+
+
+def too_long(text: str) -> str:
+    """Why ``text`` is refused as an entry (longer than ``MAX_TEXT_CHARS``)."""
+    return (f"a memory entry holds at most {MAX_TEXT_CHARS} characters, this one has {len(text.strip()):,}: "
+            "keep the conclusion in a sentence or two, not the whole text")
 
 
 def _memory(row: Any) -> Memory:
