@@ -371,3 +371,32 @@ async def test_remember_with_nothing_to_remember_or_too_much_stores_nothing_and_
     assert "Not saved: a memory entry holds at most 500 characters, this one has 847" in result
     assert texts(fake_telegram, user)[2] == "I could not save all of that."  # no notice: no "remember" here
     assert gateway.memory.memories.entries(owner) == []
+
+
+async def test_forget_acting_on_an_old_listing_never_deletes_a_newer_entry(tmp_path, fake_telegram, fake_openai,
+                                                                         running):
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("ok")
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram, memory={"promote": False}),
+                                  running)
+    user = 5562001
+    fake_telegram.inject(dm_update("remember my desk is on floor 3", 9961, user_id=user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 1, what="first reply")
+    owner = owner_of_dm(gateway)
+    (desk,) = gateway.memory.memories.entries(owner)
+    fake_telegram.inject(tg_command(f"/forget {desk.id}", 9962, user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 2, what="/forget")
+    assert texts(fake_telegram, user)[1] == f"Forgotten: #{desk.id}."
+    fake_telegram.inject(dm_update("remember my badge number is 5521", 9963, user_id=user))
+    await wait_until(lambda: len(gateway.memory.memories.entries(owner)) == 1, what="the new entry")
+    (badge,) = gateway.memory.memories.entries(owner)
+    assert badge.id != desk.id
+
+    fake_telegram.inject(tg_command(f"/forget {desk.id}", 9964, user))  # sent again from the old /memory list
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 4, what="second /forget")
+    assert texts(fake_telegram, user)[3] == "No memory entry of yours has that ID. See /memory."
+    assert [m.text for m in gateway.memory.memories.entries(owner)] == ["My badge number is 5521"]
+    fake_telegram.inject(tg_command("/memory", 9965, user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 5, what="/memory")
+    listing = texts(fake_telegram, user)[4]
+    assert "1 in use, 0 superseded" in listing and f"#{badge.id} (fact" in listing and "floor 3" not in listing
