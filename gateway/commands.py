@@ -162,7 +162,9 @@ class Commands:
         if not ctx.is_dm:
             return "Conversations can be resumed in a DM with me."
         assert ctx.user_id is not None
-        session_id = self.directory.owned_session(ctx.user_id, args.split()[0] if args else "")
+        if not args:
+            return "Usage: /resume ID (see /sessions)."
+        session_id = self.directory.owned_session(ctx.user_id, args.split()[0])
         if session_id is None:  # the same answer for someone else's session and for none at all
             return "No conversation of yours has that ID. See /sessions."
         self.store.switch_session(ctx.key, session_id)
