@@ -400,3 +400,35 @@ async def test_forget_acting_on_an_old_listing_never_deletes_a_newer_entry(tmp_p
     await wait_until(lambda: len(sends_to(fake_telegram, user)) == 5, what="/memory")
     listing = texts(fake_telegram, user)[4]
     assert "1 in use, 0 superseded" in listing and f"#{badge.id} (fact" in listing and "floor 3" not in listing
+
+
+async def test_memory_export_is_a_json_code_block_on_the_web_chat(tmp_path, fake_openai, running):
+    from tests.web_client import WebClient
+
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("ok")
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, memory={"promote": False}), running)
+    page = WebClient(f"http://127.0.0.1:{gateway.http_port}")
+    try:
+        await page.open()
+        page.listen()
+        await page.say("remember my desk is on floor 3 & my badge is <5521>")
+        await wait_until(lambda: page.of("row", lambda e: e["role"] == "assistant"), what="the first reply")
+        await page.say("/memory export")
+        await wait_until(lambda: page.of("reply", lambda e: '"owner_kind"' in e["text"]), what="the export")
+        (export,) = page.of("reply", lambda e: '"owner_kind"' in e["text"])
+        assert export["text"].startswith("```json\n") and export["text"].endswith("\n```")
+        data = json.loads(export["text"][len("```json\n"):-len("\n```")])
+        assert [e["text"] for e in data["entries"]] == ["My desk is on floor 3 & my badge is <5521>"]
+        assert export["html"].startswith('<pre><code class="language-json">{')  # code, not a paragraph
+        assert "&amp; my badge is &lt;5521&gt;" in export["html"]
+
+        await page.say("remember to wrap shell commands in ``` fences")
+        await wait_until(lambda: len(page.of("row", lambda e: e["role"] == "assistant")) == 2, what="the second reply")
+        await page.say("/memory export")
+        await wait_until(lambda: len(page.of("reply", lambda e: '"owner_kind"' in e["text"])) == 2, what="export 2")
+        export = page.of("reply", lambda e: '"owner_kind"' in e["text"])[1]
+        assert export["text"].startswith("````json\n") and export["text"].endswith("\n````")
+        assert export["html"].count("<pre>") == 1 and "in ``` fences" in export["html"]
+    finally:
+        await page.close()
