@@ -61,8 +61,9 @@ def _list(config: GatewayConfig, library: SkillLibrary) -> int:
             skill = usable[name]
             print(f"{skill.name}  v{skill.version}  {skill.description}\n    {folder}")
         else:
-            more = f" (+{len(left_out[name]) - 1} more: see `gateway skills validate`)" if len(left_out[name]) > 1 else ""
-            print(f"{name}  INVALID  {left_out[name][0]}{more}")
+            first, *rest = left_out[name]
+            more = f" (+{len(rest)} more: see `gateway skills validate`)" if rest else ""
+            print(f"{name}  INVALID  {first}{more}")
     for folder in strays:
         print(f"{folder.name}  NOT A SKILL  {_stray(folder)}")
     return 0

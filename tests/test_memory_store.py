@@ -58,7 +58,8 @@ def test_forget_deletes_the_entry_and_the_older_versions_it_replaced(memories):
     assert memories.keyword_search("user:alice", ["office", "leeds", "york"]) == []  # gone from the index too
     assert memories.get("user:alice", second.id) is None and memories.forget("user:alice", second.id) == []
     with memories.engine.connect() as conn:  # the words are erased, not only hidden
-        assert conn.execute(text("SELECT count(*) FROM memories WHERE text LIKE :w"), {"w": "%office%"}).scalar_one() == 0
+        erased = conn.execute(text("SELECT count(*) FROM memories WHERE text LIKE :w"), {"w": "%office%"})
+        assert erased.scalar_one() == 0
 
 
 def test_an_id_is_never_reused_after_the_newest_entry_is_forgotten(memories):

@@ -290,7 +290,8 @@ async def test_skills_lists_what_the_catalogue_offers_and_nothing_else(tmp_path,
     await wait_until(lambda: len(sends_to(fake_telegram, chat)) == 1, what="the reply")
     fake_telegram.inject(tg_command("/skills", 9862, chat))
     await wait_until(lambda: len(sends_to(fake_telegram, chat)) == 2, what="/skills answered")
-    offered = [line.split(":")[0] for line in system_prompt(fake_openai.requests[0]).splitlines() if line.startswith("- ")]
+    prompt = system_prompt(fake_openai.requests[0])
+    offered = [line.split(":")[0] for line in prompt.splitlines() if line.startswith("- ")]
     listing = sends_to(fake_telegram, chat)[1].params["text"].splitlines()
     assert offered == ["- release-check"]
     assert listing[1:] == ["release-check v1.0.0 - Checks a release against its notes."]
