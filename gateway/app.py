@@ -158,7 +158,8 @@ class Gateway:
             store=self.store, agents=self.agents, spec=self.agent_spec, bridge=self.bridge,
             limits=limits, history_window=config.agent.history_window,
             system_prompt=self.build_system_prompt, streams=self.streams,
-            commands=Commands(self.store, self.directory, self.build_system_prompt, skills=self.skills),
+            commands=Commands(self.store, self.directory, self.build_system_prompt, skills=self.skills,
+                              skill_tools=lambda: self.agent_spec.toolset),
             is_admin=lambda message: is_admin(message, config.access),
             reset=ResetPolicy(idle_s=sessions.idle_reset_minutes * 60 if sessions.idle_reset_minutes else None,
                               daily_hour=sessions.daily_reset_hour, zone=sessions.reset_timezone)

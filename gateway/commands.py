@@ -6,7 +6,7 @@ Session commands run in the lane (after the turn in progress), on a worker threa
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -83,11 +83,15 @@ class Commands:
     Args:
         build_system_prompt: builds the system prompt of a new session (stored once).
         skills: the skill library ``/skills`` lists (``None``: skills are off).
+        skill_tools: the tool names chat turns mount now (``/skills`` lists what the catalogue
+            offers for them; ``None``: no tool check).
     """
 
     def __init__(self, store: Store, directory: Directory, build_system_prompt: Callable[[], str],
-                 skills: SkillLibrary | None = None) -> None:
+                 skills: SkillLibrary | None = None,
+                 skill_tools: Callable[[], Iterable[str]] | None = None) -> None:
         self.skills = skills
+        self.skill_tools = skill_tools
         self.store = store
         self.directory = directory
         self.build_system_prompt = build_system_prompt
@@ -103,7 +107,8 @@ class Commands:
         if command == "status":
             return self._status(ctx)
         if command == "skills":
-            return skills_reply(self.skills, self.store, self.store.current_session_id(ctx.key))
+            return skills_reply(self.skills, self.store, self.store.current_session_id(ctx.key),
+                                self.skill_tools() if self.skill_tools is not None else None)
         if ctx.user_id is None:
             return None
         if command == "sessions":
@@ -157,7 +162,9 @@ class Commands:
         if not ctx.is_dm:
             return "Conversations can be resumed in a DM with me."
         assert ctx.user_id is not None
-        session_id = self.directory.owned_session(ctx.user_id, args.split()[0] if args else "")
+        if not args:
+            return "Usage: /resume ID (see /sessions)."
+        session_id = self.directory.owned_session(ctx.user_id, args.split()[0])
         if session_id is None:  # the same answer for someone else's session and for none at all
             return "No conversation of yours has that ID. See /sessions."
         self.store.switch_session(ctx.key, session_id)

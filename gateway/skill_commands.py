@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from agent.plan import render_plan
 from agent.skills import SkillLibrary
 from gateway.progress import latest_plan
@@ -21,12 +23,17 @@ def used_skills(store: Store, session_id: str) -> dict[str, tuple[str, str]]:
     return used
 
 
-def skills_reply(library: SkillLibrary | None, store: Store, session_id: str | None) -> str:
-    """The answer to ``/skills``: the skills on offer with their versions, and the versions this
-    conversation's turns used."""
+def skills_reply(library: SkillLibrary | None, store: Store, session_id: str | None,
+                 tools: Iterable[str] | None = None) -> str:
+    """The answer to ``/skills``: the skills on offer (the same ones as a new session's catalogue:
+    ``SkillLibrary.skills(tools)``, ``tools`` being what chat turns mount) with their versions,
+    and the versions this conversation's turns used."""
     if library is None:
         return "Skills are switched off here (skills.enabled = false)."
-    skills = library.skills()
+    tools = set(tools) if tools is not None else None
+    if tools is not None and "load_skill" not in tools:
+        return "Skills are not offered here (agent.toolset has no load_skill)."
+    skills = library.skills(tools)
     if not skills:
         return "No skills are installed."
     lines = ["Skills (I load one when a task matches it):"]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from agent.skills import SkillLibrary, parse_skill, problems
-from agent.skills.skill import SKILL_FILE, SkillError
+from agent.skills.skill import NAME_RULE, SKILL_FILE, SkillError
 from gateway.config import GatewayConfig
 from gateway.errors import ConfigError
 
@@ -41,30 +41,43 @@ def run_skills_command(config: GatewayConfig, args: argparse.Namespace) -> int:
     """Carries out ``gateway skills ...``; prints the result. Returns the exit status."""
     library = SkillLibrary(config.skills.dirs())
     if args.action == "list":
-        return _list(library)
+        return _list(config, library)
     if args.action == "show":
-        return _show(library, args.name)
+        return _show(config, library, args.name)
     if args.action == "validate":
         return _validate(config, library, [Path(p) for p in args.paths])
     return _eval(config, library, args.name, args.model, args.runs)
 
 
-def _list(library: SkillLibrary) -> int:
+def _list(config: GatewayConfig, library: SkillLibrary) -> int:
     folders = library.folders()
-    if not folders:
+    strays = library.strays()
+    if not folders and not strays:
         print("no skills (skills.directory: " + ", ".join(str(d) for d in library.dirs) + ")")
         return 0
+    usable, left_out = library.review(_tools_for(config, list(folders.values())))
     for name, folder in folders.items():
-        try:
-            skill = parse_skill(folder)
-        except SkillError as exc:
-            print(f"{name}  INVALID  {exc}")
-            continue
-        print(f"{skill.name}  v{skill.version}  {skill.description}\n    {folder}")
+        if name in usable:
+            skill = usable[name]
+            print(f"{skill.name}  v{skill.version}  {skill.description}\n    {folder}")
+        else:
+            first, *rest = left_out[name]
+            more = f" (+{len(rest)} more: see `gateway skills validate`)" if rest else ""
+            print(f"{name}  INVALID  {first}{more}")
+    for folder in strays:
+        print(f"{folder.name}  NOT A SKILL  {_stray(folder)}")
     return 0
 
 
-def _show(library: SkillLibrary, name: str) -> int:
+def _stray(folder: Path) -> str:
+    return f"{folder}: has no {SKILL_FILE}, so it is not a skill (left out)"
+
+
+def _show(config: GatewayConfig, library: SkillLibrary, name: str) -> int:
+    if not NAME_RULE.match(name):
+        print(f"{name!r} is not a skill name (lowercase letters, digits and '-'); see `gateway skills list`",
+              file=sys.stderr)
+        return 1
     try:
         skill = library.get(name)
     except KeyError:
@@ -81,19 +94,25 @@ def _show(library: SkillLibrary, name: str) -> int:
     print(f"files: {', '.join(skill.files()) or '(none)'}")
     print(f"evals: {', '.join(p.name for p in skill.eval_files()) or '(none)'}\n")
     print(skill.body)
-    return 0
+    found = problems(skill.folder, _tools_for(config, [skill.folder]))
+    for problem in found:  # shown, but not usable: the catalogue leaves it out
+        print(f"error: {problem}", file=sys.stderr)
+    return 1 if found else 0
 
 
-def _skill_folders(library: SkillLibrary, paths: list[Path]) -> list[Path]:
+def _skill_folders(library: SkillLibrary, paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """``(skill folders, folders without SKILL.md)`` to validate."""
     if not paths:
-        return list(library.folders().values())
-    out = []
+        return list(library.folders().values()), library.strays()
+    out, strays = [], []
     for path in paths:
         if (path / SKILL_FILE).exists() or not path.is_dir():
             out.append(path)
         else:
-            out += [p for p in sorted(path.iterdir()) if p.is_dir()]
-    return out
+            inner = SkillLibrary([path])
+            out += list(inner.folders().values())
+            strays += inner.strays()
+    return out, strays
 
 
 def known_tools(config: GatewayConfig) -> set[str]:
@@ -104,14 +123,20 @@ def known_tools(config: GatewayConfig) -> set[str]:
     return set(build_catalog(config, AsyncBridge()).tools) | {"load_skill", "update_plan", "schedule_report"}
 
 
-def _validate(config: GatewayConfig, library: SkillLibrary, paths: list[Path]) -> int:
-    folders = _skill_folders(library, paths)
-    if not folders:
-        print("no skills to validate")
-        return 0
+def _tools_for(config: GatewayConfig, folders: list[Path]) -> set[str]:
+    """``known_tools`` plus the MCP tools (``server__*``) the skills in ``folders`` declare (MCP
+    tools are only known once the servers run)."""
     tools = known_tools(config)
     mcp = tuple(f"{server}__" for server in config.mcp.servers)
-    tools |= {name for f in folders for name in _declared_tools(f) if name.startswith(mcp)} if mcp else set()
+    return tools | ({name for f in folders for name in _declared_tools(f) if name.startswith(mcp)} if mcp else set())
+
+
+def _validate(config: GatewayConfig, library: SkillLibrary, paths: list[Path]) -> int:
+    folders, strays = _skill_folders(library, paths)
+    if not folders and not strays:
+        print("no skills to validate")
+        return 0
+    tools = _tools_for(config, folders)
     bad = 0
     for folder in folders:
         found = problems(folder, tools)
@@ -121,8 +146,10 @@ def _validate(config: GatewayConfig, library: SkillLibrary, paths: list[Path]) -
                 print(f"error: {problem}")
         else:
             print(f"ok: {folder.name} ({folder / SKILL_FILE})")
-    print(f"{len(folders) - bad} valid, {bad} invalid")
-    return 1 if bad else 0
+    for folder in strays:
+        print(f"error: {_stray(folder)}")
+    print(f"{len(folders) - bad} valid, {bad + len(strays)} invalid")
+    return 1 if bad or strays else 0
 
 
 def _declared_tools(folder: Path) -> tuple[str, ...]:

@@ -318,7 +318,10 @@ class TurnRunner:
         if outcome.stop_reason not in ("stop", "length"):
             log.info("turn %s stopped by %s after %d model calls ($%.4f)", turn_id, outcome.stop_reason,
                      outcome.steps, outcome.cost_usd)
-        status = finish("done", notice + (outcome.reply.strip() or "(no answer)"), session_id, outcome.stop_reason)
+        reply = notice + (outcome.reply.strip() or "(no answer)")
+        if self.memory is not None:  # a "remember ..." too long to store: said with the reply
+            reply += self.memory.refusal_notice([self.redact(p.message.text) for p in batch])
+        status = finish("done", reply, session_id, outcome.stop_reason)
         if self.memory is not None:
             self.memory.after_turn(key=key, session_id=session_id, turn_ids=[f"in{p.inbox_id}" for p in batch])
         return status

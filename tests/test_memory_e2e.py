@@ -117,7 +117,7 @@ async def test_the_block_fits_its_token_budget_with_whole_entries_best_first(
     owner = owner_of_dm(gateway)
     for n in range(40):  # all relevant; every 4th is long and weighs most, so it ranks high but few fit
         long = n % 4 == 0
-        detail = "; sales report figures in EUR" * (20 if long else 0)
+        detail = "; sales report figures in EUR" * (14 if long else 0)  # 455 characters: under the 500 limit
         gateway.memory.memories.add(NewMemory(owner, f"Sales report rule {n:02d}: figures in EUR{detail}",
                                               "preference", "import", weight=3.0 if long else 1.0 + (n % 3) / 2))
     fake_telegram.inject(dm_update("what are my sales report rules?", 9602, user_id=user))
@@ -339,3 +339,96 @@ async def test_the_model_can_rewrite_the_query_before_recall(tmp_path, fake_tele
     assert "employee number is 4711" in " ".join(memory_lines(newest_user(chat_turns[-1])))
     rewrites = [r["json"] for r in fake_openai.requests if r["json"]["messages"][0]["content"] == REWRITE_PROMPT]
     assert rewrites[-1]["messages"][1]["content"] == "which digits did HR give me?" and "tools" not in rewrites[-1]
+
+
+async def test_remember_with_nothing_to_remember_or_too_much_stores_nothing_and_says_why(
+        tmp_path, fake_telegram, fake_openai, running):
+    fake_openai.reset()
+    pasted = "remember " + "the quarterly figures were fine " * 470  # 15,049 characters
+    fake_openai.script(
+        oa.text("Sure, what should I remember?"),
+        oa.text("That is a lot of text."),
+        oa.tool_calls(oa.call("save_memory", {"text": "Figures " + "were fine and " * 60, "type": "fact"})),
+        oa.text("I could not save all of that."),
+    )
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram, memory={"promote": False}),
+                                  running)
+    user = 5561901
+    fake_telegram.inject(dm_update("Please remember that", 9991, user_id=user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 1, what="first reply")
+    assert texts(fake_telegram, user) == ["Sure, what should I remember?"]  # the model answers; nothing stored
+    owner = owner_of_dm(gateway)
+
+    fake_telegram.inject(dm_update(pasted, 9992, user_id=user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 2, what="second reply")
+    reply = texts(fake_telegram, user)[1]
+    assert reply.startswith("That is a lot of text.\n\n(Not remembered: a memory entry holds at most 500 characters, "
+                            "this one has 15,039: keep the conclusion in a sentence or two")
+
+    fake_telegram.inject(dm_update("the quarterly figures were fine and were fine", 9993, user_id=user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 3, what="third reply")
+    result = [m["content"] for m in fake_openai.requests[3]["json"]["messages"] if m["role"] == "tool"][-1]
+    assert "Not saved: a memory entry holds at most 500 characters, this one has 847" in result
+    assert texts(fake_telegram, user)[2] == "I could not save all of that."  # no notice: no "remember" here
+    assert gateway.memory.memories.entries(owner) == []
+
+
+async def test_forget_acting_on_an_old_listing_never_deletes_a_newer_entry(tmp_path, fake_telegram, fake_openai,
+                                                                         running):
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("ok")
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram, memory={"promote": False}),
+                                  running)
+    user = 5562001
+    fake_telegram.inject(dm_update("remember my desk is on floor 3", 9961, user_id=user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 1, what="first reply")
+    owner = owner_of_dm(gateway)
+    (desk,) = gateway.memory.memories.entries(owner)
+    fake_telegram.inject(tg_command(f"/forget {desk.id}", 9962, user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 2, what="/forget")
+    assert texts(fake_telegram, user)[1] == f"Forgotten: #{desk.id}."
+    fake_telegram.inject(dm_update("remember my badge number is 5521", 9963, user_id=user))
+    await wait_until(lambda: len(gateway.memory.memories.entries(owner)) == 1, what="the new entry")
+    (badge,) = gateway.memory.memories.entries(owner)
+    assert badge.id != desk.id
+
+    fake_telegram.inject(tg_command(f"/forget {desk.id}", 9964, user))  # sent again from the old /memory list
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 4, what="second /forget")
+    assert texts(fake_telegram, user)[3] == "No memory entry of yours has that ID. See /memory."
+    assert [m.text for m in gateway.memory.memories.entries(owner)] == ["My badge number is 5521"]
+    fake_telegram.inject(tg_command("/memory", 9965, user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 5, what="/memory")
+    listing = texts(fake_telegram, user)[4]
+    assert "1 in use, 0 superseded" in listing and f"#{badge.id} (fact" in listing and "floor 3" not in listing
+
+
+async def test_memory_export_is_a_json_code_block_on_the_web_chat(tmp_path, fake_openai, running):
+    from tests.web_client import WebClient
+
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("ok")
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, memory={"promote": False}), running)
+    page = WebClient(f"http://127.0.0.1:{gateway.http_port}")
+    try:
+        await page.open()
+        page.listen()
+        await page.say("remember my desk is on floor 3 & my badge is <5521>")
+        await wait_until(lambda: page.of("row", lambda e: e["role"] == "assistant"), what="the first reply")
+        await page.say("/memory export")
+        await wait_until(lambda: page.of("reply", lambda e: '"owner_kind"' in e["text"]), what="the export")
+        (export,) = page.of("reply", lambda e: '"owner_kind"' in e["text"])
+        assert export["text"].startswith("```json\n") and export["text"].endswith("\n```")
+        data = json.loads(export["text"][len("```json\n"):-len("\n```")])
+        assert [e["text"] for e in data["entries"]] == ["My desk is on floor 3 & my badge is <5521>"]
+        assert export["html"].startswith('<pre><code class="language-json">{')  # code, not a paragraph
+        assert "&amp; my badge is &lt;5521&gt;" in export["html"]
+
+        await page.say("remember to wrap shell commands in ``` fences")
+        await wait_until(lambda: len(page.of("row", lambda e: e["role"] == "assistant")) == 2, what="the second reply")
+        await page.say("/memory export")
+        await wait_until(lambda: len(page.of("reply", lambda e: '"owner_kind"' in e["text"])) == 2, what="export 2")
+        export = page.of("reply", lambda e: '"owner_kind"' in e["text"])[1]
+        assert export["text"].startswith("````json\n") and export["text"].endswith("\n````")
+        assert export["html"].count("<pre>") == 1 and "in ``` fences" in export["html"]
+    finally:
+        await page.close()

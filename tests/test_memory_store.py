@@ -4,6 +4,7 @@ forgetting, hits."""
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import text
 
 from gateway.store.db import create_db_engine
 from gateway.store.memories import MemoryStore, NewMemory
@@ -55,6 +56,21 @@ def test_forget_deletes_the_entry_and_the_older_versions_it_replaced(memories):
     assert memories.forget("user:alice", second.id) == sorted([first.id, second.id])
     assert [m.id for m in memories.entries("user:alice")] == [other.id]
     assert memories.keyword_search("user:alice", ["office", "leeds", "york"]) == []  # gone from the index too
+    assert memories.get("user:alice", second.id) is None and memories.forget("user:alice", second.id) == []
+    with memories.engine.connect() as conn:  # the words are erased, not only hidden
+        erased = conn.execute(text("SELECT count(*) FROM memories WHERE text LIKE :w"), {"w": "%office%"})
+        assert erased.scalar_one() == 0
+
+
+def test_an_id_is_never_reused_after_the_newest_entry_is_forgotten(memories):
+    kept = memories.add(NewMemory("user:alice", "Works on the billing team", "fact", "user_explicit"))
+    newest = memories.add(NewMemory("user:alice", "Home office in York", "fact", "user_explicit"))
+    assert memories.forget("user:alice", newest.id) == [newest.id]
+    later = memories.add(NewMemory("user:alice", "Prefers tea", "preference", "user_explicit"))
+    assert later.id > newest.id  # SQLite would hand out the highest rowid again after a delete
+    assert memories.forget("user:alice", newest.id) == []  # an old id finds nothing, not the newer entry
+    assert [m.id for m in memories.entries("user:alice")] == [kept.id, later.id]
+    assert memories.supersede("user:alice", [newest.id], later.id) == []
 
 
 def test_hits_are_counted_and_restart_the_decay_clock(memories):

@@ -38,6 +38,11 @@ def entry(id: int, text: str, type: str = "fact", weight: float = 1.0, hits: int
     ("do you remember my name", None),
     ("I remember that film", None),
     ("remember", None),
+    ("Please remember that", None),  # nothing to remember: no "That" entry
+    ("remember this!", None),
+    ("Remember that.", None),
+    ("remember: ", None),
+    ("Remember that the office closes at 6", "The office closes at 6"),
 ])
 def test_explicit_requests_are_recognised_without_a_model(text, expected):
     assert explicit_request(text) == expected
@@ -135,6 +140,9 @@ def test_bad_entries_are_refused_with_a_clear_error():
         NewMemory("user:u1", "text", "rumour", "task")
     with pytest.raises(ValueError, match="needs text"):
         NewMemory("user:u1", "  ", "fact", "task")
+    assert NewMemory("user:u1", "x" * 500, "fact", "task").text == "x" * 500
+    with pytest.raises(ValueError, match="a memory entry holds at most 500 characters, this one has 14,999"):
+        NewMemory("user:u1", "x" * 14_999, "fact", "import")
 
 
 def test_a_restated_fact_is_recognised_and_a_new_one_is_not():

@@ -123,6 +123,9 @@ async def test_threads_of_one_group_are_isolated_and_sessions_are_private(tmp_pa
     await wait_until(lambda: len(sends_to(fake_telegram, 5553202)) == 2, what="bob's refusals")
     refused, missing = tg_texts(fake_telegram, 5553202)
     assert refused == missing == "No conversation of yours has that ID. See /sessions."
+    fake_telegram.inject(tg_command("/resume", 8211, 5553202))  # no ID at all: how to use it
+    await wait_until(lambda: len(sends_to(fake_telegram, 5553202)) == 3, what="bob's /resume")
+    assert tg_texts(fake_telegram, 5553202)[2] == "Usage: /resume ID (see /sessions)."
 
     # /new then /resume brings Alice's first conversation back.
     fake_telegram.inject(tg_command("/new", 8207, 5553201))

@@ -15,7 +15,7 @@ from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import NewMessage, Store
 from tests.conftest import gateway_config
 from tests.fakes import openai as oa
-from tests.test_skills_e2e import write_skill
+from tests.test_skills_e2e import write_skill, write_undecodable_skill
 
 
 def cli(config, *argv: str) -> int:
@@ -47,14 +47,15 @@ def test_validate_names_the_file_and_the_missing_field(tmp_path, fake_openai, ca
     assert f"error: {dangling / 'SKILL.md'}: references references/gone.md, which does not exist" in out
     assert f"ok: good-one ({skills / 'good-one' / 'SKILL.md'})" in out and "1 valid, 3 invalid" in out
 
-    # A skill whose front matter is invalid is left out of the catalogue and `list` says why.
+    # What validate rejects is left out of the catalogue, and `list` says why.
     assert cli(config, "skills", "list") == 0
     listing = capsys.readouterr().out
     assert "good-one  v1.0.0  Fine." in listing and "no-version  INVALID" in listing
+    assert f"dangling  INVALID  {dangling / 'SKILL.md'}: references references/gone.md" in listing
     from agent.skills import SkillLibrary
 
     assert [line.split(":")[0] for line in SkillLibrary(config.skills.dirs()).catalogue().splitlines()[2:]] == \
-        ["- dangling", "- good-one"]
+        ["- good-one"]
 
     assert cli(config, "skills", "validate", str(skills / "good-one")) == 0
     assert "1 valid, 0 invalid" in capsys.readouterr().out
@@ -168,3 +169,70 @@ async def test_doctor_names_invalid_skills(tmp_path, fake_openai, capsys):
     assert await run_doctor(config) == 1
     out = capsys.readouterr().out
     assert f"[FAIL] skills: 3 valid ({skills} and bundled); invalid: broken (see `gateway skills validate`)" in out
+
+
+async def test_validate_and_doctor_name_a_skill_that_is_not_utf8(tmp_path, fake_openai, capsys):
+    from gateway.doctor import run_doctor
+
+    skills = tmp_path / "skills"
+    write_skill(skills, "fine", description="Fine.", version="1")
+    garbled = write_undecodable_skill(skills, "garbled")
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills), "bundled": False})
+    assert cli(config, "skills", "validate") == 1
+    out = capsys.readouterr().out
+    assert f"error: {garbled / 'SKILL.md'}: not UTF-8 text (byte 0xff at offset" in out and "1 valid, 1 invalid" in out
+    assert cli(config, "skills", "list") == 0
+    assert f"garbled  INVALID  {garbled / 'SKILL.md'}: not UTF-8 text" in capsys.readouterr().out
+    assert cli(config, "skills", "show", "garbled") == 1
+    assert await run_doctor(config) == 1
+    assert "[FAIL] skills: 1 valid" in (out := capsys.readouterr().out) and "invalid: garbled" in out
+
+
+def test_a_skill_with_a_date_it_cannot_read_is_invalid_not_a_crash(tmp_path, fake_openai, capsys):
+    skills = tmp_path / "skills"
+    bad_date = write_skill(skills, "bad-date", description="Fine.", version="2024-13-45")
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills), "bundled": False})
+    assert cli(config, "skills", "validate") == 1
+    assert f"error: {bad_date / 'SKILL.md'}: front matter is not valid YAML" in capsys.readouterr().out
+
+
+def test_validate_refuses_a_symlink_out_of_the_skill_folder(tmp_path, fake_openai, capsys):
+    secret = tmp_path / "passwd"
+    secret.write_text("root:x:0:0\n")
+    skills = tmp_path / "skills"
+    folder = write_skill(skills, "leaky", description="Leaks.", version="1", extra="See references/pw.md.")
+    (folder / "references").mkdir()
+    (folder / "references" / "pw.md").symlink_to(secret)
+    (folder / "references" / "unmentioned.md").symlink_to(secret)
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills), "bundled": False})
+    assert cli(config, "skills", "validate") == 1
+    out = capsys.readouterr().out
+    assert f"error: {folder / 'SKILL.md'}: references references/pw.md, which resolves outside {folder}" in out
+    assert f"error: {folder / 'references' / 'unmentioned.md'}: resolves outside {folder}" in out
+    assert "does not exist" not in out and "0 valid, 1 invalid" in out
+
+
+def test_show_fails_for_anything_that_is_not_a_valid_skill_and_validate_names_stray_folders(
+        tmp_path, fake_openai, capsys):
+    skills = tmp_path / "skills"
+    write_skill(skills, "fine", description="Fine.", version="1")
+    bad_yaml = write_skill(skills, "badyaml", description="Fine.", version="1")
+    (bad_yaml / "SKILL.md").write_text((bad_yaml / "SKILL.md").read_text().replace("version: 1", "version: [1"))
+    write_skill(skills, "dangling", description="Points nowhere.", version="1", extra="Use references/gone.md.")
+    (skills / "notes").mkdir()
+    (skills / "notes" / "README.md").write_text("not a skill")
+    config = gateway_config(tmp_path, fake_openai, skills={"directory": str(skills), "bundled": False})
+    for name in ("../../etc", "..", "Fine", "nosuch", "badyaml", "dangling", "notes"):
+        assert cli(config, "skills", "show", name) == 1, name
+    err = capsys.readouterr().err
+    assert "'../../etc' is not a skill name" in err and "front matter is not valid YAML" in err
+    assert "references references/gone.md, which does not exist" in err and "no skill 'notes'" in err
+    assert cli(config, "skills", "show", "fine") == 0
+
+    capsys.readouterr()
+    assert cli(config, "skills", "validate") == 1
+    out = capsys.readouterr().out
+    assert f"error: {skills / 'notes'}: has no SKILL.md, so it is not a skill (left out)" in out
+    assert "1 valid, 3 invalid" in out
+    assert cli(config, "skills", "list") == 0
+    assert f"notes  NOT A SKILL  {skills / 'notes'}: has no SKILL.md" in capsys.readouterr().out

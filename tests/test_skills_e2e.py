@@ -237,3 +237,64 @@ async def test_slack_plan_is_one_post_updated_in_place_and_the_reply_another(tmp
     plan_ts = fake_slack.posted(channel)[0]["ts"]
     assert len(updates) >= 2 and {c.params["ts"] for c in updates} == {plan_ts}
     assert [m["text"].splitlines()[0] for m in fake_slack.posted(channel)] == ["Plan (3/3 done)", "All three done."]
+
+
+def write_undecodable_skill(root: Path, name: str) -> Path:
+    """A skill whose SKILL.md is not valid UTF-8 (bytes 0xff 0xfe in its description)."""
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "SKILL.md").write_bytes(
+        f"---\nname: {name}\ndescription: \"".encode() + b"\xff\xfe bad\"\n"
+        b"when_to_use: never.\nversion: 1\n---\n# Steps\n1. Nothing.\n")
+    return folder
+
+
+async def test_a_skill_that_is_not_utf8_is_left_out_and_conversations_go_on(tmp_path, fake_telegram, fake_openai,
+                                                                            running):
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("hello there")
+    skills = tmp_path / "skills"
+    write_skill(skills, "release-check", description="Checks a release against its notes.", version="1.0.0")
+    write_undecodable_skill(skills, "garbled")
+    config = gateway_config(tmp_path, fake_telegram=fake_telegram, fake_openai=fake_openai,
+                            skills={"directory": str(skills)})
+    await start_gateway(config, running)
+    chat = 5561501
+    fake_telegram.inject(dm_update("hi", 9851, user_id=chat))
+    await wait_until(lambda: [c.params["text"] for c in sends_to(fake_telegram, chat)] == ["hello there"],
+                     what="the reply of a new session")
+    prompt = system_prompt(fake_openai.requests[0])
+    assert "- release-check:" in prompt and "garbled" not in prompt
+    fake_telegram.inject(tg_command("/skills", 9852, chat))
+    await wait_until(lambda: len(sends_to(fake_telegram, chat)) == 2, what="/skills answered")
+    listing = sends_to(fake_telegram, chat)[1].params["text"]
+    assert "release-check v1.0.0" in listing and "garbled" not in listing
+
+
+async def test_skills_lists_what_the_catalogue_offers_and_nothing_else(tmp_path, fake_telegram, fake_openai, running,
+                                                                      caplog):
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("ok")
+    skills = tmp_path / "skills"
+    write_skill(skills, "release-check", description="Checks a release against its notes.", version="1.0.0")
+    needs = write_skill(skills, "beam-me-up", description="Needs a tool nobody has.", version="1")
+    (needs / "SKILL.md").write_text((needs / "SKILL.md").read_text().replace("version: 1", "version: 1\n"
+                                                                            "toolset: [teleport]"))
+    write_skill(skills, "dangling", description="Points nowhere.", version="1", extra="Use references/gone.md.")
+    (skills / "no-skill-file").mkdir()
+    (skills / "no-skill-file" / "skill.md").write_text("lower case: not found")
+    config = gateway_config(tmp_path, fake_openai, fake_telegram, skills={"directory": str(skills), "bundled": False})
+    await start_gateway(config, running)
+    chat = 5561601
+    fake_telegram.inject(dm_update("hi", 9861, user_id=chat))
+    await wait_until(lambda: len(sends_to(fake_telegram, chat)) == 1, what="the reply")
+    fake_telegram.inject(tg_command("/skills", 9862, chat))
+    await wait_until(lambda: len(sends_to(fake_telegram, chat)) == 2, what="/skills answered")
+    prompt = system_prompt(fake_openai.requests[0])
+    offered = [line.split(":")[0] for line in prompt.splitlines() if line.startswith("- ")]
+    listing = sends_to(fake_telegram, chat)[1].params["text"].splitlines()
+    assert offered == ["- release-check"]
+    assert listing[1:] == ["release-check v1.0.0 - Checks a release against its notes."]
+    logged = caplog.text
+    assert "skill beam-me-up left out" in logged and "teleport" in logged and "skill dangling left out" in logged
+    assert f"skill folder {skills / 'no-skill-file'} has no SKILL.md" in logged

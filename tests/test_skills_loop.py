@@ -12,7 +12,7 @@ from agent.delegate import delegate_tool
 from agent.loop import run_turn
 from agent.model import OpenAIChatModel
 from agent.plan import update_plan_tool
-from agent.skills import SkillLibrary, load_skill_tool
+from agent.skills import SkillLibrary, load_skill_tool, parse_skill
 from agent.tools import ToolRegistry
 from agent.turn_state import TurnState
 from tests.fakes import openai as oa
@@ -88,8 +88,10 @@ def test_load_skill_reads_the_disk_at_each_call_and_explains_bad_names(tmp_path,
     assert tool.fn(ctx, "evolving").startswith("Skill evolving (version 2)")
     assert state.facts() == {"skills": {"evolving": "2"}}
     assert tool.fn(ctx, "evolving", "references/notes.md") == "reference text"
-    with pytest.raises(ValueError, match=r"no file '\.\./SKILL\.md'"):
+    with pytest.raises(ValueError, match=r"'\.\./SKILL\.md' resolves outside the skill's folder; refused"):
         tool.fn(ctx, "evolving", "../SKILL.md")
+    with pytest.raises(ValueError, match=r"no file 'references/gone\.md'"):
+        tool.fn(ctx, "evolving", "references/gone.md")
     with pytest.raises(ValueError, match="no skill named 'nope'; available: evolving"):
         tool.fn(ctx, "nope")
 
@@ -134,3 +136,35 @@ def test_a_resumed_turn_keeps_its_skills_plan_and_asks_the_checklist_once(tmp_pa
                        model=model, tools=tools, bridge=None, limits=Limits(), record=lambda *a: None,
                        context=RunContext(state=again))
     assert outcome.reply == "DONE again" and len(fake_openai.requests) == 1
+
+
+def test_a_symlink_out_of_the_skill_folder_is_never_read(tmp_path, model, fake_openai):
+    secret = tmp_path / "outside" / "passwd"
+    secret.parent.mkdir()
+    secret.write_text("root:x:0:0:SECRET-LINE\n")
+    folder = write_skill(tmp_path / "skills", "leaky", description="Leaks.", version="1",
+                         extra="See references/pw.md and references/ok.md.")
+    (folder / "references").mkdir()
+    (folder / "references" / "ok.md").write_text("fine text")
+    (folder / "references" / "pw.md").symlink_to(secret)
+    (folder / "templates").symlink_to(secret.parent, target_is_directory=True)
+    fake_openai.script(oa.tool_calls(oa.call("load_skill", {"name": "leaky"})),
+                       oa.tool_calls(oa.call("load_skill", {"name": "leaky", "file": "references/pw.md"}),
+                                     oa.call("load_skill", {"name": "leaky", "file": "templates/passwd"}),
+                                     oa.call("load_skill", {"name": "leaky", "file": "references/ok.md"})),
+                       oa.text("done"))
+    library = SkillLibrary([tmp_path / "skills"])
+    assert library.catalogue() == "" and library.skills() == {}  # validate rejects it: not on offer
+    outcome, recorded = run(model, tools_for(library), TurnState())
+    assert outcome.reply == "done"
+    results = [m["content"] for m, _ in recorded if m["role"] == "tool"]
+    assert all("skill leaky is broken and cannot be used" in r for r in results)
+    assert "references/pw.md, which resolves outside" in results[0]
+    assert not any("SECRET-LINE" in r for r in results)
+
+    # Even a Skill parsed directly never reads through the symlinks, nor lists them.
+    skill = parse_skill(folder)
+    assert skill.files() == ["references/ok.md"] and skill.read_file("references/ok.md") == "fine text"
+    for escaping in ("references/pw.md", "templates/passwd", "../../outside/passwd", str(secret)):
+        with pytest.raises(ValueError, match="resolves outside the skill's folder; refused"):
+            skill.read_file(escaping)

@@ -4,8 +4,10 @@ catalogue that goes into a new session's system prompt.
 Folders are read when asked (a new session's catalogue, a ``load_skill`` call), so a skill
 added or changed on disk is seen by the next new session without a restart; a session's stored
 system prompt never changes. A skill in the configured directory replaces a bundled one of the
-same name. A broken skill is left out (logged) and never breaks a turn; ``gateway skills
-validate`` names what is wrong with it.
+same name. ``SkillLibrary.review`` alone decides which skills are usable: the catalogue,
+``/skills`` and ``gateway skills list`` all go through it. A skill ``gateway skills validate``
+rejects (``agent.skills.skill.problems``) is left out (logged) and never breaks a turn; so is one
+needing a tool the turns do not have, and a folder without ``SKILL.md`` (logged).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from agent.skills.skill import SKILL_FILE, Skill, SkillError, parse_skill
+from agent.skills.skill import NAME_RULE, SKILL_FILE, Skill, SkillError, parse_skill, problems
 
 log = logging.getLogger("agent.skills")
 
@@ -42,42 +44,78 @@ class SkillLibrary:
         """Skill folder by folder name (later directories override earlier ones)."""
         out: dict[str, Path] = {}
         for root in self.dirs:
-            if root.is_dir():
-                for folder in sorted(root.iterdir()):
-                    if (folder / SKILL_FILE).is_file():
-                        out[folder.name] = folder
+            for folder in _subfolders(root):
+                if (folder / SKILL_FILE).is_file():
+                    out[folder.name] = folder
         return out
 
-    def skills(self) -> dict[str, Skill]:
-        """Every valid skill by name, sorted; invalid ones are logged and left out."""
-        out: dict[str, Skill] = {}
+    def strays(self) -> list[Path]:
+        """Folders in ``dirs`` that have no ``SKILL.md``, so are no skill (names starting with
+        ``.`` or ``_`` are not looked at), in directory order."""
+        return [folder for root in self.dirs for folder in _subfolders(root)
+                if not (folder / SKILL_FILE).is_file()]
+
+    def review(self, tools: Iterable[str] | None = None) -> tuple[dict[str, Skill], dict[str, list[str]]]:
+        """Which skills are usable: ``(usable skill by name, reasons by name for the others)``,
+        both sorted by name. A skill is usable when ``problems`` finds nothing wrong with it (what
+        ``gateway skills validate`` checks) and, when ``tools`` is given, every tool of its
+        ``toolset`` is among them. Never raises for a broken skill."""
+        available = set(tools) if tools is not None else None
+        usable: dict[str, Skill] = {}
+        left_out: dict[str, list[str]] = {}
         for name, folder in sorted(self.folders().items()):
-            try:
-                out[name] = parse_skill(folder)
-            except SkillError as exc:
-                log.warning("skill %s left out: %s", name, exc)
-        return out
+            found = problems(folder)
+            if not found:
+                try:
+                    skill = parse_skill(folder)
+                except SkillError as exc:  # changed on disk in between
+                    found = [str(exc)]
+                else:
+                    missing = [t for t in skill.toolset if available is not None and t not in available]
+                    if not missing:
+                        usable[name] = skill
+                        continue
+                    found = [f"{folder / SKILL_FILE}: needs the tool(s) {', '.join(missing)}, not offered here"]
+            left_out[name] = found
+        return usable, left_out
+
+    def skills(self, tools: Iterable[str] | None = None) -> dict[str, Skill]:
+        """The usable skills by name, sorted (``review``); the others and the folders without
+        ``SKILL.md`` are logged."""
+        usable, left_out = self.review(tools)
+        for name, reasons in left_out.items():
+            log.warning("skill %s left out: %s", name, "; ".join(reasons))
+        for folder in self.strays():
+            log.warning("skill folder %s has no %s; it is not a skill", folder, SKILL_FILE)
+        return usable
 
     def get(self, name: str) -> Skill:
-        """The skill ``name`` as it is on disk now.
+        """The skill ``name`` as it is on disk now (parsed; ``problems`` may still find fault with it).
 
         Raises:
-            KeyError: no such skill; ``SkillError``: it exists but is invalid.
+            KeyError: no such skill (or ``name`` is no skill name: ``../x``); ``SkillError``: it
+                exists but its ``SKILL.md`` is invalid.
         """
-        folder = self.folders().get(name)
+        folder = self.folders().get(name) if NAME_RULE.match(name) else None
         if folder is None:
             raise KeyError(name)
         return parse_skill(folder)
 
     def catalogue(self, tools: Iterable[str] | None = None) -> str:
-        """The catalogue block for a system prompt: one line per skill (name, description, when to
-        use), sorted by name; skills needing a tool not in ``tools`` are left out. ``""`` when
-        there is none. Deterministic: the same skills give the same bytes."""
-        available = set(tools) if tools is not None else None
-        lines = [f"- {s.name}: {s.description} Use when: {s.when_to_use}"
-                 for s in self.skills().values()
-                 if available is None or set(s.toolset) <= available]
+        """The catalogue block for a system prompt: one line per usable skill (``skills(tools)``:
+        name, description, when to use), sorted by name. ``""`` when there is none.
+        Deterministic: the same skills give the same bytes."""
+        lines = [f"- {s.name}: {s.description} Use when: {s.when_to_use}" for s in self.skills(tools).values()]
         return "\n".join([CATALOGUE_HEADER, *lines]) if lines else ""
+
+
+def _subfolders(root: Path) -> list[Path]:
+    try:
+        return [p for p in sorted(root.iterdir()) if p.is_dir() and not p.name.startswith((".", "_"))] \
+            if root.is_dir() else []
+    except OSError as exc:
+        log.warning("skills directory %s cannot be read: %s", root, exc)
+        return []
 
 
 def with_catalogue(prompt: str, catalogue: str) -> str:

@@ -68,29 +68,53 @@ class Skill:
     folder: Path
 
     def files(self) -> list[str]:
-        """Relative paths of the skill's references, templates and scripts, sorted."""
-        out = []
-        for sub in FILE_DIRS:
-            root = self.folder / sub
-            if root.is_dir():
-                out += [p.relative_to(self.folder).as_posix() for p in sorted(root.rglob("*")) if p.is_file()]
-        return out
+        """Relative paths of the skill's references, templates and scripts, sorted; a file that
+        resolves outside the skill's folder (a symlink out of it) is not one of them
+        (``outside_files``)."""
+        return [f for f in _listed_files(self.folder) if inside(self.folder, f)]
 
     def read_file(self, relative: str) -> str:
         """The text of one of ``files()``.
 
         Raises:
-            ValueError: the path is not one of the skill's files (no escaping its folder).
+            ValueError: the path resolves outside the skill's folder (``..``, a symlink out of it),
+                or is not one of the skill's files; ``SkillError`` (a ``ValueError``): it cannot be
+                read or is not UTF-8.
         """
+        if not inside(self.folder, relative):
+            raise ValueError(f"skill {self.name}: {relative!r} resolves outside the skill's folder; refused")
         if relative not in self.files():
             listed = ", ".join(self.files()) or "none"
             raise ValueError(f"skill {self.name} has no file {relative!r}; its files: {listed}")
-        return (self.folder / relative).read_text(encoding="utf-8")
+        return read_text(self.folder / relative)
 
     def eval_files(self) -> list[Path]:
         """The skill's ``evals/*.json`` files, sorted by name (``agent.skills.evals``)."""
         root = self.folder / "evals"
         return sorted(root.glob("*.json")) if root.is_dir() else []
+
+
+def _listed_files(folder: Path) -> list[str]:
+    out = []
+    for sub in FILE_DIRS:
+        root = folder / sub
+        if root.is_dir():
+            out += [p.relative_to(folder).as_posix() for p in sorted(root.rglob("*")) if p.is_file()]
+    return out
+
+
+def inside(folder: Path, relative: str) -> bool:
+    """Whether ``folder / relative``, symlinks and ``..`` resolved, is inside ``folder``."""
+    try:
+        return (folder / relative).resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):  # a symlink loop
+        return False
+
+
+def outside_files(folder: Path) -> list[str]:
+    """The files under ``references/``, ``templates/``, ``scripts/`` that resolve outside ``folder``
+    (symlinks out of it): refused by ``load_skill``, reported by ``problems``."""
+    return [f for f in _listed_files(folder) if not inside(folder, f)]
 
 
 def split_front_matter(text: str, path: Path) -> tuple[dict[str, Any], str]:
@@ -107,7 +131,7 @@ def split_front_matter(text: str, path: Path) -> tuple[dict[str, Any], str]:
         raise SkillError(path, "the front matter is not closed by a '---' line")
     try:
         data = yaml.safe_load("\n".join(lines[1:end]))
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:  # ValueError: a date like 2024-13-45
         raise SkillError(path, f"front matter is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise SkillError(path, "front matter must be a YAML mapping of fields")
@@ -130,17 +154,34 @@ def _list(data: dict[str, Any], key: str, path: Path) -> tuple[str, ...]:
     return tuple(v.strip() for v in value)
 
 
-def parse_skill(folder: Path) -> Skill:
-    """Reads and checks the skill in ``folder``.
+def read_text(path: Path) -> str:
+    """The UTF-8 text of one of a skill's files.
 
     Raises:
-        SkillError: no ``SKILL.md``, bad front matter (naming the file and the field), a name that
-            differs from the folder's, a description longer than one line.
+        SkillError: the file cannot be read (``OSError``) or is not UTF-8 (naming the first bad byte).
+    """
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SkillError(path, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                               "save it as UTF-8") from None
+    except OSError as exc:
+        raise SkillError(path, f"cannot be read ({exc.strerror or exc})") from None
+
+
+def parse_skill(folder: Path) -> Skill:
+    """Reads and checks the skill in ``folder``. Never raises anything but ``SkillError``, so one
+    broken skill can be left out without breaking the others.
+
+    Raises:
+        SkillError: no ``SKILL.md``, a file that cannot be read or is not UTF-8, bad front matter
+            (naming the file and the field), a name that differs from the folder's, a description
+            longer than one line.
     """
     path = folder / SKILL_FILE
     if not path.is_file():
         raise SkillError(path, "not found")
-    data, body = split_front_matter(path.read_text(encoding="utf-8"), path)
+    data, body = split_front_matter(read_text(path), path)
     unknown = sorted(set(data) - set(REQUIRED) - set(OPTIONAL))
     if unknown:
         raise SkillError(path, f"unknown field (known: {', '.join(REQUIRED + OPTIONAL)})", unknown[0])
@@ -163,7 +204,8 @@ def problems(folder: Path, known_tools: set[str] | None = None) -> list[str]:
     """Everything wrong with the skill in ``folder``, each naming its file (empty: valid).
 
     Checks the front matter, that every file the instructions mention (``references/...``,
-    ``templates/...``, ``scripts/...``, relative Markdown links) exists, that the required tools
+    ``templates/...``, ``scripts/...``, relative Markdown links) exists inside the skill's folder,
+    that no file of the skill resolves outside it (a symlink out of it), that the required tools
     are known (when ``known_tools`` is given), and that each ``evals/*.json`` parses into cases.
     """
     try:
@@ -174,9 +216,12 @@ def problems(folder: Path, known_tools: set[str] | None = None) -> list[str]:
     path = folder / SKILL_FILE
     mentioned = set(_MENTIONED.findall(skill.body)) | {m.split("#")[0] for m in _LINKED.findall(skill.body)}
     for relative in sorted(m for m in mentioned if m):
-        target = (folder / relative).resolve()
-        if not target.is_relative_to(folder.resolve()) or not target.exists():
+        if not inside(folder, relative):
+            found.append(f"{path}: references {relative}, which resolves outside {folder} (refused)")
+        elif not (folder / relative).exists():
             found.append(f"{path}: references {relative}, which does not exist in {folder}")
+    found += [f"{folder / f}: resolves outside {folder} (a symlink out of the skill's folder); "
+              "load_skill refuses it" for f in outside_files(folder)]
     if known_tools is not None:
         for name in skill.toolset:
             if name not in known_tools:
@@ -192,8 +237,9 @@ def problems(folder: Path, known_tools: set[str] | None = None) -> list[str]:
 
 
 def read_json(path: Path) -> Any:
-    """Parses a JSON file. Raises ``ValueError`` naming the file and the position."""
+    """Parses a JSON file. Raises ``ValueError`` naming the file and the position (``SkillError``
+    when the file cannot be read or is not UTF-8)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None

@@ -12,7 +12,7 @@ import dataclasses
 
 from agent.context import RunContext
 from agent.skills.library import SkillLibrary
-from agent.skills.skill import SkillError
+from agent.skills.skill import SkillError, problems
 from agent.tools import Tool, tool
 
 DESCRIPTION = (
@@ -52,20 +52,23 @@ def load_skill_tool(library: SkillLibrary) -> Tool:
             name: the skill's name, as in the Skills list.
             file: a path from the skill's file list, e.g. references/format.md (omit for the procedure).
         """
+        mounted = set(ctx.tools.tools) if ctx.tools is not None else None
         try:
             skill = library.get(name)
+            found = problems(skill.folder)
         except KeyError:
-            available = ", ".join(library.skills()) or "none"
+            available = ", ".join(library.skills(mounted)) or "none"
             raise ValueError(f"there is no skill named {name!r}; available: {available}") from None
         except SkillError as exc:
-            raise ValueError(f"skill {name} is broken and cannot be used ({exc.args[0]})") from None
+            found = [exc.args[0]]
+        if found:  # what `gateway skills validate` rejects is never used (and not in the catalogue)
+            raise ValueError(f"skill {name} is broken and cannot be used ({'; '.join(found)})")
         if file:
             return skill.read_file(file)
         if ctx.state is not None:
             ctx.state.add_skill(skill.name, skill.version, skill.checks)
-        mounted = set(ctx.tools.tools) if ctx.tools is not None else set(skill.toolset)
         return render_skill(skill.name, skill.version, skill.body, skill.files(), skill.checks,
-                            [t for t in skill.toolset if t not in mounted])
+                            [t for t in skill.toolset if mounted is not None and t not in mounted])
 
     built: Tool = tool(load_skill, takes_context=True, side_effect="none", idempotent=True, description=DESCRIPTION)
     return dataclasses.replace(built, trusted_output=True, retries=0)

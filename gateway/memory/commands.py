@@ -45,9 +45,13 @@ class MemoryCommands:
         if message.command == "forget":
             return self._forget(owner, args)
         entries = self.service.memories.entries(owner)
-        if args and args[0].lower() == "export":
-            return json.dumps({"owner_kind": owner.split(":", 1)[0], "entries": [export(m) for m in entries]},
+        if args and args[0].lower() == "export":  # a fenced block: every platform's markdown shows it as code
+            data = json.dumps({"owner_kind": owner.split(":", 1)[0], "entries": [export(m) for m in entries]},
                               ensure_ascii=False, indent=1)
+            fence = "```"
+            while fence in data:  # an entry's own backticks cannot close the block (CommonMark: a longer fence)
+                fence += "`"
+            return f"{fence}json\n{data}\n{fence}"
         if args:
             return "Usage: /memory (list), /memory export (everything as JSON), /forget ID (delete one)."
         if not entries:

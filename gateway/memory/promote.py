@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.memory.terms import coverage, similarity, terms
-from gateway.store.memories import Memory
+from gateway.store.memories import MAX_TEXT_CHARS, Memory
 
 log = logging.getLogger("gateway.memory")
 
@@ -47,15 +47,21 @@ _EPISODE = re.compile(r"\b(yesterday|last (week|month|year|time)|ago|happened|we
                       re.IGNORECASE)
 
 
+_NO_CONTENT = re.compile(r"(?:that|this|it|these|those|the following)?[\s.!:;,…]*", re.IGNORECASE)
+"""What follows "remember" when nothing is said: "please remember that", "remember this!"."""
+
+
 def explicit_request(text: str) -> str | None:
     """What the user asked to be remembered (``"remember that I'm vegan"`` -> ``"I'm vegan"``), or
-    ``None`` when ``text`` is not such a request (a question like "remember when ...?" is not)."""
+    ``None`` when ``text`` is not such a request (a question like "remember when ...?" is not) or
+    says nothing to remember ("please remember that"). The text may be longer than an entry holds
+    (``MAX_TEXT_CHARS``): the caller refuses it."""
     stripped = text.strip()
     match = _EXPLICIT.match(stripped) or _EXPLICIT_ZH.match(stripped)
     if match is None or stripped.endswith(("?", "？")):
         return None
     what = " ".join(match.group("what").split()).strip()
-    if len(what) < 3:
+    if len(what) < 3 or _NO_CONTENT.fullmatch(what):
         return None
     return what[0].upper() + what[1:]
 
@@ -76,7 +82,7 @@ class Candidate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str = Field(min_length=3, max_length=500)
+    text: str = Field(min_length=3, max_length=MAX_TEXT_CHARS)
     """The conclusion or constraint in one sentence, never a transcript."""
     type: Literal["preference", "fact", "decision", "episode"]
     evidence: list[int] = Field(default_factory=list, max_length=10)

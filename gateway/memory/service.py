@@ -38,7 +38,7 @@ from gateway.memory.recall import Embed, Recaller
 from gateway.memory.terms import words
 from gateway.sessions import GroupScope, is_dm_key, session_key_for
 from gateway.store.directory import Directory
-from gateway.store.memories import Memory, MemoryStore, NewMemory
+from gateway.store.memories import MAX_TEXT_CHARS, Memory, MemoryStore, NewMemory, too_long
 from gateway.store.sql import Store, StoredMessage
 from gateway.types import InboundMessage
 
@@ -163,11 +163,15 @@ class MemoryService:
                 if row.turn_id in wanted and row.content and row.role in ("user", "tool", "assistant")]
 
     def save_explicit(self, owner: str, turn: Sequence[TurnMessage]) -> list[Memory]:
-        """Stores each "remember ..." user message of the turn (a restated entry is reinforced instead)."""
+        """Stores each "remember ..." user message of the turn (a restated entry is reinforced
+        instead; one longer than ``MAX_TEXT_CHARS`` is not stored: ``refusal_notice`` told the user)."""
         saved: list[Memory] = []
         for message in turn:
             what = explicit_request(message.text) if message.role == "user" else None
             if what is None:
+                continue
+            if len(what) > MAX_TEXT_CHARS:
+                log.info("explicit memory request of %d characters not stored (message %s)", len(what), message.id)
                 continue
             same = restated(what, self.memories.keyword_search(owner, words(what), 10))
             if same is not None:
@@ -176,6 +180,18 @@ class MemoryService:
             saved.append(self.memories.add(NewMemory(owner, what, guess_type(what), "user_explicit", 1.0,
                                                      EXPLICIT_WEIGHT, (message.id,))))
         return saved
+
+    @staticmethod
+    def refusal_notice(texts: Sequence[str]) -> str:
+        """What to add to the turn's reply when a "remember ..." among the user's ``texts`` will
+        not be stored because it is too long (``""`` otherwise): the user learns it at once,
+        whatever the model said."""
+        for text in texts:
+            what = explicit_request(text)
+            if what is not None and len(what) > MAX_TEXT_CHARS:
+                return (f"\n\n(Not remembered: {too_long(what)}. Say \"remember ...\" again with the "
+                        "short version.)")
+        return ""
 
     def _embed_entries(self, entries: Sequence[Memory]) -> None:
         try:

@@ -17,7 +17,7 @@ from gateway.memory.promote import GROUNDING, restated
 from gateway.memory.recall import line_of
 from gateway.memory.service import MemoryService
 from gateway.memory.terms import coverage, terms, words
-from gateway.store.memories import NewMemory
+from gateway.store.memories import MAX_TEXT_CHARS, NewMemory, too_long
 from gateway.turns import CURRENT_MESSAGE
 
 SAVED_WEIGHT = 1.5
@@ -52,9 +52,9 @@ def memory_tools(service: MemoryService) -> list[Tool]:
                     replaces: int | None = None) -> str:
         """Save one note to the long-term memory of this conversation's user (or group), for later
         conversations: a preference, a fact about them or their work, a decision, or a task's
-        conclusion. One short standalone sentence, never a transcript. Only save what the user said
-        or a tool returned in this turn. Not needed when the user says "remember ...": that is
-        saved automatically.
+        conclusion. One short standalone sentence (at most 500 characters), never a transcript.
+        Only save what the user said or a tool returned in this turn. Not needed when the user says
+        "remember ...": that is saved automatically.
 
         Args:
             text: the note, one sentence.
@@ -65,6 +65,8 @@ def memory_tools(service: MemoryService) -> list[Tool]:
         message = CURRENT_MESSAGE.get()
         if message is None:
             return "Error: memory can only be used while answering a user in a chat."
+        if len(text.strip()) > MAX_TEXT_CHARS:
+            return f"Not saved: {too_long(text)}."
         provenance = ctx.provenance
         said = (provenance.trusted + "\n" + provenance.untrusted) if provenance is not None else message.text
         if coverage(terms(text), terms(said)) < GROUNDING:

@@ -5,6 +5,11 @@ Keyword search uses the database's full-text engine: SQLite FTS5 (``bm25`` order
 ``to_tsvector('english', ...) @@ to_tsquery`` (GIN index; ``ts_rank`` order, shorter entries first
 on ties); both stem English words.
 Calls block: run them on worker threads.
+
+Forgetting never deletes the row: it is emptied (text, evidence, embedding) and marked forgotten
+(``superseded_by`` = its own id), so an id is never given to another entry (SQLite reuses the
+highest rowid after a delete: a ``/forget`` acting on an old ``/memory`` list would hit a newer
+entry). Forgotten rows are invisible to every read here.
 """
 
 from __future__ import annotations
@@ -14,13 +19,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, delete, insert, select, text, update
+from sqlalchemy import Engine, insert, or_, select, text, update
 
 from gateway.store.db import read_tx, write_tx
 from gateway.store.models import MemoryRow
 from gateway.store.sql import retry_locked
 
 _memories = MemoryRow.__table__
+_KEPT = or_(_memories.c.superseded_by.is_(None), _memories.c.superseded_by != _memories.c.id)
+"""Rows that are not forgotten (valid or superseded entries)."""
+MAX_TEXT_CHARS = 500
+"""Longest entry text: a conclusion or constraint in a sentence or two, never a transcript (a
+longer one could never fit a memory block's token budget)."""
 TYPES = ("preference", "fact", "decision", "episode")
 SOURCES = ("user_explicit", "task", "import")
 
@@ -46,7 +56,8 @@ class Memory:
 
 @dataclass(frozen=True, slots=True)
 class NewMemory:
-    """An entry to store. Raises ``ValueError`` for an unknown ``type`` or ``source`` or empty text."""
+    """An entry to store. Raises ``ValueError`` for an unknown ``type`` or ``source``, empty text,
+    or text longer than ``MAX_TEXT_CHARS`` (stripped)."""
 
     owner: str
     text: str
@@ -64,6 +75,14 @@ class NewMemory:
             raise ValueError(f"memory source must be one of {', '.join(SOURCES)}, not {self.source!r}")
         if not self.text.strip():
             raise ValueError("a memory needs text")
+        if len(self.text.strip()) > MAX_TEXT_CHARS:
+            raise ValueError(too_long(self.text))
+
+
+def too_long(text: str) -> str:
+    """Why ``text`` is refused as an entry (longer than ``MAX_TEXT_CHARS``)."""
+    return (f"a memory entry holds at most {MAX_TEXT_CHARS} characters, this one has {len(text.strip()):,}: "
+            "keep the conclusion in a sentence or two, not the whole text")
 
 
 def _memory(row: Any) -> Memory:
@@ -129,7 +148,7 @@ class MemoryStore:
 
     def entries(self, owner: str, include_superseded: bool = True) -> list[Memory]:
         """The owner's entries, oldest first (superseded ones too unless told otherwise)."""
-        where = [_memories.c.owner == owner]
+        where = [_memories.c.owner == owner, _KEPT]
         if not include_superseded:
             where.append(_memories.c.superseded_by.is_(None))
         with read_tx(self.engine) as conn:
@@ -139,18 +158,19 @@ class MemoryStore:
     def get(self, owner: str, memory_id: int) -> Memory | None:
         """The owner's entry ``memory_id`` (``None`` for another owner's entry or none at all)."""
         with read_tx(self.engine) as conn:
-            row = conn.execute(select(_memories).where(_memories.c.id == memory_id,
-                                                       _memories.c.owner == owner)).first()
+            row = conn.execute(select(_memories).where(_memories.c.id == memory_id, _memories.c.owner == owner,
+                                                       _KEPT)).first()
         return _memory(row) if row is not None else None
 
     @retry_locked
     def forget(self, owner: str, memory_id: int) -> list[int]:
-        """Deletes the owner's entry ``memory_id`` and the older entries it replaced (its supersede
-        chain), so forgotten words are gone from history too. Returns the deleted ids (empty when
-        the owner has no such entry)."""
+        """Forgets the owner's entry ``memory_id`` and the older entries it replaced (its supersede
+        chain), so forgotten words are gone from history too: their text, evidence and embedding
+        are erased and the rows marked forgotten (see the module doc: ids are never reused).
+        Returns the forgotten ids (empty when the owner has no such entry)."""
         with write_tx(self.engine) as conn:
             rows = conn.execute(select(_memories.c.id, _memories.c.superseded_by)
-                                .where(_memories.c.owner == owner)).all()
+                                .where(_memories.c.owner == owner, _KEPT)).all()
             replaced: dict[int, list[int]] = {}
             for row in rows:
                 if row.superseded_by is not None:
@@ -162,7 +182,8 @@ class MemoryStore:
                 current = todo.pop()
                 doomed.append(current)
                 todo.extend(i for i in replaced.get(current, ()) if i not in doomed)
-            conn.execute(delete(_memories).where(_memories.c.id.in_(doomed), _memories.c.owner == owner))
+            conn.execute(update(_memories).where(_memories.c.id.in_(doomed), _memories.c.owner == owner).values(
+                text="", evidence=[], embedding=None, superseded_by=_memories.c.id, hits=0, last_used_at=None))
         return sorted(doomed)
 
     @retry_locked
