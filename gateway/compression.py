@@ -131,7 +131,7 @@ class Compressor:
         if total(summary_text, 0) < self.policy.compress_at and rows < self.row_limit * self.policy.threshold:
             return self._projection(summary_text, turns, 0, total(summary_text, 0), compressed=False)
 
-        keep = self._keep_from(turns, costs)
+        keep = self._keep_from(turns, costs, fixed)
         compressed = False
         if keep > 0 and self._may_try(session_id):
             older = [row for turn in turns[:keep] for row in turn if row.id]
@@ -160,10 +160,13 @@ class Compressor:
             self._failed.pop(session_id, None)
             return True
 
-    def _keep_from(self, turns: list[list[StoredMessage]], costs: list[int]) -> int:
+    def _keep_from(self, turns: list[list[StoredMessage]], costs: list[int], fixed: int) -> int:
         """Index of the oldest turn kept verbatim after compressing: newest turns within
-        ``keep_ratio`` of the window and half the row limit; the protected turns always."""
-        budget = int(self.policy.context_window_tokens * self.policy.keep_ratio)
+        ``keep_ratio`` of the window less the ``fixed`` cost (system prompt and tool schemas, sent
+        with every request) and half the row limit; the protected turns always. Counting ``fixed``
+        keeps the designed headroom (``threshold - keep_ratio - summary_ratio``) before the next
+        compression: without it a small window would compress again on the very next turn."""
+        budget = int(self.policy.context_window_tokens * self.policy.keep_ratio) - fixed
         first = protected_from(turns)
         used = sum(costs[first:])
         rows = sum(len(t) for t in turns[first:])

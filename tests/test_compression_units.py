@@ -188,3 +188,31 @@ def test_only_rows_after_the_summary_cut_are_loaded(store):
     store.save_summary(session_id, ids[6], "older")
     opened = store.open_session("k", lambda: "s", 50)
     assert [m.content for m in opened.window] == ["m7", "m8", "m9"]
+
+
+def test_a_large_system_prompt_and_tool_schemas_still_leave_headroom_after_compressing(store, fake_openai):
+    """The kept turns are budgeted with the fixed cost of every request (system prompt + tools)
+    counted, so after one summary the next turns fit without summarising again at once."""
+    fake_openai.reset()
+    fake_openai.responder = lambda body: "summary of earlier turns"
+    model = OpenAIChatModel(base_url=f"{fake_openai.url}/v1", api_key="sk-test", model="gpt-4o-mini",
+                            max_retries=0, stream=False)
+    system = "You are a careful assistant. " * 120  # about 700 tokens, sent with every request
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "does a thing " * 10,
+                                               "parameters": {"type": "object", "properties": {}}}}
+             for i in range(6)]
+    policy = WindowPolicy(context_window_tokens=4000)
+    compressor = Compressor(store, policy, row_limit=400)
+    session_id = store.new_session("big-prefix", system, None)
+    summaries = []
+    for turn in range(30):
+        store.append_messages(session_id, [NewMessage(f"t{turn}", "user", f"question {turn} " + "q" * 240, {}),
+                                           NewMessage(f"t{turn}", "assistant", "answer " + "a" * 240, {})])
+        opened = store.open_session("big-prefix", lambda: system, compressor.row_limit)
+        projection = compressor.project(session_id=session_id, system_prompt=system, tools=tools,
+                                        summary=opened.summary, window=list(opened.window), model=model)
+        assert projection.tokens <= policy.compress_at
+        if projection.compressed:
+            summaries.append(turn)
+    assert len(summaries) >= 2
+    assert min(b - a for a, b in zip(summaries, summaries[1:])) >= 3  # never on consecutive turns

@@ -231,6 +231,28 @@ async def test_plain_mode_rejects_a_wrong_verification_token(tmp_path, fake_feis
     assert inbox_count(gateway) == 0 and not fake_openai.requests
 
 
+async def test_an_authentic_event_of_the_wrong_shape_is_acknowledged_and_dropped(tmp_path, fake_feishu, fake_openai,
+                                                                                 running):
+    """Feishu pushes again whatever is not answered 200: a malformed event is logged, answered 200
+    (so it is not pushed forever) and stores nothing; the next good event is answered."""
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("ok")
+    gateway = await start(tmp_path, fake_openai, fake_feishu, running)
+    broken = []
+    for mutate in (lambda e: e.update(event="x"),
+                   lambda e: e["event"].update(message="x"),
+                   lambda e: e["event"]["message"].update(mentions="x"),
+                   lambda e: (e["header"].update(event_type="card.action.trigger"), e.update(event="x"))):
+        event = fake_feishu.text_event("shape", chat_id=P2P)
+        mutate(event)
+        broken.append(event)
+    for event in broken:
+        assert (await fake_feishu.post_event(url(gateway), raw=json.dumps(event).encode()))[0] == 200
+    assert inbox_count(gateway) == 0 and not fake_openai.requests
+    assert (await fake_feishu.post_event(url(gateway), fake_feishu.text_event("fine", chat_id=P2P)))[0] == 200
+    await wait_until(lambda: len(sent_to(fake_feishu, P2P)) == 1, what="the good event answered")
+
+
 @pytest.mark.parametrize("status", [400, 200])
 async def test_token_expiry_mid_conversation_refetches_once(tmp_path, fake_feishu, fake_openai, running, status):
     fake_openai.reset()

@@ -55,6 +55,19 @@ def test_message_from_a_bot_and_command_for_another_bot_are_ignored():
     assert to_inbound(Update.de_json(own, None), BOT) == Ignored("from_bot")
 
 
+def test_a_message_with_nothing_to_answer_is_ignored_like_on_slack():
+    """Whitespace only, or only the bot's mention in a group: no turn, no model call."""
+    blank = json.loads((FIXTURES / "telegram" / "dm_text.json").read_text())
+    blank["message"]["text"] = "   "
+    assert to_inbound(Update.de_json(blank, None), BOT) == Ignored("empty")
+    mention = json.loads((FIXTURES / "telegram" / "group_mention.json").read_text())
+    mention["message"]["text"] = "@gateway_test_bot"
+    mention["message"]["entities"] = [{"type": "mention", "offset": 0, "length": 17}]
+    assert to_inbound(Update.de_json(mention, None), BOT) == Ignored("empty")
+    voice = json.loads((FIXTURES / "telegram" / "dm_voice.json").read_text())
+    assert not isinstance(to_inbound(Update.de_json(voice, None), BOT), Ignored)  # an attachment is content
+
+
 def test_markdown_becomes_text_and_utf16_entities():
     text, entities = render_markdown("😀 **bold** and `x_y`")
     assert text == "😀 bold and x_y"

@@ -289,11 +289,19 @@ class FeishuAdapter:
     async def _dispatch(self, body: dict[str, Any]) -> None:
         """Normalizes one decrypted event and stores it (raises if the inbox write failed)."""
         assert self._sink is not None
-        press = action_to_inbound(body, self.bot_open_id)
+        try:
+            press = action_to_inbound(body, self.bot_open_id)
+            result = press if press is not None else to_inbound(body, self.bot_open_id)
+        except (AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
+            # Authentic (token/signature checked) but not the documented shape: acknowledged, so
+            # Feishu does not push it again, and dropped. Only a failed inbox write asks for a retry.
+            header = body.get("header") if isinstance(body.get("header"), dict) else {}
+            log.warning("feishu event %s malformed (%s): acknowledged and dropped", header.get("event_id"),
+                        type(exc).__name__)
+            return
         if press is not None:  # a command button on one of our cards: the presser's command
             await self._sink(press)
             return
-        result = to_inbound(body, self.bot_open_id)
         if isinstance(result, Ignored):
             header = body.get("header") or {}
             log.debug("feishu event %s ignored: %s", header.get("event_id"), result.reason)

@@ -116,6 +116,8 @@ def to_inbound(update: Update, bot: BotIdentity) -> InboundMessage | Ignored:
     if mention_spans:
         text = _SPACES.sub(" ", text)
     text = text.strip()
+    if not text and command is None and not attachments:
+        return Ignored("empty")  # whitespace only, or only the bot's mention: nothing to answer
 
     thread_id = str(message.message_thread_id) if message.is_topic_message and message.message_thread_id else None
     display = " ".join(p for p in (sender.first_name, sender.last_name) if p)

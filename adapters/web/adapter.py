@@ -120,7 +120,7 @@ class WebAdapter:
 
     async def _post(self, request: web.Request) -> web.Response:
         if request.headers.get("X-Requested-With") != REQUESTED_WITH:
-            return _error(403, "missing X-Requested-With header (send messages from the chat page)")
+            return _error(403, f"X-Requested-With must be {REQUESTED_WITH!r} (send messages from the chat page)")
         user_id = self.user_of(request)
         if user_id is None:
             return _error(401, "no web identity: reload the page")
