@@ -40,6 +40,8 @@ UNSETTLED = ("pending", "claimed", "sending")
 INSERT_INBOX = insert(_inbox)
 """Values: the inbox columns."""
 
+LANE_EXISTS = select(_lanes.c.key).where(_lanes.c.key == bindparam("b_key"))
+
 LANE_GENERATION = select(_lanes.c.generation).where(_lanes.c.key == bindparam("b_key"))
 
 PENDING_BATCH = (
@@ -95,6 +97,17 @@ WINDOW = (
     .limit(bindparam("b_limit"))
 )
 """The newest ``b_limit`` messages of ``b_session`` after id ``b_after``, newest first."""
+
+TURN_TEXTS = (
+    select(_messages.c.id, _messages.c.turn_id, _messages.c.role, _messages.c.content)
+    .where(_messages.c.session_id == bindparam("b_session"), _messages.c.id.in_(
+        select(_messages.c.id).where(_messages.c.session_id == bindparam("b_session"))
+        .order_by(_messages.c.id.desc()).limit(bindparam("b_limit")).scalar_subquery()),
+        _messages.c.turn_id.in_(bindparam("b_turns", expanding=True)))
+    .order_by(_messages.c.id)
+)
+"""The messages of turns ``b_turns`` among the newest ``b_limit`` of ``b_session``, oldest first
+(text columns only: no JSON decoded)."""
 
 INSERT_MESSAGE = insert(_messages)
 

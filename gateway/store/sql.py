@@ -271,6 +271,56 @@ class Store:
             waiting = conn.execute(q.ANY_PENDING, {"b_key": key}).first()
         return waiting is not None
 
+    @retry_locked
+    def claim_next(self, key: str, owner: str, lease_s: float,
+                   limit: int = 1) -> tuple[list[PendingInbound], int] | None:
+        """``claim_lane`` and ``next_batch`` in one transaction (the bus's way into a lane).
+
+        Returns ``None`` when another instance holds the lease, or when nothing waits (the lease
+        is then given back in the same transaction); otherwise the oldest ``limit`` pending rows
+        and the lane's generation, with the lease held until ``next_or_release`` gives it up.
+        """
+        now = time.time()
+        with write_tx(self.engine) as conn:
+            claimed = conn.execute(q.CLAIM_LANE, {"b_key": key, "b_owner": owner, "b_now": now,
+                                                  "b_until": now + lease_s}).rowcount == 1
+            if claimed:
+                batch, generation = self._batch(conn, key, limit)
+                if batch:
+                    return batch, generation
+                conn.execute(q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
+                return None
+            if conn.execute(q.LANE_EXISTS, {"b_key": key}).first() is not None:
+                return None  # leased by another instance: it drains what waits
+        # The lane's first use: ``claim_lane`` creates its row (settling a race to create it), leased
+        # to us; then the above finds the row ours.
+        if not self.claim_lane(key, owner, lease_s):
+            return None
+        return self.claim_next(key, owner, lease_s, limit)
+
+    @retry_locked
+    def next_or_release(self, key: str, owner: str, limit: int = 1) -> tuple[list[PendingInbound], int, bool]:
+        """After a turn: the next pending rows of ``key`` (lease kept), or, when none wait, gives
+        the lease up in the same transaction. Returns ``(batch, generation, waiting)``; ``waiting``
+        (empty batch only) is whether a row was stored meanwhile (PostgreSQL: committed between
+        the read and the release), which the caller drains again."""
+        with write_tx(self.engine) as conn:
+            batch, generation = self._batch(conn, key, limit)
+            if batch:
+                return batch, generation, False
+            conn.execute(q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
+            waiting = conn.execute(q.ANY_PENDING, {"b_key": key}).first() is not None
+        return [], 0, waiting
+
+    @staticmethod
+    def _batch(conn: Any, key: str, limit: int) -> tuple[list[PendingInbound], int]:
+        rows = conn.execute(q.PENDING_BATCH, {"b_key": key, "b_limit": limit}).all()
+        if not rows:
+            return [], 0
+        generation = conn.execute(q.LANE_GENERATION, {"b_key": key}).scalar()
+        return [PendingInbound(row.id, key, InboundMessage.from_dict(row.payload), row.user_id)
+                for row in rows], int(generation or 0)
+
     def lane_exists(self, key: str) -> bool:
         """Whether the session key has been used before (the bot is part of that conversation)."""
         with read_tx(self.engine) as conn:
@@ -369,6 +419,15 @@ class Store:
         """The newest ``limit`` transcript messages, oldest first: O(window), not O(history)."""
         with read_tx(self.engine) as conn:
             return self._window(conn, session_id, limit)
+
+    def turn_texts(self, session_id: str, turn_ids: Sequence[str],
+                   scan: int = 400) -> list[tuple[int, str, str | None]]:
+        """``(id, role, content)`` of the messages of ``turn_ids`` among the newest ``scan``
+        transcript messages, oldest first."""
+        with read_tx(self.engine) as conn:
+            rows = conn.execute(q.TURN_TEXTS, {"b_session": session_id, "b_limit": scan,
+                                               "b_turns": list(turn_ids)}).all()
+        return [(row.id, row.role, row.content) for row in rows]
 
     @retry_locked
     def save_summary(self, session_id: str, covers_to_id: int, text: str, prompt_tokens: int | None = None,
