@@ -169,6 +169,22 @@ def test_outbox_keeps_chat_order_across_retries(store):
     assert store.claim_outbox("x", 10, claim_s=60) == []  # "b" may not overtake "a"
 
 
+def test_a_claim_says_whether_rows_wait_behind_it(store):
+    store.insert_inbound(message("5:1"), "k")
+    [p] = store.next_pending("k")
+    store.finish_turn([p.inbox_id], "done", [reply_row("a"), reply_row("b"), reply_row("c", chat="6")])
+    first = store.claim_due("x", 10, claim_s=60)
+    assert [i.message.idempotency_key for i in first.items] == ["a", "c"] and first.more  # "b" waits behind "a"
+    for item in first.items:
+        store.mark_sent(item.id, "x", ["1"])
+    second = store.claim_due("x", 10, claim_s=60)
+    assert [i.message.idempotency_key for i in second.items] == ["b"] and not second.more
+    store.insert_inbound(message("5:2"), "k")
+    [p] = store.next_pending("k")
+    store.finish_turn([p.inbox_id], "done", [reply_row("d"), reply_row("e", chat="6")])
+    assert store.claim_due("x", 1, claim_s=60).more  # the limit cut the due rows
+
+
 def test_control_message_cancels_running_turn_and_its_pending_replies(store):
     assert store.claim_lane("k", "a", 60)
     gen = store.lane_generation("k")

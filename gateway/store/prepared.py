@@ -157,6 +157,10 @@ DUE_OUTBOX = (
 )
 """Due rows, oldest first, at most the oldest unsettled row of each chat (chat order)."""
 
+PENDING_IN_CHATS = select(_outbox.c.id).where(_outbox.c.chat_key.in_(bindparam("b_chats", expanding=True)),
+                                             _outbox.c.status == "pending").limit(1)
+"""Any pending row in chats ``b_chats`` (after a claim: a row waiting behind the claimed ones)."""
+
 CLAIM_OUTBOX_ROW = (
     update(_outbox)
     .where(_outbox.c.id == bindparam("b_id"), _DUE)

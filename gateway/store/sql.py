@@ -136,6 +136,16 @@ class OutboxItem:
     """The previous owner died while sending: its part in flight may or may not have arrived."""
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimedOutbox:
+    """What one ``claim_due`` took: ``items``, and ``more`` when rows may be due once they settle
+    (a later pending row of one of their chats waits behind them, or ``limit`` rows were due).
+    Rows queued later wake delivery themselves; rows in a retry wait are due at their time."""
+
+    items: list[OutboxItem]
+    more: bool
+
+
 class Store:
     """Durable state on one SQLAlchemy engine (SQLite or PostgreSQL)."""
 
@@ -571,15 +581,20 @@ class Store:
                                   .values(preview_id=preview_id))
         return result.rowcount == 1
 
-    @retry_locked
     def claim_outbox(self, owner: str, limit: int, claim_s: float) -> list[OutboxItem]:
+        """The rows ``claim_due`` claims."""
+        return self.claim_due(owner, limit, claim_s).items
+
+    @retry_locked
+    def claim_due(self, owner: str, limit: int, claim_s: float) -> ClaimedOutbox:
         """Claims due outbox rows, oldest first, at most one per chat: a row waits while an earlier
         row of its chat is unsettled (chat order; no call to a chat during its retry wait).
 
         Rows whose lane generation moved on (``/stop``, interrupt) become ``cancelled`` instead.
         A row left ``sending`` by an owner whose claim expired is reclaimed as ``unconfirmed``.
         Claimed rows are ``claimed`` (``sending`` during a part's API call, see ``mark_sending``)
-        until ``mark_sent``/``mark_retry``/``mark_failed``.
+        until ``mark_sent``/``mark_retry``/``mark_failed``. ``more`` tells the caller to claim
+        again once these are settled (see ``ClaimedOutbox``).
         """
         now = time.time()
         items: list[OutboxItem] = []
@@ -615,7 +630,10 @@ class Store:
                             unconfirmed=row.status == "sending",
                         )
                     )
-        return items
+            more = len(rows) >= limit or (bool(items) and conn.execute(
+                q.PENDING_IN_CHATS, {"b_chats": sorted({_chat_key(i.message.address) for i in items})}).first()
+                is not None)
+        return ClaimedOutbox(items, more)
 
     @retry_locked
     def mark_sent(self, outbox_id: int, owner: str, platform_message_ids: Sequence[str], status: str = "sent",
