@@ -122,7 +122,7 @@ class OpenAIChatModel:
                                    stream=True, stream_cls=_ChunkStream)
         with stream:
             for chunk in stream:
-                if acc.add(chunk) is not None and on_text is not None:
+                if isinstance(chunk, dict) and acc.add(chunk) is not None and on_text is not None:
                     on_text(acc.text)
         return ModelReply(acc.text or None, acc.tool_calls(), acc.finish_reason or "stop", _usage(acc.usage))
 
@@ -140,12 +140,12 @@ class OpenAIChatModel:
         return ModelReply(message.content, tool_calls, choice.finish_reason or "stop", usage)
 
 
-class _ChunkStream(openai.Stream[dict[str, Any]]):
+class _ChunkStream(openai.Stream[object]):
     """The SDK's SSE stream of chat-completion chunks, with two differences:
 
-    - chunks arrive as the JSON dicts the server sent (``StreamAccumulator`` reads dicts; building
-      a ``ChatCompletionChunk`` per chunk only to dump it again costs more than the rest of the
-      call against a fast server);
+    - chunks arrive as the JSON the server sent (``object``: the SDK passes it through untouched;
+      ``StreamAccumulator`` reads dicts, and building a ``ChatCompletionChunk`` per chunk only to
+      dump it again cost more than the rest of the call against a fast server);
     - after ``data: [DONE]`` the rest of the body (the HTTP/1.1 chunked terminator) is read before
       the SDK closes the response, so the connection goes back to the pool. The SDK's sync stream
       stops reading at ``[DONE]`` and closes it (its async stream drains), so every streamed call
