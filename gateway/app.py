@@ -57,7 +57,7 @@ from gateway.resets import ResetPolicy
 from gateway.sessions import is_dm_key, session_key_for
 from gateway.store.approvals import Approvals
 from gateway.store.db import create_db_engine, upgrade
-from gateway.store.directory import Directory
+from gateway.store.directory import Directory, Identity
 from gateway.store.jobs import JobStore
 from gateway.store.sql import Store
 from gateway.streaming import StreamHub
@@ -228,17 +228,31 @@ class Gateway:
             span.set_attribute("gateway.stored", stored)
             return stored
 
+    def _admit(self, message: InboundMessage) -> tuple[Identity, str, str, bool | None]:
+        """The database part of receiving, in one call on the DB pool (one thread hop for an
+        ordinary message): ``(identity, session key, decision, stored)``. ``decision`` is the access
+        decision, or ``unaddressed`` for a thread message not for us; ``stored`` is whether an
+        allowed non-control message went into the inbox (``None``: not stored here)."""
+        identity = self.directory.identify(message)
+        key = session_key_for(message, identity.user_id, self.config.sessions.group_scope)
+        if not message.addressed and not self.store.lane_exists(key):
+            return identity, key, "unaddressed", None
+        decision = decide(message, identity.approved, self.config.access)
+        if decision != "allow" or message.command in CONTROL_COMMANDS:
+            return identity, key, decision, None
+        cancel = "if_busy" if self.config.bus.busy_policy == "interrupt" else None
+        return identity, key, decision, self.store.insert_inbound(message, key, cancel=cancel,
+                                                                  user_id=identity.user_id)
+
     async def _receive(self, message: InboundMessage) -> bool:
         redacted = self.redact(message.text)  # a pasted secret is never stored, not even in the inbox
         if redacted != message.text:
             message = dataclasses.replace(message, text=redacted)
-        identity = await self.run_db(self.directory.identify, message)
-        key = session_key_for(message, identity.user_id, self.config.sessions.group_scope)
-        if not message.addressed and not await self.run_db(self.store.lane_exists, key):
+        identity, key, decision, stored = await self.run_db(self._admit, message)
+        if decision == "unaddressed":
             self.dropped += 1
             self.metrics.dropped.labels(message.platform).inc()
             return False  # a thread message not for us: the bot is not part of that thread
-        decision = decide(message, identity.approved, self.config.access)
         if decision == "deny":
             log.info("message from %s in %s not allowed (access.mode = allowlist)",
                      message.sender.user_id, message.address.chat_id)
@@ -250,12 +264,8 @@ class Gateway:
             stored = await self._answer_now(message, key, identity.user_id, PAIRING_TEXT.format(code=code))
         elif message.command in CONTROL_COMMANDS:
             stored = await self._control(message, key, identity.user_id)
-        else:
-            cancel = "if_busy" if self.config.bus.busy_policy == "interrupt" else None
-            stored = await self.run_db(functools.partial(self.store.insert_inbound, message, key, cancel=cancel,
-                                                         user_id=identity.user_id))
-            if stored and cancel:
-                self.runner.note_generation(key, await self.run_db(self.store.lane_generation, key))
+        elif stored and self.config.bus.busy_policy == "interrupt":  # stored by _admit
+            self.runner.note_generation(key, await self.run_db(self.store.lane_generation, key))
         if stored:
             self.received += 1
             self.metrics.inbound.labels(message.platform).inc()
@@ -263,7 +273,7 @@ class Gateway:
         else:
             self.duplicates += 1
             self.metrics.duplicates.labels(message.platform).inc()
-        return stored
+        return bool(stored)
 
     async def _control(self, message: InboundMessage, key: str, user_id: str) -> bool:
         """``/stop``: cancels the running turn (it stops at its next step and sends nothing) and

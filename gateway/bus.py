@@ -98,15 +98,15 @@ class SessionBus:
 
     # -- worker thread -----------------------------------------------------------------------
     def _drain(self, key: str) -> None:
-        if not self.store.claim_lane(key, self.instance_id, self.lease_s):
-            return  # another instance runs this session; it drains what waits
+        claimed = self.store.claim_next(key, self.instance_id, self.lease_s, self.batch_size)
+        if claimed is None:
+            return  # another instance runs this session (it drains what waits), or nothing waits
+        batch, generation = claimed
         with self._held_lock:
             self._held.add(key)
+        released = waiting = False
         try:
-            while True:
-                batch, generation = self.store.next_batch(key, self.batch_size)
-                if not batch:
-                    break
+            while batch:
                 address = batch[-1].message.address
                 self._call_main(self._on_turn_start, address)
                 try:
@@ -115,12 +115,16 @@ class SessionBus:
                     self._call_main(self._on_turn_end, address)
                 self.turns_done += 1
                 self._call_main(self._on_replies)
+                # The next rows, or the lease given up when none wait (one transaction). A message
+                # stored between that read and the release would wait for the sweeper: the release
+                # looks once more, and we drain again if so.
+                batch, generation, waiting = self.store.next_or_release(key, self.instance_id, self.batch_size)
+            released = True
         finally:
             with self._held_lock:
                 self._held.discard(key)
-            # A message stored between the last check and the release would wait for the
-            # sweeper: the release looks once more, and we drain again if so.
-            waiting = self.store.release_lane(key, self.instance_id)
+            if not released:  # a turn or the store raised: give the lease up for the retry
+                waiting = self.store.release_lane(key, self.instance_id)
         if waiting:
             self._call_main(self.kick, key)
 

@@ -88,10 +88,12 @@ class Delivery:
             self._wake.clear()
             try:
                 while True:
-                    items = await self._run_db(self.store.claim_outbox, self.instance_id, 100, self.claim_s)
-                    if not items:
+                    claimed = await self._run_db(self.store.claim_due, self.instance_id, 100, self.claim_s)
+                    if not claimed.items:
                         break
-                    await asyncio.gather(*(self._send(item) for item in items))
+                    await asyncio.gather(*(self._send(item) for item in claimed.items))
+                    if not claimed.more:
+                        break  # nothing waits behind these: no empty claim (a write) after each pass
             except Exception:
                 log.exception("delivery pass failed")
                 await asyncio.sleep(1.0)

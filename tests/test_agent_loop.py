@@ -154,3 +154,19 @@ def test_should_stop_ends_the_turn_at_the_next_step(model, fake_openai):
                        tools=registry(), bridge=None, limits=Limits(), record=lambda m, u, meta: recorded.append(m),
                        should_stop=should_stop)
     assert outcome.stop_reason == "cancelled" and outcome.steps == 2 and len(fake_openai.requests) == 2
+
+
+def test_streamed_calls_reuse_one_connection_and_keep_every_chunk(model, fake_openai):
+    """A streamed call reads its body to the end, so the next call goes out on the same HTTP/1.1
+    connection (no new TCP/TLS handshake per model call) and no chunk is lost on the way."""
+    c1 = oa.call("add", {"a": 2, "b": 3})
+    fake_openai.script(oa.tool_calls(c1, content="Adding."), oa.text("The sum is 5.", pieces=4))
+    streamed: list[str] = []
+    outcome = run_turn(system_prompt="sys", history=[{"role": "user", "content": "2+3?"}], model=model,
+                       tools=registry(), bridge=None, limits=Limits(), record=lambda m, u, meta: None,
+                       on_text=streamed.append)
+    assert outcome.reply == "The sum is 5." and outcome.steps == 2
+    assert streamed[-1] == "The sum is 5."
+    assert outcome.usage[0].prompt_tokens > 0
+    peers = [r["peer"] for r in fake_openai.requests]
+    assert len(peers) == 2 and peers[0] == peers[1]

@@ -46,6 +46,40 @@ def test_lane_lease_is_exclusive_until_released_or_expired(store):
     assert store.claim_lane("k", "a", lease_s=60)  # b's lease expired
 
 
+def test_a_lane_is_entered_with_its_batch_and_left_when_nothing_waits(store):
+    assert store.claim_next("k", "a", 60) is None  # nothing waits: no lease kept
+    assert store.claim_lane("k", "b", 60) and store.release_lane("k", "b") is False
+    store.insert_inbound(message("5:1", text="first"), "k")
+    store.insert_inbound(message("5:2", text="second"), "k")
+    batch, generation = store.claim_next("k", "a", 60)
+    assert [p.message.text for p in batch] == ["first"] and generation == 0
+    assert store.claim_next("k", "b", 60) is None  # a holds the lease
+    store.finish_turn([batch[0].inbox_id], "done", [])
+    batch, _, _ = store.next_or_release("k", "a")
+    assert [p.message.text for p in batch] == ["second"]
+    assert not store.claim_lane("k", "b", 60)  # still a's between turns
+    store.finish_turn([batch[0].inbox_id], "done", [])
+    assert store.next_or_release("k", "a") == ([], 0, False)
+    assert store.claim_lane("k", "b", 60)  # released with the last read
+
+
+def test_a_lane_used_for_the_first_time_by_two_instances_has_one_owner(store):
+    store.insert_inbound(message("5:1"), "fresh")
+    results: list[object] = []
+    barrier = threading.Barrier(4)
+
+    def enter(owner: str) -> None:
+        barrier.wait()
+        results.append(store.claim_next("fresh", owner, 60))
+
+    threads = [threading.Thread(target=enter, args=(f"o{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r is not None for r in results) == 1
+
+
 def test_concurrent_claims_have_one_winner(store):
     winners: list[str] = []
     barrier = threading.Barrier(8)
@@ -85,6 +119,17 @@ def test_transcript_window_is_the_newest_messages_in_order(store):
     assert [m.content for m in window] == ["m7", "m8", "m9"]
 
 
+def test_turn_texts_are_the_turns_messages_among_the_newest(store):
+    store.claim_lane("k", "a", 60)
+    session_id, _ = store.current_session("k", lambda: "s")
+    for i in range(6):
+        store.append_message(session_id, f"t{i // 2}", "user" if i % 2 == 0 else "assistant", f"m{i}")
+    assert [c for _, _, c in store.turn_texts(session_id, ["t2", "t0"])] == ["m0", "m1", "m4", "m5"]
+    # Only m3..m5 are scanned: t0's messages are older.
+    assert [(r, c) for _, r, c in store.turn_texts(session_id, ["t0", "t2"], scan=3)] == [("user", "m4"),
+                                                                                         ("assistant", "m5")]
+
+
 def test_outbox_claim_is_exclusive_and_keeps_delivered_parts(store):
     reply = OutboundMessage(ChatAddress("telegram", "1", "5"), "hello", idempotency_key="in1:0")
     store.insert_inbound(message("5:9"), "k")
@@ -122,6 +167,22 @@ def test_outbox_keeps_chat_order_across_retries(store):
     store.mark_retry(first[0].id, "x", time.time() + 60, "429", [])  # chat 5 waits for its retry
     store.mark_sent(first[1].id, "x", ["9"])
     assert store.claim_outbox("x", 10, claim_s=60) == []  # "b" may not overtake "a"
+
+
+def test_a_claim_says_whether_rows_wait_behind_it(store):
+    store.insert_inbound(message("5:1"), "k")
+    [p] = store.next_pending("k")
+    store.finish_turn([p.inbox_id], "done", [reply_row("a"), reply_row("b"), reply_row("c", chat="6")])
+    first = store.claim_due("x", 10, claim_s=60)
+    assert [i.message.idempotency_key for i in first.items] == ["a", "c"] and first.more  # "b" waits behind "a"
+    for item in first.items:
+        store.mark_sent(item.id, "x", ["1"])
+    second = store.claim_due("x", 10, claim_s=60)
+    assert [i.message.idempotency_key for i in second.items] == ["b"] and not second.more
+    store.insert_inbound(message("5:2"), "k")
+    [p] = store.next_pending("k")
+    store.finish_turn([p.inbox_id], "done", [reply_row("d"), reply_row("e", chat="6")])
+    assert store.claim_due("x", 1, claim_s=60).more  # the limit cut the due rows
 
 
 def test_control_message_cancels_running_turn_and_its_pending_replies(store):

@@ -157,10 +157,8 @@ class MemoryService:
 
     def turn_messages(self, session_id: str, turn_ids: Sequence[str]) -> list[TurnMessage]:
         """The turn's user messages, tool results and assistant texts from the transcript, in order."""
-        wanted = set(turn_ids)
-        rows = self.store.load_window(session_id, 400)
-        return [TurnMessage(row.id, row.role, row.content) for row in rows
-                if row.turn_id in wanted and row.content and row.role in ("user", "tool", "assistant")]
+        return [TurnMessage(id_, role, content) for id_, role, content in self.store.turn_texts(session_id, turn_ids)
+                if content and role in ("user", "tool", "assistant")]
 
     def save_explicit(self, owner: str, turn: Sequence[TurnMessage]) -> list[Memory]:
         """Stores each "remember ..." user message of the turn (a restated entry is reinforced

@@ -8,11 +8,13 @@ PostgreSQL: a plain pooled engine (psycopg 3).
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_ID = 0x6167776D  # "agwm": the advisory lock key serialising migrations on PostgreSQL
@@ -38,8 +40,14 @@ def create_db_engine(url: str, pool_size: int = 10) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        immediate = conn.get_execution_options().get("sqlite_immediate", False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        # Straight on the driver's connection: every transaction runs this, and a statement
+        # through SQLAlchemy's execution path costs more than the BEGIN itself. A lock timeout is
+        # raised as SQLAlchemy's OperationalError, like any statement's (``retry_locked``).
+        statement = "BEGIN IMMEDIATE" if conn.get_execution_options().get("sqlite_immediate", False) else "BEGIN"
+        try:
+            conn.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
+        except sqlite3.OperationalError as exc:
+            raise OperationalError(statement, None, exc) from exc
 
     return engine
 

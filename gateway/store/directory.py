@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, func, insert, select, update
+from sqlalchemy import Engine, and_, bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gateway.store.db import read_tx, write_tx
@@ -36,6 +36,14 @@ _lanes = LaneRow.__table__
 _inbox = InboxRow.__table__
 _messages = MessageRow.__table__
 _link_failures = LinkFailureRow.__table__
+
+_IDENTIFY = (
+    select(_identities.c.user_id, _users.c.approved)
+    .select_from(_identities.join(_users, _users.c.id == _identities.c.user_id))
+    .where(_identities.c.platform == bindparam("b_platform"), _identities.c.tenant == bindparam("b_tenant"),
+           _identities.c.platform_user_id == bindparam("b_user"))
+)
+"""The sender's user and whether it is approved (built once: it runs for every inbound message)."""
 
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: read aloud and typed on phones
 CODE_LENGTH = 6
@@ -86,12 +94,9 @@ class Directory:
     def identify(self, message: InboundMessage) -> Identity:
         """The sender's user; creates the user and identity on first contact."""
         address, sender = message.address, message.sender
-        where = and_(_identities.c.platform == address.platform, _identities.c.tenant == address.tenant,
-                     _identities.c.platform_user_id == sender.user_id)
         with read_tx(self.engine) as conn:
-            row = conn.execute(select(_identities.c.user_id, _users.c.approved)
-                               .select_from(_identities.join(_users, _users.c.id == _identities.c.user_id))
-                               .where(where)).first()
+            row = conn.execute(_IDENTIFY, {"b_platform": address.platform, "b_tenant": address.tenant,
+                                           "b_user": sender.user_id}).first()
         if row is not None:
             return Identity(row.user_id, bool(row.approved))
         user_id, now = uuid.uuid4().hex, time.time()

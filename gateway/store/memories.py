@@ -34,6 +34,18 @@ longer one could never fit a memory block's token budget)."""
 TYPES = ("preference", "fact", "decision", "episode")
 SOURCES = ("user_explicit", "task", "import")
 
+# Full-text search, one statement per dialect (built once: recall runs before every turn).
+_PG_SEARCH = text(
+    "SELECT * FROM memories WHERE owner = :owner AND superseded_by IS NULL "
+    "AND to_tsvector('english', text) @@ to_tsquery('english', :query) "
+    "ORDER BY ts_rank(to_tsvector('english', text), to_tsquery('english', :query), 1) DESC, id DESC "
+    "LIMIT :limit")
+_SQLITE_SEARCH = text(
+    "SELECT memories.* FROM memories_fts JOIN memories ON memories.id = memories_fts.rowid "
+    "WHERE memories_fts MATCH :query AND memories.owner = :owner "
+    "AND memories.superseded_by IS NULL ORDER BY bm25(memories_fts), memories.id DESC "
+    "LIMIT :limit")
+
 
 @dataclass(frozen=True, slots=True)
 class Memory:
@@ -124,18 +136,10 @@ class MemoryStore:
             return []
         with read_tx(self.engine) as conn:
             if conn.dialect.name == "postgresql":
-                rows = conn.execute(text(
-                    "SELECT * FROM memories WHERE owner = :owner AND superseded_by IS NULL "
-                    "AND to_tsvector('english', text) @@ to_tsquery('english', :query) "
-                    "ORDER BY ts_rank(to_tsvector('english', text), to_tsquery('english', :query), 1) DESC, id DESC "
-                    "LIMIT :limit"), {"owner": owner, "query": " | ".join(words), "limit": limit}).all()
+                rows = conn.execute(_PG_SEARCH, {"owner": owner, "query": " | ".join(words), "limit": limit}).all()
             else:
                 query = " OR ".join(f'"{w}"' for w in words)
-                rows = conn.execute(text(
-                    "SELECT memories.* FROM memories_fts JOIN memories ON memories.id = memories_fts.rowid "
-                    "WHERE memories_fts MATCH :query AND memories.owner = :owner "
-                    "AND memories.superseded_by IS NULL ORDER BY bm25(memories_fts), memories.id DESC "
-                    "LIMIT :limit"), {"owner": owner, "query": query, "limit": limit}).all()
+                rows = conn.execute(_SQLITE_SEARCH, {"owner": owner, "query": query, "limit": limit}).all()
         return [_memory(r) for r in rows]
 
     def with_embeddings(self, owner: str, limit: int = 2000) -> list[Memory]:

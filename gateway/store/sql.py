@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, exists, func, insert, or_, select, update
+from sqlalchemy import Engine, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from gateway.store import prepared as q
 from gateway.store.db import read_tx, write_tx
 from gateway.store.text import storable, storable_text
 from gateway.store.models import (
@@ -136,6 +137,16 @@ class OutboxItem:
     """The previous owner died while sending: its part in flight may or may not have arrived."""
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimedOutbox:
+    """What one ``claim_due`` took: ``items``, and ``more`` when rows may be due once they settle
+    (a later pending row of one of their chats waits behind them, or ``limit`` rows were due).
+    Rows queued later wake delivery themselves; rows in a retry wait are due at their time."""
+
+    items: list[OutboxItem]
+    more: bool
+
+
 class Store:
     """Durable state on one SQLAlchemy engine (SQLite or PostgreSQL)."""
 
@@ -158,19 +169,13 @@ class Store:
         now = time.time()
         try:
             with write_tx(self.engine) as conn:
-                conn.execute(
-                    insert(_inbox).values(
-                        platform=message.platform,
-                        tenant=message.address.tenant,
-                        platform_message_id=storable_text(message.message_id),
-                        session_key=session_key,
-                        user_id=user_id,
-                        payload=storable(message.to_dict()),
-                        status="pending" if control_reply is None else "done",
-                        received_at=message.received_at,
-                        finished_at=None if control_reply is None else now,
-                    )
-                )
+                conn.execute(q.INSERT_INBOX, {
+                    "platform": message.platform, "tenant": message.address.tenant,
+                    "platform_message_id": storable_text(message.message_id), "session_key": session_key,
+                    "user_id": user_id, "payload": storable(message.to_dict()),
+                    "status": "pending" if control_reply is None else "done",
+                    "received_at": message.received_at, "finished_at": None if control_reply is None else now,
+                })
                 if cancel is not None:
                     condition = [_lanes.c.key == session_key]
                     if cancel == "if_busy":
@@ -178,9 +183,7 @@ class Store:
                     conn.execute(update(_lanes).where(*condition).values(generation=_lanes.c.generation + 1))
                 # The reply is queued under the lane's current generation (else a later claim would
                 # take it for a reply of a stopped turn and drop it).
-                generation = conn.execute(
-                    select(_lanes.c.generation).where(_lanes.c.key == session_key)
-                ).scalar_one_or_none() or 0
+                generation = conn.execute(q.LANE_GENERATION, {"b_key": session_key}).scalar_one_or_none() or 0
                 if control_reply is not None:
                     self._queue(conn, control_reply, None, session_key, generation, now)
         except IntegrityError:
@@ -191,13 +194,8 @@ class Store:
         """The oldest ``limit`` pending rows of ``session_key`` and the lane's generation, read in
         that order (a cancellation stored with a row is then always seen with it)."""
         with read_tx(self.engine) as conn:
-            rows = conn.execute(
-                select(_inbox.c.id, _inbox.c.payload, _inbox.c.user_id)
-                .where(_inbox.c.session_key == session_key, _inbox.c.status == "pending")
-                .order_by(_inbox.c.id)
-                .limit(limit)
-            ).all()
-            generation = conn.execute(select(_lanes.c.generation).where(_lanes.c.key == session_key)).scalar()
+            rows = conn.execute(q.PENDING_BATCH, {"b_key": session_key, "b_limit": limit}).all()
+            generation = conn.execute(q.LANE_GENERATION, {"b_key": session_key}).scalar()
         batch = [PendingInbound(row.id, session_key, InboundMessage.from_dict(row.payload), row.user_id)
                  for row in rows]
         return batch, int(generation or 0)
@@ -247,14 +245,8 @@ class Store:
         now = time.time()
         for _ in range(2):
             with write_tx(self.engine) as conn:
-                result = conn.execute(
-                    update(_lanes)
-                    .where(
-                        _lanes.c.key == key,
-                        or_(_lanes.c.lease_owner.is_(None), _lanes.c.lease_owner == owner, _lanes.c.lease_until < now),
-                    )
-                    .values(lease_owner=owner, lease_until=now + lease_s)
-                )
+                result = conn.execute(q.CLAIM_LANE, {"b_key": key, "b_owner": owner, "b_now": now,
+                                                     "b_until": now + lease_s})
                 if result.rowcount == 1:
                     return True
                 if conn.execute(select(_lanes.c.key).where(_lanes.c.key == key)).first() is not None:
@@ -287,15 +279,59 @@ class Store:
     def release_lane(self, key: str, owner: str) -> bool:
         """Gives the lease up; returns whether rows still wait for ``key`` (stored meanwhile)."""
         with write_tx(self.engine) as conn:
-            conn.execute(
-                update(_lanes)
-                .where(_lanes.c.key == key, _lanes.c.lease_owner == owner)
-                .values(lease_owner=None, lease_until=0.0)
-            )
-            waiting = conn.execute(
-                select(_inbox.c.id).where(_inbox.c.session_key == key, _inbox.c.status == "pending").limit(1)
-            ).first()
+            conn.execute(q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
+            waiting = conn.execute(q.ANY_PENDING, {"b_key": key}).first()
         return waiting is not None
+
+    @retry_locked
+    def claim_next(self, key: str, owner: str, lease_s: float,
+                   limit: int = 1) -> tuple[list[PendingInbound], int] | None:
+        """``claim_lane`` and ``next_batch`` in one transaction (the bus's way into a lane).
+
+        Returns ``None`` when another instance holds the lease, or when nothing waits (the lease
+        is then given back in the same transaction); otherwise the oldest ``limit`` pending rows
+        and the lane's generation, with the lease held until ``next_or_release`` gives it up.
+        """
+        now = time.time()
+        with write_tx(self.engine) as conn:
+            claimed = conn.execute(q.CLAIM_LANE, {"b_key": key, "b_owner": owner, "b_now": now,
+                                                  "b_until": now + lease_s}).rowcount == 1
+            if claimed:
+                batch, generation = self._batch(conn, key, limit)
+                if batch:
+                    return batch, generation
+                conn.execute(q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
+                return None
+            if conn.execute(q.LANE_EXISTS, {"b_key": key}).first() is not None:
+                return None  # leased by another instance: it drains what waits
+        # The lane's first use: ``claim_lane`` creates its row (settling a race to create it), leased
+        # to us; then the above finds the row ours.
+        if not self.claim_lane(key, owner, lease_s):
+            return None
+        return self.claim_next(key, owner, lease_s, limit)
+
+    @retry_locked
+    def next_or_release(self, key: str, owner: str, limit: int = 1) -> tuple[list[PendingInbound], int, bool]:
+        """After a turn: the next pending rows of ``key`` (lease kept), or, when none wait, gives
+        the lease up in the same transaction. Returns ``(batch, generation, waiting)``; ``waiting``
+        (empty batch only) is whether a row was stored meanwhile (PostgreSQL: committed between
+        the read and the release), which the caller drains again."""
+        with write_tx(self.engine) as conn:
+            batch, generation = self._batch(conn, key, limit)
+            if batch:
+                return batch, generation, False
+            conn.execute(q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
+            waiting = conn.execute(q.ANY_PENDING, {"b_key": key}).first() is not None
+        return [], 0, waiting
+
+    @staticmethod
+    def _batch(conn: Any, key: str, limit: int) -> tuple[list[PendingInbound], int]:
+        rows = conn.execute(q.PENDING_BATCH, {"b_key": key, "b_limit": limit}).all()
+        if not rows:
+            return [], 0
+        generation = conn.execute(q.LANE_GENERATION, {"b_key": key}).scalar()
+        return [PendingInbound(row.id, key, InboundMessage.from_dict(row.payload), row.user_id)
+                for row in rows], int(generation or 0)
 
     def lane_exists(self, key: str) -> bool:
         """Whether the session key has been used before (the bot is part of that conversation)."""
@@ -321,11 +357,7 @@ class Store:
         newest ``window`` messages after that summary's cut, in one read (O(window) rows however
         long the transcript is); created (prompt built once and stored) on first use."""
         with read_tx(self.engine) as conn:
-            row = conn.execute(
-                select(_sessions.c.id, _sessions.c.system_prompt, _sessions.c.updated_at)
-                .select_from(_lanes.join(_sessions, _sessions.c.id == _lanes.c.session_id))
-                .where(_lanes.c.key == key)
-            ).first()
+            row = conn.execute(q.CURRENT_SESSION, {"b_key": key}).first()
             if row is not None:
                 summary = self._summary(conn, row.id) if window else None
                 after = summary.covers_to_id if summary is not None else 0
@@ -388,19 +420,27 @@ class Store:
         now = time.time()
         for m in messages:
             content = storable_text(m.content) if m.content else m.content  # a tool result may hold NUL
-            result = conn.execute(insert(_messages).values(session_id=session_id, turn_id=m.turn_id, role=m.role,
-                                                           content=content, created_at=now, **m.fields))
+            result = conn.execute(q.INSERT_MESSAGE, {"session_id": session_id, "turn_id": m.turn_id, "role": m.role,
+                                                     "content": content, "created_at": now, **m.fields})
             ids.append(int(result.inserted_primary_key[0]))
         first_user = next((m.content for m in messages if m.role == "user" and m.content), None)
         if first_user:  # the session's title: its first user message, whichever write carries it
-            conn.execute(update(_sessions).where(_sessions.c.id == session_id, _sessions.c.title.is_(None))
-                         .values(title=" ".join(first_user.split())[:80]))
+            conn.execute(q.SET_TITLE, {"b_session": session_id, "b_title": " ".join(first_user.split())[:80]})
         return ids
 
     def load_window(self, session_id: str, limit: int) -> list[StoredMessage]:
         """The newest ``limit`` transcript messages, oldest first: O(window), not O(history)."""
         with read_tx(self.engine) as conn:
             return self._window(conn, session_id, limit)
+
+    def turn_texts(self, session_id: str, turn_ids: Sequence[str],
+                   scan: int = 400) -> list[tuple[int, str, str | None]]:
+        """``(id, role, content)`` of the messages of ``turn_ids`` among the newest ``scan``
+        transcript messages, oldest first."""
+        with read_tx(self.engine) as conn:
+            rows = conn.execute(q.TURN_TEXTS, {"b_session": session_id, "b_limit": scan,
+                                               "b_turns": list(turn_ids)}).all()
+        return [(row.id, row.role, row.content) for row in rows]
 
     @retry_locked
     def save_summary(self, session_id: str, covers_to_id: int, text: str, prompt_tokens: int | None = None,
@@ -419,27 +459,12 @@ class Store:
 
     @staticmethod
     def _summary(conn: Any, session_id: str) -> Summary | None:
-        row = conn.execute(select(_summaries.c.covers_to_id, _summaries.c.text)
-                           .where(_summaries.c.session_id == session_id)
-                           .order_by(_summaries.c.id.desc()).limit(1)).first()
+        row = conn.execute(q.LATEST_SUMMARY, {"b_session": session_id}).first()
         return Summary(row.covers_to_id, row.text) if row is not None else None
 
     @staticmethod
     def _window(conn: Any, session_id: str, limit: int, after_id: int = 0) -> list[StoredMessage]:
-        cols = (
-            _messages.c.id,
-            _messages.c.turn_id,
-            _messages.c.role,
-            _messages.c.content,
-            _messages.c.tool_calls,
-            _messages.c.tool_call_id,
-            _messages.c.name,
-            _messages.c.meta,
-        )
-        rows = conn.execute(
-            select(*cols).where(_messages.c.session_id == session_id, _messages.c.id > after_id)
-            .order_by(_messages.c.id.desc()).limit(limit)
-        ).all()
+        rows = conn.execute(q.WINDOW, {"b_session": session_id, "b_after": after_id, "b_limit": limit}).all()
         return [StoredMessage(*row) for row in reversed(rows)]
 
     def transcript(self, session_id: str) -> list[StoredMessage]:
@@ -482,25 +507,21 @@ class Store:
                 self._queue(conn, reply, session_id, session_key, generation, now)
             stream_keys = [stream_key] if isinstance(stream_key, str) else list(stream_key or ())
             if stream_keys:
-                conn.execute(update(_outbox).where(_outbox.c.idempotency_key.in_(stream_keys),
-                                                   _outbox.c.status == "streaming")
-                             .values(status="cancelled", error="turn stopped while streaming"))
+                conn.execute(q.CANCEL_STREAMS, {"b_keys": stream_keys})
             *earlier, last = inbox_ids
             if earlier:
-                conn.execute(update(_inbox).where(_inbox.c.id.in_(earlier))
-                             .values(status=merged_status, finished_at=now))
-            conn.execute(update(_inbox).where(_inbox.c.id == last).values(status=status, finished_at=now))
+                conn.execute(q.FINISH_INBOX_MANY, {"b_ids": earlier, "status": merged_status, "finished_at": now})
+            conn.execute(q.FINISH_INBOX, {"b_id": last, "status": status, "finished_at": now})
 
     @staticmethod
     def _touch_session(conn: Any, session_id: str, replies: Sequence[OutboundMessage], now: float) -> None:
         """Last use and the chats the session was used from (the title is set by ``_append``)."""
-        conn.execute(update(_sessions).where(_sessions.c.id == session_id).values(updated_at=now))
+        conn.execute(q.TOUCH_SESSION, {"b_session": session_id, "b_now": now})
         for reply in replies[:1]:
             a = reply.address
             chat_key = f"{a.platform}:{a.tenant}:{a.chat_id}"
-            touched = conn.execute(update(_addresses).where(_addresses.c.session_id == session_id,
-                                                            _addresses.c.chat_key == chat_key)
-                                   .values(last_used_at=now, address=a.to_dict())).rowcount
+            touched = conn.execute(q.TOUCH_ADDRESS, {"b_session": session_id, "b_chat": chat_key, "b_now": now,
+                                                     "b_address": a.to_dict()}).rowcount
             if not touched:
                 conn.execute(insert(_addresses).values(session_id=session_id, chat_key=chat_key,
                                                        address=a.to_dict(), last_used_at=now))
@@ -510,8 +531,7 @@ class Store:
                generation: int, now: float) -> None:
         """Inserts an outbox row unless its idempotency key is already queued. A ``streaming`` row
         of the same key (the turn's preview) becomes ``pending`` with the final text instead."""
-        row = conn.execute(select(_outbox.c.id, _outbox.c.status)
-                           .where(_outbox.c.idempotency_key == reply.idempotency_key)).first()
+        row = conn.execute(q.OUTBOX_BY_KEY, {"b_key": reply.idempotency_key}).first()
         if row is not None:
             if row.status == "streaming":
                 conn.execute(update(_outbox).where(_outbox.c.id == row.id).values(
@@ -519,15 +539,13 @@ class Store:
                     next_attempt_at=now))
             return
         a = reply.address
-        conn.execute(
-            insert(_outbox).values(
-                idempotency_key=reply.idempotency_key, session_id=session_id, session_key=session_key,
-                chat_key=_chat_key(a), generation=generation, address=a.to_dict(),
-                text=reply.text, reply_to_id=reply.reply_to_id, status="pending", attempts=0,
-                buttons=[list(b) for b in reply.buttons] or None,
-                next_attempt_at=now, claim_until=0.0, created_at=now,
-            )
-        )
+        conn.execute(q.INSERT_OUTBOX, {
+            "idempotency_key": reply.idempotency_key, "session_id": session_id, "session_key": session_key,
+            "chat_key": _chat_key(a), "generation": generation, "address": a.to_dict(), "text": reply.text,
+            "reply_to_id": reply.reply_to_id, "status": "pending", "attempts": 0,
+            "buttons": [list(b) for b in reply.buttons] or None, "next_attempt_at": now, "claim_until": 0.0,
+            "created_at": now,
+        })
 
     # -- streamed previews -------------------------------------------------------------------
     def chat_clear(self, address: ChatAddress, idempotency_key: str) -> bool:
@@ -566,40 +584,26 @@ class Store:
                                   .values(preview_id=preview_id))
         return result.rowcount == 1
 
-    @retry_locked
     def claim_outbox(self, owner: str, limit: int, claim_s: float) -> list[OutboxItem]:
+        """The rows ``claim_due`` claims."""
+        return self.claim_due(owner, limit, claim_s).items
+
+    @retry_locked
+    def claim_due(self, owner: str, limit: int, claim_s: float) -> ClaimedOutbox:
         """Claims due outbox rows, oldest first, at most one per chat: a row waits while an earlier
         row of its chat is unsettled (chat order; no call to a chat during its retry wait).
 
         Rows whose lane generation moved on (``/stop``, interrupt) become ``cancelled`` instead.
         A row left ``sending`` by an owner whose claim expired is reclaimed as ``unconfirmed``.
         Claimed rows are ``claimed`` (``sending`` during a part's API call, see ``mark_sending``)
-        until ``mark_sent``/``mark_retry``/``mark_failed``.
+        until ``mark_sent``/``mark_retry``/``mark_failed``. ``more`` tells the caller to claim
+        again once these are settled (see ``ClaimedOutbox``).
         """
         now = time.time()
-        earlier = _outbox.alias("earlier")
-        due = or_(
-            and_(_outbox.c.status == "pending", _outbox.c.next_attempt_at <= now),
-            and_(_outbox.c.status.in_(("claimed", "sending")), _outbox.c.claim_until < now),
-        )
-        blocked = exists().where(
-            earlier.c.chat_key == _outbox.c.chat_key,
-            earlier.c.id < _outbox.c.id,
-            earlier.c.status.in_(("pending", "claimed", "sending")),
-        )
         items: list[OutboxItem] = []
         with write_tx(self.engine) as conn:
             while True:
-                rows = conn.execute(
-                    select(_outbox.c.id, _outbox.c.attempts, _outbox.c.idempotency_key, _outbox.c.address,
-                           _outbox.c.text, _outbox.c.reply_to_id, _outbox.c.platform_message_ids, _outbox.c.status,
-                           _outbox.c.preview_id, _outbox.c.buttons,
-                           _outbox.c.generation, _lanes.c.generation.label("lane_generation"))
-                    .select_from(_outbox.outerjoin(_lanes, _lanes.c.key == _outbox.c.session_key))
-                    .where(due, ~blocked)
-                    .order_by(_outbox.c.id)
-                    .limit(limit)
-                ).all()
+                rows = conn.execute(q.DUE_OUTBOX, {"b_now": now, "b_limit": limit}).all()
                 stale = [r.id for r in rows if r.lane_generation is not None and r.lane_generation > r.generation]
                 if not stale:
                     break
@@ -607,11 +611,9 @@ class Store:
                 conn.execute(update(_outbox).where(_outbox.c.id.in_(stale))
                              .values(status="cancelled", error="turn stopped before delivery"))
             for row in rows:
-                claimed = conn.execute(
-                    update(_outbox)
-                    .where(_outbox.c.id == row.id, due)
-                    .values(status="claimed", claimed_by=owner, claim_until=now + claim_s, attempts=row.attempts + 1)
-                ).rowcount
+                claimed = conn.execute(q.CLAIM_OUTBOX_ROW, {"b_id": row.id, "b_now": now, "b_owner": owner,
+                                                            "b_until": now + claim_s,
+                                                            "b_attempts": row.attempts + 1}).rowcount
                 if claimed:
                     sent_ids = tuple(row.platform_message_ids or ())
                     items.append(
@@ -631,7 +633,10 @@ class Store:
                             unconfirmed=row.status == "sending",
                         )
                     )
-        return items
+            more = len(rows) >= limit or (bool(items) and conn.execute(
+                q.PENDING_IN_CHATS, {"b_chats": sorted({_chat_key(i.message.address) for i in items})}).first()
+                is not None)
+        return ClaimedOutbox(items, more)
 
     @retry_locked
     def mark_sent(self, outbox_id: int, owner: str, platform_message_ids: Sequence[str], status: str = "sent",
@@ -668,21 +673,13 @@ class Store:
 
     def _settle(self, outbox_id: int, owner: str, **values: Any) -> bool:
         with write_tx(self.engine) as conn:
-            result = conn.execute(
-                update(_outbox)
-                .where(_outbox.c.id == outbox_id, _outbox.c.claimed_by == owner,
-                       _outbox.c.status.in_(("claimed", "sending")))
-                .values(**values)
-            )
+            result = conn.execute(q.SETTLE_OUTBOX, {"b_id": outbox_id, "b_owner": owner, **values})
             if result.rowcount == 1 and values.get("status") in SETTLED:
                 # A scheduled report's run is settled with its answer, in the same transaction:
                 # "delivered" (with the platform's message ids) only once the platform returned them.
-                conn.execute(
-                    update(_job_runs)
-                    .where(_job_runs.c.outbox_id == outbox_id, _job_runs.c.status == "delivering")
-                    .values(status=values["status"], platform_message_ids=values.get("platform_message_ids"),
-                            error=values.get("error"), finished_at=time.time())
-                )
+                conn.execute(q.SETTLE_JOB_RUN, {"b_id": outbox_id, "b_status": values["status"],
+                                                "b_ids": values.get("platform_message_ids"),
+                                                "b_error": values.get("error"), "b_now": time.time()})
         return result.rowcount == 1
 
     def outbox_rows(self) -> list[dict[str, Any]]:

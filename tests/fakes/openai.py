@@ -382,6 +382,7 @@ class FakeOpenAI(ThreadedServer):
             "path": request.path, "json": body, "time": time.time(), "status": None,
             "headers": {k.lower(): v for k, v in request.headers.items()},
             "prompt_tokens": None, "cached_tokens": None,
+            "peer": request.transport.get_extra_info("peername") if request.transport else None,
         }
         with self._cond:
             self._requests.append(record)
