@@ -180,7 +180,8 @@ class TurnRunner:
         reply = OutboundMessage(message.address, GAVE_UP_TEXT, idempotency_key=reply_key_for(last),
                                 reply_to_id=message.reply_to_id)
         self.store.finish_turn([p.inbox_id for p in batch], "failed", [reply], session_key=last.session_key,
-                               generation=generation, stream_key=[reply.idempotency_key, plan_key(reply.idempotency_key)])
+                               generation=generation,
+                               stream_key=[reply.idempotency_key, plan_key(reply.idempotency_key)])
         self._attempt_done(last.inbox_id)
         if self.metrics is not None:
             self.metrics.turns.labels("failed", "gave_up").inc()

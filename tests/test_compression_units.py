@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -215,4 +216,4 @@ def test_a_large_system_prompt_and_tool_schemas_still_leave_headroom_after_compr
         if projection.compressed:
             summaries.append(turn)
     assert len(summaries) >= 2
-    assert min(b - a for a, b in zip(summaries, summaries[1:])) >= 3  # never on consecutive turns
+    assert min(b - a for a, b in itertools.pairwise(summaries)) >= 3  # never on consecutive turns

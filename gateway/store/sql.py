@@ -18,7 +18,6 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_
 
 from gateway.store import prepared as q
 from gateway.store.db import read_tx, write_tx
-from gateway.store.text import storable, storable_text
 from gateway.store.models import (
     Base,
     InboxRow,
@@ -30,6 +29,7 @@ from gateway.store.models import (
     SessionRow,
     SummaryRow,
 )
+from gateway.store.text import storable, storable_text
 from gateway.types import ChatAddress, InboundMessage, OutboundMessage
 
 
