@@ -190,16 +190,6 @@ class Store:
             return False
         return True
 
-    def next_batch(self, session_key: str, limit: int = 1) -> tuple[list[PendingInbound], int]:
-        """The oldest ``limit`` pending rows of ``session_key`` and the lane's generation, read in
-        that order (a cancellation stored with a row is then always seen with it)."""
-        with read_tx(self.engine) as conn:
-            rows = conn.execute(q.PENDING_BATCH, {"b_key": session_key, "b_limit": limit}).all()
-            generation = conn.execute(q.LANE_GENERATION, {"b_key": session_key}).scalar()
-        batch = [PendingInbound(row.id, session_key, InboundMessage.from_dict(row.payload), row.user_id)
-                 for row in rows]
-        return batch, int(generation or 0)
-
     def next_pending(self, session_key: str, limit: int = 1) -> list[PendingInbound]:
         """The oldest ``limit`` pending inbox rows of ``session_key``, in arrival order."""
         with read_tx(self.engine) as conn:
@@ -286,7 +276,7 @@ class Store:
     @retry_locked
     def claim_next(self, key: str, owner: str, lease_s: float,
                    limit: int = 1) -> tuple[list[PendingInbound], int] | None:
-        """``claim_lane`` and ``next_batch`` in one transaction (the bus's way into a lane).
+        """``claim_lane`` and a read of the next batch in one transaction (the bus's way into a lane).
 
         Returns ``None`` when another instance holds the lease, or when nothing waits (the lease
         is then given back in the same transaction); otherwise the oldest ``limit`` pending rows
