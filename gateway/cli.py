@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 
@@ -43,6 +44,9 @@ async def _run(config: GatewayConfig) -> None:
         await gateway.stop()
         if provider is not None:
             provider.shutdown()  # type: ignore[attr-defined]  # flushes the last spans
+        if gateway.unfinished_turns:  # cut by stop_timeout_s: their rows are pending, resumed after the restart
+            logging.shutdown()
+            os._exit(0)  # the interpreter would wait for their worker threads (a model call in flight)
 
 
 async def _chat(config: GatewayConfig) -> None:
