@@ -1,14 +1,20 @@
-"""SIGTERM with ten turns in flight, end to end: ``gateway run`` as a subprocess polling the fake
-Telegram (python-telegram-bot) with a fake model that holds every call until the test lets it go.
+"""Graceful stop, end to end against the fake Telegram (python-telegram-bot) and a fake model
+that holds calls until the test lets them go.
 
+SIGTERM with ten turns in flight (``gateway run`` as a subprocess):
 1. Stop timeout long enough: the model answers after the stop began (``/readyz`` is no longer
    200); every reply is sent before the process exits, once, through a Bot API client still open.
 2. Stop timeout shorter than the model: the process exits at the timeout without those replies;
    after the restart every one of them is sent exactly once (and none of round 1 again).
+
+``Gateway.stop`` during a turn's tool step: the step finishes (the tool runs, its result is
+stored), the turn stops before its next model call, and the next start resumes it from the
+transcript without running the tool again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -19,8 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from bench.fault_injection import TOKEN, GatewayProcess, _free_port
+from gateway.app import Gateway
+from gateway.store.models import InboxRow, MessageRow
+from gateway.wiring import build_adapters
+from tests.conftest import fixture, gateway_config
 from tests.fakes import openai as oa
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
@@ -147,3 +158,49 @@ def test_sigterm_with_ten_turns_in_flight_delivers_each_reply_exactly_once(tmp_p
         sent = replies()
         assert {text: count for text, count in sent.items() if count != 1} == {}
         assert sorted(sent) == sorted([f"re: a-{i}" for i in range(TURNS)] + [f"re: b-{i}" for i in range(TURNS)])
+
+
+async def test_stop_lets_the_tool_step_finish_and_the_turn_resume_after_the_restart(
+        tmp_path, fake_telegram, fake_openai, page_server):
+    fake_openai.reset()
+    gate = threading.Event()
+    fetch = oa.call("web_fetch", {"url": f"{page_server.url}/page"})
+    fake_openai.script(oa.hold(gate, oa.tool_calls(fetch)))
+    fake_openai.responder = lambda req: oa.text(
+        "codename amber-falcon-42" if "amber-falcon-42" in str(req["messages"][-1]["content"]) else "no tool result")
+    config = gateway_config(tmp_path, fake_openai, fake_telegram, agent={"streaming": []})
+    update = fixture("telegram", "dm_text.json")
+    update.pop("update_id")
+    chat = update["message"]["from"]["id"] = update["message"]["chat"]["id"] = 5552001
+    update["message"].update(message_id=77, text="what is the codename on that page?")
+
+    first = Gateway(config, build_adapters(config))
+    await first.start()
+    fake_telegram.inject(update)
+    await asyncio.to_thread(fake_openai.wait_for_requests, 1, 10)
+    stopping = asyncio.create_task(first.stop())
+    while first.started:
+        await asyncio.sleep(0.01)
+    gate.set()  # the model answers the step in flight: a tool call, run during the stop
+    await asyncio.wait_for(stopping, 30)
+    assert first.unfinished_turns == 0
+    assert len(fake_openai.requests) == 1  # no further model call after the stop began
+    assert not [m for m in fake_telegram.sent_messages(chat)]
+
+    second = Gateway(config, build_adapters(config))
+    await second.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not fake_telegram.sent_messages(chat) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)  # a second reply would show up now
+        assert [m["text"] for m in fake_telegram.sent_messages(chat)] == ["codename amber-falcon-42"]
+        resumed = fake_openai.requests[1]["json"]["messages"]
+        assert [m["role"] for m in resumed] == ["system", "user", "assistant", "tool"]
+        assert resumed[-1]["tool_call_id"] == fetch.id and len(fake_openai.requests) == 2
+        with second.engine.connect() as conn:
+            roles = conn.execute(select(MessageRow.role).order_by(MessageRow.id)).scalars().all()
+            inbox = conn.execute(select(InboxRow.status)).scalars().all()
+        assert roles == ["user", "assistant", "tool", "assistant"] and inbox == ["done"]
+    finally:
+        await second.stop()
