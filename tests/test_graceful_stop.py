@@ -183,9 +183,9 @@ async def test_stop_lets_the_tool_step_finish_and_the_turn_resume_after_the_rest
         await asyncio.sleep(0.01)
     gate.set()  # the model answers the step in flight: a tool call, run during the stop
     await asyncio.wait_for(stopping, 30)
-    assert first.unfinished_turns == 0
     assert len(fake_openai.requests) == 1  # no further model call after the stop began
-    assert not [m for m in fake_telegram.sent_messages(chat)]
+    assert not fake_telegram.sent_messages(chat)
+    assert first.unfinished_turns == 0  # the step ended within the stop timeout
 
     second = Gateway(config, build_adapters(config))
     await second.start()
