@@ -70,6 +70,9 @@ T = TypeVar("T")
 
 TYPING_INTERVAL_S = 4.0  # Telegram shows "typing" for ≤ 5 s (Bot API: sendChatAction)
 TYPING_DELAY_S = 0.5  # a reply faster than this needs no indicator (and saves a platform call)
+SEND_GRACE_S = 5.0
+"""A send still in flight at the stop deadline gets this long to finish (a send cut mid-call is
+recorded ``unconfirmed`` and never repeated, so it may be lost)."""
 
 
 PAIRING_TEXT = (
@@ -451,7 +454,7 @@ class Gateway:
                         self.unfinished_turns, self.config.stop_timeout_s)
         if not await self.delivery.drain(max(0.0, deadline - loop.time())):
             log.warning("stop: replies still queued at the stop timeout; they are delivered after the restart")
-        await self.delivery.stop(grace_s=max(1.0, deadline - loop.time()))
+        await self.delivery.stop(grace_s=max(SEND_GRACE_S, deadline - loop.time()))
         for task in self._typing.values():
             task.cancel()
         self._typing.clear()

@@ -160,7 +160,7 @@ class TurnRunner:
         with invoke_agent("assistant", model=self.spec.model, turn_id=f"in{last.inbox_id}") as span:
             try:
                 outcome = self._run(batch, generation, span)
-            except (TRANSIENT, TurnInterrupted):
+            except (*TRANSIENT, TurnInterrupted):
                 raise  # the database is away, or we stop: the rows stay pending and are retried
             except Exception as exc:
                 if self._attempt_failed(last.inbox_id) < MAX_TURN_ATTEMPTS:
