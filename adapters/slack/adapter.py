@@ -223,18 +223,20 @@ class SlackAdapter:
         connections, so every instance may be connected.
 
         Raises:
-            CredentialRejected: Slack refused the app-level token (checked once with
-                ``apps.connections.open`` first: the SDK would retry a refused token forever).
+            CredentialRejected: Slack refused the app-level token. The first
+                ``apps.connections.open`` is ours (the SDK would retry a refused token forever); its
+                URL is the SDK's first connection (the method is Tier 1: no call is wasted).
         """
         if self.mode != "socket" or self._socket is not None:
             return
         try:
-            await self.client.apps_connections_open(app_token=self._app_token)
+            opened = await self.client.apps_connections_open(app_token=self._app_token)
         except SlackApiError as exc:
             if (rejected := _rejected(exc, "app_token_env")) is None:
                 raise
             raise rejected from exc
         self._socket = AsyncSocketModeHandler(self.app, self._app_token, logger=log)
+        self._socket.client.wss_uri = opened["url"]  # reconnects ask for new URLs themselves
         await self._socket.connect_async()
 
     async def stop_receiving(self) -> None:
