@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import openai
 from openai.types.chat import ChatCompletion
 
-from agent.streaming import StreamAccumulator
+from agent.streaming import StreamAccumulator, new_call_id
 
 _AUTH: Any = {"security": {"bearer_auth": True}}
 
@@ -63,8 +63,8 @@ class OpenAIChatModel:
     """Chat completions with tools against ``base_url`` (OpenAI or any compatible server).
 
     With ``stream=True`` (the default) every call streams (``stream_options.include_usage``):
-    text deltas go to ``on_text`` as they arrive and tool-call deltas are merged by ``index``.
-    ``stream=False`` is for servers without streaming support.
+    text deltas go to ``on_text`` as they arrive and tool-call deltas are merged by ``id``, then
+    ``index`` (``agent.streaming``). ``stream=False`` is for servers without streaming support.
     """
 
     def __init__(
@@ -131,7 +131,7 @@ class OpenAIChatModel:
         choice = response.choices[0]
         message = choice.message
         tool_calls = [
-            {"id": call.id, "type": "function",
+            {"id": call.id or new_call_id(), "type": "function",
              "function": {"name": call.function.name, "arguments": call.function.arguments}}
             for call in (message.tool_calls or [])
             if getattr(call, "function", None) is not None

@@ -69,12 +69,17 @@ class ToolCallsReply:
     """An assistant message with ``tool_calls`` (parallel when several); ``finish_reason="tool_calls"``.
 
     Streamed with ``interleave``, the calls' argument pieces alternate between the calls (each
-    delta tagged only by ``index``), the way some servers emit parallel calls.
+    delta tagged only by ``index``), the way OpenAI emits parallel calls. ``index_shape`` is how
+    the calls are tagged on the stream: ``"distinct"`` (OpenAI: call *i* has ``index: i``),
+    ``"shared"`` (vLLM and several proxies: every call has ``index: 0`` and its own id, one call
+    after the other in consecutive chunks) or ``"one_chunk"`` (every call whole, ``index: 0``,
+    all in a single chunk).
     """
 
     calls: tuple[ToolCall, ...]
     content: str | None = None
     interleave: bool = False
+    index_shape: str = "distinct"
 
 
 @dataclass(frozen=True)
@@ -113,12 +118,17 @@ def call(name: str, arguments: dict[str, Any] | str, id: str | None = None) -> T
     return ToolCall(name, args, id or f"call_{uuid.uuid4().hex[:24]}")
 
 
-def tool_calls(*calls: ToolCall, content: str | None = None, interleave: bool = False) -> ToolCallsReply:
-    """An assistant message carrying ``calls`` (content null unless given; ``interleave``: see
-    ``ToolCallsReply``)."""
+def tool_calls(*calls: ToolCall, content: str | None = None, interleave: bool = False,
+               index_shape: str = "distinct") -> ToolCallsReply:
+    """An assistant message carrying ``calls`` (content null unless given; ``interleave`` and
+    ``index_shape``: see ``ToolCallsReply``)."""
     if not calls:
         raise ValueError("tool_calls() needs at least one call()")
-    return ToolCallsReply(tuple(calls), content, interleave)
+    if index_shape not in ("distinct", "shared", "one_chunk"):
+        raise ValueError(f"unknown index_shape {index_shape!r}")
+    if interleave and index_shape != "distinct":
+        raise ValueError("interleaved pieces need distinct indexes")
+    return ToolCallsReply(tuple(calls), content, interleave, index_shape)
 
 
 def error(
@@ -162,8 +172,11 @@ def validate_chat_request(body: Any) -> None:
     Emulated rules: ``model`` and a non-empty ``messages`` array are required; every message has a
     valid ``role``; an assistant ``tool_calls`` array is non-empty and must be followed immediately by
     consecutive tool messages answering each of its ids; a tool message must answer a call of that
-    assistant message; tools need ``type: "function"`` and a ``function.name`` matching
-    ``^[a-zA-Z0-9_-]{1,64}$``; ``stream_options`` only with ``stream: true``.
+    assistant message; each of those calls has a non-empty ``id`` (a missing, null or empty one
+    is answered ``Missing required parameter: 'messages[2].tool_calls[1].id'.``), a ``type``, a
+    ``function.name`` and ``function.arguments``; tools need ``type: "function"`` and a
+    ``function.name`` matching ``^[a-zA-Z0-9_-]{1,64}$``; ``stream_options`` only with
+    ``stream: true``.
     """
     if not isinstance(body, dict):
         raise _Invalid("We could not parse the JSON body of your request.")
@@ -209,7 +222,30 @@ def validate_chat_request(body: Any) -> None:
             raise _Invalid(f"Invalid 'messages[{i}].tool_calls': empty array. Expected an array with "
                            "minimum length 1, but got an empty array instead.",
                            f"messages[{i}].tool_calls", "empty_array")
+        if msg["role"] == "assistant" and msg.get("tool_calls"):
+            _validate_tool_calls(i, msg["tool_calls"])
     _validate_tool_sequence(messages)
+
+
+def _validate_tool_calls(i: int, calls: Any) -> None:
+    if not isinstance(calls, list):
+        raise _Invalid(f"Invalid type for 'messages[{i}].tool_calls': expected an array.",
+                       f"messages[{i}].tool_calls", "invalid_type")
+    for j, tc in enumerate(calls):
+        where = f"messages[{i}].tool_calls[{j}]"
+        if not isinstance(tc, dict):
+            raise _Invalid(f"Invalid type for '{where}': expected an object.", where, "invalid_type")
+        for key in ("id", "type", "function"):
+            if not tc.get(key):  # an empty id is refused like a missing one
+                raise _missing(f"{where}.{key}")
+        if tc["type"] != "function":
+            raise _Invalid(f"Invalid value: '{tc['type']}'. Supported values are: 'function'.",
+                           f"{where}.type", "invalid_value")
+        function = tc["function"]
+        if not isinstance(function, dict) or not function.get("name"):
+            raise _missing(f"{where}.function.name")
+        if not isinstance(function.get("arguments"), str):
+            raise _missing(f"{where}.function.arguments")
 
 
 def _validate_tool_sequence(messages: list[dict[str, Any]]) -> None:
@@ -519,12 +555,17 @@ class FakeOpenAI(ThreadedServer):
         else:
             chunks.append(chunk({"role": "assistant", "content": None, "refusal": None}))
             chunks += [chunk({"content": p}) for p in _pieces(reply.content or "")]
-            heads = [chunk({"tool_calls": [{"index": idx, "id": c.id, "type": "function",
+            shared = reply.index_shape != "distinct"
+            heads = [chunk({"tool_calls": [{"index": 0 if shared else idx, "id": c.id, "type": "function",
                                             "function": {"name": c.name, "arguments": ""}}]})
                      for idx, c in enumerate(reply.calls)]
-            bodies = [[chunk({"tool_calls": [{"index": idx, "function": {"arguments": p}}]})
+            bodies = [[chunk({"tool_calls": [{"index": 0 if shared else idx, "function": {"arguments": p}}]})
                        for p in _pieces(c.arguments, 4)] for idx, c in enumerate(reply.calls)]
-            if reply.interleave:
+            if reply.index_shape == "one_chunk":
+                chunks.append(chunk({"tool_calls": [
+                    {"index": 0, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in reply.calls]}))
+            elif reply.interleave:
                 chunks += heads
                 for round_ in range(max(len(b) for b in bodies)):
                     chunks += [b[round_] for b in reversed(bodies) if round_ < len(b)]
