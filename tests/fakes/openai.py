@@ -43,6 +43,23 @@ _EMBED_STOPWORDS = frozenset({"the", "and", "what", "which", "who", "mine", "you
 
 
 @dataclass(frozen=True)
+class ReportedUsage:
+    """Token figures a reply reports instead of the emulated ones (``usage(...)``)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+USAGE_SHAPES = ("final", "finish_and_final", "every_chunk")
+"""Where a stream carries ``usage`` (only with ``stream_options.include_usage``): ``"final"``
+(OpenAI: one extra chunk with empty ``choices`` after the finish chunk, ``usage: null`` on the
+others), ``"finish_and_final"`` (the same figures also on the finish chunk, as some proxies send
+them) or ``"every_chunk"`` (running totals on every chunk, the whole figures on the last two, as
+vLLM's continuous usage stats do). A client that adds them up counts the call twice or more."""
+
+
+@dataclass(frozen=True)
 class TextReply:
     """An assistant text message: ``message.content = content``, ``finish_reason`` as given.
 
@@ -53,6 +70,8 @@ class TextReply:
     finish_reason: str = "stop"
     pieces: int = 3
     piece_delay_s: float = 0.0
+    usage: ReportedUsage | None = None
+    usage_shape: str = "final"
 
 
 @dataclass(frozen=True)
@@ -80,6 +99,8 @@ class ToolCallsReply:
     content: str | None = None
     interleave: bool = False
     index_shape: str = "distinct"
+    usage: ReportedUsage | None = None
+    usage_shape: str = "final"
 
 
 @dataclass(frozen=True)
@@ -105,10 +126,25 @@ class DelayedReply:
 Reply = TextReply | ToolCallsReply | ErrorReply | DelayedReply
 
 
-def text(content: str, finish_reason: str = "stop", *, pieces: int = 3, piece_delay_s: float = 0.0) -> TextReply:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> ReportedUsage:
+    """Figures for a reply to report (``prompt_tokens_details.cached_tokens`` = ``cached_tokens``)."""
+    if not 0 <= cached_tokens <= prompt_tokens:
+        raise ValueError("cached_tokens must be between 0 and prompt_tokens")
+    return ReportedUsage(prompt_tokens, completion_tokens, cached_tokens)
+
+
+def _check_usage_shape(shape: str) -> None:
+    if shape not in USAGE_SHAPES:
+        raise ValueError(f"unknown usage_shape {shape!r}; one of {USAGE_SHAPES}")
+
+
+def text(content: str, finish_reason: str = "stop", *, pieces: int = 3, piece_delay_s: float = 0.0,
+         usage: ReportedUsage | None = None, usage_shape: str = "final") -> TextReply:
     """A plain assistant reply (``finish_reason`` may be e.g. ``"length"`` to emulate truncation);
-    ``pieces``/``piece_delay_s`` shape how it streams."""
-    return TextReply(content, finish_reason, pieces, piece_delay_s)
+    ``pieces``/``piece_delay_s`` shape how it streams; ``usage`` fixes the reported token figures
+    and ``usage_shape`` where a stream carries them (``USAGE_SHAPES``)."""
+    _check_usage_shape(usage_shape)
+    return TextReply(content, finish_reason, pieces, piece_delay_s, usage, usage_shape)
 
 
 def call(name: str, arguments: dict[str, Any] | str, id: str | None = None) -> ToolCall:
@@ -119,16 +155,18 @@ def call(name: str, arguments: dict[str, Any] | str, id: str | None = None) -> T
 
 
 def tool_calls(*calls: ToolCall, content: str | None = None, interleave: bool = False,
-               index_shape: str = "distinct") -> ToolCallsReply:
+               index_shape: str = "distinct", usage: ReportedUsage | None = None,
+               usage_shape: str = "final") -> ToolCallsReply:
     """An assistant message carrying ``calls`` (content null unless given; ``interleave`` and
-    ``index_shape``: see ``ToolCallsReply``)."""
+    ``index_shape``: see ``ToolCallsReply``; ``usage`` and ``usage_shape``: see ``text``)."""
+    _check_usage_shape(usage_shape)
     if not calls:
         raise ValueError("tool_calls() needs at least one call()")
     if index_shape not in ("distinct", "shared", "one_chunk"):
         raise ValueError(f"unknown index_shape {index_shape!r}")
     if interleave and index_shape != "distinct":
         raise ValueError("interleaved pieces need distinct indexes")
-    return ToolCallsReply(tuple(calls), content, interleave, index_shape)
+    return ToolCallsReply(tuple(calls), content, interleave, index_shape, usage, usage_shape)
 
 
 def error(
@@ -301,8 +339,10 @@ class FakeOpenAI(ThreadedServer):
 
     Public state (all thread-safe): ``responder`` (``fn(request_json) -> Reply | str | None``, used
     when the queue is empty), ``requests`` (list of records ``{"path", "json", "headers", "time",
-    "status", "prompt_tokens", "cached_tokens"}``; a record is appended on arrival and its ``status``
-    and token fields are filled in once answered), ``last_request``, ``pending`` (queued replies).
+    "status", "prompt_tokens", "cached_tokens", "usage"}``; a record is appended on arrival and its
+    ``status`` and token fields are filled in once answered; ``usage`` is the object the reply
+    reported, ``prompt_tokens``/``cached_tokens`` the emulated figures), ``last_request``,
+    ``pending`` (queued replies).
 
     ``usage.prompt_tokens`` is ``len(serialized tools + messages) // 4``; ``cached_tokens`` emulates the
     provider prompt cache: the longest prefix shared with any earlier valid request, in whole
@@ -417,7 +457,7 @@ class FakeOpenAI(ThreadedServer):
         record: dict[str, Any] = {
             "path": request.path, "json": body, "time": time.time(), "status": None,
             "headers": {k.lower(): v for k, v in request.headers.items()},
-            "prompt_tokens": None, "cached_tokens": None,
+            "prompt_tokens": None, "cached_tokens": None, "usage": None,
             "peer": request.transport.get_extra_info("peername") if request.transport else None,
         }
         with self._cond:
@@ -442,6 +482,7 @@ class FakeOpenAI(ThreadedServer):
         record["status"] = reply.status if isinstance(reply, ErrorReply) else 200
         if isinstance(reply, ErrorReply):
             return self._error_response(reply)
+        record["usage"] = self._usage(reply, prompt_tokens, cached)
         if body.get("stream"):
             return await self._stream(request, body, reply, prompt_tokens, cached)
         return web.json_response(self._completion(body, reply, prompt_tokens, cached),
@@ -505,11 +546,15 @@ class FakeOpenAI(ThreadedServer):
 
     @staticmethod
     def _usage(reply: TextReply | ToolCallsReply, prompt_tokens: int, cached: int) -> dict[str, Any]:
-        if isinstance(reply, TextReply):
-            out = reply.content
+        if reply.usage is not None:
+            prompt_tokens, completion, cached = (reply.usage.prompt_tokens, reply.usage.completion_tokens,
+                                                 reply.usage.cached_tokens)
         else:
-            out = (reply.content or "") + "".join(c.name + c.arguments for c in reply.calls)
-        completion = max(1, len(out) // 4)
+            if isinstance(reply, TextReply):
+                out = reply.content
+            else:
+                out = (reply.content or "") + "".join(c.name + c.arguments for c in reply.calls)
+            completion = max(1, len(out) // 4)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                 "total_tokens": prompt_tokens + completion,
                 "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
@@ -575,7 +620,16 @@ class FakeOpenAI(ThreadedServer):
             finish = "tool_calls"
         chunks.append(chunk({}, finish))
         if include_usage:
-            chunks.append({**base, "choices": [], "usage": self._usage(reply, prompt_tokens, cached)})
+            whole = self._usage(reply, prompt_tokens, cached)
+            chunks.append({**base, "choices": [], "usage": whole})
+            if reply.usage_shape == "finish_and_final":
+                chunks[-2]["usage"] = whole
+            elif reply.usage_shape == "every_chunk":  # running totals: the prompt at once, output growing
+                for n, c in enumerate(chunks[:-2], 1):
+                    done = whole["completion_tokens"] * n // (len(chunks) - 1)
+                    c["usage"] = {**whole, "completion_tokens": done,
+                                  "total_tokens": whole["prompt_tokens"] + done}
+                chunks[-2]["usage"] = whole
 
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache",
