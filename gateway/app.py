@@ -125,14 +125,17 @@ class Gateway:
             if config.memory.enabled else None
         for tool in memory_tools(self.memory) if self.memory is not None else []:
             self.tools.add(tool)
-        api_key = config.secret(config.llm.api_key_env) or "missing-api-key"
+        api_key = config.secret(config.llm.api_key_env)
+        self.missing_model_key = None if api_key else config.llm.api_key_env
+        api_key = api_key or "missing-api-key"  # servers that need no key still answer
 
         limits = config.agent.limits()
 
         def build_model(spec: AgentSpec) -> ChatModel:
             inner = model if model is not None else OpenAIChatModel(
                 base_url=spec.base_url, api_key=spec.api_key, model=spec.model, timeout_s=config.llm.timeout_s,
-                max_retries=config.llm.max_retries, temperature=config.llm.temperature, stream=config.llm.stream)
+                max_retries=config.llm.max_retries, temperature=config.llm.temperature, stream=config.llm.stream,
+                missing_key=self.missing_model_key)
             return MeteredModel(inner, self.metrics, limits.price_of(spec.model))
 
         self.agents = AgentCache(self.tools, build_model)
@@ -380,6 +383,10 @@ class Gateway:
     async def start(self) -> None:
         """Migrates the database, starts the bridge, HTTP server, bus, delivery and adapters."""
         await self.run_db(upgrade, self.engine)
+        if self.missing_model_key:
+            log.warning("%s is not set: model calls to %s go without an API key and fail unless that server "
+                        "needs none. Set %s to the key (llm.api_key_env names the variable).",
+                        self.missing_model_key, self.config.llm.base_url, self.missing_model_key)
         self._loop = asyncio.get_running_loop()
         self.bridge.start()
         discovered = await self.mcp.discover(self.config.mcp.startup_timeout_s)
