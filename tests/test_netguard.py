@@ -23,7 +23,7 @@ from agent.budget import Limits
 from agent.context import RunContext
 from agent.loop import run_turn
 from agent.model import OpenAIChatModel
-from agent.netguard import NetGuard, address_problem, legacy_ipv4
+from agent.netguard import NetGuard, address_problem, legacy_ipv4, open_url
 from agent.tools import ToolRegistry
 from agent.web import WebFetcher
 from tests.conftest import gateway_config, start_gateway
@@ -158,6 +158,21 @@ async def test_the_gateway_refuses_loopback_by_default(tmp_path, fake_telegram, 
     assert tool_message["role"] == "tool"
     assert "refused 127.0.0.1: a loopback address" in tool_message["content"]
     assert SECRET not in tool_message["content"] and len(internal.hits) == before
+
+
+async def test_credentials_are_dropped_when_a_redirect_leaves_the_origin(public):
+    """For the gateway's downloads with a platform token: a redirect to another host never
+    carries the token along."""
+    guard = NetGuard(allow=[PUBLIC_NETWORK], resolver=FakeResolver())
+    creds = {"Authorization": "Bearer xoxb-not-for-others", "Cookie": "s=1"}
+    base = f"http://public.test:{public.port}"
+    async with guard.session() as session:
+        async with open_url(session, f"{base}/to?u={quote(base + '/headers')}", guard, headers=creds) as same:
+            assert (await same.json())["Authorization"] == "Bearer xoxb-not-for-others"
+        other = f"http://other.test:{public.port}/headers"
+        async with open_url(session, f"{base}/to?u={quote(other)}", guard, headers=creds) as response:
+            seen = await response.json()
+    assert seen == {"Authorization": None, "Cookie": None, "Host": f"other.test:{public.port}"}
 
 
 @pytest.mark.parametrize(("address", "problem"), [

@@ -46,7 +46,8 @@ class InternalServer(ThreadedServer):
 class PublicSite(ThreadedServer):
     """``/to?u=URL`` redirects (302) to URL; ``/hop2?u=URL`` redirects to ``/to?u=URL`` (two hops);
     ``/loop?n=N`` redirects N more times; ``/page`` is a plain page; ``/embeds?port=P`` loads an
-    image, frames and a ``fetch`` from the internal server on port P; ``/secret`` is a 404 here."""
+    image, frames and a ``fetch`` from the internal server on port P; ``/headers`` echoes the
+    credentials it received; ``/secret`` is a 404 here."""
 
     host = PUBLIC_IP
 
@@ -74,14 +75,19 @@ class PublicSite(ThreadedServer):
                 f"<iframe src='/to?u={redirected}'></iframe>"
                 f"<script>fetch('http://[::ffff:127.0.0.1]:{port}/secret?fetch').catch(() => {{}});</script>"))
 
+        async def headers(request: web.Request) -> web.Response:
+            return web.json_response({k: request.headers.get(k) for k in ("Authorization", "Cookie", "Host")})
+
         app = web.Application()
         app.add_routes([web.get("/to", to), web.get("/hop2", hop2), web.get("/loop", loop), web.get("/page", page),
-                        web.get("/embeds", embeds)])
+                        web.get("/embeds", embeds), web.get("/headers", headers)])
         return app
 
 
 class FakeResolver(AbstractResolver):
-    """Names to addresses for the guard under test; ``rebind.test`` changes after one lookup."""
+    """Names to addresses for the guard under test: ``public.test`` and ``other.test`` (another
+    origin, same site) are public, ``internal.test`` is 127.0.0.1, ``rebind.test`` changes after
+    its first lookup."""
 
     def __init__(self) -> None:
         self.lookups: list[str] = []
@@ -89,7 +95,7 @@ class FakeResolver(AbstractResolver):
     async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
                       ) -> list[ResolveResult]:
         self.lookups.append(host)
-        table = {"public.test": PUBLIC_IP, "internal.test": "127.0.0.1",
+        table = {"public.test": PUBLIC_IP, "other.test": PUBLIC_IP, "internal.test": "127.0.0.1",
                  "rebind.test": PUBLIC_IP if self.lookups.count("rebind.test") == 1 else "127.0.0.1"}
         if host not in table:
             raise OSError(f"{host} does not resolve")
