@@ -160,6 +160,8 @@ async def _check_tools(config: GatewayConfig, report: Callable[[bool, str, str],
         if config.tools.workspace == "shell":
             detail += f"; shell sandbox {workspace.sandbox.describe()}"
         report(True, "workspace", detail)
+        if config.tools.workspace == "shell":  # bubblewrap / namespaces / none
+            report(True, "shell isolation", workspace.sandbox.describe_isolation())
     specs = mcp_specs(config)
     if not specs:
         return
