@@ -89,6 +89,7 @@ class WebFetcher:
             self._session = self._guard.session(
                 timeout=aiohttp.ClientTimeout(total=self._timeout_s),
                 headers={"User-Agent": "agent-gateway/0.1 (+web_fetch)"},
+                cookie_jar=aiohttp.DummyCookieJar(),  # one session serves every user: no cookie carries over
             )
             self._bridge.on_stop(self._session.close)
         return self._session

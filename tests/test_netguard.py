@@ -135,6 +135,15 @@ def test_public_redirects_are_followed_and_the_hop_limit_holds(fake_openai, brid
     assert "TooManyRedirects" in too_many and "more than 5 redirects" in too_many
 
 
+def test_a_cookie_set_for_one_fetch_never_goes_out_with_the_next(fake_openai, bridge, public):
+    """One ``WebFetcher`` serves every user and turn: a cookie a site set while one user's turn
+    fetched it must not be sent when another turn fetches the same site."""
+    fetcher = guarded(bridge)
+    fetch_in_a_turn(fake_openai, bridge, fetcher, f"http://public.test:{public.port}/setcookie")
+    echoed = fetch_in_a_turn(fake_openai, bridge, fetcher, f"http://public.test:{public.port}/headers")
+    assert '"Cookie": null' in echoed and "user-one-session-cookie" not in echoed
+
+
 def test_allow_private_still_reaches_loopback_through_redirects(fake_openai, bridge, internal, public):
     fetcher = WebFetcher(bridge, guard=NetGuard(allow_private=True, resolver=FakeResolver()), timeout_s=10)
     result = fetch_in_a_turn(fake_openai, bridge, fetcher,

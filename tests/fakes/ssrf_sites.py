@@ -47,7 +47,7 @@ class PublicSite(ThreadedServer):
     """``/to?u=URL`` redirects (302) to URL; ``/hop2?u=URL`` redirects to ``/to?u=URL`` (two hops);
     ``/loop?n=N`` redirects N more times; ``/page`` is a plain page; ``/embeds?port=P`` loads an
     image, frames and a ``fetch`` from the internal server on port P; ``/headers`` echoes the
-    credentials it received; ``/secret`` is a 404 here."""
+    credentials it received; ``/setcookie`` sets a session cookie; ``/secret`` is a 404 here."""
 
     host = PUBLIC_IP
 
@@ -78,9 +78,15 @@ class PublicSite(ThreadedServer):
         async def headers(request: web.Request) -> web.Response:
             return web.json_response({k: request.headers.get(k) for k in ("Authorization", "Cookie", "Host")})
 
+        async def set_cookie(_: web.Request) -> web.Response:
+            response = web.Response(text="<title>Login</title><p>Signed in.</p>", content_type="text/html")
+            response.set_cookie("sid", "user-one-session-cookie")
+            return response
+
         app = web.Application()
         app.add_routes([web.get("/to", to), web.get("/hop2", hop2), web.get("/loop", loop), web.get("/page", page),
-                        web.get("/embeds", embeds), web.get("/headers", headers)])
+                        web.get("/embeds", embeds), web.get("/headers", headers),
+                        web.get("/setcookie", set_cookie)])
         return app
 
 
