@@ -251,7 +251,12 @@ class InstanceGuard:
             return None
         self.held = False
         _LOCAL.pop(self.boot, None)
-        released = await self._run_db(self.store.release, self.instance_id, self.boot)
+        try:
+            released = await self._run_db(self.store.release, self.instance_id, self.boot)
+        except Exception as exc:  # the database is away: the leases expire after bus.lease_s instead
+            log.warning("instance id %s not released (%s); its leases expire on their own", self.instance_id,
+                        type(exc).__name__)
+            return None
         if released is not None and (released.lanes or released.replies or released.runs):
             log.info("instance id %s released: %s", self.instance_id, released)
         return released
