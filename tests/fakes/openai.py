@@ -264,8 +264,7 @@ class FakeOpenAI(ThreadedServer):
     Bearer auth required.
 
     Public state (all thread-safe): ``responder`` (``fn(request_json) -> Reply | str | None``, used
-    when the queue is empty), ``on_request`` (``fn(request_json)``, called as each valid request
-    arrives), ``requests`` (list of records ``{"path", "json", "headers", "time",
+    when the queue is empty), ``requests`` (list of records ``{"path", "json", "headers", "time",
     "status", "prompt_tokens", "cached_tokens"}``; a record is appended on arrival and its ``status``
     and token fields are filled in once answered), ``last_request``, ``pending`` (queued replies).
 
