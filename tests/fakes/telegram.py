@@ -6,7 +6,9 @@ Bot API docs (https://core.telegram.org/bots/api): the ``{"ok", "result"}`` / ``
 "error_code", "description", "parameters"}`` envelope with HTTP status = ``error_code``; PTB's
 form-urlencoded/multipart request bodies (nested objects arrive as JSON strings); ``getUpdates`` long
 polling with offsets and 409 conflicts; per-chat message ids; the 4096-UTF-16-unit text limit (1024 for
-captions); and small HTML / MarkdownV2 checkers that reject what Telegram rejects most often.
+captions); command menus per ``BotCommandScope`` with setMyCommands' rules (unique 1-32 character
+``a-z0-9_`` names, at most 100, descriptions 1-256; else 400 ``BOT_COMMAND_INVALID`` and friends); and
+small HTML / MarkdownV2 checkers that reject what Telegram rejects most often.
 """
 
 from __future__ import annotations
