@@ -265,12 +265,13 @@ class FakeSlack(ThreadedServer):
                      "retry_reason": "timeout" if retry_attempt else "", "payload": payload}
         if isinstance(frame.get("payload", {}).get("event"), dict):
             self.remember(frame["payload"]["event"])
-        with self._lock:
-            self._unacked[str(frame["envelope_id"])] = frame
         text = json.dumps(frame)
 
-        async def send() -> None:
-            for ws in list(self._sockets):  # none open: kept in _unacked for the next connection
+        async def send() -> None:  # on the server's loop: atomic with a connection's start (_handle_socket)
+            with self._lock:
+                self._unacked[str(frame["envelope_id"])] = frame
+                targets = list(self._sockets)  # none open: kept in _unacked for the next connection
+            for ws in targets:
                 await ws.send_str(text)
 
         self.call(send())
@@ -381,15 +382,15 @@ class FakeSlack(ThreadedServer):
     async def _handle_socket(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(autoping=True)  # answers the SDK's sdk-ping-pong pings
         await ws.prepare(request)
-        self._sockets.append(ws)
+        with self._lock:  # Slack retries what was not acked before: pushed while no connection, or lost with one
+            retries = [{**frame, "retry_attempt": int(frame.get("retry_attempt") or 0) + 1, "retry_reason": "timeout"}
+                       for frame in self._unacked.values()]
+            self._unacked.update({str(frame["envelope_id"]): frame for frame in retries})
+            self._sockets.append(ws)  # from here on, push() sends to this socket itself
         self.connections_opened += 1
         await ws.send_str(json.dumps({"type": "hello", "num_connections": len(self._sockets),
                                       "debug_info": {"host": "fake-slack"},
                                       "connection_info": {"app_id": self.api_app_id}}))
-        with self._lock:  # Slack retries what was not acked: pushed while no connection, or lost with one
-            retries = [{**frame, "retry_attempt": int(frame.get("retry_attempt") or 0) + 1, "retry_reason": "timeout"}
-                       for frame in self._unacked.values()]
-            self._unacked.update({str(frame["envelope_id"]): frame for frame in retries})
         for frame in retries:
             await ws.send_str(json.dumps(frame))
         try:
