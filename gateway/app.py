@@ -71,6 +71,9 @@ T = TypeVar("T")
 
 TYPING_INTERVAL_S = 4.0  # Telegram shows "typing" for ≤ 5 s (Bot API: sendChatAction)
 TYPING_DELAY_S = 0.5  # a reply faster than this needs no indicator (and saves a platform call)
+SEND_GRACE_S = 5.0
+"""A send still in flight at the stop deadline gets this long to finish (a send cut mid-call is
+recorded ``unconfirmed`` and never repeated, so it may be lost)."""
 
 
 PAIRING_TEXT = (
@@ -206,6 +209,10 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.started = False
+        """Every adapter has started and no stop has begun: ``/readyz`` is 200 and webhooks are
+        accepted only while this is set."""
+        self.unfinished_turns = 0
+        """Turns still running when a stop's deadline passed (they resume after the restart)."""
         self.received = 0
         self.duplicates = 0
         self.dropped = 0
@@ -384,7 +391,12 @@ class Gateway:
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
-        """Migrates the database, starts the bridge, HTTP server, bus, delivery and adapters."""
+        """Migrates the database, starts the bridge, bus, delivery, HTTP server and adapters.
+
+        The HTTP server opens before the adapters start (``/healthz`` answers, ``/readyz`` and
+        every webhook get 503) and accepts events once ``started`` is set, after the last
+        adapter has started: an event acknowledged earlier could be misjudged (a Feishu group
+        mention before the bot's open_id is known would be dropped as not addressed)."""
         await self.run_db(upgrade, self.engine)
         await self.instance.acquire()  # InstanceInUse if a live process holds our id; else its leases are ours
         if self.missing_model_key:
@@ -408,7 +420,7 @@ class Gateway:
         if self.serve_http:
             routes = [route for adapter in self.adapters.values() for route in adapter.routes()]
             routes += admin_routes(self)
-            app = build_app(routes, self._ready, self._metrics, CONTENT_TYPE)
+            app = build_app(routes, self._ready, self._metrics, CONTENT_TYPE, accepting=lambda: self.started)
             self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.config.http.host, self.config.http.port)
@@ -425,12 +437,48 @@ class Gateway:
         log.info("gateway %s started with %s", self.instance_id, ", ".join(self.adapters) or "no platforms")
 
     async def stop(self) -> None:
-        """Stops receiving first, then lets running turns finish their step, then closes."""
-        self.started = False
+        """Graceful stop, bounded by ``config.stop_timeout_s`` (SIGTERM in ``gateway run``):
+
+        1. stop receiving: ``/readyz`` and every webhook answer 503 (the platforms redeliver, to
+           another instance behind a load balancer), pollers and sockets close, receiver leases
+           are given up, no scheduled report fires, no new turn starts;
+        2. running turns finish their step: a final answer is queued, a turn that would call the
+           model again stops there (``TurnInterrupted``) and resumes from the transcript at the
+           next start;
+        3. the outbox drains: replies due now and retries due before the deadline go out while
+           the adapters' clients are still open;
+        4. then the adapters close, then the HTTP server, the bus, the pools and the database.
+
+        What the deadline cuts stays durable: a turn still running has its rows pending (it is
+        run again after the restart; ``unfinished_turns`` counts them), a reply not yet sent
+        stays in the outbox; either is delivered exactly once after the restart.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.stop_timeout_s
+        self.started = False  # /readyz and the webhooks answer 503 from here on
+        self.runner.stopping.set()
+        self.bus.begin_stop()
         for task in self._receivers:
             task.cancel()
         await asyncio.gather(*self._receivers, return_exceptions=True)
         self._receivers.clear()
+        for adapter in self.adapters.values():
+            try:
+                await adapter.stop_receiving()
+            except Exception:
+                log.exception("adapter %s did not stop receiving cleanly", adapter.platform)
+        if self.pushes is not None:
+            await self.pushes.stop()
+        if not await self.bus.wait_idle(max(0.0, deadline - loop.time())):
+            self.unfinished_turns = self.bus.running
+            log.warning("stop: %d turn(s) still running after stop_timeout_s = %s; they resume after the restart",
+                        self.unfinished_turns, self.config.stop_timeout_s)
+        if not await self.delivery.drain(max(0.0, deadline - loop.time())):
+            log.warning("stop: replies still queued at the stop timeout; they are delivered after the restart")
+        await self.delivery.stop(grace_s=max(SEND_GRACE_S, deadline - loop.time()))
+        for task in self._typing.values():
+            task.cancel()
+        self._typing.clear()
         for adapter in self.adapters.values():
             try:
                 await adapter.stop()
@@ -439,16 +487,13 @@ class Gateway:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self.pushes is not None:
-            await self.pushes.stop()
         await self.bus.stop()
-        for task in self._typing.values():
-            task.cancel()
-        self._typing.clear()
-        await asyncio.get_running_loop().run_in_executor(None, functools.partial(self._workers.shutdown, wait=True))
-        if self.memory is not None:  # queued write-backs finish first
-            await asyncio.get_running_loop().run_in_executor(None, self.memory.close)
-        await self.delivery.stop()
+        finished = not self.unfinished_turns
+        # Turns the deadline cut keep their threads; ``gateway run`` exits without waiting for them.
+        await loop.run_in_executor(None, functools.partial(self._workers.shutdown, wait=finished,
+                                                           cancel_futures=True))
+        if self.memory is not None and finished:  # queued write-backs finish first
+            await loop.run_in_executor(None, self.memory.close)
         self.bridge.stop()
         await self.instance.release()  # last: nothing of ours holds a lease now
         self._db_pool.shutdown(wait=True)

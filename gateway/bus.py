@@ -6,6 +6,10 @@ the same session at once), then runs the oldest pending message's turn (or, with
 policy, one turn for every message waiting), then the next, and releases the lease when none is
 left. A lease keeper renews held leases; a sweeper picks up keys whose rows wait without a live
 lease (after a crash, or on another instance's behalf).
+
+Graceful stop (``begin_stop``, then ``wait_idle``): no new lane is drained and no next turn
+started; running turns finish their step (``TurnInterrupted`` leaves their rows pending) and
+their leases are renewed until ``stop``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from gateway.errors import TurnInterrupted
 from gateway.store.sql import PendingInbound, Store
 from gateway.types import ChatAddress
 
@@ -58,6 +63,7 @@ class SessionBus:
         self._held: set[str] = set()  # keys whose lease this instance holds (worker threads)
         self._held_lock = threading.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = threading.Event()
         self.turns_done = 0
 
     async def start(self) -> None:
@@ -65,14 +71,39 @@ class SessionBus:
         self._tasks = [asyncio.create_task(self._sweep(), name="bus-sweep"),
                        asyncio.create_task(self._keep_leases(), name="bus-leases")]
 
+    def begin_stop(self) -> None:
+        """From now on no lane is drained and no next turn starts (the rows stay pending for the
+        next start, or for another instance's sweeper); running turns go on (main loop only)."""
+        self._stopping.set()
+        self._again.clear()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for every drain of this instance to end (after ``begin_stop``);
+        returns whether none is left."""
+        deadline = time.monotonic() + timeout_s
+        while self._active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return not self._active
+
+    @property
+    def running(self) -> int:
+        """Lanes being drained here (a turn running, or waiting for a worker thread)."""
+        return len(self._active)
+
     async def stop(self) -> None:
+        """Stops the sweeper and the lease keeper (after ``wait_idle``: leases of turns still
+        running then expire after ``lease_s``)."""
+        self._stopping.set()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
     def kick(self, key: str) -> None:
-        """Ensures ``key`` gets drained (main loop only; cheap, never blocks)."""
+        """Ensures ``key`` gets drained (main loop only; cheap, never blocks). A no-op once
+        stopping."""
+        if self._stopping.is_set():
+            return
         if key in self._active:
             self._again.add(key)
             return
@@ -98,6 +129,8 @@ class SessionBus:
 
     # -- worker thread -----------------------------------------------------------------------
     def _drain(self, key: str) -> None:
+        if self._stopping.is_set():
+            return  # queued behind busy workers when the stop began: the rows wait for the next start
         claimed = self.store.claim_next(key, self.instance_id, self.lease_s, self.batch_size)
         if claimed is None:
             return  # another instance runs this session (it drains what waits), or nothing waits
@@ -111,26 +144,35 @@ class SessionBus:
                 self._call_main(self._on_turn_start, address)
                 try:
                     self._run_turn(batch, generation)
+                except TurnInterrupted:
+                    log.info("lane %s: turn interrupted by the stop; it resumes at the next start", key)
+                    break
                 finally:
                     self._call_main(self._on_turn_end, address)
                 self.turns_done += 1
                 self._call_main(self._on_replies)
+                if self._stopping.is_set():
+                    break  # the next rows wait for the next start (the lease is given up below)
                 # The next rows, or the lease given up when none wait (one transaction). A message
                 # stored between that read and the release would wait for the sweeper: the release
                 # looks once more, and we drain again if so.
                 batch, generation, waiting = self.store.next_or_release(key, self.instance_id, self.batch_size)
-            released = True
+            else:
+                released = True
         finally:
             with self._held_lock:
                 self._held.discard(key)
-            if not released:  # a turn or the store raised: give the lease up for the retry
+            if not released:  # stopping, or a turn or the store raised: give the lease up for the retry
                 waiting = self.store.release_lane(key, self.instance_id)
         if waiting:
             self._call_main(self.kick, key)
 
     def _call_main(self, fn: Callable[..., None], *args: object) -> None:
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(fn, *args)
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: a turn the stop timeout cut finished after the exit began
+            log.debug("main loop closed; %s not called", getattr(fn, "__name__", fn))
 
     # -- background --------------------------------------------------------------------------
     async def _sweep(self) -> None:

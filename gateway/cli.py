@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -63,6 +64,7 @@ async def _run(config: GatewayConfig) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     provider = None
+    cut = 0  # turns the stop timeout cut (their rows are pending: resumed after the restart)
 
     def build() -> Gateway:
         nonlocal provider
@@ -84,9 +86,13 @@ async def _run(config: GatewayConfig) -> None:
         finally:
             log.info("shutting down")
             await gateway.stop()
+            cut = gateway.unfinished_turns
     finally:
         if provider is not None:
             provider.shutdown()  # type: ignore[attr-defined]  # flushes the last spans
+        if cut:
+            logging.shutdown()
+            os._exit(0)  # the interpreter would wait for their worker threads (a model call in flight)
 
 
 async def _chat(config: GatewayConfig) -> None:

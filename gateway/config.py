@@ -425,6 +425,11 @@ class GatewayConfig(BaseSettings):
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    stop_timeout_s: float = Field(default=25.0, ge=0)
+    """Graceful stop (SIGTERM): how long running turns may take to finish their step and the
+    outbox to drain before the adapters close; a turn cut by it resumes after the restart.
+    Keep it below the supervisor's kill timeout (systemd ``TimeoutStopSec``, compose
+    ``stop_grace_period``)."""
 
     @classmethod
     def settings_customise_sources(

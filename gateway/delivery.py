@@ -58,6 +58,11 @@ class Delivery:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._waiting: dict[tuple[str, str, str], float] = {}  # chat -> retry time (this instance)
+        self._closing = False
+        self._passes = 0  # passes finished
+        self._in_pass = False
+        self._last_pass_empty = False  # the last finished pass ended on a claim that found nothing due
+        self._pass_done = asyncio.Event()
         self.sent = 0
 
     def wake(self) -> None:
@@ -73,23 +78,65 @@ class Delivery:
         self._task = asyncio.create_task(self._run(), name="delivery")
         self.wake()
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+    async def drain(self, timeout_s: float) -> bool:
+        """Delivers what is due now, and the retries this instance scheduled within ``timeout_s``
+        (a graceful stop: replies of the turns that just finished). Returns ``True`` once a pass
+        started after this call found nothing due and no such retry is left; ``False`` at the
+        timeout (what is left stays in the outbox for the next start or another instance), and
+        ``True`` at once when delivery is not running."""
+        if self._task is None:
+            return True
+        loop = asyncio.get_running_loop()
+        deadline, wall_deadline = loop.time() + timeout_s, time.time() + timeout_s
+        # A pass running now may have claimed before the last replies were queued: count from the next.
+        want = self._passes + (2 if self._in_pass else 1)
+        self.wake()
+        while True:
+            now = time.time()  # a retry already due was claimed by that pass, here or elsewhere
+            if self._passes >= want and self._last_pass_empty and \
+                    not any(now < until <= wall_deadline for until in self._waiting.values()):
+                return True
+            if self._passes >= want and not self._last_pass_empty:
+                self.wake()  # that pass sent rows: look again for the rows behind them
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self._task is None:
+                return False
+            self._pass_done.clear()
+            try:
+                await asyncio.wait_for(self._pass_done.wait(), remaining)
+            except TimeoutError:
+                return False
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Claims nothing more and lets the sends in flight finish (at most ``grace_s``; a send
+        cut then is found ``sending`` at the next start and recorded ``unconfirmed``)."""
+        if self._task is None:
+            return
+        self._closing = True
+        self.wake()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), grace_s)
+        except TimeoutError:
+            log.warning("delivery: sends still in flight after %.0f s; stopping them", grace_s)
+        except Exception:
+            pass  # the task's own failure was logged by it
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._task = None
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
             except TimeoutError:
                 pass
             self._wake.clear()
+            self._in_pass, empty = True, False
             try:
-                while True:
+                while not self._closing:
                     claimed = await self._run_db(self.store.claim_due, self.instance_id, 100, self.claim_s)
                     if not claimed.items:
+                        empty = True
                         break
                     await asyncio.gather(*(self._send(item) for item in claimed.items))
                     if not claimed.more:
@@ -97,6 +144,9 @@ class Delivery:
             except Exception:
                 log.exception("delivery pass failed")
                 await asyncio.sleep(1.0)
+            self._passes += 1
+            self._in_pass, self._last_pass_empty = False, empty
+            self._pass_done.set()
 
     async def _send(self, item: OutboxItem) -> None:
         platform = item.message.address.platform

@@ -25,3 +25,8 @@ class CredentialRejected(GatewayError):
     def __init__(self, platform: str, settings: tuple[str, ...], reason: str) -> None:
         super().__init__(f"{platform}.{' / '.join(settings)}: rejected by {platform} ({reason})")
         self.platform, self.settings, self.reason = platform, settings, reason
+
+
+class TurnInterrupted(GatewayError):
+    """A turn stopped at a step boundary because the gateway is stopping: its inbox rows stay
+    pending and it resumes from the transcript at the next start (nothing was sent for it)."""

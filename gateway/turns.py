@@ -31,6 +31,7 @@ from gateway.approvals import ApprovalPolicy, ChatApprover
 from gateway.commands import LANE_COMMANDS, CommandContext, Commands
 from gateway.compression import Compressor
 from gateway.context import user_meta
+from gateway.errors import TurnInterrupted
 from gateway.metrics import GatewayMetrics
 from gateway.progress import PlanMessage, plan_key, resumed_state
 from gateway.resets import ResetPolicy
@@ -139,6 +140,9 @@ class TurnRunner:
         self._generations: dict[str, int] = {}
         self._generations_lock = threading.Lock()
         self._failures: dict[int, int] = {}  # inbox id -> failed runs here (cleared when it finishes)
+        self.stopping = threading.Event()
+        """Set by a graceful stop: running turns end at their next step boundary with
+        ``TurnInterrupted`` (rows kept pending) instead of starting another model call."""
 
     def prompt(self) -> str:
         """The system prompt a new session gets now (stored with it, then never rebuilt)."""
@@ -151,13 +155,18 @@ class TurnRunner:
         ``generation`` is the lane generation the turn started under: once the lane's generation
         moves on (``/stop``, an interrupting message) the turn stops at its next step and sends
         nothing. Raises only on database faults; the inbox rows then stay pending and are retried.
+
+        Raises:
+            TurnInterrupted: the gateway is stopping (``stopping``) and the turn reached a step
+                boundary before its final answer: the step's messages are in the transcript, the
+                rows stay pending, and the next start resumes the turn from there.
         """
         last = batch[-1]
         with invoke_agent("assistant", model=self.spec.model, turn_id=f"in{last.inbox_id}") as span:
             try:
                 outcome = self._run(batch, generation, span)
-            except TRANSIENT:
-                raise  # the database is away: the rows stay pending and are retried, however often
+            except (*TRANSIENT, TurnInterrupted):
+                raise  # the database is away, or we stop: the rows stay pending and are retried
             except Exception as exc:
                 if self._attempt_failed(last.inbox_id) < MAX_TURN_ATTEMPTS:
                     raise
@@ -269,7 +278,7 @@ class TurnRunner:
         checked = [time.monotonic()]
 
         def should_stop() -> bool:
-            if self.cancelled(key, generation):
+            if self.stopping.is_set() or self.cancelled(key, generation):
                 return True
             now = time.monotonic()
             if now - checked[0] < CANCEL_POLL_S:
@@ -318,6 +327,12 @@ class TurnRunner:
         if self.metrics is not None:
             for (tool, status), count in outcome.tool_results.items():
                 self.metrics.tool_calls.labels(tool, status).inc(count)
+        if outcome.stop_reason == "cancelled" and self.stopping.is_set() and not self.cancelled(key, generation) \
+                and self.store.lane_generation(key) == generation:
+            if unwritten:  # the finished step's messages (a checklist request): durable before we go
+                self.store.append_messages(session_id, list(unwritten))
+            log.info("turn %s stopped at a step boundary by the shutdown; resumed at the next start", turn_id)
+            raise TurnInterrupted(turn_id)
         if outcome.stop_reason == "cancelled":
             log.info("turn %s cancelled at a step boundary", turn_id)
             return finish("cancelled", None, session_id, "cancelled")

@@ -123,7 +123,16 @@ class DelayedReply:
     reply: Reply
 
 
-Reply = TextReply | ToolCallsReply | ErrorReply | DelayedReply
+@dataclass(frozen=True)
+class HeldReply:
+    """``reply`` answered once ``gate`` is set (from any thread): a model call that lasts exactly
+    as long as the test wants, without blocking other requests."""
+
+    gate: threading.Event
+    reply: Reply
+
+
+Reply = TextReply | ToolCallsReply | ErrorReply | DelayedReply | HeldReply
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> ReportedUsage:
@@ -185,6 +194,11 @@ def error(
 def delay(seconds: float, reply: Reply | str) -> DelayedReply:
     """Wraps ``reply`` so the server waits ``seconds`` (without blocking other requests) first."""
     return DelayedReply(seconds, _coerce(reply))
+
+
+def hold(gate: threading.Event, reply: Reply | str) -> HeldReply:
+    """Wraps ``reply`` so the server answers it only once ``gate`` is set."""
+    return HeldReply(gate, _coerce(reply))
 
 
 def _coerce(reply: Reply | str) -> Reply:
@@ -482,8 +496,12 @@ class FakeOpenAI(ThreadedServer):
         if self.on_request is not None:
             self.on_request(body)
         reply = self._next_reply(body)
-        while isinstance(reply, DelayedReply):
-            await asyncio.sleep(reply.seconds)
+        while isinstance(reply, DelayedReply | HeldReply):
+            if isinstance(reply, HeldReply):
+                while not reply.gate.is_set():
+                    await asyncio.sleep(0.02)
+            else:
+                await asyncio.sleep(reply.seconds)
             reply = reply.reply
         record["status"] = reply.status if isinstance(reply, ErrorReply) else 200
         if isinstance(reply, ErrorReply):
