@@ -265,3 +265,78 @@ async def test_telegram_polling_skips_unreadable_updates(tmp_path, fake_telegram
                      timeout=60, what="every readable update answered and every offset confirmed")
     await asyncio.sleep(0.5)
     check("telegram", kept, [200] * len(kept), replies(), caplog, fake_openai, kinds=3)
+
+
+async def test_slack_socket_mode_acknowledges_unreadable_events(tmp_path, fake_slack, fake_openai, running,
+                                                               caplog) -> None:
+    """Socket Mode frames skip the HTTP checks: the listener checks the same envelope types, so a
+    frame of the wrong shape is acknowledged and dropped once, and the frames around it answered."""
+    from tests.conftest import start_gateway
+
+    fake_openai.responder = reply_to
+    generator = SlackCases(random.Random(SEED + 5), "unused", fake_slack.team_id, start=300_000)
+    frames = []
+    for case in generator.cases(200):
+        try:
+            payload = json.loads(case.body)
+        except (ValueError, RecursionError):
+            continue
+        if case.kind != "forged" and isinstance(payload, dict) and payload.get("type") == "event_callback":
+            frames.append((payload, case))
+    for kind in ("unreadable", "odd", "genuine"):  # so that any reply, due or not, lands and is seen
+        for n in range(300_001, generator.n + 1):
+            fake_slack.add_channel(generator.chat_of(kind, n))
+    assert {case.kind for _, case in frames} == {"unreadable", "odd", "genuine"}
+    config = gateway_config(tmp_path, fake_openai, fake_slack=fake_slack, slack={"mode": "socket"},
+                            agent={"streaming": []})
+    await start_gateway(config, running)
+    await wait_until(lambda: fake_slack.socket_clients == 1, what="socket connection")
+    since = len(fake_slack.calls("chat.postMessage"))
+    envelopes = [fake_slack.push(event=payload) for payload, _ in frames]
+    for envelope_id in envelopes:
+        await fake_slack.wait_for_ack(envelope_id, timeout=30)
+    cases = [case for _, case in frames]
+    wanted = {c.chat for c in cases if c.kind in ("genuine", "odd")}
+
+    def replies() -> Counter[str]:
+        return Counter(str(c.params["channel"]) for c in fake_slack.calls("chat.postMessage")[since:])
+
+    await wait_until(lambda: wanted <= set(replies()), timeout=60, what="every readable frame answered")
+    await asyncio.sleep(0.5)
+    check("slack", cases, [200] * len(cases), replies(), caplog, fake_openai, kinds=3)
+
+
+async def test_feishu_long_connection_acknowledges_unreadable_events(tmp_path, fake_feishu, fake_openai, running,
+                                                                     caplog) -> None:
+    """Long-connection events skip the webhook checks: the same event checks run on them, so each
+    frame is acknowledged (``code`` 200: Feishu would push a failed one again), an unreadable one
+    logged once and dropped, and the readable ones around it answered."""
+    from tests.conftest import start_gateway
+
+    fake_openai.responder = reply_to
+    generator = FeishuCases(random.Random(SEED + 6), FEISHU_APP["verification_token"], FEISHU_APP["encrypt_key"],
+                            fake_feishu.tenant_key, FEISHU_APP["app_id"], start=400_000)
+    events = []
+    for case in generator.cases(300):
+        try:
+            body = json.loads(case.body)
+        except (ValueError, RecursionError):
+            continue
+        if case.kind != "forged" and isinstance(body, dict) and "encrypt" not in body:
+            events.append((body, case))
+    cases = [case for _, case in events]
+    assert {c.kind for c in cases} == {"unreadable", "odd", "genuine"}
+    config = gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu, feishu={"mode": "websocket"},
+                            agent={"streaming": []})
+    await start_gateway(config, running)
+    await fake_feishu.wait_ws_connected()
+    acks = [await fake_feishu.ws_push(body, timeout=15) for body, _ in events]
+    assert all(ack.get("code") == 200 for ack in acks), Counter(str(ack) for ack in acks)
+    wanted = {c.chat for c in cases if c.kind in ("genuine", "odd")}
+
+    def replies() -> Counter[str]:
+        return Counter(str(m["chat_id"]) for m in fake_feishu.sent())
+
+    await wait_until(lambda: wanted <= set(replies()), timeout=60, what="every readable event answered")
+    await asyncio.sleep(0.5)
+    check("feishu", cases, [200] * len(cases), replies(), caplog, fake_openai, kinds=3)

@@ -31,6 +31,8 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.format import format_reply
@@ -142,6 +144,22 @@ class _UnusedTokenNotice(logging.Filter):
         return "`token` will be unused" not in record.getMessage()
 
 
+class _CheckedSocketModeHandler(AsyncSocketModeHandler):
+    """Bolt's Socket Mode handler behind the checks the HTTP path makes: a frame whose payload has
+    the wrong JSON types (which Bolt's middleware would fail on, leaving the frame unacknowledged
+    and redelivered) is acknowledged, logged once at WARNING and dropped."""
+
+    async def handle(self, client: Any, req: SocketModeRequest) -> None:
+        check = {"events_api": envelope_problem, "interactive": interaction_problem}.get(req.type)
+        payload = req.payload if isinstance(req.payload, dict) else None
+        problem = None if check is None else "payload is not an object" if payload is None else check(payload)
+        if problem is None:
+            await super().handle(client, req)
+            return
+        log.warning("slack event %s unreadable (%s); acknowledged and dropped", event_id_of(payload) or "?", problem)
+        await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+
+
 class SlackAdapter:
     """One Slack app in one workspace.
 
@@ -237,7 +255,7 @@ class SlackAdapter:
         connections, so every instance may be connected."""
         if self.mode != "socket" or self._socket is not None:
             return
-        self._socket = AsyncSocketModeHandler(self.app, self._app_token, logger=log)
+        self._socket = _CheckedSocketModeHandler(self.app, self._app_token, logger=log)
         await self._socket.connect_async()
 
     async def stop_receiving(self) -> None:
