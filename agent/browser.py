@@ -7,7 +7,9 @@ per-call ``RunContext.session_id`` (the tools declare ``takes_context``), not fr
 
 Playwright, the browser and every context are created on the bridge loop and only ever touched
 there. Chromium is the Debian package (``executable_path``), launched headless on first use;
-no browser build is downloaded. A context unused for ``idle_s`` is closed (its cookies with it);
+no browser build is downloaded. Every connection the browser makes (pages, redirects, subresources,
+WebSockets) goes through ``agent.browser_proxy``, which lets it reach only addresses
+``agent.netguard`` allows. A context unused for ``idle_s`` is closed (its cookies with it);
 ``AsyncBridge.stop`` closes contexts, the browser and Playwright. Contexts live in this process:
 a session served next by another gateway instance starts with a fresh browser.
 """
@@ -20,23 +22,26 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from agent.bridge import AsyncBridge
+from agent.browser_proxy import GuardProxy
 from agent.context import RunContext
+from agent.netguard import BlockedAddress, NetGuard
 from agent.tools import Tool
-from agent.web import check_public_host
 
 log = logging.getLogger("agent.browser")
 
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run"]
+               "--disable-component-update", "--disable-sync", "--no-first-run",
+               # WebRTC may not open UDP sockets of its own (they would bypass the proxy).
+               "--force-webrtc-ip-handling-policy=disable_non_proxied_udp"]
 
 
 @dataclass
 class _Session:
     context: Any
     page: Any
+    proxy: GuardProxy
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -47,18 +52,21 @@ class BrowserTools:
     Args:
         executable_path: the system Chromium (``/usr/bin/chromium`` on Debian).
         idle_s: a session's context is closed after this long unused.
-        allow_private: allow loopback/private hosts (tests); otherwise every request the page
-            makes to such a host is blocked, redirects and scripts included.
+        allow_private: allow loopback/private hosts (``tools.browser_allow_private``); otherwise
+            every request the page makes to such a host is refused, redirects and scripts included.
+        guard: the address policy (default ``NetGuard(allow_private=allow_private)``).
         timeout_s: Playwright's per-action timeout.
         max_chars: page text returned per call (the executor caps again centrally).
     """
 
     def __init__(self, bridge: AsyncBridge, *, executable_path: str = "/usr/bin/chromium", idle_s: float = 600.0,
-                 allow_private: bool = False, timeout_s: float = 30.0, max_chars: int = 12000) -> None:
+                 allow_private: bool = False, guard: NetGuard | None = None, timeout_s: float = 30.0,
+                 max_chars: int = 12000) -> None:
         self._bridge = bridge
         self._executable = executable_path
         self._idle_s = idle_s
-        self._allow_private = allow_private
+        self._guard = guard or NetGuard(allow_private=allow_private)
+        self._proxy = GuardProxy(self._guard)  # the browser's own traffic; each context has its own
         self._timeout_s = timeout_s
         self._max_chars = max_chars
         self._playwright: Any = None
@@ -66,7 +74,6 @@ class BrowserTools:
         self._sessions: dict[str, _Session] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._start_lock: asyncio.Lock | None = None
-        self._host_ok: dict[str, bool] = {}
         self.launches = 0
 
     # -- lifecycle (bridge loop) -------------------------------------------------------------
@@ -80,8 +87,12 @@ class BrowserTools:
                 if self._playwright is None:
                     self._playwright = await async_playwright().start()
                     self._bridge.on_stop(self.close)
+                # Playwright adds "<-loopback>" to the bypass list: loopback goes through the proxy too.
                 self._browser = await self._playwright.chromium.launch(
-                    executable_path=self._executable, args=LAUNCH_ARGS, headless=True)
+                    executable_path=self._executable, args=LAUNCH_ARGS, headless=True,
+                    proxy={"server": await self._proxy.start()})
+                for stale in self._sessions.values():  # their contexts died with the old browser
+                    await stale.proxy.close()
                 self._sessions.clear()
                 self.launches += 1
                 log.info("browser started (%s)", self._executable)
@@ -93,27 +104,13 @@ class BrowserTools:
         browser = await self._ensure_browser()
         session = self._sessions.get(session_id)
         if session is None:
-            context = await browser.new_context()
+            proxy = GuardProxy(self._guard)
+            context = await browser.new_context(proxy={"server": await proxy.start()})
             context.set_default_timeout(self._timeout_s * 1000)
-            if not self._allow_private:
-                await context.route("**/*", self._guard)
-            session = _Session(context, await context.new_page())
+            session = _Session(context, await context.new_page(), proxy)
             self._sessions[session_id] = session
         session.last_used = time.monotonic()
         return session
-
-    async def _guard(self, route: Any) -> None:
-        host = urlsplit(route.request.url).hostname or ""
-        if host not in self._host_ok:
-            try:
-                await check_public_host(host)
-                self._host_ok[host] = True
-            except (PermissionError, OSError):
-                self._host_ok[host] = False
-        if self._host_ok[host]:
-            await route.continue_()
-        else:
-            await route.abort("blockedbyclient")
 
     async def _reap(self) -> None:
         while True:
@@ -128,6 +125,7 @@ class BrowserTools:
             session = self._sessions.pop(sid)
             with contextlib.suppress(Exception):
                 await session.context.close()
+            await session.proxy.close()
         if idle:
             log.info("closed %d idle browser context(s)", len(idle))
         return len(idle)
@@ -146,6 +144,7 @@ class BrowserTools:
         for session in self._sessions.values():
             with contextlib.suppress(Exception):
                 await session.context.close()
+            await session.proxy.close()
         self._sessions.clear()
         if self._browser is not None:
             with contextlib.suppress(Exception):
@@ -155,8 +154,18 @@ class BrowserTools:
             with contextlib.suppress(Exception):
                 await self._playwright.stop()
             self._playwright = None
+        await self._proxy.close()
 
     # -- tools (bridge loop) -------------------------------------------------------------------
+    @staticmethod
+    def _refused_since(session: _Session, mark: int) -> str:
+        """A note naming the requests the session's proxy refused since ``mark``."""
+        refused = session.proxy.refusals_since(mark)
+        if not refused:
+            return ""
+        shown = "; ".join(dict.fromkeys(refused))
+        return f"\n[{len(refused)} request(s) of this page were refused: {shown[:600]}]"
+
     async def _describe(self, page: Any) -> str:
         title = await page.title()
         try:
@@ -170,26 +179,39 @@ class BrowserTools:
                 + ("\n[truncated]" if truncated else ""))
 
     async def open(self, ctx: RunContext, url: str) -> str:
-        """Opens ``url`` in the session's page; returns its URL, title and visible text."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            return "Error: only absolute http:// or https:// URLs can be opened."
-        if not self._allow_private:
-            await check_public_host(parts.hostname)
+        """Opens ``url`` in the session's page; returns its URL, title and visible text.
+
+        Raises:
+            BlockedAddress: ``url`` (or the page it redirects to) is refused by the guard.
+        """
+        try:
+            self._guard.check_url(url)
+        except BlockedAddress as exc:
+            if exc.address is None:
+                return "Error: only absolute http:// or https:// URLs can be opened."
+            raise
         session = await self._session(ctx.session_id or "default")
         async with session.lock:
-            response = await session.page.goto(url, wait_until="load")
+            mark = session.proxy.refusal_count
+            try:
+                response = await session.page.goto(url, wait_until="load")
+            except Exception as exc:
+                refused = session.proxy.refusals_since(mark)
+                if refused:  # the navigation itself (or a redirect hop) was refused
+                    raise PermissionError(refused[-1]) from exc
+                raise
             status = f"Status: {response.status}\n" if response is not None else ""
-            return status + await self._describe(session.page)
+            return status + await self._describe(session.page) + self._refused_since(session, mark)
 
     async def click(self, ctx: RunContext, selector: str) -> str:
         """Clicks the element matching ``selector``; returns the page after it settled."""
         session = await self._session(ctx.session_id or "default")
         async with session.lock:
+            mark = session.proxy.refusal_count
             await session.page.click(selector)
             with contextlib.suppress(Exception):
                 await session.page.wait_for_load_state("load", timeout=min(5000, self._timeout_s * 1000))
-            return await self._describe(session.page)
+            return await self._describe(session.page) + self._refused_since(session, mark)
 
     async def fill(self, ctx: RunContext, selector: str, text: str) -> str:
         """Types ``text`` into the input matching ``selector`` (replacing its value)."""

@@ -43,8 +43,9 @@ __all__ = ["INTERRUPTED", "Abort", "ConfirmChecks", "FinalReply", "Limits", "Nex
 
 Record = Callable[[dict[str, Any], Usage | None, dict[str, Any] | None], None]
 """Called with each new model-facing message (assistant or tool), the step's usage (assistant
-messages only) and facts to store beside it (``cost_usd``; on the turn's last message
-``stop_reason``, ``steps``, ``turn_cost_usd``, ``tokens``)."""
+messages only: each model call's figures exactly once) and facts to store beside it (``cost_usd``
+at the configured price, cache discount included, and ``cached_tokens`` when the server reported
+any; on the turn's last message ``stop_reason``, ``steps``, ``turn_cost_usd``, ``tokens``)."""
 
 INTERRUPTED = "Error: this tool call was interrupted (the gateway restarted) before it returned a result."
 
@@ -223,6 +224,8 @@ def _model_step(reply: ModelReply, price: Price | None, budget: Budget, outcome:
     step: NextStep = (RunTools(reply.tool_calls) if reply.tool_calls
                       else FinalReply(reply.content or "", reply.finish_reason))
     meta: dict[str, Any] = {"cost_usd": round(cost, 8)}
+    if reply.usage.cached_tokens:
+        meta["cached_tokens"] = reply.usage.cached_tokens  # the row's columns hold prompt and completion
     state = ctx.state
     if isinstance(step, FinalReply) and state is not None and ctx.depth == 0 and not state.checks_asked \
             and reply.finish_reason != "length" and (checks := state.checklist()):

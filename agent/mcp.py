@@ -1,14 +1,14 @@
 """MCP client (issue 9): tools of stdio and streamable-HTTP MCP servers as ``Tool``s.
 
-Each server's session lives on the AsyncBridge loop for the life of the process: one task per
-server enters the transport and ``ClientSession`` (anyio requires the same task to leave them)
-and waits until ``close``. Discovery runs there too, so start-up never blocks the main loop; a
-server that does not answer within the timeout is reported and skipped. Tools are named
-``<server>__<tool>`` (cut and suffixed to fit ``^[a-zA-Z0-9_-]{1,64}$``), run through the
-bridge like any async tool (the executor's timeout and result cap apply), and are marked
-``side_effect="external"`` unless the server annotates them read-only.
+Each server's session lives on the AsyncBridge loop: one task per connection enters the
+transport and ``ClientSession`` (anyio requires the same task to leave them) and waits until the
+connection ends. Discovery runs there too, so start-up never blocks the main loop; a server that
+does not answer within the timeout is reported and skipped. A server that crashes, hangs or
+exits later is restarted on the next call (``_Server``). Tools are named ``<server>__<tool>``
+(cut and suffixed to fit ``^[a-zA-Z0-9_-]{1,64}$``), run through the bridge like any async tool
+(the executor's timeout and result cap apply), and are marked ``side_effect="external"`` unless
+the server annotates them read-only.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -69,15 +69,30 @@ def _text_of(result: Any) -> str:
     return f"Error: {text}" if getattr(result, "is_error", False) else text
 
 
-class _Server:
-    """One server's long-lived session, owned by one task on the bridge loop."""
+class McpUnavailable(Exception):
+    """A call could not be answered because the server crashed, hung or could not be started
+    again; the message says which and what happens next (the executor shows it to the model)."""
+
+
+class _Connection:
+    """One session with a server (for stdio: one server process), owned by one task on the bridge
+    loop: the task enters the transport and ``ClientSession`` and leaves them when ``stop`` is set,
+    which the transport's end also sets (a server process that exited, a dropped HTTP stream), so
+    a dead connection is noticed before the next call is sent. Leaving the stdio transport stops
+    the process (stdin closed, then SIGTERM/SIGKILL to its tree, bounded) and reaps it."""
 
     def __init__(self, spec: McpServerSpec) -> None:
         self.spec = spec
         self.session: Any = None
-        self.ready: asyncio.Future[list[Any]] | None = None
-        self.stop: asyncio.Event | None = None
-        self.task: asyncio.Task[None] | None = None
+        loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[list[Any]] = loop.create_future()
+        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even when nobody waits
+        self.stop = asyncio.Event()
+        self.task = loop.create_task(self._run(), name=f"mcp:{spec.name}")
+
+    @property
+    def alive(self) -> bool:
+        return self.session is not None and not self.stop.is_set()
 
     def _transport(self) -> Any:
         if self.spec.command:
@@ -92,27 +107,40 @@ class _Server:
         client = httpx2.AsyncClient(headers=self.spec.headers, timeout=self.spec.timeout_s)
         return streamable_http_client(self.spec.url or "", http_client=client)
 
-    async def run(self) -> None:
+    async def _relay(self, source: Any, sink: Any) -> None:
+        """Passes the transport's messages to the session; the transport's end ends the connection."""
+        async with sink:
+            async for item in source:
+                await sink.send(item)
+        if not self.stop.is_set():
+            log.warning("MCP server %s: connection closed by the server", self.spec.name)
+        self.stop.set()
+
+    async def _run(self) -> None:
+        import anyio
         from mcp import ClientSession
+        from mcp_types import PaginatedRequestParams
 
-        assert self.ready is not None and self.stop is not None
         try:
-            async with self._transport() as (read, write), ClientSession(read, write) as session:
-                await session.initialize()
-                tools: list[Any] = []
-                cursor = None
-                while True:
-                    from mcp_types import PaginatedRequestParams
-
-                    page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor) if cursor else None)
-                    tools.extend(page.tools)
-                    cursor = page.next_cursor
-                    if not cursor:
-                        break
-                self.session = session
-                if not self.ready.done():
-                    self.ready.set_result(tools)
-                await self.stop.wait()
+            async with self._transport() as (read, write), anyio.create_task_group() as relay:
+                sink, source = anyio.create_memory_object_stream[Any](0)
+                relay.start_soon(self._relay, read, sink)
+                async with ClientSession(source, write) as session:
+                    await session.initialize()
+                    tools: list[Any] = []
+                    cursor = None
+                    while True:
+                        page = await session.list_tools(
+                            params=PaginatedRequestParams(cursor=cursor) if cursor else None)
+                        tools.extend(page.tools)
+                        cursor = page.next_cursor
+                        if not cursor:
+                            break
+                    self.session = session
+                    if not self.ready.done():
+                        self.ready.set_result(tools)
+                    await self.stop.wait()
+                relay.cancel_scope.cancel()
         except BaseException as exc:  # anyio wraps failures in groups; report the first cause
             if not self.ready.done():
                 self.ready.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
@@ -120,12 +148,130 @@ class _Server:
                 raise
         finally:
             self.session = None
+            self.stop.set()
+            if not self.ready.done():
+                self.ready.set_exception(ConnectionError("the connection ended before it was ready"))
+
+    async def close(self, timeout_s: float) -> bool:
+        """Ends the session (and stops a stdio server's process); whether it finished in time."""
+        self.stop.set()
+        done, _ = await asyncio.wait([self.task], timeout=timeout_s)
+        return bool(done)
+
+
+def _first_cause(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]  # anyio task groups wrap the real cause
+    return exc
+
+
+class _Server:
+    """One configured server: its current connection, replaced when it dies.
+
+    Rules of ``call`` (each bounded by the server's ``timeout_s``): a connection found dead (the
+    process exited, the stream closed) is replaced before the call is sent, so a server that
+    exited or was restarted between calls is re-initialised transparently; a call the server
+    drops (it crashed while running it) or does not answer in time (it hangs) raises
+    ``McpUnavailable`` and the connection is ended (a hung process is killed), so the next call
+    starts the server again. A protocol error the server answers (unknown tool, bad params) is
+    returned as an error text; the connection stays.
+    """
+
+    def __init__(self, spec: McpServerSpec) -> None:
+        self.spec = spec
+        self.connection: _Connection | None = None
+        self.starts = 0
+        self._lock: asyncio.Lock | None = None
+        self._closing: set[asyncio.Task[Any]] = set()
+        """Tasks of connections being ended (a hung or cancelled server's process is still stopping)."""
+
+    async def connect(self, timeout_s: float) -> list[Any]:
+        """Starts a connection and returns the server's tools; raises when it fails or is late."""
+        connection = _Connection(self.spec)
+        try:
+            tools = await asyncio.wait_for(asyncio.shield(connection.ready), timeout_s)
+        except BaseException:
+            connection.task.cancel()  # the transport still stops the process; ``close`` waits for it
+            self._track(connection.task)
+            raise
+        self.connection = connection
+        self.starts += 1
+        return tools
+
+    async def _session(self, timeout_s: float) -> tuple[_Connection, Any]:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            connection = self.connection
+            if connection is not None and connection.alive:
+                return connection, connection.session
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            if connection is not None:  # a dead process is reaped before its successor starts
+                await connection.close(max(0.1, deadline - loop.time()))
+            log.warning("MCP server %s is not connected; starting it again", self.spec.name)
+            try:
+                await self.connect(max(0.1, deadline - loop.time()))
+            except Exception as exc:
+                cause = _first_cause(exc)
+                detail = "no answer" if isinstance(cause, TimeoutError) else f"{type(cause).__name__}: {cause}"
+                raise McpUnavailable(f"MCP server {self.spec.name} is not running and could not be started "
+                                     f"again within {timeout_s:g} s ({detail}); nothing was run.") from None
+            assert self.connection is not None
+            return self.connection, self.connection.session
+
+    def _drop(self, connection: _Connection) -> None:
+        """Ends ``connection`` in the background (killing a hung process takes a few seconds); the
+        next call waits for it before starting the server again."""
+        connection.stop.set()
+        self._track(connection.task)
+
+    def _track(self, task: asyncio.Task[Any]) -> None:
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def call(self, name: str, arguments: dict[str, Any]) -> str:
-        if self.session is None:
-            return f"Error: MCP server {self.spec.name} is not connected."
-        result = await self.session.call_tool(name, arguments, read_timeout_seconds=self.spec.timeout_s)
+        from mcp import MCPError
+        from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
+        loop = asyncio.get_running_loop()
+        limit = self.spec.timeout_s
+        started = loop.time()
+        connection, session = await self._session(limit)
+        left = max(1.0, limit - (loop.time() - started))
+        maybe = "it may or may not have taken effect"
+        try:
+            result = await asyncio.wait_for(session.call_tool(name, arguments, read_timeout_seconds=left), left + 1)
+        except MCPError as exc:
+            if exc.code == REQUEST_TIMEOUT:
+                self._drop(connection)
+                raise McpUnavailable(f"MCP server {self.spec.name} did not answer {name} within {limit:g} s; the "
+                                     f"server was stopped and starts again on the next call ({maybe}).") from None
+            if exc.code == CONNECTION_CLOSED:
+                self._drop(connection)
+                raise McpUnavailable(f"MCP server {self.spec.name} stopped while running {name} (connection "
+                                     f"closed); it starts again on the next call ({maybe}).") from None
+            return f"Error: MCP server {self.spec.name} refused {name}: {exc.message}"
+        except TimeoutError:
+            self._drop(connection)
+            raise McpUnavailable(f"MCP server {self.spec.name} did not answer {name} within {limit:g} s; the "
+                                 f"server was stopped and starts again on the next call ({maybe}).") from None
+        except Exception as exc:  # the transport failed under the call (a broken pipe, an HTTP error)
+            self._drop(connection)
+            cause = _first_cause(exc)
+            raise McpUnavailable(f"MCP server {self.spec.name} failed while running {name} "
+                                 f"({type(cause).__name__}: {cause}); it starts again on the next call "
+                                 f"({maybe}).") from None
         return _text_of(result)
+
+    async def close(self) -> None:
+        """Ends the connection and waits (bounded: the stdio transport needs about 5 s at most to
+        stop a process that ignores its closed stdin) for every connection still ending."""
+        if self.connection is not None:
+            self.connection.stop.set()
+            self._track(self.connection.task)
+        if self._closing:
+            await asyncio.wait(list(self._closing), timeout=10)
 
 
 class McpClients:
@@ -153,17 +299,12 @@ class McpClients:
 
     async def _discover(self, spec: McpServerSpec, timeout_s: float) -> list[Tool]:
         server = _Server(spec)
-        loop = asyncio.get_running_loop()
-        server.ready, server.stop = loop.create_future(), asyncio.Event()
-        server.task = loop.create_task(server.run(), name=f"mcp:{spec.name}")
         try:
-            found = await asyncio.wait_for(asyncio.shield(server.ready), timeout_s)
+            found = await server.connect(timeout_s)
         except Exception as exc:
-            server.task.cancel()
-            while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-                exc = exc.exceptions[0]  # anyio task groups wrap the real cause
-            detail = f"no answer within {timeout_s:g} s" if isinstance(exc, TimeoutError) \
-                else f"{type(exc).__name__}: {exc}"
+            cause = _first_cause(exc)
+            detail = f"no answer within {timeout_s:g} s" if isinstance(cause, TimeoutError) \
+                else f"{type(cause).__name__}: {cause}"
             log.warning("MCP server %s skipped: %s", spec.name, detail)
             self.status.append(McpStatus(spec.name, False, detail))
             return []
@@ -190,10 +331,5 @@ class McpClients:
                     side_effect="read" if read_only else "external", retries=0)
 
     async def _close(self) -> None:
-        for server in self._servers.values():
-            if server.stop is not None:
-                server.stop.set()
-        tasks = [s.task for s in self._servers.values() if s.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=5)
+        await asyncio.gather(*(server.close() for server in self._servers.values()))
         self._servers.clear()

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import openai
 from openai.types.chat import ChatCompletion
 
-from agent.streaming import StreamAccumulator
+from agent.streaming import StreamAccumulator, new_call_id
 
 _AUTH: Any = {"security": {"bearer_auth": True}}
 
@@ -63,8 +63,13 @@ class OpenAIChatModel:
     """Chat completions with tools against ``base_url`` (OpenAI or any compatible server).
 
     With ``stream=True`` (the default) every call streams (``stream_options.include_usage``):
-    text deltas go to ``on_text`` as they arrive and tool-call deltas are merged by ``index``.
-    ``stream=False`` is for servers without streaming support.
+    text deltas go to ``on_text`` as they arrive and tool-call deltas are merged by ``id``, then
+    ``index`` (``agent.streaming``). ``stream=False`` is for servers without streaming support.
+
+    ``missing_key`` names the environment variable that should hold the API key when it is unset
+    (the call goes out with a placeholder key, so servers that need none still work): every
+    ``ModelError`` then ends its ``user_message`` with what to set. The key itself is never put
+    in a message.
     """
 
     def __init__(
@@ -77,8 +82,10 @@ class OpenAIChatModel:
         max_retries: int = 2,
         temperature: float | None = None,
         stream: bool = True,
+        missing_key: str | None = None,
     ) -> None:
         self.model = model
+        self.missing_key = missing_key
         self.temperature = temperature
         self.stream = stream
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries)
@@ -86,6 +93,16 @@ class OpenAIChatModel:
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                  on_text: OnText | None = None) -> ModelReply:
         """One model call. Raises ``ModelError`` when the endpoint fails (also mid-stream)."""
+        try:
+            return self._complete(messages, tools, on_text)
+        except ModelError as exc:
+            if self.missing_key:
+                exc.user_message += (f" No model API key is set: put it in the environment variable "
+                                     f"{self.missing_key} (llm.api_key_env) and restart the gateway.")
+            raise
+
+    def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                  on_text: OnText | None) -> ModelReply:
         kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
         if tools:
             kwargs["tools"] = tools
@@ -131,7 +148,7 @@ class OpenAIChatModel:
         choice = response.choices[0]
         message = choice.message
         tool_calls = [
-            {"id": call.id, "type": "function",
+            {"id": call.id or new_call_id(), "type": "function",
              "function": {"name": call.function.name, "arguments": call.function.arguments}}
             for call in (message.tool_calls or [])
             if getattr(call, "function", None) is not None

@@ -7,15 +7,17 @@ transcript or a request) and the log side (``gateway.logs.RedactSecrets``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
+TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
     (re.compile(r"bot\d{5,}:[A-Za-z0-9_-]{20,}"), "bot***"),  # Telegram token in Bot API URLs
     (re.compile(r"\b\d{5,}:AA[A-Za-z0-9_-]{30,}"), "***"),  # a bare Telegram bot token
     (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{6,}"), "xox*-***"),  # Slack bot/user tokens
     (re.compile(r"\bxapp-[A-Za-z0-9-]{6,}"), "xapp-***"),  # Slack app-level token
     (re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"), "sk-***"),  # OpenAI-style API keys
-    (re.compile(r"(?i)\b(authorization:\s*bearer\s+)[A-Za-z0-9._~+/=-]{12,}"), r"\1***"),
+    # A function, not the template r"\1***": templates are compiled by importing ``re`` at call
+    # time, which fails while the interpreter shuts down (log records from finalizers).
+    (re.compile(r"(?i)\b(authorization:\s*bearer\s+)[A-Za-z0-9._~+/=-]{12,}"), lambda m: m.group(1) + "***"),
 )
 MIN_SECRET_LEN = 6
 """Shorter configured values are not redacted (they would mangle ordinary words)."""

@@ -1,25 +1,30 @@
-"""Runs one shell command for ``run_shell`` with limits (issue 9).
+"""Runs one shell command for ``run_shell`` with limits (issues 9 and 17).
 
-What is enforced:
+Always enforced:
   * wall-clock timeout: the whole process group (and, with namespaces, the whole PID namespace)
     is killed;
   * output cap: stdout+stderr beyond ``max_output_bytes`` is not read; the command is killed;
   * resource limits (``setrlimit``): CPU seconds, address space, file size, open files;
   * a scrubbed environment: only ``PATH``, ``HOME`` (the workspace), ``LANG``, ``TMPDIR`` —
-    no secrets from the gateway's environment;
-  * ``mechanism == "unshare"`` (util-linux ``unshare`` works on this host): new user, network and
-    PID namespaces: no network at all (only a down loopback) unless ``allow_network``, and the
-    command cannot see or signal the gateway's processes.
+    no secrets from the gateway's environment.
 
-What is NOT enforced: the file system is the host's (the working directory is the workspace,
-but an absolute path like ``/etc/hosts`` is readable with the gateway user's rights, and
-writable where that user may write); there is no seccomp filter. Run the gateway as an
-unprivileged user, or in a container, when shell access is on. ``mechanism == "rlimits"`` (no
-usable ``unshare``) adds no network or process isolation at all.
+Isolation (``Sandbox.isolation``, the best one that works on the host, as ``gateway doctor`` says):
+  * ``"bubblewrap"`` (Debian package ``bubblewrap``, ``bwrap``): new user, PID, network, IPC and
+    UTS namespaces and its own file system: the session's workspace (read-write, at its real
+    path), ``/usr`` and the ``/bin``/``/lib`` links read-only, a few ``/etc`` files programs need
+    (loader cache, alternatives, passwd/group, time zone, TLS roots), a fresh ``/proc``, a
+    minimal ``/dev`` and an empty ``/tmp``. Nothing else of the host exists: not ``/home``,
+    ``/root``, ``/srv``, ``/var``, other sessions' workspaces, the gateway's config or database.
+  * ``"namespaces"`` (util-linux ``unshare``): new user, network and PID namespaces only: no
+    network and no view of the gateway's processes, but the host's file system is readable with
+    the gateway user's rights.
+  * ``"none"``: the limits above only.
+No network (only a down loopback) unless ``allow_network`` under both isolations; no seccomp filter.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import shutil
@@ -28,6 +33,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from agent.execute import cap_text
 
@@ -54,20 +60,62 @@ class ShellResult:
         return f"{head}\n{self.output}"
 
 
-def _unshare_works() -> bool:
-    exe = shutil.which("unshare")
-    if exe is None:
-        return False
+Isolation = Literal["bubblewrap", "namespaces", "none"]
+
+_ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "passwd", "group", "nsswitch.conf",
+              "localtime", "timezone", "mime.types", "ssl", "ca-certificates", "ca-certificates.conf",
+              "host.conf", "hosts", "resolv.conf", "gai.conf", "protocols", "services", "magic", "inputrc")
+"""``/etc`` entries visible (read-only) inside bubblewrap: what ordinary commands need, no secrets."""
+_ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+def _bwrap_prefix(cwd: Path, allow_network: bool) -> list[str]:
+    """``bwrap`` arguments that show the command only ``cwd`` (read-write) and the system read-only."""
+    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]
+    if allow_network:
+        argv.append("--share-net")
+    for name in _ROOT_LINKS:  # merged /usr: symlinks into /usr; otherwise real directories
+        path = Path("/") / name
+        if path.is_symlink():
+            argv += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            argv += ["--ro-bind", str(path), str(path)]
+    for name in _ETC_FILES:
+        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(cwd), str(cwd),
+             "--chdir", str(cwd), "--"]
+    return argv
+
+
+@functools.lru_cache(maxsize=4)
+def _works(isolation: Isolation) -> bool:
+    """Whether ``isolation`` runs a trivial command on this host (probed once per process)."""
+    if isolation == "bubblewrap":
+        if shutil.which("bwrap") is None:
+            return False
+        argv = [*_bwrap_prefix(Path("/tmp"), allow_network=False), "true"]
+    elif isolation == "namespaces":
+        if shutil.which("unshare") is None:
+            return False
+        argv = ["unshare", "-rn", "--pid", "--fork", "--kill-child", "true"]
+    else:
+        return True
     try:
-        done = subprocess.run([exe, "-rn", "--pid", "--fork", "--kill-child", "true"], capture_output=True,
-                              timeout=5)
+        done = subprocess.run(argv, capture_output=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0
 
 
+def best_isolation(use_namespaces: bool = True) -> Isolation:
+    """``"bubblewrap"`` if ``bwrap`` works here, else ``"namespaces"`` if ``unshare`` does, else ``"none"``."""
+    if not use_namespaces:
+        return "none"
+    return next((i for i in ("bubblewrap", "namespaces") if _works(i)), "none")  # type: ignore[return-value]
+
+
 class Sandbox:
-    """Shell runner. ``mechanism`` says what is active (``unshare`` or ``rlimits``).
+    """Shell runner. ``isolation`` says what is active (``bubblewrap``, ``namespaces`` or ``none``).
 
     Args:
         timeout_s: wall-clock limit per command.
@@ -75,24 +123,38 @@ class Sandbox:
         cpu_s: CPU seconds (RLIMIT_CPU).
         memory_bytes: address space (RLIMIT_AS).
         allow_network: keep the host network (no network namespace).
-        use_namespaces: try ``unshare`` (``False``: rlimits only).
+        use_namespaces: isolate with the best of bubblewrap/unshare that works (``False``: limits only).
+        isolation: force one (``ValueError`` when it does not work here); default: the best.
     """
 
     def __init__(self, *, timeout_s: float = 20.0, max_output_bytes: int = 64_000, cpu_s: int = 10,
-                 memory_bytes: int = 1 << 30, allow_network: bool = False, use_namespaces: bool = True) -> None:
+                 memory_bytes: int = 1 << 30, allow_network: bool = False, use_namespaces: bool = True,
+                 isolation: Isolation | None = None) -> None:
         self.timeout_s = timeout_s
         self.max_output_bytes = max_output_bytes
         self.cpu_s = cpu_s
         self.memory_bytes = memory_bytes
         self.allow_network = allow_network
-        self.mechanism = "unshare" if use_namespaces and _unshare_works() else "rlimits"
+        if isolation is not None and not _works(isolation):
+            raise ValueError(f"shell isolation {isolation!r} does not work on this host")
+        self.isolation: Isolation = isolation or best_isolation(use_namespaces)
+
+    def describe_isolation(self) -> str:
+        """What the isolation in effect hides, in words (``gateway doctor``)."""
+        net = "network allowed" if self.allow_network else "no network"
+        if self.isolation == "bubblewrap":
+            return (f"bubblewrap: the command sees only its workspace (system directories read-only), {net}, "
+                    "own PID namespace")
+        if self.isolation == "namespaces":
+            return (f"namespaces (unshare): {net}, own PID namespace; the host file system is NOT hidden "
+                    "(install bubblewrap)")
+        return ("none: limits only; the host file system, network and processes are NOT hidden "
+                "(install bubblewrap)")
 
     def describe(self) -> str:
-        """One line for ``gateway doctor``."""
-        net = "network allowed" if self.allow_network else (
-            "no network" if self.mechanism == "unshare" else "network NOT blocked (no unshare)")
-        return (f"{self.mechanism}: timeout {self.timeout_s:g} s, cpu {self.cpu_s} s, "
-                f"memory {self.memory_bytes >> 20} MiB, output {self.max_output_bytes} bytes, {net}")
+        """One line for ``gateway doctor``: isolation and limits."""
+        return (f"{self.describe_isolation()}; timeout {self.timeout_s:g} s, cpu {self.cpu_s} s, "
+                f"memory {self.memory_bytes >> 20} MiB, output {self.max_output_bytes} bytes")
 
     def _limits(self) -> None:  # runs in the child between fork and exec
         resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s))
@@ -103,7 +165,9 @@ class Sandbox:
     def run(self, command: str, cwd: Path) -> ShellResult:
         """Runs ``command`` with ``/bin/sh -c`` in ``cwd``; never raises for the command's faults."""
         argv = ["/bin/sh", "-c", command]
-        if self.mechanism == "unshare":
+        if self.isolation == "bubblewrap":
+            argv = [*_bwrap_prefix(cwd.resolve(), self.allow_network), *argv]
+        elif self.isolation == "namespaces":
             flags = "-r" if self.allow_network else "-rn"
             argv = ["unshare", flags, "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(cwd), "TMPDIR": str(cwd), "LANG": "C.UTF-8"}

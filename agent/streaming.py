@@ -1,18 +1,30 @@
 """Rebuilds one assistant message from streamed chat-completion chunks (pure, no I/O).
 
-Tool-call deltas are merged by their ``index`` (OpenAI streaming: the first delta of a call has
-its ``id``, ``type`` and ``function.name``, later ones only ``function.arguments`` pieces), never
-by arrival order: servers may interleave the pieces of parallel calls.
+OpenAI streams each tool call as deltas: the first carries its ``id``, ``type`` and
+``function.name``, later ones only ``function.arguments`` pieces and the call's ``index``. Servers
+differ in how they tag the pieces, so a delta is assigned to a call by these rules, in order:
+
+1. a delta with an ``id`` seen before continues that call (some servers repeat the id);
+2. a delta with a new ``id`` starts a new call, whatever its ``index`` (vLLM and several proxies
+   send every parallel call with ``index: 0``, in one chunk or in consecutive chunks);
+3. a delta without an ``id`` continues the newest call sent with its ``index`` (OpenAI
+   interleaves the argument pieces of parallel calls, tagged only by index), or, without an
+   ``index`` either, the newest call.
+
+A call that never got an id (a few servers send none) is given a ``call_<24 hex>`` one: the next
+request must answer every call by its id, and the API rejects an empty one.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass
 class _PartialCall:
+    order: tuple[int, int]  # (stream index of its first delta, arrival): the order calls are returned in
     id: str = ""
     name: str = ""
     arguments: list[str] = field(default_factory=list)
@@ -20,12 +32,19 @@ class _PartialCall:
 
 @dataclass
 class StreamAccumulator:
-    """Feed ``add(chunk)`` with each chunk as a dict (``ChatCompletionChunk.model_dump()``)."""
+    """Feed ``add(chunk)`` with each chunk as a dict (the JSON of one SSE ``data:`` line).
+
+    ``usage`` is the last non-empty ``usage`` object seen: OpenAI sends it once, in a final chunk
+    with empty ``choices`` (``stream_options.include_usage``); servers that repeat it on every
+    chunk send running totals, so it is replaced, never added up.
+    """
 
     content: list[str] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
-    _calls: dict[int, _PartialCall] = field(default_factory=dict)
+    _calls: list[_PartialCall] = field(default_factory=list)
+    _by_id: dict[str, _PartialCall] = field(default_factory=dict)
+    _by_index: dict[int, _PartialCall] = field(default_factory=dict)
 
     def add(self, chunk: dict[str, Any]) -> str | None:
         """Merges one chunk; returns its text delta (``None`` when it had none)."""
@@ -40,18 +59,26 @@ class StreamAccumulator:
                 text = delta["content"]
                 self.content.append(text)
             for piece in delta.get("tool_calls") or ():
-                self._merge(piece)
+                if isinstance(piece, dict):
+                    self._merge(piece)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
         return text
 
     def _merge(self, piece: dict[str, Any]) -> None:
-        index = piece.get("index")
-        if index is None:  # some servers omit it for single calls
-            index = max(self._calls, default=-1) + (0 if piece.get("id") is None and self._calls else 1)
-        call = self._calls.setdefault(int(index), _PartialCall())
-        if piece.get("id"):
-            call.id = piece["id"]
+        call_id = piece.get("id") or ""
+        raw_index = piece.get("index")
+        index = raw_index if isinstance(raw_index, int) and not isinstance(raw_index, bool) else None
+        call = self._by_id.get(call_id) if call_id else None
+        if call is None and not call_id:
+            call = self._by_index.get(index) if index is not None else (self._calls[-1] if self._calls else None)
+        if call is None:
+            call = _PartialCall(order=(index if index is not None else 0, len(self._calls)), id=call_id)
+            self._calls.append(call)
+            if call_id:
+                self._by_id[call_id] = call
+        if index is not None:
+            self._by_index[index] = call
         function = piece.get("function") or {}
         name = function.get("name")
         if name and name != call.name:
@@ -65,8 +92,17 @@ class StreamAccumulator:
         return "".join(self.content)
 
     def tool_calls(self) -> list[dict[str, Any]]:
-        """The calls in ``index`` order, in the OpenAI wire shape of a non-streamed message."""
+        """The calls in the OpenAI wire shape of a non-streamed message, ordered by stream index,
+        then arrival. Every call has a non-empty ``id`` (see the module docstring)."""
+        for call in self._calls:
+            if not call.id:
+                call.id = new_call_id()
         return [
             {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": "".join(call.arguments)}}
-            for _, call in sorted(self._calls.items())
+            for call in sorted(self._calls, key=lambda c: c.order)
         ]
+
+
+def new_call_id() -> str:
+    """A tool call id in OpenAI's shape (``call_`` + 24 hex digits), for a call a server sent without one."""
+    return f"call_{uuid.uuid4().hex[:24]}"

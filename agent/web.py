@@ -1,20 +1,21 @@
 """``web_fetch``: an async tool on the AsyncBridge that returns a page's readable text.
 
 Its aiohttp ``ClientSession`` is created on the bridge loop at first use and kept for the life
-of the process (connection reuse across turns); it is closed when the bridge stops.
+of the process (connection reuse across turns); it is closed when the bridge stops. Every
+connection goes through ``agent.netguard``: redirects are followed one hop at a time, each hop's
+URL and the address actually connected are checked, so a public page redirecting to loopback, a
+private network or 169.254.169.254 (or a name re-resolved to one) is refused before any byte of
+it is read.
 """
 
 from __future__ import annotations
 
-import asyncio
-import ipaddress
-import socket
 from html.parser import HTMLParser
-from urllib.parse import urlsplit
 
 import aiohttp
 
 from agent.bridge import AsyncBridge
+from agent.netguard import BlockedAddress, NetGuard, open_url
 from agent.tools import Tool
 
 _SKIP = {"script", "style", "noscript", "template", "svg", "head"}
@@ -61,23 +62,23 @@ def readable_text(html: str) -> tuple[str, str]:
     return " ".join(parser.title.split()), "\n".join(line for line in lines if line)
 
 
-async def check_public_host(host: str) -> None:
-    """Raises ``PermissionError`` when ``host`` resolves to a loopback, private, link-local or
-    reserved address (tools must not reach the gateway's own network unless allowed)."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0])
-        if address.is_private or address.is_loopback or address.is_link_local or address.is_reserved:
-            raise PermissionError(f"{host} resolves to a private address; opening it is not allowed")
-
-
 class WebFetcher:
-    """Holds the bridge-bound HTTP session. ``tool()`` returns the ``web_fetch`` Tool."""
+    """Holds the bridge-bound HTTP session. ``tool()`` returns the ``web_fetch`` Tool.
 
-    def __init__(self, bridge: AsyncBridge, *, allow_private: bool = False, max_bytes: int = 2_000_000,
-                 max_chars: int = 12000, timeout_s: float = 20.0) -> None:
+    Args:
+        allow_private: let ``web_fetch`` reach loopback/private addresses
+            (``tools.web_fetch_allow_private``); ignored when ``guard`` is given.
+        guard: the address policy (default ``NetGuard(allow_private=allow_private)``).
+        max_redirects: redirects followed per fetch (each hop checked); more is an error.
+        max_bytes: body bytes read; max_chars: text returned; timeout_s: whole fetch.
+    """
+
+    def __init__(self, bridge: AsyncBridge, *, allow_private: bool = False, guard: NetGuard | None = None,
+                 max_redirects: int = 5, max_bytes: int = 2_000_000, max_chars: int = 12000,
+                 timeout_s: float = 20.0) -> None:
         self._bridge = bridge
-        self._allow_private = allow_private
+        self._guard = guard or NetGuard(allow_private=allow_private)
+        self._max_redirects = max_redirects
         self._max_bytes = max_bytes
         self._max_chars = max_chars
         self._timeout_s = timeout_s
@@ -85,25 +86,30 @@ class WebFetcher:
 
     async def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
+            self._session = self._guard.session(
                 timeout=aiohttp.ClientTimeout(total=self._timeout_s),
                 headers={"User-Agent": "agent-gateway/0.1 (+web_fetch)"},
+                cookie_jar=aiohttp.DummyCookieJar(),  # one session serves every user: no cookie carries over
             )
             self._bridge.on_stop(self._session.close)
         return self._session
 
-    async def _check_host(self, host: str) -> None:
-        if not self._allow_private:
-            await check_public_host(host)
-
     async def fetch(self, url: str) -> str:
-        """Fetches ``url`` (http/https) and returns its title and readable text, capped."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            return "Error: only absolute http:// or https:// URLs can be fetched."
-        await self._check_host(parts.hostname)
+        """Fetches ``url`` (http/https) and returns its title and readable text, capped.
+
+        Raises:
+            BlockedAddress: the URL, a redirect hop or the address connected is refused.
+            aiohttp.ClientError: network failures, too many redirects.
+        """
+        try:
+            requested = self._guard.check_url(url)
+        except BlockedAddress as exc:
+            if exc.address is None:
+                return "Error: only absolute http:// or https:// URLs can be fetched."
+            raise
         client = await self._client()
-        async with client.get(url, allow_redirects=True, max_redirects=5) as response:
+        async with open_url(client, url, self._guard, max_redirects=self._max_redirects) as response:
+            final_url = str(response.url) if response.url != requested else None
             body = await response.content.read(self._max_bytes + 1)
             truncated = len(body) > self._max_bytes
             charset = response.charset or "utf-8"
@@ -116,7 +122,8 @@ class WebFetcher:
             title, text = "", raw
         if len(text) > self._max_chars:
             text, truncated = text[: self._max_chars], True
-        header = f"URL: {url}\nStatus: {status}\n" + (f"Title: {title}\n" if title else "")
+        header = f"URL: {url}\n" + (f"Redirected to: {final_url}\n" if final_url else "")
+        header += f"Status: {status}\n" + (f"Title: {title}\n" if title else "")
         return header + "\n" + text + ("\n[truncated]" if truncated else "")
 
     def tool(self) -> Tool:

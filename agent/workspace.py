@@ -1,15 +1,20 @@
 """Workspace tools: ``read_file``, ``write_file``, ``list_files``, ``run_shell`` (issue 9).
 
 Each session gets its own directory ``<root>/<session id>``; every path the model gives is
-resolved (symlinks followed) and refused unless it stays inside that directory. The permission
+resolved the way the kernel would (symlinks followed, ``..`` applied after the symlink it
+follows) and refused unless it stays inside that directory. Files are then opened one path
+component at a time with ``O_NOFOLLOW`` from the workspace's directory descriptor, so a symlink
+swapped in after the check (by a concurrent ``run_shell``, say) is refused, not followed. The permission
 ladder decides which tools exist at all: ``read`` (read/list), ``write`` (+ write), ``shell``
 (+ run_shell). Shell commands run through ``agent.sandbox`` (see there for what is isolated).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Literal
 
@@ -72,6 +77,40 @@ class Workspace:
             raise WorkspaceError(f"{relative!r} is outside the workspace; use paths relative to it")
         return target
 
+    def open_inside(self, session_id: str, relative: str, flags: int, *, make_dirs: bool = False) -> int:
+        """A file descriptor for ``relative`` inside the session's workspace (``os.open`` ``flags``).
+
+        The path is checked with ``resolve`` and then opened component by component without
+        following any symlink; ``make_dirs`` creates missing parent folders (mode 0700).
+
+        Raises:
+            WorkspaceError: outside the workspace, or a symlink appeared on the path meanwhile.
+            OSError: the file system's own errors (missing file, permissions).
+        """
+        base = self.directory(session_id).resolve()
+        parts = self.resolve(session_id, relative).relative_to(base).parts
+        if not parts:
+            raise IsADirectoryError(f"{relative!r} is the workspace folder itself")
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in parts[:-1]:
+                if make_dirs:
+                    try:
+                        os.mkdir(part, 0o700, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = next_fd
+            return os.open(parts[-1], flags | os.O_NOFOLLOW, 0o600, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise WorkspaceError(f"{relative!r}: a part of the path is a symlink or not a folder (it "
+                                     "changed after the check); refused") from None
+            raise
+        finally:
+            os.close(fd)
+
     # -- the tools' functions (ctx first; the model never sees it) -------------------------------
     def read_file(self, ctx: RunContext, path: str) -> str:
         """Read a text file from your workspace.
@@ -82,7 +121,11 @@ class Workspace:
         target = self.resolve(ctx.session_id, path)
         if not target.is_file():
             return f"Error: {path} is not a file in the workspace."
-        with open(target, encoding="utf-8", errors="replace") as handle:
+        fd = self.open_inside(ctx.session_id, path, os.O_RDONLY)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return f"Error: {path} is not a file in the workspace."
+        with open(fd, encoding="utf-8", errors="replace") as handle:
             text = handle.read(self.max_read_chars + 1)
         if len(text) > self.max_read_chars:
             text = text[: self.max_read_chars] + f"\n[truncated at {self.max_read_chars} characters]"
@@ -99,9 +142,8 @@ class Workspace:
         if len(data) > self.max_write_bytes:
             return f"Error: content is {len(data)} bytes; the limit is {self.max_write_bytes}."
         target = self.resolve(ctx.session_id, path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # O_NOFOLLOW: a symlink swapped in after the check is not followed out of the workspace.
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        # No symlink is followed on the way: one swapped in after the check is refused.
+        fd = self.open_inside(ctx.session_id, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_dirs=True)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         return f"Wrote {len(data)} bytes to {target.relative_to(self.directory(ctx.session_id).resolve())}."

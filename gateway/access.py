@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from gateway.config import AccessConfig
+from gateway.config import AccessConfig, GatewayConfig
 from gateway.types import InboundMessage
 
 Decision = Literal["allow", "pair", "deny"]
@@ -41,3 +41,22 @@ def decide(message: InboundMessage, approved: bool, access: AccessConfig) -> Dec
     if message.chat_type == "dm" and access.pairing:
         return "pair"
     return "deny"
+
+
+def admin_pages_on(config: GatewayConfig) -> bool:
+    """The admin pages are served (web chat on and its admin password set): an admin can decide
+    approvals there."""
+    return config.web.enabled and config.secret(config.web.admin_password_env) is not None
+
+
+def may_run_guarded_tools(message: InboundMessage, approved: bool, access: AccessConfig) -> bool:
+    """Whether the sender may decide their own approval requests for tools that need approval
+    (``run_shell``, ``write_file``, browser clicks, MCP tools with side effects...).
+
+    Mode ``allowlist``: everyone allowed to talk (the allowlist already vetted them). Mode
+    ``open``: only admins, ``access.allowed_users`` and users approved by pairing; a stranger's
+    call of such a tool waits for an admin's approval (``gateway.approvals``).
+    """
+    if access.mode != "open":
+        return True
+    return is_admin(message, access) or approved or user_entry(message) in access.allowed_users

@@ -34,7 +34,7 @@ from agent.skills import SkillLibrary, load_skill_tool, with_catalogue
 from agent.tools import ToolRegistry
 from agent.web import WebFetcher
 from agent.workspace import Workspace
-from gateway.access import decide, is_admin
+from gateway.access import admin_pages_on, decide, is_admin, may_run_guarded_tools
 from gateway.admin.views import admin_routes
 from gateway.approvals import ApprovalPolicy, decide_reply
 from gateway.bus import SessionBus
@@ -126,14 +126,17 @@ class Gateway:
             if config.memory.enabled else None
         for tool in memory_tools(self.memory) if self.memory is not None else []:
             self.tools.add(tool)
-        api_key = config.secret(config.llm.api_key_env) or "missing-api-key"
+        api_key = config.secret(config.llm.api_key_env)
+        self.missing_model_key = None if api_key else config.llm.api_key_env
+        api_key = api_key or "missing-api-key"  # servers that need no key still answer
 
         limits = config.agent.limits()
 
         def build_model(spec: AgentSpec) -> ChatModel:
             inner = model if model is not None else OpenAIChatModel(
                 base_url=spec.base_url, api_key=spec.api_key, model=spec.model, timeout_s=config.llm.timeout_s,
-                max_retries=config.llm.max_retries, temperature=config.llm.temperature, stream=config.llm.stream)
+                max_retries=config.llm.max_retries, temperature=config.llm.temperature, stream=config.llm.stream,
+                missing_key=self.missing_model_key)
             return MeteredModel(inner, self.metrics, limits.price_of(spec.model))
 
         self.agents = AgentCache(self.tools, build_model)
@@ -153,7 +156,8 @@ class Gateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         policy = ApprovalPolicy(require_for=frozenset(config.approvals.require_for),
                                 dangerous_shell=tuple(re.compile(p) for p in config.approvals.dangerous_shell_patterns),
-                                timeout_s=config.approvals.timeout_s)
+                                timeout_s=config.approvals.timeout_s,
+                                admin_reachable=bool(config.access.admins) or admin_pages_on(config))
         self.runner = TurnRunner(
             approvals=self.approvals, policy=policy, redact=self.redact, wake=self._wake_delivery,
             store=self.store, agents=self.agents, spec=self.agent_spec, bridge=self.bridge,
@@ -167,6 +171,7 @@ class Gateway:
             if sessions.idle_reset_minutes or sessions.daily_reset_hour is not None else None,
             window=config.llm.window_policy(),
             metrics=self.metrics, memory=self.memory,
+            trusted=lambda message, user_id: self._trusted(message),
         )
         self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
@@ -202,6 +207,13 @@ class Gateway:
         self.received = 0
         self.duplicates = 0
         self.dropped = 0
+
+    def _trusted(self, message: InboundMessage) -> bool:
+        """May the sender run tools that need approval and approve them (blocking: a DB read in
+        open access)? See ``gateway.access.may_run_guarded_tools``."""
+        access = self.config.access
+        return access.mode != "open" or is_admin(message, access) or may_run_guarded_tools(
+            message, self.directory.identify(message).approved, access)
 
     def build_system_prompt(self) -> str:
         """A new session's system prompt: the configured one plus the skill catalogue as it is on
@@ -290,8 +302,9 @@ class Gateway:
             text = await self.run_db(commands.run, ctx) if commands is not None else None
             return await self._answer_now(message, key, user_id, text or "No status here.")
         if message.command in ("approve", "deny"):
-            text = await self.run_db(decide_reply, self.approvals, message.command, message.text, user_id,
-                                     is_admin(message, self.config.access))
+            text = await self.run_db(lambda: decide_reply(self.approvals, message.command, message.text, user_id,
+                                                          is_admin(message, self.config.access),
+                                                          self._trusted(message)))
             return await self._answer_now(message, key, user_id, text)
         was_running = await self.run_db(self.store.lane_busy, key)
         stored = await self._answer_now(message, key, user_id, control_reply(message.command, was_running),
@@ -372,6 +385,10 @@ class Gateway:
     async def start(self) -> None:
         """Migrates the database, starts the bridge, HTTP server, bus, delivery and adapters."""
         await self.run_db(upgrade, self.engine)
+        if self.missing_model_key:
+            log.warning("%s is not set: model calls to %s go without an API key and fail unless that server "
+                        "needs none. Set %s to the key (llm.api_key_env names the variable).",
+                        self.missing_model_key, self.config.llm.base_url, self.missing_model_key)
         self._loop = asyncio.get_running_loop()
         self.bridge.start()
         discovered = await self.mcp.discover(self.config.mcp.startup_timeout_s)

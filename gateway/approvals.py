@@ -24,6 +24,13 @@ from gateway.types import ChatAddress, OutboundMessage
 PROMPT = ("🔐 Approval needed: I want to run {tool}.\n{summary}\n"
           "Reply /approve {id} to allow it or /deny {id} to refuse (I wait {timeout}).")
 """``{id}`` is filled in by the store once the approval exists."""
+ADMIN_PROMPT = ("🔐 Approval needed: I want to run {tool}.\n{summary}\n"
+                "On this bot only an admin can allow that for you: an admin replies /approve {id} (or uses the "
+                "admin pages); /deny {id} refuses (I wait {timeout}).")
+"""The prompt for a requester who may not decide it (open access, not an approved user)."""
+NO_ADMIN = ("Refused: {tool} needs an admin's approval on this bot (open access: the user is not an approved "
+            "user) and no admin is configured, so it did not run and nobody was asked. Do not retry it; tell "
+            "the user an operator can give them access.")
 
 
 @dataclass(frozen=True)
@@ -36,12 +43,15 @@ class ApprovalPolicy:
             its side effect is not in ``require_for``.
         timeout_s: how long a turn waits for a decision (then the call is denied).
         poll_s: how often the waiting turn reads the decision from the database.
+        admin_reachable: an admin can decide requests (``access.admins`` is set, or the admin
+            pages are on); without one, a request only an admin may decide is refused at once.
     """
 
     require_for: frozenset[str] = frozenset({"write", "external"})
     dangerous_shell: tuple[re.Pattern[str], ...] = ()
     timeout_s: float = 300.0
     poll_s: float = 0.25
+    admin_reachable: bool = True
 
     def needs(self, tool: Tool, args: dict[str, Any]) -> bool:
         """``tool.needs_approval`` when set, else by side effect and dangerous shell patterns."""
@@ -71,6 +81,11 @@ class ChatApprover:
         session_key, turn_id, requested_by: stored with the approval.
         wake: tells delivery a reply was queued (thread-safe).
         redact: applied to the summary shown in the chat.
+        trusted: whether the requester may decide their own requests (``gateway.access.
+            may_run_guarded_tools``: in open access only admins and approved users); asked at the
+            first call that needs approval. If not, the prompt says an admin must decide
+            (``ADMIN_PROMPT``), ``decide_reply`` refuses the requester's ``/approve``, and without
+            a reachable admin the call is refused at once (``NO_ADMIN``).
     """
 
     approvals: Approvals
@@ -82,14 +97,20 @@ class ChatApprover:
     wake: Callable[[], None] = lambda: None
     redact: Callable[[str], str] = field(default=lambda text: text)
     reply_to_id: str | None = None
+    trusted: Callable[[], bool] = lambda: True
+    _trust: bool | None = field(default=None, init=False, repr=False)
 
     def __call__(self, ctx: RunContext, tool: Tool, args: dict[str, Any]) -> str | None:
         if not self.policy.needs(tool, args):
             return None
         if self.address is None:
             return f"Denied: {tool.name} needs a person's approval and nobody can be asked in this run."
+        trusted = self._trusted()
+        if not trusted and not self.policy.admin_reachable:
+            return NO_ADMIN.replace("{tool}", tool.name)
         timeout = self.policy.timeout_s
-        prompt = (PROMPT.replace("{tool}", tool.name).replace("{timeout}", f"{timeout:g} s")
+        prompt = ((PROMPT if trusted else ADMIN_PROMPT).replace("{tool}", tool.name)
+                  .replace("{timeout}", f"{timeout:g} s")
                   .replace("{summary}", summarize(tool, args, self.redact).replace("{id}", "{ id}")))
         approval_id = self.approvals.request(
             session_key=self.session_key, turn_id=self.turn_id, call_id=ctx.call_id, requested_by=self.requested_by,
@@ -115,8 +136,19 @@ class ChatApprover:
             time.sleep(self.policy.poll_s)
 
 
-def decide_reply(approvals: Approvals, command: str, args: str, user_id: str, is_admin: bool) -> str:
-    """Handles ``/approve ID`` and ``/deny ID`` (any instance, outside the lane); returns the answer."""
+    def _trusted(self) -> bool:
+        if self._trust is None:  # parallel tool calls may ask twice: the answer is the same
+            self._trust = bool(self.trusted())
+        return self._trust
+
+
+def decide_reply(approvals: Approvals, command: str, args: str, user_id: str, is_admin: bool,
+                 trusted: bool = True) -> str:
+    """Handles ``/approve ID`` and ``/deny ID`` (any instance, outside the lane); returns the answer.
+
+    The requester or an admin may decide; a requester who is not ``trusted`` (open access, not an
+    approved user: ``gateway.access.may_run_guarded_tools``) may deny their request but not approve it.
+    """
     approval_id = args.split()[0].lower() if args.split() else ""
     if not approval_id:
         return f"Usage: /{command} ID (the ID is in the approval request)."
@@ -125,6 +157,8 @@ def decide_reply(approvals: Approvals, command: str, args: str, user_id: str, is
         return f"No approval request has the ID {approval_id}."
     if approval.requested_by not in (None, user_id) and not is_admin:
         return "Only the person who asked (or an admin) can decide this request."
+    if command == "approve" and not is_admin and not trusted:
+        return "Only an admin can approve this request (on this bot you are not an approved user)."
     status = "approved" if command == "approve" else "denied"
     if not approvals.decide(approval.id, status, user_id):
         return f"Request {approval.id} is already closed ({approvals.status(approval.id)})."

@@ -137,9 +137,12 @@ class Commands:
         if session_id is None:
             lines.append("Conversation: none yet")
         else:
-            count, prompt_tokens, completion_tokens = self.directory.session_usage(session_id)
-            lines.append(f"Conversation: {session_id[:8]} ({count} messages)")
-            lines.append(f"Tokens used: {prompt_tokens} in, {completion_tokens} out")
+            usage = self.directory.session_usage(session_id)
+            cached = f" ({usage.cached_tokens} of them cached)" if usage.cached_tokens else ""
+            lines.append(f"Conversation: {session_id[:8]} ({usage.messages} messages)")
+            lines.append(f"Tokens used: {usage.prompt_tokens} in{cached}, {usage.completion_tokens} out")
+            if usage.cost_usd:
+                lines.append(f"Cost so far: ${usage.cost_usd:.4f}")
             lines += plan_lines(self.store, session_id)
         lines.append(f"Waiting messages: {self.directory.pending_count(ctx.key)}")
         return "\n".join(lines)

@@ -13,13 +13,17 @@ from gateway.errors import ConfigError
 
 
 async def run_doctor(config: GatewayConfig) -> int:
-    """Prints one line per check (``ok`` / ``FAIL``); returns 0 when everything passed, else 1."""
+    """Prints one line per check (``ok`` / ``FAIL`` / ``warn``); returns 0 when nothing failed
+    (warnings do not fail), else 1."""
     failures = 0
 
     def report(ok: bool, what: str, detail: str) -> None:
         nonlocal failures
         failures += 0 if ok else 1
         print(f"[{'ok' if ok else 'FAIL'}] {what}: {detail}", flush=True)
+
+    def warn(what: str, detail: str) -> None:
+        print(f"[warn] {what}: {detail}", flush=True)
 
     report(True, "config", "loaded")
     try:
@@ -64,9 +68,66 @@ async def run_doctor(config: GatewayConfig) -> int:
         except Exception as exc:
             report(False, adapter.platform, f"{type(exc).__name__}: {exc}")
     await _check_tools(config, report)
+    _check_access(config, report, warn)
     _check_skills(config, report)
     print("all checks passed" if failures == 0 else f"{failures} check(s) failed", flush=True)
     return 0 if failures == 0 else 1
+
+
+def guarded_tools(config: GatewayConfig) -> tuple[list[str], list[str]]:
+    """The chat tools with side effects (``write``/``external``) this config mounts, split into
+    ``(need approval, run without approval)`` by ``[approvals]``. MCP servers appear as
+    ``mcp NAME`` (their tools are ``external`` unless marked read-only)."""
+    from agent.bridge import AsyncBridge
+    from gateway.app import build_catalog, expand_toolset
+
+    tools = build_catalog(config, AsyncBridge("doctor-catalog")).tools  # built, never started
+    mounted = set(expand_toolset(config.agent.toolset, config.tools.toolsets)) \
+        if config.agent.toolset is not None else None
+    effects = {name: tool.side_effect for name, tool in tools.items()}
+    if config.scheduler.enabled:
+        effects["schedule_report"] = "write"
+    for name, server in config.mcp.servers.items():
+        if server.enabled:
+            effects[f"mcp {name}"] = "external"
+    require = set(config.approvals.require_for)
+    guarded, free = [], []
+    for name, effect in sorted(effects.items()):
+        if effect not in ("write", "external") or (mounted is not None and name not in mounted
+                                                   and not name.startswith("mcp ")):
+            continue
+        (guarded if effect in require else free).append(name)
+    if "run_shell" in free and config.approvals.dangerous_shell_patterns:
+        free[free.index("run_shell")] = "run_shell (dangerous commands still need approval)"
+    return guarded, free
+
+
+def _check_access(config: GatewayConfig, report: Callable[[bool, str, str], None],
+                  warn: Callable[[str, str], None]) -> None:
+    """Open access with tools that act on the world: who can run them (``gateway.access``)."""
+    from gateway.access import admin_pages_on
+
+    access = config.access
+    if access.mode != "open":
+        report(True, "access", f"allowlist ({len(access.allowed_users)} users, {len(access.allowed_chats)} chats, "
+                               f"{len(access.admins)} admins)")
+        return
+    guarded, free = guarded_tools(config)
+    if not guarded and not free:
+        warn("access", 'mode = "open": anyone who finds the bot can talk to it (no tool acts on the world); '
+                       'production: access.mode = "allowlist"')
+        return
+    deciders = "; ".join(filter(None, [f"access.admins ({len(access.admins)})" if access.admins else "",
+                                       "the admin pages" if admin_pages_on(config) else ""]))
+    if guarded:
+        who = f"an admin must approve them ({deciders})" if deciders else \
+            "they are refused, since no admin is configured (access.admins, or the admin pages)"
+        warn("access", f'mode = "open" with {", ".join(guarded)}: when a stranger asks, {who}; '
+                       'production: access.mode = "allowlist" (README: Production checklist)')
+    if free:
+        warn("approvals", f'mode = "open" and approvals.require_for does not cover {", ".join(free)}: '
+                          "ANYONE who finds the bot can run them without asking; add \"write\" and "
+                          '"external" to approvals.require_for or use access.mode = "allowlist"')
 
 
 def _check_skills(config: GatewayConfig, report: Callable[[bool, str, str], None]) -> None:
@@ -99,6 +160,8 @@ async def _check_tools(config: GatewayConfig, report: Callable[[bool, str, str],
         if config.tools.workspace == "shell":
             detail += f"; shell sandbox {workspace.sandbox.describe()}"
         report(True, "workspace", detail)
+        if config.tools.workspace == "shell":  # bubblewrap / namespaces / none
+            report(True, "shell isolation", workspace.sandbox.describe_isolation())
     specs = mcp_specs(config)
     if not specs:
         return

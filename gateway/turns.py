@@ -101,6 +101,9 @@ class TurnRunner:
         wake: tells delivery an approval prompt was queued (thread-safe).
         memory: long-term memory: recalled into the newest user message's meta before the turn,
             written back after it (``None``: no memory).
+        trusted: ``(message, user id) -> bool``: may the turn's requester approve their own calls
+            of tools that need approval (open access: admins and approved users only; otherwise an
+            admin decides). Asked on the worker thread.
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
@@ -111,8 +114,10 @@ class TurnRunner:
                  window: WindowPolicy | None = None, metrics: GatewayMetrics | None = None,
                  approvals: Approvals | None = None, policy: ApprovalPolicy | None = None,
                  redact: Callable[[str], str] = lambda text: text, wake: Callable[[], None] = lambda: None,
-                 memory: MemoryService | None = None) -> None:
+                 memory: MemoryService | None = None,
+                 trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True) -> None:
         self.memory = memory
+        self.trusted = trusted
         self.job_commands = job_commands
         self.store = store
         self.metrics = metrics
@@ -331,7 +336,8 @@ class TurnRunner:
         if self.approvals is None:
             return None
         return ChatApprover(self.approvals, self.policy, last.message.address, last.session_key, turn_id,
-                            last.user_id, wake=self.wake, redact=self.redact, reply_to_id=last.message.reply_to_id)
+                            last.user_id, wake=self.wake, redact=self.redact, reply_to_id=last.message.reply_to_id,
+                            trusted=lambda: self.trusted(last.message, last.user_id))
 
     # -- in-process cancellation -------------------------------------------------------------
     def note_generation(self, key: str, generation: int) -> None:

@@ -1,10 +1,13 @@
-"""A tiny stdio MCP server for the tests (plain JSON-RPC over stdin/stdout, no SDK): two tools,
-``add(a, b)`` and ``shout(text)`` (read-only)."""
+"""A tiny stdio MCP server for the tests (plain JSON-RPC over stdin/stdout, no SDK): ``add(a, b)``,
+``shout(text)`` (read-only), and for the failure tests ``pid()`` (its process id), ``crash()``
+(the process exits without answering) and ``hang()`` (never answers)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 
 TOOLS = [
     {"name": "add", "description": "Add two integers.",
@@ -12,6 +15,10 @@ TOOLS = [
                      "required": ["a", "b"]}},
     {"name": "shout", "description": "Upper-case a text.", "annotations": {"readOnlyHint": True},
      "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}},
+    {"name": "pid", "description": "The server's process id.", "annotations": {"readOnlyHint": True},
+     "inputSchema": {"type": "object", "properties": {}}},
+    {"name": "crash", "description": "Exit at once, without answering.", "inputSchema": {"type": "object"}},
+    {"name": "hang", "description": "Never answer.", "inputSchema": {"type": "object"}},
 ]
 
 
@@ -30,6 +37,13 @@ def answer(request: dict) -> dict | None:
             text = str(int(args["a"]) + int(args["b"]))
         elif params.get("name") == "shout":
             text = str(args["text"]).upper()
+        elif params.get("name") == "pid":
+            text = str(os.getpid())
+        elif params.get("name") == "crash":
+            os._exit(3)
+        elif params.get("name") == "hang":
+            while True:  # deaf to everything, its closed stdin included: only a signal ends it
+                time.sleep(60)
         else:
             return {"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32602, "message": "unknown tool"}}
         result = {"content": [{"type": "text", "text": text}], "isError": False}

@@ -33,8 +33,12 @@ def write_then_report(req: dict) -> oa.Reply:
     return oa.tool_calls(oa.call("write_file", {"path": "plan.txt", "content": "step 1"}))
 
 
+REQUESTERS = [f"telegram:{5559001 + i}" for i in range(8)]
+"""The users whose turns ask for approval: approved users (open access refuses strangers those tools)."""
+
+
 def config(tmp_path, fake_openai, fake_telegram, timeout_s: float = 10.0):
-    return gateway_config(tmp_path, fake_openai, fake_telegram,
+    return gateway_config(tmp_path, fake_openai, fake_telegram, access={"allowed_users": REQUESTERS},
                           tools={"workspace": "write", "workspace_root": str(tmp_path / "ws")},
                           approvals={"require_for": ["write", "external"], "timeout_s": timeout_s})
 

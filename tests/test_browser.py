@@ -1,8 +1,10 @@
 """Browser tools on Playwright + the system Chromium, on the AsyncBridge loop.
 
 A local site with a login form: turn 1 logs in, turn 2 (a later message) reads a page that needs
-the login, through the whole gateway (Telegram fake, fake model). Skipped when Chromium is
-missing, except in CI (``CI`` set), where ``.ci/run`` installs it and the test must run.
+the login, through the whole gateway (Telegram fake, fake model). SSRF (issue 17): redirects,
+subresources and host names that resolve to loopback are refused by the browser's proxy, and
+what they would have returned never reaches the model. Skipped when Chromium is missing, except
+in CI (``CI`` set), where ``.ci/run`` installs it and the test must run.
 """
 
 from __future__ import annotations
@@ -18,10 +20,16 @@ from aiohttp import web
 
 from agent.bridge import AsyncBridge
 from agent.browser import BrowserTools
+from agent.budget import Limits
 from agent.context import RunContext
+from agent.loop import run_turn
+from agent.model import OpenAIChatModel
+from agent.netguard import NetGuard
+from agent.tools import ToolRegistry
 from tests.conftest import gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.fakes.server import ThreadedServer
+from tests.fakes.ssrf_sites import PUBLIC_NETWORK, SECRET, FakeResolver, InternalServer, PublicSite, redirect_chain
 from tests.test_telegram_e2e import dm_update, sends_to
 
 CHROMIUM = "/usr/bin/chromium"
@@ -169,3 +177,104 @@ def test_private_hosts_are_blocked_unless_allowed(site):
 def test_chromium_is_the_system_package():
     assert shutil.which("chromium") == CHROMIUM or os.path.exists(CHROMIUM)
     assert asyncio.iscoroutinefunction(BrowserTools.open)
+
+
+@pytest.fixture(scope="module")
+def internal():
+    with InternalServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def internal6():
+    with InternalServer("::1") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def public():
+    with PublicSite() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def guarded_browser():
+    """Chromium behind a guard that treats the test's public site as public (names from FakeResolver)."""
+    bridge = AsyncBridge()
+    bridge.start()
+    guard = NetGuard(allow=[PUBLIC_NETWORK], resolver=FakeResolver())
+    yield bridge, BrowserTools(bridge, executable_path=CHROMIUM, guard=guard, timeout_s=10)
+    bridge.stop()
+
+
+def open_in_a_turn(fake_openai, bridge: AsyncBridge, browser: BrowserTools, url: str, session: str) -> str:
+    """One agent turn in which the model calls ``browser_open(url)``; the tool result it was sent next."""
+    fake_openai.reset()
+    fake_openai.script(oa.tool_calls(oa.call("browser_open", {"url": url})), oa.text("done"))
+    tools = ToolRegistry()
+    for tool in browser.tools():
+        tools.add(tool)
+    model = OpenAIChatModel(base_url=f"{fake_openai.url}/v1", api_key="sk-test", model="gpt-4o-mini", max_retries=0)
+    outcome = run_turn(system_prompt="s", history=[{"role": "user", "content": f"open {url}"}], model=model,
+                       tools=tools, bridge=bridge, limits=Limits(), record=lambda *a: None,
+                       context=RunContext(session_id=session))
+    assert outcome.reply == "done"
+    message = fake_openai.requests[-1]["json"]["messages"][-1]
+    assert message["role"] == "tool"
+    return message["content"]
+
+
+@pytest.mark.parametrize(("target", "hops", "reason"), [
+    pytest.param("{i}/secret", 1, "refused 127.0.0.1: a loopback address", id="one-hop-loopback"),
+    pytest.param("{i6}/secret", 2, "refused ::1: a loopback address", id="two-hops-ipv6-loopback"),
+    pytest.param("http://internal.test:{port}/secret", 0, "refused internal.test (127.0.0.1)",
+                 id="name-resolves-private"),
+    pytest.param("http://[::ffff:127.0.0.1]:{port}/secret", 1, "IPv4 127.0.0.1 inside", id="redirect-ipv4-mapped"),
+    pytest.param("http://2130706433:{port}/secret", 1, "refused 127.0.0.1: a loopback", id="redirect-decimal"),
+    pytest.param("http://0177.0.0.1:{port}/secret", 2, "refused 127.0.0.1: a loopback", id="redirect-octal"),
+    pytest.param("https://internal.test:{port}/secret", 0, "refused internal.test (127.0.0.1)", id="https-tunnel"),
+])
+def test_browser_refuses_private_targets_on_every_hop(target, hops, reason, fake_openai, guarded_browser, internal,
+                                                       internal6, public):
+    bridge, browser = guarded_browser
+    target = target.format(i=internal.url, i6=internal6.url, port=internal.port)
+    url = redirect_chain(f"http://public.test:{public.port}", target, hops)
+    before = len(internal.hits) + len(internal6.hits)
+    result = open_in_a_turn(fake_openai, bridge, browser, url, session=f"ssrf-{hops}")
+    assert reason in result, result
+    assert SECRET not in result
+    assert len(internal.hits) + len(internal6.hits) == before  # the browser never reached it
+
+
+def test_browser_refuses_private_subresources_and_says_so(fake_openai, guarded_browser, internal, public):
+    bridge, browser = guarded_browser
+    before = len(internal.hits)
+    result = open_in_a_turn(fake_openai, bridge, browser,
+                            f"http://public.test:{public.port}/embeds?port={internal.port}", session="embeds")
+    assert "A public page with embeds." in result  # the public page itself loads
+    assert "request(s) of this page were refused" in result and "a loopback address" in result
+    assert SECRET not in result
+    assert internal.hits[before:] == []
+
+
+def test_browser_reaches_public_pages_through_redirects(fake_openai, guarded_browser, public):
+    bridge, browser = guarded_browser
+    result = open_in_a_turn(fake_openai, bridge, browser, f"http://public.test:{public.port}/loop?n=3", session="ok")
+    assert "A public page." in result and f"URL: http://public.test:{public.port}/page" in result
+    assert "refused" not in result
+
+
+def test_allow_private_still_reaches_loopback_names_through_the_proxy(fake_openai, internal, public):
+    """``tools.browser_allow_private``: private targets are allowed, and still reached through the
+    proxy (Chromium cannot resolve ``internal.test`` itself; the guard's resolver does)."""
+    bridge = AsyncBridge()
+    bridge.start()
+    guard = NetGuard(allow_private=True, resolver=FakeResolver())
+    browser = BrowserTools(bridge, executable_path=CHROMIUM, guard=guard, timeout_s=10)
+    try:
+        target = f"http://internal.test:{internal.port}/secret"
+        result = open_in_a_turn(fake_openai, bridge, browser, redirect_chain(f"http://public.test:{public.port}",
+                                                                            target, 2), session="private-ok")
+        assert SECRET in result and f"URL: {target}" in result
+    finally:
+        bridge.stop()

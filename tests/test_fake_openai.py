@@ -94,6 +94,49 @@ def test_missing_tool_answer_is_rejected_without_eating_script(fake, client):
     assert resp.choices[0].message.content == "kept"
 
 
+@pytest.mark.parametrize("bad_id", [None, "", "absent"])
+def test_a_tool_call_without_id_is_rejected_like_the_real_api(fake, client, bad_id):
+    fake.script(text("kept"))
+    calls = assistant_calls("call_1", "call_2")
+    if bad_id == "absent":
+        del calls["tool_calls"][1]["id"]
+    else:
+        calls["tool_calls"][1]["id"] = bad_id
+    msgs = [user(), calls, tool_msg("call_1"), tool_msg(str(bad_id))]
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=MODEL, messages=msgs)
+    assert exc.value.status_code == 400
+    assert exc.value.body == {"message": "Missing required parameter: 'messages[1].tool_calls[1].id'.",
+                              "type": "invalid_request_error", "param": "messages[1].tool_calls[1].id",
+                              "code": "missing_required_parameter"}
+    assert fake.pending == 1  # nothing consumed
+
+
+def test_a_tool_call_without_function_name_is_rejected(fake, client):
+    calls = assistant_calls("call_1")
+    calls["tool_calls"][0]["function"] = {"arguments": "{}"}
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=MODEL, messages=[user(), calls, tool_msg("call_1")])
+    assert exc.value.body["param"] == "messages[1].tool_calls[0].function.name"
+
+
+@pytest.mark.parametrize("shape", ["shared", "one_chunk"])
+def test_streaming_tool_calls_under_one_index(fake, client, shape):
+    fake.script(tool_calls(call("get_weather", {"city": "Oslo"}, id="c1"),
+                           call("lookup", {"q": "x" * 20}, id="c2"), index_shape=shape))
+    pieces = []
+    for chunk in client.chat.completions.create(model=MODEL, messages=[user()], stream=True):
+        for ch in chunk.choices:
+            pieces.append([(tc.index, tc.id, tc.function.arguments) for tc in ch.delta.tool_calls or []])
+    pieces = [p for p in pieces if p]
+    assert {index for p in pieces for index, _, _ in p} == {0}
+    if shape == "one_chunk":
+        assert pieces == [[(0, "c1", '{"city": "Oslo"}'), (0, "c2", json.dumps({"q": "x" * 20}))]]
+    else:
+        ids = [tc_id for p in pieces for _, tc_id, _ in p if tc_id]
+        assert ids == ["c1", "c2"] and all(len(p) == 1 for p in pieces) and len(pieces) > 4
+
+
 def test_schema_validation(fake, client):
     bad_tools = [{"type": "function", "function": {"name": "bad name"}}]
     with pytest.raises(openai.BadRequestError):

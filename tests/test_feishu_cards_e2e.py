@@ -89,6 +89,7 @@ async def test_plan_is_one_card_patched_in_place_and_the_reply_another_message(t
 
 def approval_config(tmp_path, fake_openai, fake_feishu, **feishu):
     return gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu, feishu=feishu,
+                          access={"allowed_users": [f"feishu:{ALICE}"]},  # the requester (open access)
                           tools={"workspace": "write", "workspace_root": str(tmp_path / "ws")},
                           approvals={"require_for": ["write", "external"], "timeout_s": 10.0})
 

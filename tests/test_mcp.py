@@ -1,9 +1,15 @@
-"""MCP client: a stdio server written for the test (tests/mcp_server.py) exposes two tools; the
-model calls one end to end through FakeTelegram. An unreachable HTTP server is reported and
-skipped without delaying start-up or the first answer; ``gateway doctor`` lists both."""
+"""MCP client: a stdio server written for the test (tests/mcp_server.py) exposes its tools; the
+model calls them end to end through FakeTelegram. An unreachable HTTP server is reported and
+skipped without delaying start-up or the first answer; ``gateway doctor`` lists both. A server
+that crashes during a call, hangs, or exits between calls gives a clear tool error (or none, when
+it was already gone before the call) within its timeout, starts again on the next call, and no
+server process is left behind (checked in /proc)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -14,6 +20,7 @@ from tests.fakes import openai as oa
 from tests.test_telegram_e2e import dm_update, sends_to, wait_until
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
+TOOLS = ["calc__add", "calc__shout", "calc__pid", "calc__crash", "calc__hang"]
 
 
 def mcp_config(tmp_path, fake_openai, fake_telegram):
@@ -44,7 +51,7 @@ async def test_mcp_tool_discovered_and_called_end_to_end(tmp_path, fake_telegram
     gateway = await start_gateway(mcp_config(tmp_path, fake_openai, fake_telegram), running)
     assert time.monotonic() - started < 8
     status = {s.name: s for s in gateway.mcp.status}
-    assert status["calc"].ok and status["calc"].tools == ["calc__add", "calc__shout"]
+    assert status["calc"].ok and status["calc"].tools == TOOLS
     assert not status["down"].ok  # reported and skipped
     assert gateway.tools.get("calc__add").side_effect == "external"
     assert gateway.tools.get("calc__shout").side_effect == "read"
@@ -81,6 +88,138 @@ async def test_doctor_lists_mcp_servers_and_the_sandbox(tmp_path, fake_telegram,
     config.tools.workspace = "shell"
     await run_doctor(config)
     out = capsys.readouterr().out
-    assert "[ok] mcp calc: 2 tools (calc__add, calc__shout)" in out
+    assert f"[ok] mcp calc: 5 tools ({', '.join(TOOLS)})" in out
     assert "[FAIL] mcp down:" in out
     assert "[ok] workspace: shell" in out
+
+
+# ---------------------------------------------------------------- a server that crashes, hangs, exits
+
+
+def server_children() -> list[tuple[int, str]]:
+    """(pid, state) of this process's children running tests/mcp_server.py, zombies included
+    (an exited child nobody reaped is left behind too)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == os.getpid() and (b"mcp_server.py" in cmdline or state == "Z"):
+            found.append((int(entry), state))
+    return found
+
+
+def gone(pid: int) -> bool:
+    """The process no longer exists (it exited and was reaped)."""
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def tool_answer(request: dict) -> oa.Reply:
+    """``call NAME`` -> the model calls ``calc__NAME``; after the result it answers with the result's
+    text (the untrusted-output wrapper and the budget note left out)."""
+    last = request["messages"][-1]
+    if last["role"] == "tool":
+        lines = [line for line in last["content"].splitlines()
+                 if line and not line.startswith(("<tool_output", "</tool_output", "[budget"))]
+        return oa.text("\n".join(lines))
+    name = last["content"].split("call ", 1)[1].split()[0]
+    return oa.tool_calls(oa.call(f"calc__{name}", {"a": 20, "b": 22} if name == "add" else {}))
+
+
+class Chat:
+    """One Telegram DM with the gateway: ``ask`` sends a line and returns the reply's text."""
+
+    def __init__(self, fake_telegram, user_id: int) -> None:
+        self.fake, self.user_id, self.message_id = fake_telegram, user_id, user_id % 10_000 * 100
+
+    async def ask(self, text: str, timeout: float = 20) -> str:
+        before = len(sends_to(self.fake, self.user_id))
+        self.message_id += 1
+        self.fake.inject(dm_update(text, self.message_id, user_id=self.user_id))
+        await wait_until(lambda: len(sends_to(self.fake, self.user_id)) > before, timeout=timeout, what=text)
+        return sends_to(self.fake, self.user_id)[before].params["text"]
+
+
+async def start_calc(tmp_path, fake_openai, fake_telegram, running, timeout_s: float):
+    fake_openai.reset()
+    fake_openai.responder = tool_answer
+    config = gateway_config(tmp_path, fake_openai, fake_telegram, mcp={
+        "startup_timeout_s": 10, "servers": {"calc": {"command": [sys.executable, SERVER], "timeout_s": timeout_s}}})
+    return await start_gateway(config, running)
+
+
+async def stop_and_check_no_server_left(gateway, running) -> None:
+    running.remove(gateway)
+    await gateway.stop()
+    assert server_children() == []
+
+
+async def test_a_server_that_crashes_during_a_call_errors_at_once_and_starts_again(
+        tmp_path, fake_telegram, fake_openai, running):
+    gateway = await start_calc(tmp_path, fake_openai, fake_telegram, running, timeout_s=60)
+    chat = Chat(fake_telegram, 5559201)
+    first = int(await chat.ask("call pid"))
+    # Answered long before the server's 60 s timeout: the closed connection is the answer.
+    assert await chat.ask("call crash") == (
+        "Error: calc__crash failed: McpUnavailable: MCP server calc stopped while running crash (connection "
+        "closed); it starts again on the next call (it may or may not have taken effect).")
+    await wait_until(lambda: gone(first), what="the crashed server reaped")
+    second = int(await chat.ask("call pid"))
+    assert second != first and not gone(second)
+    assert await chat.ask("call add") == "42"
+    await stop_and_check_no_server_left(gateway, running)
+    assert gone(second)
+
+
+async def test_a_server_that_hangs_is_stopped_after_its_timeout_and_started_again(
+        tmp_path, fake_telegram, fake_openai, running):
+    gateway = await start_calc(tmp_path, fake_openai, fake_telegram, running, timeout_s=2)
+    chat = Chat(fake_telegram, 5559202)
+    first = int(await chat.ask("call pid"))
+    assert await chat.ask("call hang") == (
+        "Error: calc__hang failed: McpUnavailable: MCP server calc did not answer hang within 2 s; the server "
+        "was stopped and starts again on the next call (it may or may not have taken effect).")
+    await wait_until(lambda: gone(first), what="the hung server killed and reaped")
+    assert await chat.ask("call add") == "42"
+    second = int(await chat.ask("call pid"))
+    assert second != first
+    await stop_and_check_no_server_left(gateway, running)
+
+
+async def test_a_server_that_exited_between_calls_is_started_again_without_an_error(
+        tmp_path, fake_telegram, fake_openai, running):
+    gateway = await start_calc(tmp_path, fake_openai, fake_telegram, running, timeout_s=10)
+    chat = Chat(fake_telegram, 5559203)
+    first = int(await chat.ask("call pid"))
+    os.kill(first, signal.SIGKILL)  # killed from outside (the OOM killer, an operator), while idle
+    await wait_until(lambda: gone(first), what="the killed server reaped by the gateway")
+    second = int(await chat.ask("call pid"))  # a number, not an error: re-initialised before the call
+    assert second != first
+    await stop_and_check_no_server_left(gateway, running)
+
+
+async def test_shutting_down_during_a_hung_call_stops_and_reaps_the_server():
+    from agent.bridge import AsyncBridge
+    from agent.mcp import McpClients, McpServerSpec
+
+    bridge = AsyncBridge()
+    bridge.start()
+    clients = McpClients([McpServerSpec("calc", command=[sys.executable, SERVER], timeout_s=60)], bridge)
+    tools = {tool.name: tool for tool in await clients.discover(10)}
+
+    def on_bridge(coro):
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, bridge.loop))
+
+    pid = int(await on_bridge(tools["calc__pid"].fn()))
+    hung = on_bridge(tools["calc__hang"].fn())
+    await asyncio.sleep(0.3)  # let the request reach the server (the test holds either way)
+    await asyncio.to_thread(bridge.stop)  # what Gateway.stop does, with the bridge's default 5 s
+    assert gone(pid) and server_children() == []
+    assert hung.done()

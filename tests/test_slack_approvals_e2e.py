@@ -40,7 +40,7 @@ async def prompt(fake, channel: str):
 
 
 def config(tmp_path, fake_openai, fake_slack):
-    return gateway_config(tmp_path, fake_openai, fake_slack=fake_slack,
+    return gateway_config(tmp_path, fake_openai, fake_slack=fake_slack, access={"allowed_users": [f"slack:{OWNER}"]},
                           tools={"workspace": "write", "workspace_root": str(tmp_path / "ws")},
                           approvals={"require_for": ["write", "external"], "timeout_s": 10.0})
 

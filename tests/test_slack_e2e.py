@@ -206,9 +206,12 @@ async def test_socket_mode_event_is_acked_and_answered(tmp_path, fake_slack, fak
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.text("root cause: a full disk")
     config = gateway_config(tmp_path, fake_openai, fake_slack=fake_slack, slack={"mode": "socket"})
+    opened = len(fake_slack.calls("apps.connections.open"))
     gateway = await start_gateway(config, running)
     assert gateway.adapters["slack"].routes() == []
     await wait_until(lambda: fake_slack.socket_clients == 1, what="socket connection")
+    # The app token is checked at start with the call that opens the first connection (Tier 1).
+    assert len(fake_slack.calls("apps.connections.open")) - opened == 1
     since = len(fake_slack.calls("chat.postMessage"))
 
     frame = fixture("slack", "socket_mode_app_mention.json")

@@ -119,6 +119,29 @@ def test_transcript_window_is_the_newest_messages_in_order(store):
     assert [m.content for m in window] == ["m7", "m8", "m9"]
 
 
+def test_session_usage_sums_each_calls_reported_figures_once(store):
+    from gateway.admin.queries import AdminQueries
+    from gateway.store.directory import Directory, SessionUsage
+
+    store.claim_lane("k", "a", 60)
+    session_id, _ = store.current_session("k", lambda: "s")
+    store.append_message(session_id, "t1", "user", "hi", meta={"time": 1.0})
+    store.append_message(session_id, "t1", "assistant", None, prompt_tokens=1500,
+                         completion_tokens=20, meta={"cost_usd": 0.008, "cached_tokens": 1000})
+    store.append_message(session_id, "t1", "tool", "ok", tool_call_id="c1")
+    store.append_message(session_id, "t1", "assistant", "done", prompt_tokens=1700, completion_tokens=50,
+                         meta={"cost_usd": 0.0085, "cached_tokens": 1500, "stop_reason": "stop"})
+    store.append_message(session_id, "t2", "assistant", "no cache", prompt_tokens=10, completion_tokens=5,
+                         meta={"cost_usd": 0.0001})
+    usage = Directory(store.engine).session_usage(session_id)
+    assert usage == SessionUsage(5, 3210, 75, 2500, pytest.approx(0.0166))
+    listed = next(r for r in AdminQueries(store.engine).sessions() if r["id"] == session_id)
+    assert (listed["prompt_tokens"], listed["cached_tokens"], listed["cost_usd"]) == (3210, 2500, pytest.approx(0.0166))
+    turns = AdminQueries(store.engine).session(session_id)["turns"]
+    assert [(t["prompt_tokens"], t["cached_tokens"], t["cost_usd"]) for t in turns] == [
+        (3200, 2500, pytest.approx(0.0165)), (10, 0, pytest.approx(0.0001))]
+
+
 def test_turn_texts_are_the_turns_messages_among_the_newest(store):
     store.claim_lane("k", "a", 60)
     session_id, _ = store.current_session("k", lambda: "s")

@@ -1,10 +1,14 @@
-"""Streaming: tool-call deltas merged by index, and streamed replies delivered once as one message
-(a preview edited in place, the final text an edit of it through the outbox) on Telegram and Slack."""
+"""Streaming: tool-call deltas merged by id, then index (also when a server tags every parallel call
+with ``index: 0``), and streamed replies delivered once as one message (a preview edited in place,
+the final text an edit of it through the outbox) on Telegram and Slack."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import re
+
+import pytest
 
 from agent.streaming import StreamAccumulator
 from gateway.streaming import PREVIEW_SUFFIX
@@ -48,6 +52,71 @@ def test_text_deltas_accumulate_and_the_name_sent_whole_twice_is_not_doubled():
     acc.add(delta(tool_calls=[{"index": 0, "id": "c", "function": {"name": "web_fetch", "arguments": ""}}]))
     acc.add(delta(tool_calls=[{"index": 0, "function": {"name": "web_fetch", "arguments": "{}"}}]))
     assert acc.text == "Hello" and acc.tool_calls()[0]["function"] == {"name": "web_fetch", "arguments": "{}"}
+
+
+def piece(index, id=None, name=None, arguments=""):
+    tc = {"index": index, "function": {"arguments": arguments}}
+    if id is not None:
+        tc.update(id=id, type="function")
+        tc["function"]["name"] = name
+    return tc
+
+
+def test_calls_sharing_index_0_in_consecutive_chunks_stay_apart():
+    acc = StreamAccumulator()  # the vLLM shape: a new id under the same index is a new call
+    acc.add(delta(tool_calls=[piece(0, "call_a", "web_fetch")]))
+    acc.add(delta(tool_calls=[piece(0, arguments='{"url": "https://a.example"}')]))
+    acc.add(delta(tool_calls=[piece(0, "call_b", "web_fetch")]))
+    acc.add(delta(tool_calls=[piece(0, arguments='{"url": ')]))
+    acc.add(delta(tool_calls=[piece(0, arguments='"https://b.example"}')]))
+    assert acc.tool_calls() == [
+        {"id": "call_a", "type": "function", "function": {"name": "web_fetch", "arguments": '{"url": "https://a.example"}'}},
+        {"id": "call_b", "type": "function", "function": {"name": "web_fetch", "arguments": '{"url": "https://b.example"}'}},
+    ]
+
+
+def test_calls_sharing_index_0_in_one_chunk_stay_apart_and_a_repeated_id_continues_its_call():
+    acc = StreamAccumulator()
+    acc.add(delta(tool_calls=[piece(0, "call_a", "add", '{"a": 1}'), piece(0, "call_b", "shout", '{"t": ')]))
+    acc.add(delta(tool_calls=[{"index": 0, "id": "call_b", "function": {"arguments": '"x"}'}}]))
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in acc.tool_calls()] == [
+        ("call_a", "add", '{"a": 1}'), ("call_b", "shout", '{"t": "x"}')]
+
+
+def test_a_call_streamed_without_id_or_index_gets_an_id():
+    acc = StreamAccumulator()
+    acc.add(delta(tool_calls=[{"function": {"name": "web_fetch", "arguments": '{"url": '}}]))
+    acc.add(delta(tool_calls=[{"function": {"arguments": '"https://a.example"}'}}]))
+    calls = acc.tool_calls()
+    assert len(calls) == 1 and re.fullmatch(r"call_[0-9a-f]{24}", calls[0]["id"])
+    assert calls[0]["function"] == {"name": "web_fetch", "arguments": '{"url": "https://a.example"}'}
+    assert acc.tool_calls()[0]["id"] == calls[0]["id"]  # stable
+
+
+@pytest.mark.parametrize("shape", ["shared", "one_chunk"])
+async def test_parallel_calls_streamed_under_one_index_both_run_and_the_follow_up_is_accepted(
+        shape, tmp_path, fake_telegram, fake_openai, page_server, running):
+    fake_openai.reset()
+    first = oa.call("web_fetch", {"url": f"{page_server.url}/page?copy=1"})
+    second = oa.call("web_fetch", {"url": f"{page_server.url}/page?copy=2"})
+    fake_openai.script(oa.tool_calls(first, second, index_shape=shape), oa.text("fetched both"))
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    chat = 5552101 + (shape == "one_chunk")
+    fake_telegram.inject(dm_update("fetch both copies", 9751, user_id=chat))
+    await wait_until(lambda: any(m["text"] == "fetched both" for m in fake_telegram.sent_messages(chat)),
+                     what="the reply after both tools")
+    requests = fake_openai.requests
+    assert [r["status"] for r in requests] == [200, 200]  # the fake refuses a call without an id (400)
+    follow_up = requests[1]["json"]["messages"]
+    assistant = next(m for m in follow_up if m.get("tool_calls"))
+    assert assistant["tool_calls"] == [
+        {"id": c.id, "type": "function", "function": {"name": "web_fetch", "arguments": c.arguments}}
+        for c in (first, second)]
+    answers = [m for m in follow_up if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in answers] == [first.id, second.id]
+    for n, answer in enumerate(answers, 1):  # each call ran with its own arguments
+        assert f"URL: {page_server.url}/page?copy={n}\nStatus: 200" in answer["content"]
+        assert "amber-falcon-42" in answer["content"]
 
 
 FINAL = "Here is the **summary** you asked for: " + " ".join(f"point {i} is fine." for i in range(40))

@@ -99,7 +99,8 @@ async def test_login_transcript_with_tool_calls_escaping_and_csrf(tmp_path, fake
         assert re.search(r"<details class=\"call\"><summary>Tool call: web_fetch", transcript)
         assert f"{page_server.url}/page" in transcript
         assert re.search(r"<details class=\"msg tool\"><summary>Tool result: web_fetch", transcript)
-        assert "amber-falcon-42" in transcript and " in / " in transcript and "est. (gpt-4o-mini)" in transcript
+        assert "amber-falcon-42" in transcript and " in / " in transcript
+        assert re.search(r"out tokens · \$0\.\d{4}</small>", transcript)  # the recorded cost, not an estimate
         assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in transcript and "<script" not in transcript
 
         # Users: the web identity with its HTML name shown as text.

@@ -5,6 +5,7 @@ page's event stream; a web user linked to Telegram sees the Telegram turns."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 from yarl import URL
@@ -106,6 +107,32 @@ async def test_bad_posts_get_clear_errors_and_a_retry_is_not_a_second_message(tm
         assert len(fake_openai.requests) == 1 and gateway.duplicates == 1
     finally:
         await page.close()
+
+
+async def test_without_a_model_key_start_up_warns_once_and_the_reply_says_what_to_set(
+        tmp_path, fake_openai, running, caplog, monkeypatch):
+    monkeypatch.delenv("GATEWAY_TEST_UNSET_KEY", raising=False)
+    fake_openai.reset()
+    fake_openai.script(oa.text("never sent: the fake refuses the placeholder key"))
+    config = gateway_config(tmp_path, fake_openai, llm={"api_key_env": "GATEWAY_TEST_UNSET_KEY"})
+    with caplog.at_level(logging.WARNING):
+        gateway = await start_gateway(config, running)
+    warnings = [r for r in caplog.records if "GATEWAY_TEST_UNSET_KEY" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert warnings[0].getMessage().startswith("GATEWAY_TEST_UNSET_KEY is not set")
+    page = WebClient(base_of(gateway))
+    try:
+        await page.open()
+        page.listen()
+        assert (await page.say("hello")).status == 200
+        await wait_until(lambda: page.of("reply"), timeout=20, what="the reply")
+        assert page.of("reply")[0]["text"] == (
+            "⚠️ The model rejected the gateway's credentials. No model API key is set: put it in the "
+            "environment variable GATEWAY_TEST_UNSET_KEY (llm.api_key_env) and restart the gateway.")
+        assert [r["status"] for r in fake_openai.requests] == [401] and fake_openai.pending == 1
+    finally:
+        await page.close()
+    assert len([r for r in caplog.records if "is not set" in r.getMessage()]) == 1  # once, not per turn
 
 
 async def test_model_html_and_an_html_name_reach_the_page_escaped(tmp_path, fake_openai, running):

@@ -1,15 +1,17 @@
-"""Workspace tools: confinement (traversal, symlinks) and the shell sandbox (timeout, output cap,
-fork bomb, no secrets, no network)."""
+"""Workspace tools: confinement (traversal, symlinks, ``..`` after a symlink, a symlink swapped in
+after the check) and the shell sandbox (timeout, output cap, fork bomb, no secrets, no network,
+and with bubblewrap no file system outside the workspace)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import pytest
 
 from agent.context import RunContext
-from agent.sandbox import Sandbox
+from agent.sandbox import Sandbox, best_isolation
 from agent.workspace import Workspace, WorkspaceError
 
 
@@ -86,7 +88,125 @@ def test_fork_bomb_is_contained(ws):
 
 
 def test_no_network_by_default_when_namespaces_work(ws):
-    if ws.sandbox.mechanism != "unshare":
-        pytest.skip("unshare is not usable here: network isolation is off (documented)")
+    if ws.sandbox.isolation == "none":
+        pytest.skip("neither bwrap nor unshare is usable here: network isolation is off (documented)")
     out = ws.run_shell(CTX, "cat /proc/net/dev | tail -n +3 | cut -d: -f1; ps ax | wc -l")
     assert out.split("\n")[1].strip() == "lo"  # only a loopback interface
+
+
+# -- symlinks and `..` (issue 17) ----------------------------------------------------------------
+
+def test_dotdot_after_a_symlink_follows_the_symlink_first(ws, tmp_path):
+    """``link/../x`` is where the kernel goes (the parent of the link's target), not ``./x``."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "inner").mkdir(parents=True)
+    (elsewhere / "outside.txt").write_text("outside secret")
+    base = ws.directory("sess-1")
+    (base / "outside.txt").write_text("the workspace's own file")
+    os.symlink(elsewhere / "inner", base / "link")
+    for path in ("link/../outside.txt", "./link/../outside.txt", "link/../../elsewhere/outside.txt"):
+        with pytest.raises(WorkspaceError):
+            ws.read_file(CTX, path)
+        with pytest.raises(WorkspaceError):
+            ws.write_file(CTX, path, "overwritten")
+    assert (elsewhere / "outside.txt").read_text() == "outside secret"
+    assert ws.read_file(CTX, "outside.txt") == "the workspace's own file"
+
+
+def test_symlinks_that_stay_inside_still_work(ws):
+    base = ws.directory("sess-1")
+    (base / "real").mkdir()
+    (base / "real" / "a.txt").write_text("inside")
+    os.symlink("real", base / "alias")
+    os.symlink("real/a.txt", base / "a-link.txt")
+    assert ws.read_file(CTX, "alias/a.txt") == "inside" and ws.read_file(CTX, "a-link.txt") == "inside"
+    assert ws.write_file(CTX, "alias/b.txt", "new") == "Wrote 3 bytes to real/b.txt."
+    assert ws.read_file(CTX, "alias/../real/b.txt") == "new"
+
+
+class SwappingWorkspace(Workspace):
+    """Replaces ``sub`` with a symlink to ``outside`` right after each path check: what a
+    concurrent ``run_shell`` (``rm -r sub; ln -s /elsewhere sub``) could do in that window."""
+
+    outside: str = ""
+
+    def resolve(self, session_id, relative):
+        target = super().resolve(session_id, relative)
+        sub = self.directory(session_id) / "sub"
+        if sub.is_dir() and not sub.is_symlink():
+            for child in sub.iterdir():
+                child.unlink()
+            sub.rmdir()
+            os.symlink(self.outside, sub)
+        return target
+
+
+def test_a_symlink_swapped_in_after_the_check_is_not_followed(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "a.txt").write_text("outside secret")
+    ws = SwappingWorkspace(tmp_path / "ws", "write")
+    ws.outside = str(outside)
+    base = ws.directory("sess-1")
+    (base / "sub").mkdir()
+    (base / "sub" / "a.txt").write_text("inside")
+    with pytest.raises(WorkspaceError):
+        ws.read_file(CTX, "sub/a.txt")
+    os.unlink(base / "sub")
+    (base / "sub").mkdir()
+    with pytest.raises(WorkspaceError):
+        ws.write_file(CTX, "sub/a.txt", "overwritten")
+    assert (outside / "a.txt").read_text() == "outside secret"
+
+
+# -- run_shell's file system with bubblewrap (issue 17) -----------------------------------------
+
+@pytest.fixture
+def bwrap_ws(tmp_path):
+    """A shell workspace isolated by bubblewrap. Skipped without ``bwrap``, except in CI (``CI``
+    set), where ``.ci/run`` installs the Debian package and the isolation must be there."""
+    if shutil.which("bwrap") is None:
+        if os.environ.get("CI"):
+            pytest.fail("bubblewrap (bwrap) is required in CI: apt-get install -y bubblewrap")
+        pytest.skip("bubblewrap not installed (apt-get install bubblewrap)")
+    sandbox = Sandbox(timeout_s=10, max_output_bytes=10_000, cpu_s=5)
+    assert sandbox.isolation == "bubblewrap", "bwrap is installed but does not work here"
+    return Workspace(tmp_path / "ws", "shell", sandbox=sandbox)
+
+
+def test_run_shell_cannot_read_outside_the_workspace(bwrap_ws, tmp_path):
+    secret = tmp_path / "outside" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("outside-secret-5521")
+    other = bwrap_ws.directory("sess-2") / "theirs.txt"
+    other.write_text("other-session-8812")
+    out = bwrap_ws.run_shell(CTX, f"cat {secret}; cat {other}; cat ../sess-2/theirs.txt; ls {tmp_path}; "
+                             "ls /home /root /srv 2>&1 | head -3; echo end")
+    assert "outside-secret-5521" not in out and "other-session-8812" not in out
+    assert "No such file or directory" in out and out.rstrip().endswith("end")
+    assert secret.read_text() == "outside-secret-5521"
+
+
+def test_run_shell_under_bubblewrap_works_in_its_workspace_only(bwrap_ws):
+    out = bwrap_ws.run_shell(CTX, "echo made > made.txt; pwd; ls /usr/bin/env; echo x > /usr/x 2>&1 || echo ro; "
+                             "echo t > /tmp/t && cat /tmp/t; cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+    lines = out.splitlines()
+    assert lines[0] == "exit code: 0" and lines[1] == str(bwrap_ws.directory("sess-1")), out
+    assert "/usr/bin/env" in out and "ro" in lines and "t" in lines and lines[-1].strip() == "lo"
+    assert bwrap_ws.read_file(CTX, "made.txt") == "made\n"  # the workspace is the real one
+    assert bwrap_ws.run_shell(CTX, "cat /tmp/t").startswith("exit code: 1")  # /tmp is fresh per command
+
+
+async def test_doctor_says_which_isolation_is_active(tmp_path, fake_openai, capsys):
+    from gateway.doctor import run_doctor
+    from tests.conftest import gateway_config
+
+    config = gateway_config(tmp_path, fake_openai, tools={"workspace": "shell",
+                                                          "workspace_root": str(tmp_path / "ws")})
+    await run_doctor(config)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[ok] shell isolation: ")]
+    assert len(lines) == 1 and lines[0].split(": ", 1)[1].startswith(best_isolation())
+    if os.environ.get("CI") or shutil.which("bwrap"):
+        assert lines[0] == ("[ok] shell isolation: bubblewrap: the command sees only its workspace (system "
+                            "directories read-only), no network, own PID namespace")
+    assert Sandbox(use_namespaces=False).describe_isolation().startswith("none: limits only")

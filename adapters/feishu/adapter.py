@@ -52,6 +52,7 @@ from adapters.feishu.inbound import Ignored, to_inbound
 from adapters.feishu.token import TenantToken
 from adapters.feishu.wire import event_id_of, event_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
+from gateway.errors import CredentialRejected
 from gateway.ports import BeforePart, InboundSink, PartSent
 from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
 
@@ -59,6 +60,8 @@ log = logging.getLogger("adapters.feishu")
 
 WEBHOOK_PATH = "/feishu/events"
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
+APP_SECRET_INVALID = 10014
+"""Feishu auth/v3 tenant_access_token/internal: ``{"code": 10014, "msg": "app secret invalid"}``."""
 BOT_INFO_PATH = "/open-apis/bot/v3/info"
 TOKEN_INVALID_CODES = frozenset({99991663, 99991661})
 """Feishu: tenant_access_token invalid/expired (99991663) or missing (99991661), with HTTP 400 or 200."""
@@ -81,7 +84,7 @@ class FeishuApiError(Exception):
 
     def __init__(self, what: str, code: int | None, msg: str, status: int | None = None) -> None:
         super().__init__(f"{what} failed: code {code}, HTTP {status}: {msg}")
-        self.code, self.msg, self.status = code, msg, status
+        self.what, self.code, self.msg, self.status = what, code, msg, status
 
 
 class _LongConnectionEvents(lark.EventDispatcherHandler):
@@ -192,11 +195,20 @@ class FeishuAdapter:
         mention detection). The long connection (websocket mode) opens in ``start_receiving``.
 
         Raises:
-            FeishuApiError: wrong app credentials or the API is unreachable (start-up must stop).
+            CredentialRejected: Feishu refused the app id or secret (``tenant_access_token/internal``
+                answered a non-zero code: 10014 app secret invalid, 10003 invalid param ...).
+            FeishuApiError: any other API failure (start-up must stop).
         """
         self._sink = sink
         self._loop = asyncio.get_running_loop()
-        bot = await self.bot_info()
+        try:
+            bot = await self.bot_info()
+        except FeishuApiError as exc:
+            if exc.what != "tenant token" or not exc.code:
+                raise
+            settings = ("app_secret_env",) if exc.code == APP_SECRET_INVALID else ("app_id_env", "app_secret_env")
+            raise CredentialRejected("feishu", settings,
+                                     f"tenant_access_token: code {exc.code}, {exc.msg or 'no message'}") from exc
         self.bot_open_id = str(bot.get("open_id") or "")
         log.info("feishu bot %s (%s) starting in %s mode", bot.get("app_name"), self.bot_open_id, self.mode)
 

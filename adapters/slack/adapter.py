@@ -47,6 +47,7 @@ from adapters.slack.inbound import (
 )
 from adapters.slack.wire import envelope_problem, event_id_of, interaction_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
+from gateway.errors import CredentialRejected
 from gateway.ports import BeforePart, InboundSink, PartSent
 from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
 
@@ -110,6 +111,15 @@ def _body_problem(raw: bytes, content_type: str) -> tuple[str | None, str | None
     if not isinstance(data, dict):
         return "body is not a JSON object", None
     return envelope_problem(data), event_id_of(data)
+CREDENTIAL_ERRORS = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired",
+                               "not_allowed_token_type"})
+"""Slack Web API ``error`` codes that mean the token itself is refused (docs.slack.dev: auth.test)."""
+
+
+def _rejected(exc: SlackApiError, setting: str) -> CredentialRejected | None:
+    """``CredentialRejected`` naming ``setting`` when Slack refused the token, else ``None``."""
+    error = str(exc.response.get("error") or "")
+    return CredentialRejected("slack", (setting,), error) if error in CREDENTIAL_ERRORS else None
 
 
 def _header(headers: Mapping[str, Any] | None, name: str) -> str | None:
@@ -242,20 +252,39 @@ class SlackAdapter:
         served through ``routes()``; Socket Mode connects in ``start_receiving``.
 
         Raises:
-            slack_sdk.errors.SlackApiError: the bot token is rejected (start-up must stop).
+            CredentialRejected: Slack refused the bot token (``invalid_auth``, ``token_revoked``...).
+            slack_sdk.errors.SlackApiError: any other Web API error (start-up must stop).
         """
         self._sink = sink
-        self._identity = await self._auth_test()
+        try:
+            self._identity = await self._auth_test()
+        except SlackApiError as exc:
+            if (rejected := _rejected(exc, "bot_token_env")) is None:
+                raise
+            raise rejected from exc
         log.info("slack bot %s (bot %s) in team %s starting in %s mode", self._identity.user_id,
                  self._identity.bot_id, self._identity.team_id, self.mode)
 
     async def start_receiving(self) -> None:
         """Socket Mode: opens the WebSocket (``apps.connections.open`` with the app token; the
         SDK reconnects on ``disconnect`` frames). Slack hands each event to one of the app's
-        connections, so every instance may be connected."""
+        connections, so every instance may be connected.
+
+        Raises:
+            CredentialRejected: Slack refused the app-level token. The first
+                ``apps.connections.open`` is ours (the SDK would retry a refused token forever); its
+                URL is the SDK's first connection (the method is Tier 1: no call is wasted).
+        """
         if self.mode != "socket" or self._socket is not None:
             return
+        try:
+            opened = await self.client.apps_connections_open(app_token=self._app_token)
+        except SlackApiError as exc:
+            if (rejected := _rejected(exc, "app_token_env")) is None:
+                raise
+            raise rejected from exc
         self._socket = _CheckedSocketModeHandler(self.app, self._app_token, logger=log)
+        self._socket.client.wss_uri = opened["url"]  # reconnects ask for new URLs themselves
         await self._socket.connect_async()
 
     async def stop_receiving(self) -> None:

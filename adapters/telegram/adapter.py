@@ -32,6 +32,7 @@ from adapters.telegram.inbound import BotIdentity, Ignored, callback_to_inbound,
 from adapters.telegram.request import AiohttpRequest
 from adapters.telegram.wire import update_id_of, update_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
+from gateway.errors import CredentialRejected
 from gateway.ports import BeforePart, InboundSink, PartSent
 from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
 
@@ -91,10 +92,14 @@ class TelegramAdapter:
         registers the webhook when ``webhook_url`` is set. Polling begins in ``start_receiving``.
 
         Raises:
-            telegram.error.InvalidToken: the token is wrong (start-up must stop).
+            CredentialRejected: Telegram refused the token (Bot API: 401 Unauthorized for a
+                well-formed but invalid token, 404 Not Found for a malformed one; start-up must stop).
         """
         self._sink = sink
-        await self.bot.initialize()
+        try:
+            await self.bot.initialize()
+        except InvalidToken as exc:  # its message quotes the whole token: never shown, only chained
+            raise CredentialRejected("telegram", ("token_env",), _rejection(exc)) from exc
         me = self.bot.bot
         self._identity = BotIdentity(me.id, me.username or "")
         log.info("telegram bot @%s (%s) starting in %s mode", me.username, me.id, self.mode)
@@ -337,6 +342,14 @@ def _seconds(value: object) -> float:
     """Seconds from PTB's ``retry_after`` (int now, ``timedelta`` in PTB's next major version)."""
     seconds = getattr(value, "total_seconds", None)
     return float(seconds()) if callable(seconds) else float(value)  # type: ignore[arg-type]
+
+
+def _rejection(exc: InvalidToken) -> str:
+    """``401 Unauthorized`` / ``404 Not Found`` from PTB's ``InvalidToken`` (raised for both; the
+    Bot API's description is the message of the exception it chains)."""
+    description = str(exc.__cause__ or "").strip()
+    return {"unauthorized": "401 Unauthorized", "not found": "404 Not Found"}.get(
+        description.lower(), "401 Unauthorized or 404 Not Found")
 
 
 def _retry_after(exc: RetryAfter) -> float:

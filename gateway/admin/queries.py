@@ -13,6 +13,7 @@ from sqlalchemy import Engine, func, or_, select
 
 from gateway.conversations import inbox_id_of
 from gateway.store.db import read_tx
+from gateway.store.directory import usage_sums
 from gateway.store.models import ApprovalRow, IdentityRow, InboxRow, MessageRow, SessionRow, UserRow
 
 _sessions = SessionRow.__table__
@@ -32,16 +33,17 @@ class AdminQueries:
         self.engine = engine
 
     def sessions(self, query: str = "", limit: int = PAGE_ROWS) -> list[dict[str, Any]]:
-        """Sessions, most recently updated first, with message and token counts. ``query`` matches
+        """Sessions, most recently updated first, with message and token counts (``cached_tokens``
+        of the prompt tokens served from cache) and the recorded ``cost_usd``. ``query`` matches
         a session id prefix, a key or title substring, or any message's text (case-insensitive)."""
-        stats = (select(_messages.c.session_id, func.count().label("messages"),
-                        func.coalesce(func.sum(_messages.c.prompt_tokens), 0).label("prompt_tokens"),
-                        func.coalesce(func.sum(_messages.c.completion_tokens), 0).label("completion_tokens"),
-                        func.max(_messages.c.created_at).label("last_at"))
+        prompt, completion, cached, cost = usage_sums()
+        stats = (select(_messages.c.session_id, func.count().label("messages"), prompt.label("prompt_tokens"),
+                        completion.label("completion_tokens"), cached.label("cached_tokens"),
+                        cost.label("cost_usd"), func.max(_messages.c.created_at).label("last_at"))
                  .group_by(_messages.c.session_id).subquery())
         statement = (select(_sessions.c.id, _sessions.c.key, _sessions.c.title, _sessions.c.owner_user_id,
                             _sessions.c.created_at, stats.c.messages, stats.c.prompt_tokens,
-                            stats.c.completion_tokens, stats.c.last_at)
+                            stats.c.completion_tokens, stats.c.cached_tokens, stats.c.cost_usd, stats.c.last_at)
                      .select_from(_sessions.outerjoin(stats, stats.c.session_id == _sessions.c.id)))
         query = query.strip()
         if query:
@@ -65,9 +67,11 @@ class AdminQueries:
         """One session with its transcript grouped into turns, or ``None``.
 
         Shape: the session's columns plus ``turns``: a list of ``{"turn_id", "platform",
-        "messages", "prompt_tokens", "completion_tokens"}``; each message has ``role``, ``content``,
-        ``calls`` (``[{"id", "name", "arguments"}]``, arguments pretty-printed), ``tool_call_id``,
-        ``tool_name`` (for a tool result: the called tool's name), token counts and ``created_at``.
+        "messages", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd"}`` (sums of
+        what each of the turn's model calls reported, once per call, and of its recorded cost);
+        each message has ``role``, ``content``, ``calls`` (``[{"id", "name", "arguments"}]``,
+        arguments pretty-printed), ``tool_call_id``, ``tool_name`` (for a tool result: the called
+        tool's name), token counts (``cached_tokens`` too) and ``created_at``.
         """
         with read_tx(self.engine) as conn:
             row = conn.execute(select(_sessions).where(_sessions.c.id == session_id)).first()
@@ -83,8 +87,10 @@ class AdminQueries:
         for r in rows:
             if not turns or turns[-1]["turn_id"] != r.turn_id:
                 turns.append({"turn_id": r.turn_id, "platform": platforms.get(inbox_id_of(r.turn_id)),
-                              "messages": [], "prompt_tokens": 0, "completion_tokens": 0})
+                              "messages": [], "prompt_tokens": 0, "completion_tokens": 0,
+                              "cached_tokens": 0, "cost_usd": 0.0})
             turn = turns[-1]
+            meta = r.meta if isinstance(r.meta, dict) else {}
             calls = []
             for call in r.tool_calls or []:
                 function = call.get("function", {})
@@ -94,9 +100,12 @@ class AdminQueries:
             turn["messages"].append({"id": r.id, "role": r.role, "content": r.content, "calls": calls,
                                      "tool_call_id": r.tool_call_id, "tool_name": names.get(r.tool_call_id or ""),
                                      "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+                                     "cached_tokens": int(meta.get("cached_tokens") or 0),
                                      "created_at": r.created_at})
             turn["prompt_tokens"] += r.prompt_tokens or 0
             turn["completion_tokens"] += r.completion_tokens or 0
+            turn["cached_tokens"] += int(meta.get("cached_tokens") or 0)
+            turn["cost_usd"] += float(meta.get("cost_usd") or 0.0)
         return {**dict(row._mapping), "turns": turns}
 
     def users(self, query: str = "", limit: int = PAGE_ROWS) -> list[dict[str, Any]]:

@@ -185,7 +185,7 @@ class AdminSite:
         query = request.query.get("q", "")
         rows = await self.gateway.run_db(self.queries.sessions, query)
         for row in rows:
-            row["cost"] = self._cost(row["prompt_tokens"] or 0, row["completion_tokens"] or 0)
+            row["cost"], row["cost_estimated"] = self._cost(row)
         return "sessions.html", {"sessions": rows, "q": query}
 
     async def _session(self, request: web.Request) -> tuple[str, dict[str, Any]]:
@@ -193,7 +193,7 @@ class AdminSite:
         if session is None:
             raise web.HTTPNotFound(text="No session has that id.")
         for turn in session["turns"]:
-            turn["cost"] = self._cost(turn["prompt_tokens"], turn["completion_tokens"])
+            turn["cost"], turn["cost_estimated"] = self._cost(turn)
         return "session.html", {"session": session, "model": self.gateway.config.llm.model}
 
     async def _users(self, request: web.Request) -> tuple[str, dict[str, Any]]:
@@ -262,11 +262,17 @@ class AdminSite:
         text = await self.gateway.run_db(decide_reply, self.gateway.approvals, op, approval_id, DECIDED_BY, True)
         return "/admin/approvals", text  # the same answer /approve ID and /deny ID give
 
-    def _cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
-        """Estimated USD at the configured model's price (cache discounts not known here)."""
+    def _cost(self, row: dict[str, Any]) -> tuple[float | None, bool]:
+        """``(USD, estimated)`` of a session or turn row: the cost recorded with each model call
+        (the price then, cache discount included), or, where none was recorded, an estimate at
+        the configured model's price (``None`` without one)."""
+        if row.get("cost_usd"):
+            return float(row["cost_usd"]), False
         if self.price is None:
-            return None
-        return self.price.cost(Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
+            return None, True
+        return self.price.cost(Usage(prompt_tokens=row["prompt_tokens"] or 0,
+                                     completion_tokens=row["completion_tokens"] or 0,
+                                     cached_tokens=row.get("cached_tokens") or 0)), True
 
 
 def _safe_next(target: str | None) -> str:

@@ -9,7 +9,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, and_, bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -81,6 +81,26 @@ class SessionInfo:
     created_at: float
     last_used_at: float
     current: bool
+
+
+class SessionUsage(NamedTuple):
+    """A session's totals: messages, prompt tokens (``cached_tokens`` of them served from the
+    provider's cache), completion tokens, and USD as recorded per call (``messages.meta.cost_usd``)."""
+
+    messages: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    cost_usd: float
+
+
+def usage_sums() -> list[Any]:
+    """SQL sums over ``messages`` rows: prompt, completion and cached tokens, recorded cost (SQLite
+    and PostgreSQL: the JSON ``meta`` fields are read with the dialect's JSON operators)."""
+    return [func.coalesce(func.sum(_messages.c.prompt_tokens), 0),
+            func.coalesce(func.sum(_messages.c.completion_tokens), 0),
+            func.coalesce(func.sum(_messages.c.meta["cached_tokens"].as_integer()), 0),
+            func.coalesce(func.sum(_messages.c.meta["cost_usd"].as_float()), 0.0)]
 
 
 class Directory:
@@ -256,11 +276,10 @@ class Directory:
             return conn.execute(select(func.count()).select_from(_inbox).where(
                 _inbox.c.session_key == key, _inbox.c.status == "pending")).scalar_one()
 
-    def session_usage(self, session_id: str) -> tuple[int, int, int]:
-        """``(messages, prompt tokens, completion tokens)`` of a session (``/status``)."""
+    def session_usage(self, session_id: str) -> SessionUsage:
+        """What a session's stored model calls used (``/status``): each assistant row holds one
+        call's reported figures, so the sums count every call once."""
         with read_tx(self.engine) as conn:
-            row = conn.execute(select(func.count(), func.coalesce(func.sum(_messages.c.prompt_tokens), 0),
-                                      func.coalesce(func.sum(_messages.c.completion_tokens), 0))
-                               .where(_messages.c.session_id == session_id)).first()
+            row = conn.execute(select(func.count(), *usage_sums()).where(_messages.c.session_id == session_id)).first()
         assert row is not None
-        return int(row[0]), int(row[1]), int(row[2])
+        return SessionUsage(int(row[0]), int(row[1]), int(row[2]), int(row[3]), float(row[4]))

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import sys
 import time
 from typing import Any
 
+from gateway.memory.promote import PROPOSE_PROMPT
 from tests.fakes import openai as oa
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
@@ -26,11 +28,26 @@ TOKEN = "7000000001:AAFakeTokenForLoopbackTestsOnly0000"
 URL = re.compile(r"https?://\S+")
 
 
+_ABOUT_ME = re.compile(r"^\[m(\d+) user\] ((?:my|i am|i'm|i live|i work)\b.{3,200})$", re.IGNORECASE | re.MULTILINE)
+
+
 def demo_model(request: dict[str, Any]) -> oa.Reply:
-    """A tiny scripted "model": fetches URLs it is given, then quotes the page; else echoes."""
+    """A tiny scripted "model": fetches URLs it is given, then quotes the page; else echoes.
+
+    The long-term memory's proposal call (after a turn) is answered in its JSON schema, as a real
+    model does: a user line about themselves ("my ...", "I am ...") becomes a ``fact`` citing that
+    message, anything else ``{"memories": []}``.
+    """
+    if request["messages"][0].get("content") == PROPOSE_PROMPT:
+        memories = [{"text": text[0].upper() + text[1:].strip().rstrip("."), "type": "fact",
+                     "evidence": [int(mid)], "confidence": 0.8, "supersedes": []}
+                    for mid, text in _ABOUT_ME.findall(request["messages"][-1]["content"])]
+        return oa.text(json.dumps({"memories": memories}))
     last = request["messages"][-1]
     if last["role"] == "tool":
-        lines = [line for line in last["content"].splitlines() if line.strip()]
+        # The page's lines only: not the untrusted-output wrapper or the budget note around them.
+        lines = [line for line in last["content"].splitlines()
+                 if line.strip() and not line.startswith(("<tool_output", "</tool_output", "[budget"))]
         return oa.text("Here is what I found:\n\n" + "\n".join(f"- {line}" for line in lines[:6]))
     found = URL.search(last.get("content") or "")
     if found:
@@ -59,12 +76,25 @@ def dm(text: str, message_id: int) -> dict[str, Any]:
     return {"message": {"message_id": message_id, "from": user, "chat": chat, "date": int(time.time()), "text": text}}
 
 
+def read_line(prompt: str = "alice> ") -> str:
+    """The next typed line (``EOFError`` at the end). Piped input is echoed after the prompt, so
+    the output reads as the conversation."""
+    if sys.stdin.isatty():
+        return input(prompt)
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    line = line.rstrip("\n")
+    print(f"{prompt}{line}", flush=True)
+    return line
+
+
 async def converse(telegram: FakeTelegram, lines: list[str] | None) -> None:
     loop = asyncio.get_running_loop()
     message_id = int(time.time())
     while True:
         if lines is None:
-            line = await loop.run_in_executor(None, lambda: input("alice> "))
+            line = await loop.run_in_executor(None, read_line)
         elif lines:
             line = lines.pop(0)
             print(f"alice> {line}")
@@ -80,7 +110,7 @@ async def converse(telegram: FakeTelegram, lines: list[str] | None) -> None:
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.3)  # long replies arrive in several messages
         for call in telegram.calls("sendMessage")[before:]:
-            print(f"bot>   {call.params['text']}")
+            print(f"bot>   {call.params['text']}", flush=True)
 
 
 async def main_async(args: argparse.Namespace) -> None:

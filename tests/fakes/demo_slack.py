@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from tests.fakes.demo import demo_model
+from tests.fakes.demo import demo_model, read_line
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.slack import FakeSlack
 
@@ -63,7 +63,7 @@ async def converse(slack: FakeSlack, url: str, in_channel: bool, lines: list[str
     talk = Conversation(in_channel)
     while True:
         if lines is None:
-            line = await loop.run_in_executor(None, lambda: input("alice> "))
+            line = await loop.run_in_executor(None, read_line)
         elif lines:
             line = lines.pop(0)
             print(f"alice> {line}")

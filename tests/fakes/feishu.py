@@ -505,7 +505,9 @@ class FakeFeishu(ThreadedServer):
         body = await request.json()
         call = Call(time.monotonic(), "token", "POST", request.path, {}, {"app_id": body.get("app_id")})
         fault = self._fault("token")
-        if fault is None and (body.get("app_id") != self.app_id or body.get("app_secret") != self.app_secret):
+        if fault is None and body.get("app_id") != self.app_id:
+            fault = ApiError(400, 10003, "invalid param")  # Feishu: an app id it does not know
+        elif fault is None and body.get("app_secret") != self.app_secret:
             fault = ApiError(400, 10014, "app secret invalid")
         if fault is not None:
             call.status, call.code = fault.status, fault.code

@@ -43,6 +43,23 @@ _EMBED_STOPWORDS = frozenset({"the", "and", "what", "which", "who", "mine", "you
 
 
 @dataclass(frozen=True)
+class ReportedUsage:
+    """Token figures a reply reports instead of the emulated ones (``usage(...)``)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+USAGE_SHAPES = ("final", "finish_and_final", "every_chunk")
+"""Where a stream carries ``usage`` (only with ``stream_options.include_usage``): ``"final"``
+(OpenAI: one extra chunk with empty ``choices`` after the finish chunk, ``usage: null`` on the
+others), ``"finish_and_final"`` (the same figures also on the finish chunk, as some proxies send
+them) or ``"every_chunk"`` (running totals on every chunk, the whole figures on the last two, as
+vLLM's continuous usage stats do). A client that adds them up counts the call twice or more."""
+
+
+@dataclass(frozen=True)
 class TextReply:
     """An assistant text message: ``message.content = content``, ``finish_reason`` as given.
 
@@ -53,6 +70,8 @@ class TextReply:
     finish_reason: str = "stop"
     pieces: int = 3
     piece_delay_s: float = 0.0
+    usage: ReportedUsage | None = None
+    usage_shape: str = "final"
 
 
 @dataclass(frozen=True)
@@ -69,12 +88,19 @@ class ToolCallsReply:
     """An assistant message with ``tool_calls`` (parallel when several); ``finish_reason="tool_calls"``.
 
     Streamed with ``interleave``, the calls' argument pieces alternate between the calls (each
-    delta tagged only by ``index``), the way some servers emit parallel calls.
+    delta tagged only by ``index``), the way OpenAI emits parallel calls. ``index_shape`` is how
+    the calls are tagged on the stream: ``"distinct"`` (OpenAI: call *i* has ``index: i``),
+    ``"shared"`` (vLLM and several proxies: every call has ``index: 0`` and its own id, one call
+    after the other in consecutive chunks) or ``"one_chunk"`` (every call whole, ``index: 0``,
+    all in a single chunk).
     """
 
     calls: tuple[ToolCall, ...]
     content: str | None = None
     interleave: bool = False
+    index_shape: str = "distinct"
+    usage: ReportedUsage | None = None
+    usage_shape: str = "final"
 
 
 @dataclass(frozen=True)
@@ -100,10 +126,25 @@ class DelayedReply:
 Reply = TextReply | ToolCallsReply | ErrorReply | DelayedReply
 
 
-def text(content: str, finish_reason: str = "stop", *, pieces: int = 3, piece_delay_s: float = 0.0) -> TextReply:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> ReportedUsage:
+    """Figures for a reply to report (``prompt_tokens_details.cached_tokens`` = ``cached_tokens``)."""
+    if not 0 <= cached_tokens <= prompt_tokens:
+        raise ValueError("cached_tokens must be between 0 and prompt_tokens")
+    return ReportedUsage(prompt_tokens, completion_tokens, cached_tokens)
+
+
+def _check_usage_shape(shape: str) -> None:
+    if shape not in USAGE_SHAPES:
+        raise ValueError(f"unknown usage_shape {shape!r}; one of {USAGE_SHAPES}")
+
+
+def text(content: str, finish_reason: str = "stop", *, pieces: int = 3, piece_delay_s: float = 0.0,
+         usage: ReportedUsage | None = None, usage_shape: str = "final") -> TextReply:
     """A plain assistant reply (``finish_reason`` may be e.g. ``"length"`` to emulate truncation);
-    ``pieces``/``piece_delay_s`` shape how it streams."""
-    return TextReply(content, finish_reason, pieces, piece_delay_s)
+    ``pieces``/``piece_delay_s`` shape how it streams; ``usage`` fixes the reported token figures
+    and ``usage_shape`` where a stream carries them (``USAGE_SHAPES``)."""
+    _check_usage_shape(usage_shape)
+    return TextReply(content, finish_reason, pieces, piece_delay_s, usage, usage_shape)
 
 
 def call(name: str, arguments: dict[str, Any] | str, id: str | None = None) -> ToolCall:
@@ -113,12 +154,19 @@ def call(name: str, arguments: dict[str, Any] | str, id: str | None = None) -> T
     return ToolCall(name, args, id or f"call_{uuid.uuid4().hex[:24]}")
 
 
-def tool_calls(*calls: ToolCall, content: str | None = None, interleave: bool = False) -> ToolCallsReply:
-    """An assistant message carrying ``calls`` (content null unless given; ``interleave``: see
-    ``ToolCallsReply``)."""
+def tool_calls(*calls: ToolCall, content: str | None = None, interleave: bool = False,
+               index_shape: str = "distinct", usage: ReportedUsage | None = None,
+               usage_shape: str = "final") -> ToolCallsReply:
+    """An assistant message carrying ``calls`` (content null unless given; ``interleave`` and
+    ``index_shape``: see ``ToolCallsReply``; ``usage`` and ``usage_shape``: see ``text``)."""
+    _check_usage_shape(usage_shape)
     if not calls:
         raise ValueError("tool_calls() needs at least one call()")
-    return ToolCallsReply(tuple(calls), content, interleave)
+    if index_shape not in ("distinct", "shared", "one_chunk"):
+        raise ValueError(f"unknown index_shape {index_shape!r}")
+    if interleave and index_shape != "distinct":
+        raise ValueError("interleaved pieces need distinct indexes")
+    return ToolCallsReply(tuple(calls), content, interleave, index_shape, usage, usage_shape)
 
 
 def error(
@@ -162,8 +210,11 @@ def validate_chat_request(body: Any) -> None:
     Emulated rules: ``model`` and a non-empty ``messages`` array are required; every message has a
     valid ``role``; an assistant ``tool_calls`` array is non-empty and must be followed immediately by
     consecutive tool messages answering each of its ids; a tool message must answer a call of that
-    assistant message; tools need ``type: "function"`` and a ``function.name`` matching
-    ``^[a-zA-Z0-9_-]{1,64}$``; ``stream_options`` only with ``stream: true``.
+    assistant message; each of those calls has a non-empty ``id`` (a missing, null or empty one
+    is answered ``Missing required parameter: 'messages[2].tool_calls[1].id'.``), a ``type``, a
+    ``function.name`` and ``function.arguments``; tools need ``type: "function"`` and a
+    ``function.name`` matching ``^[a-zA-Z0-9_-]{1,64}$``; ``stream_options`` only with
+    ``stream: true``.
     """
     if not isinstance(body, dict):
         raise _Invalid("We could not parse the JSON body of your request.")
@@ -209,7 +260,30 @@ def validate_chat_request(body: Any) -> None:
             raise _Invalid(f"Invalid 'messages[{i}].tool_calls': empty array. Expected an array with "
                            "minimum length 1, but got an empty array instead.",
                            f"messages[{i}].tool_calls", "empty_array")
+        if msg["role"] == "assistant" and msg.get("tool_calls"):
+            _validate_tool_calls(i, msg["tool_calls"])
     _validate_tool_sequence(messages)
+
+
+def _validate_tool_calls(i: int, calls: Any) -> None:
+    if not isinstance(calls, list):
+        raise _Invalid(f"Invalid type for 'messages[{i}].tool_calls': expected an array.",
+                       f"messages[{i}].tool_calls", "invalid_type")
+    for j, tc in enumerate(calls):
+        where = f"messages[{i}].tool_calls[{j}]"
+        if not isinstance(tc, dict):
+            raise _Invalid(f"Invalid type for '{where}': expected an object.", where, "invalid_type")
+        for key in ("id", "type", "function"):
+            if not tc.get(key):  # an empty id is refused like a missing one
+                raise _missing(f"{where}.{key}")
+        if tc["type"] != "function":
+            raise _Invalid(f"Invalid value: '{tc['type']}'. Supported values are: 'function'.",
+                           f"{where}.type", "invalid_value")
+        function = tc["function"]
+        if not isinstance(function, dict) or not function.get("name"):
+            raise _missing(f"{where}.function.name")
+        if not isinstance(function.get("arguments"), str):
+            raise _missing(f"{where}.function.arguments")
 
 
 def _validate_tool_sequence(messages: list[dict[str, Any]]) -> None:
@@ -265,8 +339,10 @@ class FakeOpenAI(ThreadedServer):
 
     Public state (all thread-safe): ``responder`` (``fn(request_json) -> Reply | str | None``, used
     when the queue is empty), ``requests`` (list of records ``{"path", "json", "headers", "time",
-    "status", "prompt_tokens", "cached_tokens"}``; a record is appended on arrival and its ``status``
-    and token fields are filled in once answered), ``last_request``, ``pending`` (queued replies).
+    "status", "prompt_tokens", "cached_tokens", "usage"}``; a record is appended on arrival and its
+    ``status`` and token fields are filled in once answered; ``usage`` is the object the reply
+    reported, ``prompt_tokens``/``cached_tokens`` the emulated figures), ``last_request``,
+    ``pending`` (queued replies).
 
     ``usage.prompt_tokens`` is ``len(serialized tools + messages) // 4``; ``cached_tokens`` emulates the
     provider prompt cache: the longest prefix shared with any earlier valid request, in whole
@@ -381,7 +457,7 @@ class FakeOpenAI(ThreadedServer):
         record: dict[str, Any] = {
             "path": request.path, "json": body, "time": time.time(), "status": None,
             "headers": {k.lower(): v for k, v in request.headers.items()},
-            "prompt_tokens": None, "cached_tokens": None,
+            "prompt_tokens": None, "cached_tokens": None, "usage": None,
             "peer": request.transport.get_extra_info("peername") if request.transport else None,
         }
         with self._cond:
@@ -406,6 +482,7 @@ class FakeOpenAI(ThreadedServer):
         record["status"] = reply.status if isinstance(reply, ErrorReply) else 200
         if isinstance(reply, ErrorReply):
             return self._error_response(reply)
+        record["usage"] = self._usage(reply, prompt_tokens, cached)
         if body.get("stream"):
             return await self._stream(request, body, reply, prompt_tokens, cached)
         return web.json_response(self._completion(body, reply, prompt_tokens, cached),
@@ -469,11 +546,15 @@ class FakeOpenAI(ThreadedServer):
 
     @staticmethod
     def _usage(reply: TextReply | ToolCallsReply, prompt_tokens: int, cached: int) -> dict[str, Any]:
-        if isinstance(reply, TextReply):
-            out = reply.content
+        if reply.usage is not None:
+            prompt_tokens, completion, cached = (reply.usage.prompt_tokens, reply.usage.completion_tokens,
+                                                 reply.usage.cached_tokens)
         else:
-            out = (reply.content or "") + "".join(c.name + c.arguments for c in reply.calls)
-        completion = max(1, len(out) // 4)
+            if isinstance(reply, TextReply):
+                out = reply.content
+            else:
+                out = (reply.content or "") + "".join(c.name + c.arguments for c in reply.calls)
+            completion = max(1, len(out) // 4)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                 "total_tokens": prompt_tokens + completion,
                 "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
@@ -519,12 +600,17 @@ class FakeOpenAI(ThreadedServer):
         else:
             chunks.append(chunk({"role": "assistant", "content": None, "refusal": None}))
             chunks += [chunk({"content": p}) for p in _pieces(reply.content or "")]
-            heads = [chunk({"tool_calls": [{"index": idx, "id": c.id, "type": "function",
+            shared = reply.index_shape != "distinct"
+            heads = [chunk({"tool_calls": [{"index": 0 if shared else idx, "id": c.id, "type": "function",
                                             "function": {"name": c.name, "arguments": ""}}]})
                      for idx, c in enumerate(reply.calls)]
-            bodies = [[chunk({"tool_calls": [{"index": idx, "function": {"arguments": p}}]})
+            bodies = [[chunk({"tool_calls": [{"index": 0 if shared else idx, "function": {"arguments": p}}]})
                        for p in _pieces(c.arguments, 4)] for idx, c in enumerate(reply.calls)]
-            if reply.interleave:
+            if reply.index_shape == "one_chunk":
+                chunks.append(chunk({"tool_calls": [
+                    {"index": 0, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in reply.calls]}))
+            elif reply.interleave:
                 chunks += heads
                 for round_ in range(max(len(b) for b in bodies)):
                     chunks += [b[round_] for b in reversed(bodies) if round_ < len(b)]
@@ -534,7 +620,16 @@ class FakeOpenAI(ThreadedServer):
             finish = "tool_calls"
         chunks.append(chunk({}, finish))
         if include_usage:
-            chunks.append({**base, "choices": [], "usage": self._usage(reply, prompt_tokens, cached)})
+            whole = self._usage(reply, prompt_tokens, cached)
+            chunks.append({**base, "choices": [], "usage": whole})
+            if reply.usage_shape == "finish_and_final":
+                chunks[-2]["usage"] = whole
+            elif reply.usage_shape == "every_chunk":  # running totals: the prompt at once, output growing
+                for n, c in enumerate(chunks[:-2], 1):
+                    done = whole["completion_tokens"] * n // (len(chunks) - 1)
+                    c["usage"] = {**whole, "completion_tokens": done,
+                                  "total_tokens": whole["prompt_tokens"] + done}
+                chunks[-2]["usage"] = whole
 
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache",

@@ -20,10 +20,13 @@ T = TypeVar("T")
 class ThreadedServer:
     """Runs ``self.app`` (an ``aiohttp.web.Application``) on 127.0.0.1 in a daemon thread.
 
-    Subclasses build their routes in ``build_app()``. ``start()`` blocks until the socket is bound
-    and returns the base URL ``http://127.0.0.1:PORT``; ``stop()`` shuts the server down.
+    Subclasses build their routes in ``build_app()`` and may bind another loopback address
+    (``host = "::1"``). ``start()`` blocks until the socket is bound and returns the base URL
+    ``http://127.0.0.1:PORT``; ``stop()`` shuts the server down.
     ``call(coro)`` runs a coroutine on the server's loop from any thread (for injecting events).
     """
+
+    host = "127.0.0.1"
 
     def __init__(self, port: int = 0) -> None:
         self._port = port
@@ -41,7 +44,8 @@ class ThreadedServer:
     @property
     def url(self) -> str:
         """Base URL of the running server, e.g. ``http://127.0.0.1:43121``."""
-        return f"http://127.0.0.1:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -74,7 +78,7 @@ class ThreadedServer:
     async def _serve(self) -> None:
         self._runner = web.AppRunner(self.build_app(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self._port)
+        site = web.TCPSite(self._runner, self.host, self._port)
         await site.start()
         sockets = site._server.sockets  # type: ignore[union-attr]
         self.port = sockets[0].getsockname()[1]

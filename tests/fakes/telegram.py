@@ -92,6 +92,10 @@ class Call:
     files: list[dict[str, Any]] = field(default_factory=list)
 
 
+TOKEN_SHAPE = re.compile(r"\d+:[A-Za-z0-9_-]+")
+"""A well-formed bot token (``123456:ABC-DEF...``, as @BotFather issues them)."""
+
+
 class ApiError(Exception):
     """A Bot API error answer: HTTP ``status`` = ``error_code``, plus ``description``/``parameters``."""
 
@@ -524,9 +528,16 @@ class FakeTelegram(ThreadedServer):
     def _canonical(self, method: str) -> str:
         return self._methods.get(method.lower(), (method, None))[0]
 
+    def _token_error(self, token: str) -> ApiError | None:
+        """Telegram's answer to a wrong token: 404 ``Not Found`` when it is not shaped like a bot
+        token (``<bot id>:<secret>``), 401 ``Unauthorized`` when it is but is not valid."""
+        if token == self.token:
+            return None
+        return ApiError(401, "Unauthorized") if TOKEN_SHAPE.fullmatch(token) else ApiError(404, "Not Found")
+
     async def _handle_method(self, request: web.Request) -> web.StreamResponse:
-        if request.match_info["token"] != self.token:
-            return ApiError(401, "Unauthorized").response()
+        if (error := self._token_error(request.match_info["token"])) is not None:
+            return error.response()
         entry = self._methods.get(request.match_info["method"].lower())
         if entry is None:
             return ApiError(404, "Not Found").response()
@@ -551,8 +562,8 @@ class FakeTelegram(ThreadedServer):
         return web.json_response({"ok": True, "result": result})
 
     async def _handle_file(self, request: web.Request) -> web.StreamResponse:
-        if request.match_info["token"] != self.token:
-            return ApiError(401, "Unauthorized").response()
+        if (error := self._token_error(request.match_info["token"])) is not None:
+            return error.response()
         data = self.files.get(request.match_info["file_path"].removeprefix("files/"))
         if data is None:
             return ApiError(404, "Not Found").response()

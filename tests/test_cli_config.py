@@ -1,0 +1,60 @@
+"""``--config PATH`` is accepted before or after the subcommand, for every subcommand (the README's
+usage line: ``gateway run|chat|db upgrade|doctor [--config PATH]``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.cli import main
+
+COMMANDS = [
+    ["run"], ["chat"], ["db", "upgrade"], ["doctor"], ["pairing", "approve", "K7PQ2M"],
+    ["jobs", "list"], ["jobs", "remove", "j1"], ["jobs", "run", "j1"],
+    ["jobs", "add", "--schedule", "@daily", "--tz", "UTC", "--to", "telegram:1:2", "the", "report"],
+    ["skills", "list"], ["skills", "show", "x"], ["skills", "validate"], ["skills", "validate", "a", "b"],
+    ["skills", "eval", "x", "--runs", "2"], ["sessions", "export", "abc", "--as-eval"],
+]
+
+
+@pytest.fixture
+def broken_config(tmp_path):
+    """A config file with an unknown key: loading it fails with a message naming the key, so
+    the message proves the file given with ``--config`` was the one read."""
+    path = tmp_path / "broken.toml"
+    path.write_text("[http]\nbogus_key_for_cli_test = 1\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) for c in COMMANDS])
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_config_is_read_before_or_after_the_subcommand(command, where, broken_config, capsys, monkeypatch):
+    monkeypatch.delenv("GATEWAY_CONFIG", raising=False)
+    argv = ["--config", broken_config, *command] if where == "before" else [*command, "--config", broken_config]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" not in err
+    assert err.startswith("error: invalid configuration:") and "bogus_key_for_cli_test" in err
+
+
+@pytest.fixture
+def keep_logging(monkeypatch):
+    """``main`` configures the process's logging and hooks: leave pytest's alone."""
+    monkeypatch.setattr("gateway.cli.setup_logging", lambda level, secrets: None)
+    monkeypatch.setattr("gateway.cli.install_hooks", lambda: None)
+    monkeypatch.delenv("GATEWAY_CONFIG", raising=False)
+
+
+def test_db_upgrade_uses_the_database_of_the_config_given_after_it(tmp_path, capsys, keep_logging):
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "from-file.db"}"\n')
+    assert main(["db", "upgrade", "--config", str(path)]) == 0
+    assert "from-file.db" in capsys.readouterr().out
+    assert (tmp_path / "from-file.db").is_file()
+
+
+def test_the_config_after_the_subcommand_wins_over_the_one_before(tmp_path, capsys, keep_logging):
+    first, second = tmp_path / "first.toml", tmp_path / "second.toml"
+    first.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "first.db"}"\n')
+    second.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "second.db"}"\n')
+    assert main(["--config", str(first), "db", "upgrade", "--config", str(second)]) == 0
+    assert "second.db" in capsys.readouterr().out and not (tmp_path / "first.db").exists()
