@@ -271,7 +271,7 @@ class TelegramCases(Generator):
         return self._bad(n, lambda u: u["message"].__setitem__(field_, bad))
 
     def unreadable_shape(self, n: int) -> Case:
-        which = self.rng.randrange(6)
+        which = self.rng.randrange(7)
         mutate: Callable[[JSON], Any]
         if which == 0:
             mutate = lambda u: u.__setitem__("message", self.rng.choice(("x", [], 5)))  # noqa: E731
@@ -283,6 +283,8 @@ class TelegramCases(Generator):
             mutate = lambda u: u["message"].__setitem__("document", {"file_id": "x", "file_name": 5})  # noqa: E731
         elif which == 4:
             mutate = lambda u: u.__setitem__("edited_message", "x")  # noqa: E731
+        elif which == 5:  # well-typed, but the SDK needs a sticker's size and kind
+            mutate = lambda u: u["message"].__setitem__("sticker", {"file_id": "CAAD", "file_unique_id": "u"})  # noqa: E731
         else:
             mutate = lambda u: u.__setitem__("callback_query", self.rng.choice((  # noqa: E731
                 "x", {"id": 5, "from": {"id": 1, "is_bot": False, "first_name": "x"}, "chat_instance": "c"},

@@ -12,11 +12,13 @@ users and chats "have at most 52 significant bits"; dates are Unix time.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from typing import Annotated, Any
 
 from pydantic import Field
+from telegram import Update as SdkUpdate
 
 from adapters.wire import Text, UnreadableBody, WireModel, bounded, check, load_json
 
@@ -124,12 +126,22 @@ def update_problem(data: Any) -> str | None:
     return check(Update, data)
 
 
+def _sdk_problem(item: dict[str, Any]) -> str | None:
+    """Why python-telegram-bot cannot build this (well-typed) update, e.g. a sticker without its
+    size: ``None`` when it can."""
+    try:
+        SdkUpdate.de_json(copy.deepcopy(item), None)
+    except Exception as exc:
+        return f"not accepted by the SDK: {type(exc).__name__}"
+    return None
+
+
 def checked_updates(body: bytes) -> bytes:
-    """A ``getUpdates`` answer with every update that fails ``update_problem`` logged once at
-    WARNING and replaced by ``{"update_id": N}``: python-telegram-bot parses a batch all or
-    nothing, so one malformed update would fail every poll; the placeholder is an update with
-    nothing in it, ignored, and its offset confirmed like any other. Other answers are returned
-    as they came (PTB reports their errors)."""
+    """A ``getUpdates`` answer with every update that fails ``update_problem`` (or that the SDK
+    cannot build) logged once at WARNING and replaced by ``{"update_id": N}``: python-telegram-bot
+    parses a batch all or nothing, so one malformed update would fail every poll; the placeholder
+    is an update with nothing in it, ignored, and its offset confirmed like any other. Other
+    answers are returned as they came (PTB reports their errors)."""
     try:
         data = load_json(body)
     except UnreadableBody:
@@ -139,7 +151,7 @@ def checked_updates(body: bytes) -> bytes:
         return body
     kept, changed = [], False
     for item in result:
-        problem = update_problem(item)
+        problem = update_problem(item) or _sdk_problem(item)
         if problem is None:
             kept.append(item)
             continue
