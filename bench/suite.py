@@ -8,7 +8,9 @@ loopback fakes and prints JSON figures. Run on demand, not in the test run:
 Figures: (a) ``overhead`` per turn p50/p99 at 50 msg/s beside a bare-relay floor; (b)
 ``throughput`` at 100 and 500 concurrent conversations with a 2 s model vs the ceiling; (c)
 ``rss`` with 10k stored and 500 active sessions; (d, e) ``long_conversation``: prefix stability
-and input tokens at turn 10/100/500; (f) ``load_time`` of 100 vs 100,000 transcript messages.
+and input tokens at turn 10/100/500; (f) ``load_time`` of 100 vs 100,000 transcript messages;
+(g) ``restart``: seconds from ``/readyz`` to the answers after a kill -9 and immediate restart
+(Telegram polling, default 15 s leases; ``bench.restart``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from bench.overhead import run_overhead
 from bench.prompt import run_long_conversation
+from bench.restart import run_restart
 from bench.storage import run_load_time, run_rss
 from bench.throughput import run_throughput
 
@@ -36,6 +39,7 @@ FULL: dict[str, Callable[[Path], Any]] = {
     "rss": lambda d: run_rss(d, stored=10_000, active=500),
     "long_conversation": lambda d: run_long_conversation(d, turns=500, checkpoints=(10, 100, 500)),
     "load_time": lambda d: run_load_time(d, small=100, large=100_000),
+    "restart": lambda d: run_restart(d, runs=3),
 }
 
 SHORT: dict[str, Callable[[Path], Any]] = {
@@ -44,6 +48,7 @@ SHORT: dict[str, Callable[[Path], Any]] = {
     "rss": lambda d: run_rss(d, stored=20, active=5, latency_s=0.3),
     "long_conversation": lambda d: run_long_conversation(d, turns=12, checkpoints=(10,)),
     "load_time": lambda d: run_load_time(d, small=100, large=1000, repeats=3),
+    "restart": lambda d: run_restart(d, runs=1),
 }
 
 

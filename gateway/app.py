@@ -13,7 +13,6 @@ import hashlib
 import logging
 import os
 import re
-import socket
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +42,7 @@ from gateway.config import GatewayConfig
 from gateway.conversations import TranscriptReader
 from gateway.delivery import Delivery
 from gateway.http import build_app
+from gateway.instance import InstanceGuard, default_instance_id, exit_now
 from gateway.job_commands import JobCommands
 from gateway.job_tool import schedule_report_tool
 from gateway.jobs import JobPlanner
@@ -58,6 +58,7 @@ from gateway.sessions import is_dm_key, session_key_for
 from gateway.store.approvals import Approvals
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.directory import Directory, Identity
+from gateway.store.instances import InstanceStore
 from gateway.store.jobs import JobStore
 from gateway.store.sql import Store
 from gateway.store.text import storable_inbound
@@ -92,10 +93,12 @@ class Gateway:
     def __init__(self, config: GatewayConfig, adapters: Sequence[Adapter], *, model: ChatModel | None = None,
                  serve_http: bool = True) -> None:
         self.config = config
-        self.instance_id = config.instance_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.instance_id = config.instance_id or default_instance_id(config.database.url)
         self.adapters = {adapter.platform: adapter for adapter in adapters}
         self.serve_http = serve_http
         self.engine = create_db_engine(config.database.url, config.database.pool_size)
+        self.instance = InstanceGuard(InstanceStore(self.engine), self.instance_id, self.run_db,
+                                      on_lost=exit_now(self.instance_id))
         for adapter in adapters:  # channels that show the conversation themselves (the web chat)
             if callable(getattr(adapter, "bind_conversations", None)):
                 adapter.bind_conversations(TranscriptReader(self.engine, self.run_db))  # type: ignore[attr-defined]
@@ -385,6 +388,7 @@ class Gateway:
     async def start(self) -> None:
         """Migrates the database, starts the bridge, HTTP server, bus, delivery and adapters."""
         await self.run_db(upgrade, self.engine)
+        await self.instance.acquire()  # InstanceInUse if a live process holds our id; else its leases are ours
         if self.missing_model_key:
             log.warning("%s is not set: model calls to %s go without an API key and fail unless that server "
                         "needs none. Set %s to the key (llm.api_key_env names the variable).",
@@ -448,6 +452,7 @@ class Gateway:
             await asyncio.get_running_loop().run_in_executor(None, self.memory.close)
         await self.delivery.stop()
         self.bridge.stop()
+        await self.instance.release()  # last: nothing of ours holds a lease now
         self._db_pool.shutdown(wait=True)
         self.engine.dispose()
 

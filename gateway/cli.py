@@ -92,11 +92,15 @@ async def _run(config: GatewayConfig) -> None:
 async def _chat(config: GatewayConfig) -> None:
     from adapters.local.adapter import LocalAdapter
     from gateway.app import Gateway
+    from gateway.instance import instance_id_for
 
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(loop_exception_handler)
     local = LocalAdapter(on_eof=lambda: loop.call_soon_threadsafe(done.set))
+    # Its own instance id: a terminal chat beside `gateway run` must not take over the gateway's leases.
+    config = config.model_copy(update={"instance_id": instance_id_for(config.instance_id, config.database.url,
+                                                                      "chat")})
     gateway = await _started(lambda: Gateway(config, [local], serve_http=False))
     print("Chatting with the agent (Ctrl-D to quit).", flush=True)
     try:

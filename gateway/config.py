@@ -402,8 +402,9 @@ class GatewayConfig(BaseSettings):
         env_prefix="GATEWAY__", env_nested_delimiter="__", extra="forbid", nested_model_default_partial_update=True
     )
 
-    instance_id: str | None = None
-    """Name of this process in leases and claims; defaults to ``host:pid``."""
+    instance_id: str | None = Field(default=None, min_length=1, max_length=100)
+    """Name of this process in leases and claims; default ``<host name>-<digest of database.url>``,
+    stable across restarts (see ``gateway.instance``). One live process per id."""
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
     llm: LlmConfig = Field(default_factory=LlmConfig)

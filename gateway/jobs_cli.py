@@ -85,8 +85,12 @@ def _list(jobs) -> None:  # type: ignore[no-untyped-def]
 
 async def _run(config: GatewayConfig, job_id: str) -> int:
     from gateway.app import Gateway
+    from gateway.instance import instance_id_for
     from gateway.store.db import upgrade
 
+    # Its own instance id: the run's claim must not look like a running gateway's (whose restart frees it).
+    config = config.model_copy(update={"instance_id": instance_id_for(config.instance_id, config.database.url,
+                                                                      "jobs")})
     gateway = Gateway(config, [], serve_http=False)
     try:
         await gateway.run_db(upgrade, gateway.engine)

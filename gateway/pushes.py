@@ -63,9 +63,14 @@ class PushService:
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        """Loads the jobs, starts the scheduler and the maintenance loop."""
+        """Loads the jobs, takes over runs whose claim expired, starts the scheduler and the
+        maintenance loop."""
         self._loop = asyncio.get_running_loop()
         await self.reload()
+        try:  # runs this instance id held before a crash were freed at start: resume them now
+            await self.take_over()
+        except Exception:
+            log.exception("scheduled reports: take_over failed")
         self.scheduler.start()
         self._task = asyncio.create_task(self._maintain(), name="pushes")
 

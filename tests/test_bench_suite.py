@@ -17,3 +17,4 @@ def test_bench_suite_short_mode(tmp_path):
     assert long["model_requests"] == 12 and long["prefix_stable_share"] == 1.0
     assert long["input_tokens"]["turn_10"] > 0
     assert figures["load_time"]["messages_1000_ms"] > 0
+    assert figures["restart"]["idle_chat_max_s"] is not None and figures["restart"]["duplicated"] == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 
 import aiohttp
 
@@ -117,6 +118,8 @@ async def test_login_transcript_with_tool_calls_escaping_and_csrf(tmp_path, fake
 
         status, health, _ = await operator.get("/admin/health")
         assert status == 200 and "web chat at /" in health and "Inbox pending 0" in health
+        assert f"<tr><td><code>{gateway.instance_id}</code></td><td>{socket.gethostname()}</td><td>{os.getpid()}</td>" \
+            in health  # the instances holding ids, with their heartbeats
         await operator.post("/admin/logout")
         assert (await operator.get("/admin/sessions"))[0] == 302
     finally:
@@ -264,7 +267,8 @@ async def test_a_logout_on_one_instance_ends_the_session_on_another_and_a_new_pa
     the other (the revocation is in ``admin_sessions``); a gateway started with another password
     takes none of the old cookies."""
     first = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
-    second = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    second = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN).model_copy(
+        update={"instance_id": "second"}), running)  # one live process per instance id
     operator = Operator(base_of(first))
     other_login = Operator(base_of(first))
     try:
@@ -285,7 +289,8 @@ async def test_a_logout_on_one_instance_ends_the_session_on_another_and_a_new_pa
 
             os.environ["GATEWAY_TEST_ADMIN_PASSWORD_NEW"] = PASSWORD + "-changed"
             changed = await start_gateway(gateway_config(tmp_path, fake_openai, web={
-                "admin_password_env": "GATEWAY_TEST_ADMIN_PASSWORD_NEW"}), running)
+                "admin_password_env": "GATEWAY_TEST_ADMIN_PASSWORD_NEW"}).model_copy(update={"instance_id": "third"}),
+                running)
             assert await status_on(changed, cookies[1]) == 302  # a new password ends every session
     finally:
         os.environ.pop("GATEWAY_TEST_ADMIN_PASSWORD_NEW", None)

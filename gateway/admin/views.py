@@ -222,7 +222,8 @@ class AdminSite:
         try:
             database = {"pending": await gateway.run_db(gateway.store.count_inbox, "pending"),
                         "leases": await gateway.run_db(gateway.store.count_leases, time.time()),
-                        "outbox": await gateway.run_db(gateway.store.outbox_counts), "error": None}
+                        "outbox": await gateway.run_db(gateway.store.outbox_counts), "error": None,
+                        "instances": await gateway.run_db(gateway.instance.store.records), "now": time.time()}
         except Exception as exc:
             database = {"error": gateway.redact(f"{type(exc).__name__}: {exc}")[:300]}
         return "health.html", {"adapters": adapters, "database": database, "instance": gateway.instance_id,

@@ -365,6 +365,27 @@ class LinkFailureRow(Base):
     user_id: Mapped[str] = mapped_column(String(32))
     failed_at: Mapped[float] = mapped_column(Float)
 
+class InstanceRow(Base):
+    """The process that holds an instance id (``gateway.instance``): the owner name written into
+    lane leases, outbox claims and job-run claims. One row per id while its process runs; renewed
+    every ``HEARTBEAT_S``, deleted at a graceful stop. A process starting with an id whose holder
+    is gone takes the row over (and with it the leases); with a live holder it refuses to start."""
+
+    __tablename__ = "instances"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    boot: Mapped[str] = mapped_column(String(32))
+    """Random per process start: tells this start of the id from an earlier or a twin one."""
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    pid_scope: Mapped[str] = mapped_column(String(255))
+    """Where ``pid`` means this process: host name, kernel boot id and PID namespace (Linux)."""
+    pid_start: Mapped[str | None] = mapped_column(String(32))
+    """The process's start time in clock ticks after boot (``/proc/PID/stat``): tells a reused pid."""
+    started_at: Mapped[float] = mapped_column(Float)
+    heartbeat_at: Mapped[float] = mapped_column(Float)
+
+
 # The FTS5 index is not a SQLAlchemy table: dropping ``memories`` (tests reset with drop_all) drops it too.
 event.listen(MemoryRow.__table__, "after_drop",
              DDL("DROP TABLE IF EXISTS memories_fts").execute_if(dialect="sqlite"))
