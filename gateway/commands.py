@@ -35,20 +35,39 @@ HELP = (
     "/help - this message"
 )
 
-COMMANDS = [
-    ("new", "Start a fresh conversation"), ("sessions", "List your conversations"),
-    ("resume", "Continue a conversation: /resume ID"), ("status", "Model, conversation and usage"),
-    ("skills", "Skills and their versions"),
-    ("link", "Link another account of yours"), ("unlink", "Unlink this account"),
-    ("schedule", "Schedule a report: /schedule \"0 9 * * 1-5\" Zone what to report"),
-    ("jobs", "Your scheduled reports"), ("run", "Fire a scheduled report now: /run ID"),
-    ("unschedule", "Remove a scheduled report: /unschedule ID"),
-    ("stop", "Stop the answer in progress"), ("help", "What this bot can do"),
-    ("stop", "Stop the answer in progress"), ("approve", "Allow an action: /approve ID"),
-    ("deny", "Refuse an action: /deny ID"), ("help", "What this bot can do"),
-    ("memory", "What I remember about you"), ("forget", "Delete a memory entry: /forget ID"),
-]
-"""The native command menu (Telegram setMyCommands: 1-32 chars of a-z, 0-9 and _)."""
+MENU: tuple[tuple[str, str, frozenset[str]], ...] = (
+    ("new", "Start a fresh conversation", frozenset({"dm", "group"})),
+    ("sessions", "List your conversations", frozenset({"dm"})),
+    ("resume", "Continue a conversation: /resume ID", frozenset({"dm"})),
+    ("status", "Model, conversation and usage", frozenset({"dm", "group"})),
+    ("skills", "Skills and their versions", frozenset({"dm", "group"})),
+    ("link", "Link another account of yours", frozenset({"dm"})),
+    ("unlink", "Unlink this account", frozenset({"dm"})),
+    ("schedule", "Schedule a report: /schedule \"0 9 * * 1-5\" Zone what to report", frozenset({"dm", "group"})),
+    ("jobs", "Your scheduled reports", frozenset({"dm", "group"})),
+    ("run", "Fire a scheduled report now: /run ID", frozenset({"dm", "group"})),
+    ("unschedule", "Remove a scheduled report: /unschedule ID", frozenset({"dm", "group"})),
+    ("stop", "Stop the answer in progress", frozenset({"dm", "group"})),
+    ("approve", "Allow an action: /approve ID", frozenset({"dm", "group"})),
+    ("deny", "Refuse an action: /deny ID", frozenset({"dm", "group"})),
+    ("memory", "What I remember (about you, or this group)", frozenset({"dm", "group"})),
+    ("forget", "Delete a memory entry: /forget ID", frozenset({"dm", "group"})),
+    ("approve_user", "Approve a pairing code: /approve_user CODE", frozenset({"admin"})),
+    ("help", "What this bot can do", frozenset({"dm", "group"})),
+)
+"""Every command of the native menu, once, with where it is offered: ``dm`` (private chats),
+``group`` (group chats; commands that answer "in a DM" or would show a link code to the group are
+left out) and ``admin`` (the DMs of admins, when pairing is on). Names follow Telegram's
+setMyCommands rules: unique, 1-32 characters of ``a-z``, ``0-9`` and ``_``; descriptions 1-256
+characters."""
+
+
+def command_menu(audience: str) -> list[tuple[str, str]]:
+    """``(name, description)`` pairs of the native menu for ``audience``: ``"dm"``, ``"group"``, or
+    ``"admin"`` (an admin's DM: every DM command plus the admin ones), in ``MENU`` order."""
+    wanted = {"dm", "admin"} if audience == "admin" else {audience}
+    return [(name, text) for name, text, where in MENU if where & wanted]
+
 
 CONTROL_COMMANDS = frozenset({"stop", "approve", "deny", "status"})
 """Handled on receipt, outside the lane (``/status`` shows a running turn's plan while it runs)."""

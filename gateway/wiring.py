@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.commands import COMMANDS
+from gateway.commands import command_menu
 from gateway.config import GatewayConfig
 from gateway.errors import ConfigError
 from gateway.ports import Adapter
@@ -24,7 +24,7 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
         secret = config.require_secret(tg.webhook_secret_env, "telegram webhook mode") if tg.mode == "webhook" else None
         adapters.append(TelegramAdapter(token=token, base_url=tg.base_url, mode=tg.mode, webhook_secret=secret,
                                         webhook_url=tg.webhook_url, poll_timeout_s=tg.poll_timeout_s,
-                                        commands=COMMANDS))
+                                        menu=_telegram_menu(config)))
     if config.slack.enabled:
         from adapters.slack.adapter import SlackAdapter
 
@@ -56,3 +56,16 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
 
         adapters.append(WebAdapter(secret=config.web_secret(), cookie_secure=config.web.cookie_secure))
     return adapters
+
+
+def _telegram_menu(config: GatewayConfig):  # -> adapters.telegram.adapter.CommandMenu
+    """The Telegram command menus: DM and group commands; the admin menu (pairing approval) in the
+    DMs of ``access.admins``' Telegram accounts, only where pairing is in use (allowlist mode)."""
+    from adapters.telegram.adapter import CommandMenu
+
+    access = config.access
+    admin_ids = [int(entry.split(":", 1)[1]) for entry in access.admins
+                 if entry.startswith("telegram:") and entry.split(":", 1)[1].lstrip("-").isdigit()]
+    pairing = access.mode == "allowlist" and access.pairing
+    return CommandMenu(private=command_menu("dm"), groups=command_menu("group"),
+                       admins=command_menu("admin") if pairing else (), admin_chat_ids=admin_ids if pairing else ())

@@ -192,3 +192,42 @@ async def test_webhook_mode(fake: FakeTelegram, bot: Bot) -> None:
         await bot.delete_webhook()
         await runner.cleanup()
     assert await bot.get_updates(timeout=0) is not None
+
+
+@pytest.mark.parametrize(("commands", "description"), [
+    ([("help", "Help"), ("help", "Help again")], "Bot_command_invalid"),  # a duplicate
+    ([("Help", "Help")], "Bot_command_invalid"),  # upper case
+    ([("do-it", "Dash")], "Bot_command_invalid"),
+    ([("x" * 33, "Too long")], "Command length must not exceed 32"),
+    ([("help", "   ")], "Command description must be non-empty"),
+    ([("help", "d" * 257)], "Command description length must not exceed 256"),
+    ([(f"c{i}", "Command") for i in range(101)], "Bot_commands_too_much"),
+])
+async def test_set_my_commands_rules(fake: FakeTelegram, bot: Bot, commands, description) -> None:
+    """Telegram Bot API setMyCommands: unique commands of 1-32 a-z/0-9/_, at most 100,
+    descriptions 1-256 characters; PTB shows the description without "Bad Request: ", capitalized."""
+    from telegram import BotCommand, BotCommandScopeAllPrivateChats
+
+    fake.commands.clear()
+    with pytest.raises(BadRequest) as raised:
+        await bot.set_my_commands([BotCommand(n, d) for n, d in commands], scope=BotCommandScopeAllPrivateChats())
+    assert raised.value.message == description
+    assert fake.commands == {}  # the menu stays as it was
+
+
+async def test_menus_per_scope_and_chat_scope_needs_a_known_chat(fake: FakeTelegram, bot: Bot) -> None:
+    from telegram import BotCommand, BotCommandScopeAllGroupChats, BotCommandScopeAllPrivateChats, BotCommandScopeChat
+
+    fake.commands.clear()
+    assert await bot.set_my_commands([BotCommand(f"c{i}", "Command") for i in range(100)],
+                                     scope=BotCommandScopeAllPrivateChats())
+    assert await bot.set_my_commands([BotCommand("help", "Help")], scope=BotCommandScopeAllGroupChats())
+    with pytest.raises(BadRequest, match="Chat not found"):
+        await bot.set_my_commands([BotCommand("admin", "Admin")], scope=BotCommandScopeChat(5559999))
+    fake.add_chat({"id": 5559999, "type": "private", "first_name": "Ada"})
+    assert await bot.set_my_commands([BotCommand("admin", "Admin")], scope=BotCommandScopeChat(5559999))
+    assert len(fake.menu(5550001)) == 100 and fake.menu(-4000000001) == ["help"]
+    assert fake.menu(5559999) == ["admin"]  # the chat scope wins over all private chats
+    assert [c.command for c in await bot.get_my_commands(scope=BotCommandScopeAllGroupChats())] == ["help"]
+    assert await bot.delete_my_commands(scope=BotCommandScopeChat(5559999))
+    assert len(fake.menu(5559999)) == 100

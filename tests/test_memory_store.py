@@ -79,3 +79,35 @@ def test_hits_are_counted_and_restart_the_decay_clock(memories):
     memories.used([entry.id], now=300.0)
     stored = memories.get("user:alice", entry.id)
     assert (stored.hits, stored.last_used_at, stored.created_at) == (2, 300.0, 100.0)
+
+
+def test_linking_moves_the_joining_users_entries_and_nobody_elses(memories):
+    """``Directory.link``: the entries of the user who sent ``/link CODE`` (their own, and theirs in
+    groups with per-member scope) move to the code's user in the link's transaction; other users'
+    entries, a group's own and another member's stay."""
+    from gateway.store.directory import Directory
+    from gateway.store.memories import member_suffix, user_owner
+    from gateway.types import ChatAddress, InboundMessage, Sender
+
+    directory = Directory(memories.engine)
+
+    def user_of(platform: str, user: str) -> str:
+        message = InboundMessage(ChatAddress(platform, "T1", user), f"m-{user}", "dm", Sender(user, user), "hi")
+        return directory.identify(message).user_id
+
+    telegram, slack, bob = user_of("telegram", "1001"), user_of("slack", "U1"), user_of("telegram", "1002")
+    chat = "group:telegram:T1:chat:-100"
+    for owner, said in [(user_owner(telegram), "Locker code is 8264"), (chat + member_suffix(telegram), "Desk 4"),
+                        (user_owner(slack), "Bike is green"), (user_owner(bob), "Bob's locker is 1111"),
+                        (chat, "Deploys on Friday"), (chat + member_suffix(bob), "Bob sits at desk 9")]:
+        memories.add(NewMemory(owner, said, "fact", "user_explicit"))
+    assert directory.link(directory.new_code(slack, "link"), telegram) == slack
+
+    def texts(owner: str) -> list[str]:
+        return [m.text for m in memories.entries(owner)]
+
+    assert texts(user_owner(slack)) == ["Locker code is 8264", "Bike is green"]
+    assert texts(chat + member_suffix(slack)) == ["Desk 4"]
+    assert texts(user_owner(telegram)) == [] and texts(chat + member_suffix(telegram)) == []
+    assert texts(user_owner(bob)) == ["Bob's locker is 1111"] and texts(chat) == ["Deploys on Friday"]
+    assert texts(chat + member_suffix(bob)) == ["Bob sits at desk 9"]

@@ -59,6 +59,8 @@ def test_ignore_reasons() -> None:
     assert to_inbound(envelope("message_changed.json"), BOT) == Ignored("subtype:message_changed")
     assert to_inbound(envelope("channel_message_no_mention.json"), BOT) == Ignored("not_addressed")
     assert to_inbound(fixture("slack", "url_verification.json"), BOT) == Ignored("not_an_event")
+    edit = {"user": "U0ALICE001", "ts": "1735689900.000000"}  # app_mention re-sent for an edited message
+    assert to_inbound(edited("channel_app_mention.json", edited=edit), BOT) == Ignored("edited")
 
 
 def edited(name: str, **event: Any) -> dict[str, Any]:

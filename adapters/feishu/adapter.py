@@ -6,8 +6,9 @@ Threads and loops (PLATFORMS.md §0.1-0.3):
   a token. ``TenantToken`` fetches that token itself, asynchronously, so the main loop never blocks;
   lark's process-global ``TokenManager`` cache is never used.
 - the long-connection client (``lark.ws.Client``) runs on a module-level loop bound at import and
-  ``start()`` blocks forever: it gets a dedicated thread with its own loop; events are handed to the
-  main loop with ``run_coroutine_threadsafe`` and acknowledged only after the inbox write.
+  ``start()`` blocks forever: ``adapters.feishu.long_connection`` gives it a dedicated thread with
+  its own loop and connects it itself (bounded attempts, backing-off retries); events are handed to
+  the main loop with ``run_coroutine_threadsafe`` and acknowledged only after the inbox write.
 
 Acknowledgement (DESIGN §3.1; Feishu event subscription: answer HTTP 200 within 3 s, else re-pushed
 after 15 s, 5 min, 1 h, 6 h): the webhook answers 200 right after the inbox write, never after model
@@ -23,7 +24,6 @@ import hashlib
 import hmac
 import json
 import logging
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -49,6 +49,7 @@ from lark_oapi.core.utils import AESCipher
 from adapters.feishu.cards import action_to_inbound, card_parts
 from adapters.feishu.format import Part, format_plain, format_reply
 from adapters.feishu.inbound import Ignored, to_inbound
+from adapters.feishu.long_connection import LongConnection
 from adapters.feishu.token import TenantToken
 from adapters.feishu.wire import event_id_of, event_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
@@ -87,20 +88,6 @@ class FeishuApiError(Exception):
         self.what, self.code, self.msg, self.status = what, code, msg, status
 
 
-class _LongConnectionEvents(lark.EventDispatcherHandler):
-    """Event handler for ``lark.ws.Client``: it calls ``_do_without_validation(payload)`` on its own
-    loop thread for every event frame (lark-oapi 1.7.5) and acks ``{"code": 200}`` when it returns,
-    500 when it raises (Feishu then pushes the event again)."""
-
-    def __init__(self, on_payload: Callable[[bytes], None]) -> None:
-        super().__init__()
-        self._on_payload = on_payload
-
-    def _do_without_validation(self, payload: bytes) -> Any:
-        self._on_payload(payload)
-        return None
-
-
 def _uuid(message: OutboundMessage, index: int) -> str:
     """Feishu ``uuid`` for part ``index`` of a reply (≤ 50 chars; Feishu keeps one message per uuid per
     hour). The idempotency key alone repeats after a database reset, so the chat and the replied-to
@@ -108,20 +95,6 @@ def _uuid(message: OutboundMessage, index: int) -> str:
     digest = hashlib.sha256(
         f"{message.address.chat_id}|{message.reply_to_id}|{message.idempotency_key}".encode()).hexdigest()[:12]
     return f"{message.idempotency_key[:32]}-{digest}:p{index}"
-
-
-async def _close_long_connection(client: Any) -> None:
-    """Runs on the long-connection loop. lark-oapi 1.7.5 has no public stop (PLATFORMS.md §0.3): turn
-    reconnects off, cancel its receive/ping tasks (so none reconnects or raises unobserved), close."""
-    client._auto_reconnect = False
-    # Only the client's own tasks (receive loop, ping loop, frame handlers): cancelling the task that
-    # start() is blocked on would end the thread before the socket is closed.
-    tasks = [task for task in asyncio.all_tasks()
-             if not task.done() and getattr(task.get_coro(), "__qualname__", "").startswith("Client.")]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    await client._disconnect()
 
 
 def _header(headers: dict[str, str] | None, name: str) -> str | None:
@@ -147,6 +120,8 @@ class FeishuAdapter:
             reply (Feishu has no typing API); ``None`` disables it.
         resolve_names: look up group senders' display names (contact/v3 users; needs a contact
             read scope, otherwise the sender stays its open_id).
+        ws_connect_timeout_s, ws_backoff_initial_s, ws_backoff_max_s: long connection: the bound on
+            one connect attempt and the retry delays after failed ones (``LongConnection``).
 
     Raises:
         ValueError: ``domain`` is not accepted by lark-oapi.
@@ -158,7 +133,9 @@ class FeishuAdapter:
 
     def __init__(self, *, app_id: str, app_secret: str, verification_token: str | None = None,
                  encrypt_key: str | None = None, mode: str = "webhook", domain: str = lark.FEISHU_DOMAIN,
-                 timeout_s: float = 10.0, typing_emoji: str | None = "Typing", resolve_names: bool = True) -> None:
+                 timeout_s: float = 10.0, typing_emoji: str | None = "Typing", resolve_names: bool = True,
+                 ws_connect_timeout_s: float = 10.0, ws_backoff_initial_s: float = 1.0,
+                 ws_backoff_max_s: float = 60.0) -> None:
         # lark-oapi prints to stdout through its own handler, past the gateway's secret redaction
         # (gateway.logs): its records go through the root logger instead.
         logging.getLogger("Lark").handlers.clear()
@@ -182,9 +159,10 @@ class FeishuAdapter:
         self._typing: dict[ChatAddress, list[tuple[str, str]]] = {}  # address -> [(message_id, reaction_id)]
         self._reacted: OrderedDict[str, None] = OrderedDict()  # message ids already given a reaction
         self._dm_chats: OrderedDict[str, bool] = OrderedDict()  # chat id -> is a p2p chat (seen inbound)
-        self._ws_thread: threading.Thread | None = None
-        self._ws_loop: asyncio.AbstractEventLoop | None = None
-        self._ws_client: Any = None
+        self.long_connection = LongConnection(
+            app_id=app_id, app_secret=app_secret, domain=self.domain, on_payload=self._on_long_connection_payload,
+            connect_timeout_s=ws_connect_timeout_s, backoff_initial_s=ws_backoff_initial_s,
+            backoff_max_s=ws_backoff_max_s) if mode == "websocket" else None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def routes(self) -> list[web.RouteDef]:
@@ -213,31 +191,19 @@ class FeishuAdapter:
         log.info("feishu bot %s (%s) starting in %s mode", bot.get("app_name"), self.bot_open_id, self.mode)
 
     async def start_receiving(self) -> None:
-        """Opens the long connection (websocket mode) on its own thread; webhooks need nothing."""
-        if self.mode == "websocket" and self._ws_thread is None:
-            ready = threading.Event()
-            self._ws_thread = threading.Thread(target=self._run_long_connection, args=(ready,),
-                                               name="feishu-ws", daemon=True)
-            self._ws_thread.start()
-            await asyncio.to_thread(ready.wait, 5)
+        """Starts the long connection (websocket mode) on its own thread and returns without
+        waiting for Feishu: attempts are bounded and retried with backoff there. Webhooks need
+        nothing."""
+        if self.long_connection is not None:
+            self.long_connection.start()
 
     async def stop(self) -> None:
         await self.stop_receiving()
 
     async def stop_receiving(self) -> None:
-        """Closes the long connection (if any) and joins its thread."""
-        thread, loop, client = self._ws_thread, self._ws_loop, self._ws_client
-        self._ws_thread = None
-        if thread is None or loop is None:
-            return
-        if client is not None and loop.is_running():
-            try:
-                future = asyncio.run_coroutine_threadsafe(_close_long_connection(client), loop)
-                await asyncio.wait_for(asyncio.wrap_future(future), 5)
-            except Exception as exc:
-                log.warning("feishu long connection did not close cleanly: %s", type(exc).__name__)
-            loop.call_soon_threadsafe(loop.stop)
-        await asyncio.to_thread(thread.join, 5)
+        """Closes the long connection (if any), also mid-attempt, and joins its thread."""
+        if self.long_connection is not None:
+            await self.long_connection.stop()
 
     async def check(self) -> str:
         """Fetches a token and the bot info; returns e.g. ``bot Gateway (open_id ou_...)``."""
@@ -458,31 +424,6 @@ class FeishuAdapter:
             return
         future = asyncio.run_coroutine_threadsafe(self._dispatch(body), self._loop)
         future.result(WS_STORE_TIMEOUT_S)
-
-    def _run_long_connection(self, ready: threading.Event) -> None:
-        import lark_oapi.ws.client as ws_client  # the module holding lark's long-connection loop
-
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        ws_client.loop = loop  # bound at import to whatever loop existed then (PLATFORMS.md §0.3)
-        self._ws_loop = loop
-        self._ws_client = lark.ws.Client(self.app_id, self._app_secret, log_level=lark.LogLevel.WARNING,
-                                         event_handler=_LongConnectionEvents(self._on_long_connection_payload),
-                                         domain=self.domain, auto_reconnect=True)
-        ready.set()
-        try:
-            self._ws_client.start()
-        except (RuntimeError, asyncio.CancelledError):
-            pass  # the loop was stopped by stop()
-        except Exception as exc:
-            log.error("feishu long connection ended: %s: %s", type(exc).__name__, exc)
-        finally:
-            tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            loop.close()
 
     # -- outbound ----------------------------------------------------------------------------
     async def send(self, message: OutboundMessage, on_part: PartSent | None = None,

@@ -182,6 +182,9 @@ class SlackAdapter:
         allow_bots: take messages from other bots (never from this one).
         typing_reaction: emoji name added to the user's message while a turn runs (Slack has no
             typing API for bots; a reaction is the usual stand-in), ``""`` to disable.
+        socket_ping_interval_s: Socket Mode: seconds between the SDK's pings and checks of the
+            connection, so also the longest time a silently dropped socket goes unnoticed before
+            the SDK reconnects (Bolt's default is 10; a ``disconnect`` frame reconnects at once).
     """
 
     platform = "slack"
@@ -190,7 +193,7 @@ class SlackAdapter:
 
     def __init__(self, *, bot_token: str, signing_secret: str | None = None, app_token: str | None = None,
                  mode: str = "events", api_url: str = "https://slack.com/api/", allow_bots: bool = False,
-                 typing_reaction: str = "eyes", timeout_s: int = 15) -> None:
+                 typing_reaction: str = "eyes", timeout_s: int = 15, socket_ping_interval_s: float = 5.0) -> None:
         if mode == "events" and not signing_secret:
             raise ValueError("Slack events mode needs a signing secret")
         if mode == "socket" and not app_token:
@@ -202,6 +205,7 @@ class SlackAdapter:
         self._app_token = app_token
         self._allow_bots = allow_bots
         self._typing_reaction = typing_reaction
+        self._socket_ping_interval = socket_ping_interval_s
         self._sink: InboundSink | None = None
         self._identity: BotIdentity | None = None
         self._socket: AsyncSocketModeHandler | None = None
@@ -266,9 +270,11 @@ class SlackAdapter:
                  self._identity.bot_id, self._identity.team_id, self.mode)
 
     async def start_receiving(self) -> None:
-        """Socket Mode: opens the WebSocket (``apps.connections.open`` with the app token; the
-        SDK reconnects on ``disconnect`` frames). Slack hands each event to one of the app's
-        connections, so every instance may be connected.
+        """Socket Mode: opens the WebSocket (``apps.connections.open`` with the app token). The SDK
+        reconnects with a fresh URL on a ``disconnect`` frame (Slack: ``refresh_requested`` every
+        few hours) and within ``socket_ping_interval_s`` of a dropped socket; an event whose ack
+        was lost is redelivered by Slack and dropped by the inbox as a duplicate. Slack hands each
+        event to one of the app's connections, so every instance may be connected.
 
         Raises:
             CredentialRejected: Slack refused the app-level token. The first
@@ -283,7 +289,8 @@ class SlackAdapter:
             if (rejected := _rejected(exc, "app_token_env")) is None:
                 raise
             raise rejected from exc
-        self._socket = _CheckedSocketModeHandler(self.app, self._app_token, logger=log)
+        self._socket = _CheckedSocketModeHandler(self.app, self._app_token, logger=log,
+                                                 ping_interval=self._socket_ping_interval)
         self._socket.client.wss_uri = opened["url"]  # reconnects ask for new URLs themselves
         await self._socket.connect_async()
 

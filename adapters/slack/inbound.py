@@ -9,8 +9,9 @@ Rules (PLATFORMS.md §2.2, Slack Events API: ``message.im``, ``message.channels`
 - the message id is ``"<channel>:<ts>"``: Slack sends ``app_mention`` and ``message.channels`` for
   one post with different ``event_id``s, and this key makes them one turn;
 - new user text only: no subtype, ``file_share`` or ``thread_broadcast``; edits, deletions, joins
-  and other subtypes are ignored; the bot's own messages (user id or bot id) are ignored in every
-  channel type, other bots by default;
+  and other subtypes are ignored, and so is an event carrying ``edited`` (Slack sends
+  ``app_mention`` again, with ``edited``, when a message is edited to mention the bot); the bot's
+  own messages (user id or bot id) are ignored in every channel type, other bots by default;
 - Slack markup is turned into plain text: the bot's mention removed, ``<@U…>`` replaced by the
   display names the caller resolved, ``<#C…|name>``, ``<!here>``, ``<url|label>`` made readable,
   ``&amp; &lt; &gt;`` unescaped (Slack: "Formatting text for app surfaces").
@@ -131,6 +132,8 @@ def to_inbound(envelope: dict[str, Any], bot: BotIdentity, names: Mapping[str, s
     subtype = event.get("subtype")
     if subtype not in NEW_TEXT_SUBTYPES and not (allow_bots and subtype == "bot_message"):
         return Ignored(f"subtype:{subtype}")
+    if event.get("edited"):
+        return Ignored("edited")  # an edit never starts a turn (also an edit that adds the mention)
     if (event.get("bot_id") or subtype == "bot_message") and not allow_bots:
         return Ignored("from_bot")
     user = str(event.get("user") or event.get("bot_id") or "")

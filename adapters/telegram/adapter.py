@@ -14,11 +14,17 @@ import hmac
 import logging
 import random
 import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from telegram import (
     Bot,
     BotCommand,
+    BotCommandScope,
+    BotCommandScopeAllGroupChats,
+    BotCommandScopeAllPrivateChats,
+    BotCommandScopeChat,
     InlineKeyboardButton,
     InlineKeyboardMarkup,
     MessageEntity,
@@ -40,7 +46,35 @@ log = logging.getLogger("adapters.telegram")
 
 WEBHOOK_PATH = "/telegram/webhook"
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
-DEFAULT_COMMANDS = [("help", "What this bot can do"), ("stop", "Stop the running turn")]
+PRIVACY_WARNING = (
+    "telegram privacy mode is on for @%s (getMe: can_read_all_group_messages is false): in groups "
+    "Telegram delivers only /commands and replies to the bot, so plain messages that @mention it may "
+    "never arrive. Turn it off with @BotFather /setprivacy (then remove and re-add the bot to each "
+    "group) or make the bot a group admin"
+)
+
+
+@dataclass(frozen=True)
+class CommandMenu:
+    """The native command menus, per audience (Telegram Bot API setMyCommands with a
+    BotCommandScope; clients show the most specific scope that has commands).
+
+    Attributes:
+        private: ``(name, description)`` pairs for every private chat (BotCommandScopeAllPrivateChats).
+        groups: pairs for group and supergroup chats (BotCommandScopeAllGroupChats).
+        admins: pairs for the private chats of ``admin_chat_ids`` (BotCommandScopeChat; Telegram
+            answers "chat not found" until that user has written to the bot, so such a menu is set
+            at the next start after their first message).
+        admin_chat_ids: Telegram user ids (= their private chat ids) of the gateway's admins.
+
+    Names must be unique per menu, 1-32 characters of ``a-z``, ``0-9`` and ``_``, at most 100 per
+    menu; descriptions 1-256 characters (otherwise Telegram refuses the whole menu with 400).
+    """
+
+    private: Sequence[tuple[str, str]] = (("help", "What this bot can do"), ("stop", "Stop the running turn"))
+    groups: Sequence[tuple[str, str]] = (("help", "What this bot can do"), ("stop", "Stop the running turn"))
+    admins: Sequence[tuple[str, str]] = ()
+    admin_chat_ids: Sequence[int] = field(default_factory=tuple)
 
 
 class TelegramAdapter:
@@ -54,7 +88,7 @@ class TelegramAdapter:
             ``X-Telegram-Bot-Api-Secret-Token`` (Telegram Bot API: setWebhook ``secret_token``).
         webhook_url: when set, registered with ``setWebhook`` at start.
         poll_timeout_s: long-poll ``timeout`` of ``getUpdates``.
-        commands: ``(name, description)`` pairs for the native command menu (setMyCommands).
+        menu: the native command menus per audience (``CommandMenu``; default: help and stop).
     """
 
     platform = "telegram"
@@ -62,7 +96,7 @@ class TelegramAdapter:
 
     def __init__(self, *, token: str, base_url: str = "https://api.telegram.org", mode: str = "polling",
                  webhook_secret: str | None = None, webhook_url: str | None = None, poll_timeout_s: int = 30,
-                 commands: list[tuple[str, str]] | None = None) -> None:
+                 menu: CommandMenu | None = None) -> None:
         root = base_url.rstrip("/")
         self.bot = Bot(
             token,
@@ -75,7 +109,7 @@ class TelegramAdapter:
         self._webhook_secret = webhook_secret
         self._webhook_url = webhook_url
         self._poll_timeout = poll_timeout_s
-        self._commands = commands or DEFAULT_COMMANDS
+        self._menu = menu or CommandMenu()
         self._sink: InboundSink | None = None
         self._identity: BotIdentity | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -88,8 +122,9 @@ class TelegramAdapter:
         return [web.post(WEBHOOK_PATH, self._handle_webhook)] if self.mode == "webhook" else []
 
     async def start(self, sink: InboundSink) -> None:
-        """Reads the bot identity (``getMe``) and registers the command menu; in webhook mode
-        registers the webhook when ``webhook_url`` is set. Polling begins in ``start_receiving``.
+        """Reads the bot identity (``getMe``; warns when privacy mode hides plain group messages)
+        and registers the command menus; in webhook mode registers the webhook when
+        ``webhook_url`` is set. Polling begins in ``start_receiving``.
 
         Raises:
             CredentialRejected: Telegram refused the token (Bot API: 401 Unauthorized for a
@@ -103,13 +138,34 @@ class TelegramAdapter:
         me = self.bot.bot
         self._identity = BotIdentity(me.id, me.username or "")
         log.info("telegram bot @%s (%s) starting in %s mode", me.username, me.id, self.mode)
-        try:
-            await self.bot.set_my_commands([BotCommand(name, text) for name, text in self._commands])
-        except TelegramError as exc:
-            log.warning("telegram setMyCommands failed: %s", exc)
+        if not me.can_read_all_group_messages:
+            log.warning(PRIVACY_WARNING, me.username)
+        await self._set_menus()
         if self.mode == "webhook" and self._webhook_url:
             await self.bot.set_webhook(self._webhook_url, secret_token=self._webhook_secret,
                                        allowed_updates=ALLOWED_UPDATES, drop_pending_updates=False)
+
+    async def _set_menus(self) -> None:
+        """One setMyCommands per audience of ``CommandMenu``; a refused menu is logged and the
+        others are still set (the commands work typed either way)."""
+        menu = self._menu
+        scopes: list[tuple[BotCommandScope, Sequence[tuple[str, str]], str]] = [
+            (BotCommandScopeAllPrivateChats(), menu.private, "private chats"),
+            (BotCommandScopeAllGroupChats(), menu.groups, "group chats"),
+        ]
+        if menu.admins:
+            scopes += [(BotCommandScopeChat(chat_id), menu.admins, f"admin chat {chat_id}")
+                       for chat_id in menu.admin_chat_ids]
+        for scope, commands, what in scopes:
+            try:
+                await self.bot.set_my_commands([BotCommand(name, text) for name, text in commands], scope=scope)
+            except BadRequest as exc:
+                if "chat not found" in exc.message.lower():
+                    log.info("telegram command menu for %s not set yet: the admin has not written to the bot", what)
+                else:
+                    log.warning("telegram setMyCommands for %s refused: %s", what, exc.message)
+            except TelegramError as exc:
+                log.warning("telegram setMyCommands for %s failed: %s", what, exc)
 
     async def start_receiving(self) -> None:
         """Starts long polling (polling mode; pending updates are kept, never dropped)."""

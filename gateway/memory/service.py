@@ -38,7 +38,7 @@ from gateway.memory.recall import Embed, Recaller
 from gateway.memory.terms import words
 from gateway.sessions import GroupScope, is_dm_key, session_key_for
 from gateway.store.directory import Directory
-from gateway.store.memories import MAX_TEXT_CHARS, Memory, MemoryStore, NewMemory, too_long
+from gateway.store.memories import MAX_TEXT_CHARS, Memory, MemoryStore, NewMemory, too_long, user_owner
 from gateway.store.sql import Store, StoredMessage
 from gateway.types import InboundMessage
 
@@ -55,7 +55,7 @@ def owner_for(key: str) -> str:
     its ``:thread:…`` part -> ``group:<rest>`` (one memory per group chat, or per member of it
     when the key is per user)."""
     if is_dm_key(key):
-        return f"user:{key[3:]}"
+        return user_owner(key[3:])
     return "group:" + re.sub(r":thread:[^:]*", "", key)
 
 

@@ -21,13 +21,22 @@ MIGRATION_LOCK_ID = 0x6167776D  # "agwm": the advisory lock key serialising migr
 
 
 def create_db_engine(url: str, pool_size: int = 10) -> Engine:
-    """Builds the engine for ``url``; creates the SQLite file's folder if needed."""
+    """Builds the engine for ``url``; creates the SQLite file's folder if needed.
+
+    ``pool_size``: connections kept open (``database.pool_size``), as many again opened under load
+    (SQLAlchemy ``max_overflow``), on PostgreSQL and on an SQLite file alike; a caller waiting
+    longer than 30 s for one gets ``sqlalchemy.exc.TimeoutError``. Every store call holds a
+    connection only for its own short transaction, never across a model or tool call, so a pool
+    much smaller than ``agent.worker_threads`` serves all turns in flight.
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800)
+    pool: dict[str, int] = {}
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        pool = {"pool_size": pool_size, "max_overflow": pool_size}
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]

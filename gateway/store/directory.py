@@ -15,6 +15,7 @@ from sqlalchemy import Engine, and_, bindparam, delete, func, insert, select, up
 from sqlalchemy.exc import IntegrityError
 
 from gateway.store.db import read_tx, write_tx
+from gateway.store.memories import move_user_entries
 from gateway.store.models import (
     CodeRow,
     IdentityRow,
@@ -178,7 +179,8 @@ class Directory:
     @retry_locked
     def link(self, code: str, user_id: str) -> str:
         """Joins ``user_id`` (the sender of ``/link CODE``) into the code's user: all its
-        identities and sessions move there. Returns the surviving user id.
+        identities, sessions and long-term memory entries move there, in one transaction.
+        Returns the surviving user id.
 
         Raises:
             CodeError: the code is wrong, used or expired (recorded as a wrong guess), names this
@@ -208,6 +210,7 @@ class Directory:
             conn.execute(update(_identities).where(_identities.c.user_id == user_id)
                          .values(user_id=target, linked_at=now))
             conn.execute(update(_sessions).where(_sessions.c.owner_user_id == user_id).values(owner_user_id=target))
+            move_user_entries(conn, user_id, target)  # long-term memory follows the joining account too
             approved = conn.execute(select(_users.c.approved).where(_users.c.id == user_id)).scalar()
             if approved:
                 conn.execute(update(_users).where(_users.c.id == target).values(approved=True))

@@ -91,6 +91,32 @@ class NewMemory:
             raise ValueError(too_long(self.text))
 
 
+def user_owner(user_id: str) -> str:
+    """The owner of a user's own memory (their DMs, on every linked account): ``user:<user id>``."""
+    return f"user:{user_id}"
+
+
+def member_suffix(user_id: str) -> str:
+    """How the owner of a user's memory in a group ends with ``sessions.group_scope = "user"``
+    (``group:<chat key>:user:<user id>``)."""
+    return f":user:{user_id}"
+
+
+def move_user_entries(conn: Any, from_user: str, to_user: str) -> int:
+    """Gives every entry of ``from_user`` (their own and, with per-member group scope, theirs in
+    each group) to ``to_user``, inside the caller's transaction: ``/link`` joins two users into one,
+    and memory follows the account that joined. Returns the number of entries moved."""
+    moved = conn.execute(update(_memories).where(_memories.c.owner == user_owner(from_user))
+                         .values(owner=user_owner(to_user))).rowcount
+    suffix = member_suffix(from_user)
+    owners = conn.execute(select(_memories.c.owner).distinct().where(
+        _memories.c.owner.like("group:%"), _memories.c.owner.endswith(suffix, autoescape=True))).scalars().all()
+    for owner in owners:
+        moved += conn.execute(update(_memories).where(_memories.c.owner == owner)
+                              .values(owner=owner[:-len(suffix)] + member_suffix(to_user))).rowcount
+    return int(moved)
+
+
 def too_long(text: str) -> str:
     """Why ``text`` is refused as an entry (longer than ``MAX_TEXT_CHARS``)."""
     return (f"a memory entry holds at most {MAX_TEXT_CHARS} characters, this one has {len(text.strip()):,}: "

@@ -121,6 +121,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
     with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
         model.responder = demo_model
+        telegram.can_read_all_group_messages = True  # this fake hides no group message: no privacy warning
         env = environment(telegram, model)
         if args.fakes_only:
             print("Fakes are running. Start the gateway in another shell with:\n")

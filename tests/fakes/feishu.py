@@ -224,6 +224,8 @@ class FakeFeishu(ThreadedServer):
         self._reactions: dict[str, JSON] = {}
         self._ws: list[web.WebSocketResponse] = []
         self._ws_acks: dict[str, JSON] = {}
+        self.ws_endpoint_hangs = 0
+        """The next this-many ``/callback/ws/endpoint`` calls never answer (a silent network)."""
 
     # ---- test-facing API -------------------------------------------------------------------------
 
@@ -241,6 +243,7 @@ class FakeFeishu(ThreadedServer):
             self._ws_acks.clear()
         self.event_deliveries.clear()
         self.invalid_token_status = 400
+        self.ws_endpoint_hangs = 0
 
     def calls(self, route: str | None = None) -> list[Call]:
         """Recorded calls in arrival order, optionally only those of ``route``."""
@@ -290,6 +293,14 @@ class FakeFeishu(ThreadedServer):
                       INVALID_TOKEN: "Invalid access token for authorization."}.get(code, "error")
         with self._lock:
             self._faults.setdefault(route, deque()).append(ApiError(status, code, msg, headers))
+
+    def drop_ws(self) -> None:
+        """Closes every long connection from the server side (a Feishu host restarting)."""
+        async def close() -> None:
+            for ws in list(self._ws):
+                await ws.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(5)
 
     def text_event(self, text: str, *, chat_id: str = "oc_fakep2p000000000000000000000001", chat_type: str = "p2p",
                    sender: str = "ou_fakealice00000000000000000000001", mention_bot: bool = False,
@@ -417,10 +428,22 @@ class FakeFeishu(ThreadedServer):
         await self._ws[-1].send_bytes(frame.SerializeToString())
 
     async def _ws_endpoint(self, request: web.Request) -> web.Response:
+        """The long connection bootstrap; ``fail_next("ws_endpoint", ...)`` and ``ws_endpoint_hangs``
+        make it fail (canned answer) or never answer."""
         body = await request.json()
         ok = body.get("AppID") == self.app_id and body.get("AppSecret") == self.app_secret
         self._record(Call(time.monotonic(), "ws_endpoint", "POST", request.path, {}, {"AppID": body.get("AppID")},
                           code=0 if ok else 10014))
+        with self._lock:
+            hang = self.ws_endpoint_hangs > 0
+            self.ws_endpoint_hangs -= 1 if hang else 0
+        if hang:  # until the client gives up and disconnects
+            while request.transport is not None and not request.transport.is_closing():
+                await asyncio.sleep(0.05)
+            return web.Response(status=504)
+        fault = self._fault("ws_endpoint")
+        if fault is not None:
+            return fault.response()
         if not ok:
             return web.json_response({"code": 10014, "msg": "app secret invalid"})
         return web.json_response({"code": 0, "msg": "ok", "data": {

@@ -355,6 +355,9 @@ class FakeOpenAI(ThreadedServer):
         self.api_key = api_key
         self.models = list(models)
         self.responder: Callable[[dict[str, Any]], Reply | str | None] | None = None
+        self.on_request: Callable[[dict[str, Any]], None] | None = None
+        """Called with each valid chat request's body as it arrives, before it is answered (on the
+        server's loop: keep it short), e.g. to look at the gateway while the model is mid-request."""
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._queue: deque[Reply] = deque()
@@ -379,6 +382,7 @@ class FakeOpenAI(ThreadedServer):
             self._requests.clear()
             self._prefixes.clear()
             self.responder = None
+            self.on_request = None
             self.embedding_requests.clear()
             self.embedding_aliases.clear()
 
@@ -475,6 +479,8 @@ class FakeOpenAI(ThreadedServer):
 
         prompt_tokens, cached = self._account(body)
         record["prompt_tokens"], record["cached_tokens"] = prompt_tokens, cached
+        if self.on_request is not None:
+            self.on_request(body)
         reply = self._next_reply(body)
         while isinstance(reply, DelayedReply):
             await asyncio.sleep(reply.seconds)

@@ -11,7 +11,10 @@ unique ``ts`` strings; ``chat.postMessage`` limits (``no_text``, ``msg_too_long`
 Events go the other way: ``post_event`` signs an Events API envelope with the signing secret
 (``v0=`` HMAC-SHA256 of ``v0:{timestamp}:{body}``) and POSTs it to the gateway, with probes for a
 bad signature, a stale timestamp and a body altered after signing. ``GET /link`` is the Socket
-Mode WebSocket (``hello`` on connect, ``push`` an ``events_api`` envelope, acks recorded).
+Mode WebSocket (``hello`` on connect, ``push`` an ``events_api`` envelope, acks recorded); as Slack
+does, an envelope not acked when its connection goes away (or pushed while none is open) is
+delivered again on the next connection with ``retry_attempt + 1``; ``disconnect`` sends Slack's
+``{"type": "disconnect", "reason": ...}`` and ``drop`` cuts the sockets without a close frame.
 """
 
 from __future__ import annotations
@@ -133,6 +136,8 @@ class FakeSlack(ThreadedServer):
         self._ts = itertools.count(1)
         self._envelopes = itertools.count(1)
         self._sockets: list[web.WebSocketResponse] = []
+        self._unacked: dict[str, JSON] = {}  # envelope id -> frame, until acked (Socket Mode)
+        self.connections_opened = 0
         self._methods: dict[str, Callable[[JSON], JSON]] = {
             "auth.test": self._auth_test, "chat.postMessage": self._post_message, "chat.update": self._update,
             "chat.delete": self._delete, "users.info": self._users_info, "conversations.info": self._conversation,
@@ -262,12 +267,39 @@ class FakeSlack(ThreadedServer):
             self.remember(frame["payload"]["event"])
         text = json.dumps(frame)
 
+        async def send() -> None:  # on the server's loop: atomic with a connection's start (_handle_socket)
+            with self._lock:
+                self._unacked[str(frame["envelope_id"])] = frame
+                targets = list(self._sockets)  # none open: kept in _unacked for the next connection
+            for ws in targets:
+                await ws.send_str(text)
+
+        self.call(send())
+        return str(frame["envelope_id"])
+
+    def disconnect(self, reason: str = "refresh_requested") -> None:
+        """Sends Slack's ``disconnect`` frame to every open connection (Socket Mode: Slack asks the
+        app to reconnect, e.g. ``refresh_requested`` every few hours, ``warning``, ``link_disabled``);
+        the old connection stays open until the client closes it."""
+        text = json.dumps({"type": "disconnect", "reason": reason, "debug_info": {"host": "fake-slack"}})
+
         async def send() -> None:
             for ws in list(self._sockets):
                 await ws.send_str(text)
 
         self.call(send())
-        return str(frame["envelope_id"])
+
+    def drop(self) -> None:
+        """Cuts every Socket Mode connection without a close frame (a network failure or a Slack
+        host going away): the client only notices by its own reads and pings failing."""
+
+        async def cut() -> None:
+            for ws in list(self._sockets):
+                transport = getattr(ws._req, "transport", None) if ws._req is not None else None
+                if transport is not None:
+                    transport.abort()
+
+        self.call(cut())
 
     @property
     def socket_clients(self) -> int:
@@ -350,15 +382,24 @@ class FakeSlack(ThreadedServer):
     async def _handle_socket(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(autoping=True)  # answers the SDK's sdk-ping-pong pings
         await ws.prepare(request)
-        self._sockets.append(ws)
+        with self._lock:  # Slack retries what was not acked before: pushed while no connection, or lost with one
+            retries = [{**frame, "retry_attempt": int(frame.get("retry_attempt") or 0) + 1, "retry_reason": "timeout"}
+                       for frame in self._unacked.values()]
+            self._unacked.update({str(frame["envelope_id"]): frame for frame in retries})
+            self._sockets.append(ws)  # from here on, push() sends to this socket itself
+        self.connections_opened += 1
         await ws.send_str(json.dumps({"type": "hello", "num_connections": len(self._sockets),
                                       "debug_info": {"host": "fake-slack"},
                                       "connection_info": {"app_id": self.api_app_id}}))
+        for frame in retries:
+            await ws.send_str(json.dumps(frame))
         try:
             async for msg in ws:
                 if msg.type == aiohttp.WSMsgType.TEXT:
+                    ack = json.loads(msg.data)
                     with self._lock:
-                        self.acks.append(json.loads(msg.data))
+                        self.acks.append(ack)
+                        self._unacked.pop(str(ack.get("envelope_id")), None)
         finally:
             self._sockets.remove(ws)
         return ws

@@ -6,7 +6,9 @@ Bot API docs (https://core.telegram.org/bots/api): the ``{"ok", "result"}`` / ``
 "error_code", "description", "parameters"}`` envelope with HTTP status = ``error_code``; PTB's
 form-urlencoded/multipart request bodies (nested objects arrive as JSON strings); ``getUpdates`` long
 polling with offsets and 409 conflicts; per-chat message ids; the 4096-UTF-16-unit text limit (1024 for
-captions); and small HTML / MarkdownV2 checkers that reject what Telegram rejects most often.
+captions); command menus per ``BotCommandScope`` with setMyCommands' rules (unique 1-32 character
+``a-z0-9_`` names, at most 100, descriptions 1-256; else 400 ``BOT_COMMAND_INVALID`` and friends); and
+small HTML / MarkdownV2 checkers that reject what Telegram rejects most often.
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ _WEBHOOK_CONFLICT = (
 _POLL_CONFLICT = (
     "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running"
 )
+_COMMAND_RE = re.compile(r"[a-z0-9_]{1,32}")
+MAX_COMMANDS = 100  # setMyCommands: "At most 100 commands can be specified"
+MAX_COMMAND_DESCRIPTION = 256  # BotCommand.description: 1-256 characters
+_SCOPE_TYPES = {"default", "all_private_chats", "all_group_chats", "all_chat_administrators", "chat",
+                "chat_administrators", "chat_member"}
 _NOT_MODIFIED = (
     "Bad Request: message is not modified: specified new message content and reply markup are exactly "
     "the same as a current content and reply markup of the message"
@@ -347,7 +354,10 @@ class FakeTelegram(ThreadedServer):
     Routes ``POST|GET /bot{token}/{method}`` and ``GET /file/bot{token}/{file_path}``. Test-facing
     state: ``forum_chats`` (set of chat ids; when non-empty, ``message_thread_id`` is only accepted for
     these), ``files`` (file_id -> bytes served by ``getFile`` + the file route), ``webhook_url``,
-    ``webhook_secret``, ``commands`` and ``webhook_deliveries`` (``(update_id, status)`` pairs).
+    ``webhook_secret``, ``commands`` (the command menu per scope: ``"default"``,
+    ``"all_private_chats"``, ``"all_group_chats"``, ``"chat:<id>"``, ...; see ``menu``),
+    ``can_read_all_group_messages`` (what ``getMe`` reports: ``False`` = privacy mode on, Telegram's
+    default for a new bot) and ``webhook_deliveries`` (``(update_id, status)`` pairs).
     """
 
     def __init__(
@@ -364,7 +374,8 @@ class FakeTelegram(ThreadedServer):
         self.files: dict[str, bytes] = {}
         self.webhook_url: str = ""
         self.webhook_secret: str | None = None
-        self.commands: list[dict[str, Any]] = []
+        self.commands: dict[str, list[dict[str, Any]]] = {}
+        self.can_read_all_group_messages = False
         self.webhook_deliveries: list[tuple[int, int]] = []
         self._lock = threading.Lock()
         self._calls: list[Call] = []
@@ -386,7 +397,8 @@ class FakeTelegram(ThreadedServer):
                 "getUpdates": self._get_updates, "sendMessage": self._send_message,
                 "editMessageText": self._edit_message_text, "deleteMessage": self._delete_message,
                 "sendChatAction": self._true, "answerCallbackQuery": self._true,
-                "setMyCommands": self._set_my_commands, "getMyCommands": lambda p, f: self.commands,
+                "setMyCommands": self._set_my_commands, "getMyCommands": self._get_my_commands,
+                "deleteMyCommands": self._delete_my_commands,
                 "setMessageReaction": self._true, "sendMessageDraft": self._send_message_draft,
                 "sendPhoto": self._send_photo, "sendDocument": self._send_document, "getFile": self._get_file,
             }.items()
@@ -462,6 +474,12 @@ class FakeTelegram(ThreadedServer):
         if self._loop is not None and self._loop.is_running():
             self._loop.call_soon_threadsafe(self._wake_pollers)
         return int(upd["update_id"])
+
+    def add_chat(self, chat: dict[str, Any]) -> None:
+        """Makes a Telegram ``Chat`` known, as if its user had written to the bot before (chat
+        scopes and ``getChat``-like lookups need that)."""
+        with self._lock:
+            self._chats[chat["id"]] = copy.deepcopy(chat)
 
     @property
     def confirmed_offset(self) -> int:
@@ -674,7 +692,8 @@ class FakeTelegram(ThreadedServer):
         return True
 
     def _get_me(self, params: JSON, files: list[JSON]) -> JSON:
-        return {**self.bot_user(), "can_join_groups": True, "can_read_all_group_messages": False,
+        return {**self.bot_user(), "can_join_groups": True,
+                "can_read_all_group_messages": self.can_read_all_group_messages,
                 "supports_inline_queries": False}
 
     def _set_webhook(self, params: JSON, files: list[JSON]) -> bool:
@@ -772,9 +791,93 @@ class FakeTelegram(ThreadedServer):
                 raise _bad("message to delete not found")
         return True
 
+    def _scope_key(self, params: JSON) -> str:
+        """The menu key of ``scope`` (BotCommandScope; default ``{"type": "default"}``) plus
+        ``language_code``: ``"all_private_chats"``, ``"chat:5550001"``, ``"default/de"``. Raises 400 as
+        Telegram does for an unknown type, a chat scope without a known ``chat_id`` ("chat not found")
+        or a bad language code."""
+        scope = params.get("scope") or {"type": "default"}
+        kind = scope.get("type") if isinstance(scope, dict) else None
+        if kind not in _SCOPE_TYPES:
+            raise _bad("unsupported bot command scope specified")
+        key = str(kind)
+        if kind in ("chat", "chat_administrators", "chat_member"):
+            chat_id = scope.get("chat_id")
+            if isinstance(chat_id, str) and re.fullmatch(r"-?\d+", chat_id):
+                chat_id = int(chat_id)
+            with self._lock:
+                known = chat_id in self._chats
+            if not known:
+                raise _bad("chat not found")
+            key = f"{kind}:{chat_id}"
+            if kind == "chat_member":
+                key += f":{scope.get('user_id')}"
+        language = str(params.get("language_code") or "")
+        if language and not re.fullmatch(r"[a-z]{2}", language):
+            raise _bad("invalid language code specified")
+        return f"{key}/{language}" if language else key
+
     def _set_my_commands(self, params: JSON, files: list[JSON]) -> bool:
-        self.commands = list(params.get("commands") or [])
+        """setMyCommands with the Bot API's checks (tdlib ``set_commands`` and the server's answers):
+        at most 100 commands; each ``command`` 1-32 characters of ``a-z``, ``0-9`` and ``_`` (a
+        leading ``/`` is dropped), unique in the list; each ``description`` 1-256 characters after
+        trimming. Otherwise 400 with Telegram's description, and the menu stays as it was."""
+        commands = params.get("commands")
+        if not isinstance(commands, list):
+            raise _bad("can't parse commands JSON object")
+        key = self._scope_key(params)
+        if len(commands) > MAX_COMMANDS:
+            raise _bad("BOT_COMMANDS_TOO_MUCH")
+        seen: set[str] = set()
+        menu: list[dict[str, Any]] = []
+        for item in commands:
+            if not isinstance(item, dict) or "command" not in item:
+                raise _bad("can't parse BotCommand: Can't find field \"command\"")
+            if "description" not in item:
+                raise _bad("can't parse BotCommand: Can't find field \"description\"")
+            name = str(item["command"]).strip().removeprefix("/")
+            description = str(item["description"]).strip()
+            if not name:
+                raise _bad("command must be non-empty")
+            if len(name) > 32:
+                raise _bad("command length must not exceed 32")
+            if not description:
+                raise _bad("command description must be non-empty")
+            if len(description) > MAX_COMMAND_DESCRIPTION:
+                raise _bad(f"command description length must not exceed {MAX_COMMAND_DESCRIPTION}")
+            if not _COMMAND_RE.fullmatch(name) or name in seen:
+                raise _bad("BOT_COMMAND_INVALID")
+            seen.add(name)
+            menu.append({"command": name, "description": description})
+        with self._lock:
+            self.commands[key] = menu
         return True
+
+    def _get_my_commands(self, params: JSON, files: list[JSON]) -> list[dict[str, Any]]:
+        key = self._scope_key(params)
+        with self._lock:
+            return copy.deepcopy(self.commands.get(key, []))
+
+    def _delete_my_commands(self, params: JSON, files: list[JSON]) -> bool:
+        key = self._scope_key(params)
+        with self._lock:
+            self.commands.pop(key, None)
+        return True
+
+    def menu(self, chat_id: int, *, admin: bool = False) -> list[str]:
+        """The command names a Telegram client shows in ``chat_id``: the most specific non-empty
+        scope wins (Bot API "Determining list of commands": chat > all_private_chats /
+        all_chat_administrators > all_group_chats > default; languages not modelled)."""
+        chat = self._chat(chat_id)
+        private = chat.get("type") == "private"
+        keys = [f"chat:{chat_id}"]
+        keys += ["all_private_chats"] if private else (["all_chat_administrators"] if admin else []) + [
+            "all_group_chats"]
+        with self._lock:
+            for key in [*keys, "default"]:
+                if self.commands.get(key):
+                    return [c["command"] for c in self.commands[key]]
+        return []
 
     def _media(self, kind: str, params: JSON, files: list[JSON]) -> JSON:
         part = next((f for f in files if f["name"] == kind), None)
