@@ -111,6 +111,8 @@ def _body_problem(raw: bytes, content_type: str) -> tuple[str | None, str | None
     if not isinstance(data, dict):
         return "body is not a JSON object", None
     return envelope_problem(data), event_id_of(data)
+
+
 CREDENTIAL_ERRORS = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired",
                                "not_allowed_token_type"})
 """Slack Web API ``error`` codes that mean the token itself is refused (docs.slack.dev: auth.test)."""
