@@ -61,6 +61,7 @@ from gateway.store.directory import Directory, Identity
 from gateway.store.instances import InstanceStore
 from gateway.store.jobs import JobStore
 from gateway.store.sql import Store
+from gateway.store.text import storable_inbound
 from gateway.streaming import StreamHub
 from gateway.telemetry import span as traced
 from gateway.turns import TurnRunner
@@ -267,6 +268,7 @@ class Gateway:
                                                                   user_id=identity.user_id)
 
     async def _receive(self, message: InboundMessage) -> bool:
+        message = storable_inbound(message)  # every string, not only the text: ids, names, tenant
         redacted = self.redact(message.text)  # a pasted secret is never stored, not even in the inbox
         if redacted != message.text:
             message = dataclasses.replace(message, text=redacted)

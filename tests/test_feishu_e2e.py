@@ -207,9 +207,12 @@ async def test_encrypted_and_signed_events(tmp_path, fake_feishu, fake_openai, r
     wrong_token = fake_feishu.text_event("wrong token", chat_id=P2P)
     wrong_token["header"]["token"] = "not-the-token"
     assert (await fake_feishu.post_event(url(gateway), wrong_token, encrypt=True))[0] == 401
+    # Unsigned and unreadable: nothing vouches for them (no signature, no readable token).
     garbage = json.dumps({"encrypt": "AAECAwQFBgcICQoLDA0ODw==" + "Zm9v" * 8}).encode()
-    assert (await fake_feishu.post_event(url(gateway), raw=garbage))[0] == 400
-    assert (await fake_feishu.post_event(url(gateway), raw=b"{not json"))[0] == 400
+    assert (await fake_feishu.post_event(url(gateway), raw=garbage))[0] == 401
+    assert (await fake_feishu.post_event(url(gateway), raw=b"{not json"))[0] == 401
+    # Signed with the Encrypt Key but unreadable: authentic, so acknowledged (Feishu would push it again).
+    assert (await fake_feishu.post_event(url(gateway), raw=garbage, sign=True))[0] == 200
     assert inbox_count(gateway) == stored
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "undecryptable" in logged and "bad signature" in logged
@@ -226,8 +229,8 @@ async def test_plain_mode_rejects_a_wrong_verification_token(tmp_path, fake_feis
     assert (await fake_feishu.post_event(url(gateway), event))[0] == 401
     challenge = {"challenge": "c", "token": "wrong", "type": "url_verification"}
     assert (await fake_feishu.post_event(url(gateway), challenge))[0] == 401
-    # An encrypted body while no encrypt key is configured cannot be read.
-    assert (await fake_feishu.post_event(url(gateway), fake_feishu.text_event("x"), encrypt=True))[0] == 400
+    # An encrypted body while no encrypt key is configured cannot be read, nor its token checked.
+    assert (await fake_feishu.post_event(url(gateway), fake_feishu.text_event("x"), encrypt=True))[0] == 401
     assert inbox_count(gateway) == 0 and not fake_openai.requests
 
 

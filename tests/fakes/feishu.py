@@ -514,9 +514,11 @@ class FakeFeishu(ThreadedServer):
             return faults.popleft() if faults else None
 
     def _learn(self, body: JSON) -> None:
-        """Remembers a user message from an event (so replies to it can be validated)."""
-        message = (body.get("event") or {}).get("message") or {}
-        if not message.get("message_id"):
+        """Remembers a user message from an event (so replies to it can be validated); a malformed
+        event (tests send those too) is not Feishu's and is not learned."""
+        event = body.get("event") if isinstance(body, dict) else None
+        message = event.get("message") if isinstance(event, dict) else None
+        if not isinstance(message, dict) or not isinstance(message.get("message_id"), str) or not message["message_id"]:
             return
         with self._lock:
             self._messages.setdefault(message["message_id"], {
