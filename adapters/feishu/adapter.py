@@ -53,9 +53,9 @@ from adapters.feishu.long_connection import LongConnection
 from adapters.feishu.token import TenantToken
 from adapters.feishu.wire import event_id_of, event_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.errors import CredentialRejected
-from gateway.ports import BeforePart, InboundSink, PartSent
-from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
+from gateway.core.errors import CredentialRejected
+from gateway.core.ports import BeforePart, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
 
 log = logging.getLogger("adapters.feishu")
 
@@ -137,7 +137,7 @@ class FeishuAdapter:
                  ws_connect_timeout_s: float = 10.0, ws_backoff_initial_s: float = 1.0,
                  ws_backoff_max_s: float = 60.0) -> None:
         # lark-oapi prints to stdout through its own handler, past the gateway's secret redaction
-        # (gateway.logs): its records go through the root logger instead.
+        # (gateway.ops.logs): its records go through the root logger instead.
         logging.getLogger("Lark").handlers.clear()
         self.app_id = app_id
         self._app_secret = app_secret

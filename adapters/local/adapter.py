@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from gateway.ports import InboundSink
-from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
+from gateway.core.ports import InboundSink
+from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
 
 
 class LocalAdapter:

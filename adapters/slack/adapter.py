@@ -47,9 +47,9 @@ from adapters.slack.inbound import (
 )
 from adapters.slack.wire import envelope_problem, event_id_of, interaction_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.errors import CredentialRejected
-from gateway.ports import BeforePart, InboundSink, PartSent
-from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+from gateway.core.errors import CredentialRejected
+from gateway.core.ports import BeforePart, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
 
 log = logging.getLogger("adapters.slack")
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
 
 NEW_TEXT_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
 """Message subtypes that carry new user text (PLATFORMS.md §2.2)."""

@@ -38,9 +38,9 @@ from adapters.telegram.inbound import BotIdentity, Ignored, callback_to_inbound,
 from adapters.telegram.request import AiohttpRequest
 from adapters.telegram.wire import update_id_of, update_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.errors import CredentialRejected
-from gateway.ports import BeforePart, InboundSink, PartSent
-from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
+from gateway.core.errors import CredentialRejected
+from gateway.core.ports import BeforePart, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
 
 log = logging.getLogger("adapters.telegram")
 

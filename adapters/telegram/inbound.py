@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from telegram import Message, MessageEntity, Update
 
-from gateway.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
 
 _SPACES = re.compile(r"[ \t]{2,}")
 

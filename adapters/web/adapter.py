@@ -36,8 +36,8 @@ from itsdangerous import BadSignature, Signer
 from adapters.web.format import markdown_html, plain_html
 from adapters.web.inbound import TENANT, WebInputError, client_id_of, message_from_post
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.ports import BeforePart, ConversationReader, InboundSink, PartSent
-from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
+from gateway.core.ports import BeforePart, ConversationReader, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
 
 log = logging.getLogger("adapters.web")
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from sqlalchemy import Engine, func, or_, select
 
-from gateway.conversations import inbox_id_of
+from gateway.sessions.conversations import inbox_id_of
+from gateway.sessions.directory import usage_sums
 from gateway.store.db import read_tx
-from gateway.store.directory import usage_sums
 from gateway.store.models import ApprovalRow, IdentityRow, InboxRow, MessageRow, SessionRow, UserRow
 
 _sessions = SessionRow.__table__

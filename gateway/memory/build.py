@@ -7,14 +7,14 @@ from collections.abc import Callable, Sequence
 from sqlalchemy import Engine
 
 from agent.model import ChatModel
-from gateway.config import GatewayConfig
+from gateway.core.config import GatewayConfig
+from gateway.core.types import InboundMessage
 from gateway.memory.embed import Embedder
 from gateway.memory.recall import Recaller, RecallPolicy
 from gateway.memory.service import MemoryService
-from gateway.store.directory import Directory
-from gateway.store.memories import MemoryStore
+from gateway.memory.store import MemoryStore
+from gateway.sessions.directory import Directory
 from gateway.store.sql import Store
-from gateway.types import InboundMessage
 
 CommandHandler = Callable[[InboundMessage], "str | None"]
 
@@ -23,7 +23,7 @@ def build_memory(config: GatewayConfig, engine: Engine, store: Store, model: Cal
     """The memory service for ``config.memory`` on ``engine`` (``model``: returns the chat model).
 
     Raises:
-        gateway.errors.ConfigError: an embeddings endpoint is configured but its key variable is unset.
+        gateway.core.errors.ConfigError: an embeddings endpoint is configured but its key variable is unset.
     """
     mc = config.memory
     policy = RecallPolicy(budget_tokens=mc.budget_tokens, threshold=mc.threshold, relative=mc.relative,

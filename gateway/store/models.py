@@ -366,7 +366,7 @@ class LinkFailureRow(Base):
     failed_at: Mapped[float] = mapped_column(Float)
 
 class InstanceRow(Base):
-    """The process that holds an instance id (``gateway.instance``): the owner name written into
+    """The process that holds an instance id (``gateway.ops.instance``): the owner name written into
     lane leases, outbox claims and job-run claims. One row per id while its process runs; renewed
     every ``HEARTBEAT_S``, deleted at a graceful stop. A process starting with an id whose holder
     is gone takes the row over (and with it the leases); with a live holder it refuses to start."""

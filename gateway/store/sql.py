@@ -16,6 +16,7 @@ from sqlalchemy import Engine, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage
 from gateway.store import prepared as q
 from gateway.store.db import read_tx, write_tx
 from gateway.store.models import (
@@ -30,7 +31,6 @@ from gateway.store.models import (
     SummaryRow,
 )
 from gateway.store.text import storable, storable_text
-from gateway.types import ChatAddress, InboundMessage, OutboundMessage
 
 
 def _chat_key(address: ChatAddress) -> str:
@@ -483,7 +483,7 @@ class Store:
         ``streaming`` row of the same key gets the final text and becomes ``pending``. The turn's
         streaming row ``stream_key`` left without a reply (a cancelled turn) becomes ``cancelled``
         (its preview stays as it was); ``stream_key`` may list several (the reply's and the
-        plan's, ``gateway.progress``). ``messages`` (the final transcript messages, not yet
+        plan's, ``gateway.delivery.progress``). ``messages`` (the final transcript messages, not yet
         written) are appended first.
         """
         now = time.time()
