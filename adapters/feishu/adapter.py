@@ -129,7 +129,7 @@ class FeishuAdapter:
 
     platform = "feishu"
     idempotent_send = True  # Feishu keeps one message per ``uuid`` for an hour: a resent part is dropped
-    receiver_lease = None  # webhooks reach any instance; the long connection spreads events itself
+    receiver_lease: str | None = None  # webhooks reach any instance; the long connection spreads events itself
 
     def __init__(self, *, app_id: str, app_secret: str, verification_token: str | None = None,
                  encrypt_key: str | None = None, mode: str = "webhook", domain: str = lark.FEISHU_DOMAIN,
@@ -403,7 +403,7 @@ class FeishuAdapter:
         # A card callback's answer may carry a toast or a new card (lark-oapi
         # P2CardActionTriggerResponse); ``{}`` leaves the card as it is.
         header = checked.get("header") if isinstance(checked.get("header"), dict) else {}
-        answer = {} if header.get("event_type") == "card.action.trigger" else {"msg": "success"}
+        answer = {} if header.get("event_type") == "card.action.trigger" else {"msg": "success"}  # type: ignore[union-attr]
         try:
             await self._dispatch(checked)
         except Exception:

@@ -21,7 +21,7 @@ class LocalAdapter:
 
     platform = "local"
     idempotent_send = False
-    receiver_lease = None
+    receiver_lease: str | None = None
 
     def __init__(self, *, user: str = "local-user", read_line: Callable[[], str] | None = None,
                  write: Callable[[str], None] | None = None, on_eof: Callable[[], None] | None = None) -> None:

@@ -191,7 +191,7 @@ class SlackAdapter:
 
     platform = "slack"
     idempotent_send = False  # chat.postMessage has no idempotency key: a part in doubt is not resent
-    receiver_lease = None  # Events API and Socket Mode both spread events over every instance
+    receiver_lease: str | None = None  # Events API and Socket Mode both spread events over every instance
 
     def __init__(self, *, bot_token: str, signing_secret: str | None = None, app_token: str | None = None,
                  mode: str = "events", api_url: str = "https://slack.com/api/", allow_bots: bool = False,
@@ -286,7 +286,7 @@ class SlackAdapter:
         if self.mode != "socket" or self._socket is not None:
             return
         try:
-            opened = await self.client.apps_connections_open(app_token=self._app_token)
+            opened = await self.client.apps_connections_open(app_token=self._app_token)  # type: ignore[arg-type]
         except SlackApiError as exc:
             if (rejected := _rejected(exc, "app_token_env")) is None:
                 raise

@@ -366,7 +366,7 @@ class TelegramAdapter:
     async def edit(self, address: ChatAddress, message_id: str, text: str) -> DeliveryResult:
         """Replaces the text of the bot's message with plain ``text`` (Bot API editMessageText;
         ≤ 4096 UTF-16 units, longer text is cut). "message is not modified" counts as success."""
-        chunks = [c for c in chunk_text(text, []) if c.text.strip()] or [Chunk(" ", [])]
+        chunks = [c for c in chunk_text(text, []) if c.text.strip()] or [Chunk(" ", ())]
         try:
             await self._edit_chunk(address, message_id, chunks[0], None)
         except RetryAfter as exc:

@@ -67,7 +67,7 @@ class WebAdapter:
 
     platform = "web"
     idempotent_send = False
-    receiver_lease = None
+    receiver_lease: str | None = None
 
     def __init__(self, *, secret: str, cookie_secure: bool = False) -> None:
         self._signer = Signer(secret, salt="gateway-web-user")

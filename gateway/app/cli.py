@@ -103,7 +103,7 @@ async def _chat(config: GatewayConfig) -> None:
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(loop_exception_handler)
-    local = LocalAdapter(on_eof=lambda: loop.call_soon_threadsafe(done.set))
+    local = LocalAdapter(on_eof=lambda: loop.call_soon_threadsafe(done.set))  # type: ignore[arg-type]
     # Its own instance id: a terminal chat beside `gateway run` must not take over the gateway's leases.
     config = config.model_copy(update={"instance_id": instance_id_for(config.instance_id, config.database.url,
                                                                       "chat")})

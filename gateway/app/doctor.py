@@ -91,7 +91,8 @@ def guarded_tools(config: GatewayConfig) -> tuple[list[str], list[str]]:
         if server.enabled:
             effects[f"mcp {name}"] = "external"
     require = set(config.approvals.require_for)
-    guarded, free = [], []
+    guarded: list[str] = []
+    free: list[str] = []
     for name, effect in sorted(effects.items()):
         if effect not in ("write", "external") or (mounted is not None and name not in mounted
                                                    and not name.startswith("mcp ")):

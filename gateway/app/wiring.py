@@ -41,6 +41,7 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
         fs = config.feishu
         app_id = config.require_secret(fs.app_id_env, "feishu")
         app_secret = config.require_secret(fs.app_secret_env, "feishu")
+        verification_token: str | None
         if fs.mode == "webhook":
             verification_token = config.require_secret(fs.verification_token_env, "feishu webhook mode")
         else:

@@ -110,7 +110,7 @@ class SessionBus:
         self._active.add(key)
         assert self._loop is not None
         future = self._loop.run_in_executor(self._workers, self._drain, key)
-        future.add_done_callback(lambda f, k=key: self._drained(k, f))
+        future.add_done_callback(lambda f, k=key: self._drained(k, f))  # type: ignore[misc]
 
     def _drained(self, key: str, future: asyncio.Future[None]) -> None:
         self._active.discard(key)

@@ -347,7 +347,7 @@ class TurnRunner:
             return None
         return ChatApprover(self.approvals, self.policy, last.message.address, last.session_key, turn_id,
                             last.user_id, wake=self.wake, redact=self.redact, reply_to_id=last.message.reply_to_id,
-                            trusted=lambda: self.trusted(last.message, last.user_id))
+                            trusted=lambda: self.trusted(last.message, last.user_id))  # type: ignore[arg-type]
 
     # -- in-process cancellation -------------------------------------------------------------
     def note_generation(self, key: str, generation: int) -> None:

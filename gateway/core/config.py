@@ -183,7 +183,7 @@ class ApprovalsConfig(_Section):
     """Which tool calls wait for a person's ``/approve`` in the chat."""
 
     require_for: list[Literal["none", "read", "write", "external"]] = Field(
-        default_factory=lambda: ["write", "external"])
+        default_factory=lambda: ["write", "external"])  # type: ignore[arg-type]
     """Side effects that need approval; ``[]`` turns approvals off."""
     dangerous_shell_patterns: list[str] = Field(default_factory=lambda: [
         r"\brm\s+-[a-zA-Z]*[rf]", r"\bsudo\b", r"\bcurl\b|\bwget\b", r"\bchmod\b|\bchown\b",

@@ -188,7 +188,9 @@ class Delivery:
             return
         except Exception as exc:
             log.exception("adapter %s raised on send", adapter.platform)
-            ok, ids, retryable, retry_after, error = False, (), True, None, type(exc).__name__
+            ok, retryable, retry_after = False, True, None
+            ids: tuple[str, ...] = ()
+            error: str | None = type(exc).__name__
         else:
             ok, ids = result.ok, result.platform_message_ids
             retryable, retry_after, error = result.retryable, result.retry_after, result.error

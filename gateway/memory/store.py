@@ -22,10 +22,10 @@ from typing import Any
 from sqlalchemy import Engine, insert, or_, select, text, update
 
 from gateway.store.db import read_tx, write_tx
-from gateway.store.models import MemoryRow
+from gateway.store.models import MemoryRow, table
 from gateway.store.sql import retry_locked
 
-_memories = MemoryRow.__table__
+_memories = table(MemoryRow)
 _KEPT = or_(_memories.c.superseded_by.is_(None), _memories.c.superseded_by != _memories.c.id)
 """Rows that are not forgotten (valid or superseded entries)."""
 MAX_TEXT_CHARS = 500
@@ -145,7 +145,7 @@ class MemoryStore:
                 owner=new.owner, text=new.text.strip(), type=new.type, source=new.source,
                 confidence=new.confidence, created_at=now, last_used_at=None, hits=0, weight=new.weight,
                 superseded_by=None, evidence=list(new.evidence), embedding=new.embedding))
-            memory_id = int(result.inserted_primary_key[0])
+            memory_id = int(result.inserted_primary_key[0])  # type: ignore[index]
             old = [i for i in supersedes if i != memory_id]
             if old:
                 conn.execute(update(_memories).where(_memories.c.id.in_(old), _memories.c.owner == new.owner,

@@ -66,7 +66,7 @@ def default_instance_id(database_url: str) -> str:
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite":
         memory = not url.database or url.database == ":memory:"
-        where = f"sqlite:{':memory:' if memory else Path(url.database).resolve()}"
+        where = f"sqlite:{':memory:' if memory else Path(url.database).resolve()}"  # type: ignore[arg-type]
     else:
         where = (f"{url.get_backend_name()}://{url.username or ''}@{url.host or ''}:{url.port or ''}/"
                  f"{url.database or ''}")

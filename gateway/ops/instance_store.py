@@ -16,13 +16,13 @@ from sqlalchemy import Connection, Engine, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gateway.store.db import read_tx, write_tx
-from gateway.store.models import InstanceRow, JobRunRow, LaneRow, OutboxRow
+from gateway.store.models import InstanceRow, JobRunRow, LaneRow, OutboxRow, table
 from gateway.store.sql import retry_locked
 
-_instances = InstanceRow.__table__
-_lanes = LaneRow.__table__
-_outbox = OutboxRow.__table__
-_job_runs = JobRunRow.__table__
+_instances = table(InstanceRow)
+_lanes = table(LaneRow)
+_outbox = table(OutboxRow)
+_job_runs = table(JobRunRow)
 
 FORGET_AFTER_S = 7 * 24 * 3600.0
 """Rows of ids silent this long (a host or an ephemeral ``gateway chat`` gone for good) are

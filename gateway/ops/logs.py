@@ -49,7 +49,7 @@ class RedactSecrets(logging.Filter):
         return True
 
 
-class _RedactedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _RedactedStreamHandler(logging.StreamHandler):
     """A stderr handler whose own failures print one plain line (the standard ``handleError``
     prints the record's unredacted message and arguments)."""
 

@@ -21,7 +21,7 @@ GatewayFactory = Callable[[GatewayConfig], Any]
 """Builds a ``gateway.app.Gateway`` for ``config`` with no adapters and no HTTP server."""
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Registers ``jobs`` and its actions on the top-level parser."""
     jobs = sub.add_parser("jobs", help="scheduled reports: list, add, remove, run")
     actions = jobs.add_subparsers(dest="action", required=True)
@@ -76,7 +76,7 @@ def run_jobs_command(config: GatewayConfig, args: argparse.Namespace, gateway_fa
     return 0
 
 
-def _list(jobs) -> None:  # type: ignore[no-untyped-def]
+def _list(jobs) -> None:
     rows = jobs.list_jobs()
     if not rows:
         print("no jobs")

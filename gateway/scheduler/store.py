@@ -23,14 +23,14 @@ from sqlalchemy.exc import IntegrityError
 
 from gateway.core.types import ChatAddress, OutboundMessage
 from gateway.store.db import read_tx, write_tx
-from gateway.store.models import InboxRow, JobRow, JobRunRow, OutboxRow, SessionRow
+from gateway.store.models import InboxRow, JobRow, JobRunRow, OutboxRow, SessionRow, table
 from gateway.store.sql import Store, retry_locked
 
-_inbox = InboxRow.__table__
-_jobs = JobRow.__table__
-_outbox = OutboxRow.__table__
-_runs = JobRunRow.__table__
-_sessions = SessionRow.__table__
+_inbox = table(InboxRow)
+_jobs = table(JobRow)
+_outbox = table(OutboxRow)
+_runs = table(JobRunRow)
+_sessions = table(SessionRow)
 
 _ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"  # no 0/o, 1/l/i: ids are typed by hand
 MAX_ATTEMPTS = 3
@@ -198,7 +198,7 @@ class JobStore:
         now = time.time()
         try:
             with write_tx(self.engine) as conn:
-                run_id = conn.execute(insert(_runs).values(
+                run_id = conn.execute(insert(_runs).values(  # type: ignore[index]
                     job_id=job_id, scheduled_at=scheduled_at, trigger=trigger, status="running", claimed_by=owner,
                     claim_until=now + claim_s, attempts=1, started_at=now,
                 )).inserted_primary_key[0]

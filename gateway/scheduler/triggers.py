@@ -218,10 +218,10 @@ def build_trigger(schedule: Schedule, zone_name: str, *, anchor: float) -> BaseT
     common = {"minute": minute, "hour": hour, "month": month, "timezone": tz, "fixed_hour": not hour.startswith("*")}
     try:
         if day.startswith("*") or dow.startswith("*"):
-            return _CrontabTrigger(day=day, day_of_week=days, **common)
+            return _CrontabTrigger(day=day, day_of_week=days, **common)  # type: ignore[arg-type]
         return OrTrigger([  # crontab(5): restricted day of month OR restricted day of week
-            _CrontabTrigger(day=day, **common),
-            _CrontabTrigger(day_of_week=days, **common),
+            _CrontabTrigger(day=day, **common),  # type: ignore[arg-type]
+            _CrontabTrigger(day_of_week=days, **common),  # type: ignore[arg-type]
         ])
     except ValueError as exc:
         raise ScheduleError(f"bad cron expression {schedule.expr!r}: {_name_field(str(exc))}") from None

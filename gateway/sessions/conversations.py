@@ -14,12 +14,12 @@ from typing import Any
 from sqlalchemy import Engine, and_, select
 
 from gateway.store.db import read_tx
-from gateway.store.models import IdentityRow, InboxRow, LaneRow, MessageRow
+from gateway.store.models import IdentityRow, InboxRow, LaneRow, MessageRow, table
 
-_identities = IdentityRow.__table__
-_inbox = InboxRow.__table__
-_lanes = LaneRow.__table__
-_messages = MessageRow.__table__
+_identities = table(IdentityRow)
+_inbox = table(InboxRow)
+_lanes = table(LaneRow)
+_messages = table(MessageRow)
 
 RunDb = Callable[..., Awaitable[Any]]
 

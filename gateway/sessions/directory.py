@@ -26,17 +26,18 @@ from gateway.store.models import (
     MessageRow,
     SessionRow,
     UserRow,
+    table,
 )
 from gateway.store.sql import retry_locked
 
-_users = UserRow.__table__
-_identities = IdentityRow.__table__
-_codes = CodeRow.__table__
-_sessions = SessionRow.__table__
-_lanes = LaneRow.__table__
-_inbox = InboxRow.__table__
-_messages = MessageRow.__table__
-_link_failures = LinkFailureRow.__table__
+_users = table(UserRow)
+_identities = table(IdentityRow)
+_codes = table(CodeRow)
+_sessions = table(SessionRow)
+_lanes = table(LaneRow)
+_inbox = table(InboxRow)
+_messages = table(MessageRow)
+_link_failures = table(LinkFailureRow)
 
 _IDENTIFY = (
     select(_identities.c.user_id, _users.c.approved)

@@ -13,7 +13,7 @@ from gateway.core.config import GatewayConfig
 from gateway.core.errors import ConfigError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Registers ``skills`` and ``sessions`` on the top-level parser."""
     skills = sub.add_parser("skills", help="skills: list, show, validate, eval")
     actions = skills.add_subparsers(dest="action", required=True)
@@ -210,7 +210,7 @@ def _eval(config: GatewayConfig, library: SkillLibrary, name: str, model_name: s
     return 0
 
 
-def _rate(results: list) -> str:  # type: ignore[type-arg]
+def _rate(results: list) -> str:
     passed = sum(1 for r in results if r.passed)
     return f"{passed}/{len(results)} passed ({100 * passed / len(results):.0f}%)" if results else "no runs"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from sqlalchemy import Engine, select
 
 from gateway.store.db import read_tx
-from gateway.store.models import SessionRow
+from gateway.store.models import SessionRow, table
 
-_sessions = SessionRow.__table__
+_sessions = table(SessionRow)
 
 
 def find_sessions(engine: Engine, prefix: str) -> list[str]:

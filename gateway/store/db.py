@@ -39,7 +39,7 @@ def create_db_engine(url: str, pool_size: int = 10) -> Engine:
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_conn, _record) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")

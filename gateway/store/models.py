@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import DDL, JSON, Boolean, Float, Index, Integer, String, Text, UniqueConstraint, event
+from sqlalchemy import DDL, JSON, Boolean, Float, Index, Integer, String, Table, Text, UniqueConstraint, event
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -399,3 +399,9 @@ def include_object(obj: Any, name: str | None, type_: str, reflected: bool, comp
         return True
     fts_table = type_ == "table" and name.startswith("memories_fts")
     return not (fts_table or (type_ == "index" and name == "ix_memories_fts"))
+
+
+def table(row: type[Base]) -> Table:
+    """The Core ``Table`` of a mapped row class (typed as ``Table``, which ``insert``/``update``
+    accept; ``Row.__table__`` is typed as a plain ``FromClause``)."""
+    return row.__table__  # type: ignore[return-value]

@@ -29,6 +29,7 @@ from gateway.store.models import (
     SessionAddressRow,
     SessionRow,
     SummaryRow,
+    table,
 )
 from gateway.store.text import storable, storable_text
 
@@ -53,17 +54,17 @@ retry_locked = retry(
 """Retries a whole write transaction, with jitter, when SQLite's busy timeout ran out (or PostgreSQL
 reported a deadlock); after the last attempt the error surfaces — a row is never dropped silently."""
 
-_inbox = InboxRow.__table__
-_lanes = LaneRow.__table__
-_messages = MessageRow.__table__
-_outbox = OutboxRow.__table__
-_sessions = SessionRow.__table__
-_addresses = SessionAddressRow.__table__
-_job_runs = JobRunRow.__table__
+_inbox = table(InboxRow)
+_lanes = table(LaneRow)
+_messages = table(MessageRow)
+_outbox = table(OutboxRow)
+_sessions = table(SessionRow)
+_addresses = table(SessionAddressRow)
+_job_runs = table(JobRunRow)
 
 SETTLED = frozenset({"sent", "unconfirmed", "failed"})
 """Final outbox states; a scheduled report's run takes its outbox row's final state."""
-_summaries = SummaryRow.__table__
+_summaries = table(SummaryRow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -563,7 +564,7 @@ class Store:
                 chat_key=_chat_key(a), generation=generation, address=a.to_dict(), text=reply.text,
                 reply_to_id=reply.reply_to_id, status="streaming", attempts=0, next_attempt_at=now,
                 claim_until=0.0, created_at=now))
-            return int(result.inserted_primary_key[0]), None, "streaming"
+            return int(result.inserted_primary_key[0]), None, "streaming"  # type: ignore[index]
 
     @retry_locked
     def set_preview(self, outbox_id: int, preview_id: str | None) -> bool:

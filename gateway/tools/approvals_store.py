@@ -15,10 +15,10 @@ from sqlalchemy import Engine, insert, select, update
 
 from gateway.core.types import OutboundMessage
 from gateway.store.db import read_tx, write_tx
-from gateway.store.models import ApprovalRow
+from gateway.store.models import ApprovalRow, table
 from gateway.store.sql import Store, retry_locked
 
-_approvals = ApprovalRow.__table__
+_approvals = table(ApprovalRow)
 ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
 
 
