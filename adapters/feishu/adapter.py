@@ -12,8 +12,9 @@ Threads and loops (PLATFORMS.md §0.1-0.3):
 
 Acknowledgement (DESIGN §3.1; Feishu event subscription: answer HTTP 200 within 3 s, else re-pushed
 after 15 s, 5 min, 1 h, 6 h): the webhook answers 200 right after the inbox write, never after model
-work. Bad verification token or signature -> 401, undecryptable or malformed body -> 400, both
-stored nothing; an inbox write failure -> 500 so Feishu pushes the event again.
+work. A bad verification token or signature, or a body that cannot be authenticated -> 401,
+nothing stored; an authentic event that cannot be understood -> logged once and answered 200 (never
+a redelivery loop); an inbox write failure -> 500 so Feishu pushes the event again.
 """
 
 from __future__ import annotations

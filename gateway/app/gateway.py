@@ -38,7 +38,7 @@ from gateway.delivery.typing import TypingIndicators
 from gateway.inbound.access import admin_pages_on, is_admin
 from gateway.inbound.receive import Inbound
 from gateway.inbound.receivers import hold_receiver
-from gateway.memory.build import build_memory, first_answer
+from gateway.memory.build import build_memory
 from gateway.memory.commands import MemoryCommands
 from gateway.memory.store import move_user_entries
 from gateway.memory.tools import memory_tools
@@ -52,7 +52,7 @@ from gateway.scheduler.push_run import PushRunner
 from gateway.scheduler.service import PushService
 from gateway.scheduler.store import JobStore
 from gateway.scheduler.tool import schedule_report_tool
-from gateway.sessions.commands import Commands
+from gateway.sessions.commands import Commands, first_answer
 from gateway.sessions.conversations import TranscriptReader
 from gateway.sessions.directory import Directory
 from gateway.sessions.resets import ResetPolicy

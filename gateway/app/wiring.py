@@ -1,4 +1,5 @@
-"""Builds the enabled adapters from the configuration (the one place that imports ``adapters``)."""
+"""Builds the enabled adapters from the configuration (with `gateway chat`'s local adapter in `cli`, the
+only places that import ``adapters``)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from gateway.delivery.progress import PlanMessage, plan_key, resumed_state
 from gateway.delivery.streaming import StreamHub
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.telemetry import span as traced
-from gateway.sessions.commands import LANE_COMMANDS, CommandContext, Commands
+from gateway.sessions.commands import LANE_COMMANDS, CommandContext, CommandHandler, Commands
 from gateway.sessions.resets import ResetPolicy
 from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage
 from gateway.tools.approvals import ApprovalPolicy, ChatApprover
@@ -49,11 +49,6 @@ log = logging.getLogger("gateway.bus.turns")
 
 CANCEL_POLL_S = 1.0
 """How often a running turn asks the database whether another instance cancelled it."""
-
-
-CommandHandler = Callable[[InboundMessage], "str | None"]
-"""Answers a gateway command without the model (``None``: not one of its commands)."""
-
 
 MAX_TURN_ATTEMPTS = 3
 """Runs of one turn that may fail with an unexpected error (not a database outage) before it is

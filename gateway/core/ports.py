@@ -42,9 +42,11 @@ def can_edit(adapter: object) -> bool:
 class Adapter(Protocol):
     """One platform account. Adapters translate; every decision is the gateway's.
 
-    Lifecycle: ``routes()`` is read before the HTTP server starts; ``start(sink)`` begins receiving
-    (polling/socket) and hands every normalized message to ``sink`` before acknowledging it;
-    ``stop()`` ends receiving. ``send`` and ``send_typing`` run on the main loop.
+    Lifecycle: ``routes()`` is read before the HTTP server starts; ``start(sink)`` connects and
+    checks credentials without receiving yet; ``start_receiving()`` begins (polling/socket; a
+    webhook is accepted once the gateway is ready) and every normalized message goes to ``sink``
+    before it is acknowledged; ``stop_receiving()`` ends receiving, ``stop()`` closes the clients.
+    ``send`` and ``send_typing`` run on the main loop.
     """
 
     platform: str

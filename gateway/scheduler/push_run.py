@@ -27,7 +27,7 @@ from gateway.scheduler.planner import job_schedule, local_time
 from gateway.scheduler.store import Job, JobStore, RunClaim
 from gateway.store.sql import StoredMessage
 
-log = logging.getLogger("gateway.scheduler.service")
+log = logging.getLogger("gateway.scheduler.push_run")
 
 PUSH_NOTE = (
     "\n\nThis conversation is a scheduled report: nobody is waiting for a reply in real time. "

@@ -6,7 +6,7 @@ Session commands run in the lane (after the turn in progress), on a worker threa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -208,3 +208,20 @@ class Commands:
         except CodeError as exc:
             return str(exc)
         return "Linked. In DMs, this account now continues the same conversation as your other account."
+
+
+CommandHandler = Callable[[InboundMessage], "str | None"]
+"""Answers a gateway command message, or ``None`` when it is not its command."""
+
+
+def first_answer(handlers: Sequence[CommandHandler]) -> CommandHandler:
+    """One command handler asking ``handlers`` in order; the first answer that is not ``None`` wins."""
+
+    def handle(message: InboundMessage) -> str | None:
+        for handler in handlers:
+            answer = handler(message)
+            if answer is not None:
+                return answer
+        return None
+
+    return handle

@@ -1,4 +1,5 @@
-"""Engine creation and migrations. SQLAlchemy is used only under ``gateway/store/``.
+"""Engine creation, transactions and migrations. Each capability keeps its own SQL next to it
+(``gateway/scheduler/store.py``, ``gateway/memory/store.py``...); every table is in ``models``.
 
 SQLite: WAL journal, ``synchronous=NORMAL``, a busy timeout, and ``BEGIN IMMEDIATE`` for write
 transactions so two writers queue on the lock instead of failing on a read->write upgrade.
@@ -17,7 +18,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-MIGRATION_LOCK_ID = 0x6167776D  # "agwm": the advisory lock key serialising migrations on PostgreSQL
 
 
 def create_db_engine(url: str, pool_size: int = 10) -> Engine:
