@@ -79,7 +79,7 @@ MIGRATION_LOCK_ID = 0x6761_7465  # PostgreSQL advisory lock key: instances migra
 
 
 def upgrade(engine: Engine) -> None:
-    """Applies every Alembic migration not yet applied (``alembic upgrade head``).
+    """Applies every Alembic migration not yet applied (``alembic upgrade heads``).
 
     Several instances may start at once against one database: the migration runs in one
     transaction that first takes a lock (PostgreSQL advisory lock, SQLite ``BEGIN IMMEDIATE``),
@@ -94,4 +94,4 @@ def upgrade(engine: Engine) -> None:
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})")
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+        command.upgrade(cfg, "heads")  # every branch: parallel work may add heads before it is chained
