@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 CONFIG ?= $(firstword $(wildcard gateway.toml))
 PYTEST_ARGS ?=
 
-.PHONY: run test chat doctor demo lint bench clean
+.PHONY: run test chat doctor demo lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ bench: $(STAMP)  ## the benchmark suite against the loopback fakes (prints JSON;
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+typecheck: $(STAMP)  ## mypy on gateway/, agent/ and adapters/ (settings in pyproject.toml)
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) data .pytest_cache

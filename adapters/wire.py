@@ -40,13 +40,16 @@ Text = Annotated[str, BeforeValidator(_checkable)]
 """A JSON string (any text, lone surrogates included; a number or null is not one)."""
 
 
-def bounded(max_chars: int) -> Any:
-    """A ``Text`` of at most ``max_chars`` characters."""
-    return Annotated[str, StringConstraints(max_length=max_chars), BeforeValidator(_checkable)]
-
-
-Id = bounded(MAX_ID_CHARS)
+Id = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS), BeforeValidator(_checkable)]
 """A platform id as a string (empty allowed: several platforms send ``""`` for "none")."""
+Word = Annotated[str, StringConstraints(max_length=32), BeforeValidator(_checkable)]
+"""A type, subtype or kind field (``"group"``, ``"message_changed"``), at most 32 characters."""
+Name = Annotated[str, StringConstraints(max_length=64), BeforeValidator(_checkable)]
+"""A short name (an event type, a tag, a language), at most 64 characters."""
+Label = Annotated[str, StringConstraints(max_length=255), BeforeValidator(_checkable)]
+"""A label, mime type or action id, at most 255 characters."""
+LongName = Annotated[str, StringConstraints(max_length=1024), BeforeValidator(_checkable)]
+"""A longer label, at most 1024 characters."""
 
 
 class UnreadableBody(ValueError):

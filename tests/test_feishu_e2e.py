@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from sqlalchemy import func, select
 
-from gateway.errors import ConfigError
+from gateway.core.errors import ConfigError
 from gateway.store.models import InboxRow, OutboxRow
 from tests.conftest import FEISHU_APP, FIXTURES, fixture, gateway_config, start_gateway
 from tests.fakes import openai as oa
@@ -365,7 +365,7 @@ async def test_long_connection_mode(tmp_path, fake_feishu, fake_openai, running)
 
 
 def test_wiring_requires_a_verification_token_in_webhook_mode(tmp_path, fake_feishu, fake_openai):
-    from gateway.wiring import build_adapters
+    from gateway.app.wiring import build_adapters
 
     config = gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu,
                             feishu={"verification_token_env": "GATEWAY_TEST_FEISHU_UNSET"})

@@ -28,9 +28,9 @@ import pytest
 from sqlalchemy import select
 
 from bench.fault_injection import TOKEN, GatewayProcess, _free_port
-from gateway.app import Gateway
+from gateway.app.gateway import Gateway
+from gateway.app.wiring import build_adapters
 from gateway.store.models import InboxRow, MessageRow
-from gateway.wiring import build_adapters
 from tests.conftest import fixture, gateway_config
 from tests.fakes import openai as oa
 from tests.fakes.openai import FakeOpenAI

@@ -67,10 +67,10 @@ async def gateway(request, tmp_path_factory, fake_openai, fake_telegram, fake_sl
     once on PostgreSQL (which refuses NUL and over-long values outright). ``gateway.case_start``
     keeps the two runs' chats apart on the shared fakes; ``gateway.case_count`` is the number of
     cases per platform."""
-    from gateway.app import Gateway
+    from gateway.app.gateway import Gateway
+    from gateway.app.wiring import build_adapters
     from gateway.store.db import create_db_engine, upgrade
     from gateway.store.sql import Store
-    from gateway.wiring import build_adapters
 
     tmp = tmp_path_factory.mktemp("hostile")
     url = f"sqlite:///{tmp / 'gateway.db'}"

@@ -20,8 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.app import Gateway
-from gateway.wiring import build_adapters
+from gateway.app.gateway import Gateway
+from gateway.app.wiring import build_adapters
 from tests.conftest import gateway_config
 from tests.fakes import openai as oa
 from tests.fakes.feishu import post_text

@@ -10,7 +10,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.adapter import SlackAdapter, signature_problem
-from gateway.types import ChatAddress, OutboundMessage
+from gateway.core.types import ChatAddress, OutboundMessage
 from tests.fakes.slack import TEXT_LIMIT, FakeSlack
 
 DM = ChatAddress("slack", "T0FAKE0001", "D0ALICE001")

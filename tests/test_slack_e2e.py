@@ -8,7 +8,7 @@ import asyncio
 import logging
 from typing import Any
 
-from gateway.app import Gateway
+from gateway.app.gateway import Gateway
 from tests.conftest import FIXTURES, fixture, gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.fakes.slack import FakeSlack

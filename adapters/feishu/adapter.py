@@ -12,8 +12,9 @@ Threads and loops (PLATFORMS.md §0.1-0.3):
 
 Acknowledgement (DESIGN §3.1; Feishu event subscription: answer HTTP 200 within 3 s, else re-pushed
 after 15 s, 5 min, 1 h, 6 h): the webhook answers 200 right after the inbox write, never after model
-work. Bad verification token or signature -> 401, undecryptable or malformed body -> 400, both
-stored nothing; an inbox write failure -> 500 so Feishu pushes the event again.
+work. A bad verification token or signature, or a body that cannot be authenticated -> 401,
+nothing stored; an authentic event that cannot be understood -> logged once and answered 200 (never
+a redelivery loop); an inbox write failure -> 500 so Feishu pushes the event again.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ from adapters.feishu.long_connection import LongConnection
 from adapters.feishu.token import TenantToken
 from adapters.feishu.wire import event_id_of, event_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.errors import CredentialRejected
-from gateway.ports import BeforePart, InboundSink, PartSent
-from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
+from gateway.core.errors import CredentialRejected
+from gateway.core.ports import BeforePart, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
 
 log = logging.getLogger("adapters.feishu")
 
@@ -129,7 +130,7 @@ class FeishuAdapter:
 
     platform = "feishu"
     idempotent_send = True  # Feishu keeps one message per ``uuid`` for an hour: a resent part is dropped
-    receiver_lease = None  # webhooks reach any instance; the long connection spreads events itself
+    receiver_lease: str | None = None  # webhooks reach any instance; the long connection spreads events itself
 
     def __init__(self, *, app_id: str, app_secret: str, verification_token: str | None = None,
                  encrypt_key: str | None = None, mode: str = "webhook", domain: str = lark.FEISHU_DOMAIN,
@@ -137,7 +138,7 @@ class FeishuAdapter:
                  ws_connect_timeout_s: float = 10.0, ws_backoff_initial_s: float = 1.0,
                  ws_backoff_max_s: float = 60.0) -> None:
         # lark-oapi prints to stdout through its own handler, past the gateway's secret redaction
-        # (gateway.logs): its records go through the root logger instead.
+        # (gateway.ops.logs): its records go through the root logger instead.
         logging.getLogger("Lark").handlers.clear()
         self.app_id = app_id
         self._app_secret = app_secret
@@ -403,7 +404,7 @@ class FeishuAdapter:
         # A card callback's answer may carry a toast or a new card (lark-oapi
         # P2CardActionTriggerResponse); ``{}`` leaves the card as it is.
         header = checked.get("header") if isinstance(checked.get("header"), dict) else {}
-        answer = {} if header.get("event_type") == "card.action.trigger" else {"msg": "success"}
+        answer = {} if header.get("event_type") == "card.action.trigger" else {"msg": "success"}  # type: ignore[union-attr]
         try:
             await self._dispatch(checked)
         except Exception:

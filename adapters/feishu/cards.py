@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from adapters.feishu.format import BODY_OVERHEAD_BYTES, POST_LIMIT_BYTES, Part, encoded_size, split_text
-from gateway.types import ChatAddress, InboundMessage, Sender
+from gateway.core.types import ChatAddress, InboundMessage, Sender
 
 CARD_ACTION_EVENT = "card.action.trigger"
 COMMAND_KEY = "gw_cmd"

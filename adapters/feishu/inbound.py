@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
 
 RECEIVE_EVENT = "im.message.receive_v1"
 _PLACEHOLDER = re.compile(r"@_user_\d+|@_all")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.wire import Id, Text, UnreadableBody, WireModel, bounded, check, load_json
+from adapters.wire import Id, Name, Text, UnreadableBody, WireModel, Word, check, load_json
 
 RECEIVE_EVENT = "im.message.receive_v1"
 CARD_ACTION_EVENT = "card.action.trigger"
@@ -24,7 +24,7 @@ class Header(WireModel):
     event_id: Id | None = None
     token: Text | None = None
     create_time: Millis | None = None
-    event_type: bounded(128) | None = None
+    event_type: Id | None = None
     tenant_key: Id | None = None
     app_id: Id | None = None
 
@@ -42,12 +42,12 @@ class UserIds(WireModel):
 
 class Sender(WireModel):
     sender_id: UserIds | None = None
-    sender_type: bounded(32) | None = None
+    sender_type: Word | None = None
     tenant_key: Id | None = None
 
 
 class Mention(WireModel):
-    key: bounded(64) | None = None
+    key: Name | None = None
     id: UserIds | None = None
     name: Text | None = None
     tenant_key: Id | None = None
@@ -60,8 +60,8 @@ class Message(WireModel):
     parent_id: Id | None = None
     thread_id: Id | None = None
     create_time: Millis | None = None
-    chat_type: bounded(32) | None = None
-    message_type: bounded(32) | None = None
+    chat_type: Word | None = None
+    message_type: Word | None = None
     content: Text | None = None
     mentions: list[Mention] | None = None
 
@@ -76,7 +76,7 @@ class TextContent(WireModel):
 
 
 class PostElement(WireModel):
-    tag: bounded(64) | None = None
+    tag: Name | None = None
     text: Text | None = None
     href: Text | None = None
     style: list[Text] | None = None
@@ -84,8 +84,8 @@ class PostElement(WireModel):
     user_name: Text | None = None
     image_key: Id | None = None
     file_key: Id | None = None
-    language: bounded(64) | None = None
-    emoji_type: bounded(64) | None = None
+    language: Name | None = None
+    emoji_type: Name | None = None
 
 
 class PostContent(WireModel):
@@ -117,11 +117,11 @@ class CardValue(WireModel):
 
     gw_cmd: Text | None = None
     thread_id: Id | None = None
-    chat_type: bounded(32) | None = None
+    chat_type: Word | None = None
 
 
 class CardAction(WireModel):
-    tag: bounded(64) | None = None
+    tag: Name | None = None
     value: CardValue | None = None
 
 
@@ -169,7 +169,8 @@ def event_problem(body: Any) -> str | None:
     if problem is not None:
         return problem
     event_type = (body.get("header") or {}).get("event_type")
-    model = {RECEIVE_EVENT: MessageEvent, CARD_ACTION_EVENT: CardEvent}.get(str(event_type))
+    models: dict[str, type[WireModel]] = {RECEIVE_EVENT: MessageEvent, CARD_ACTION_EVENT: CardEvent}
+    model = models.get(str(event_type))
     if model is None:
         return None
     if body.get("event") is None:

@@ -47,9 +47,9 @@ from adapters.slack.inbound import (
 )
 from adapters.slack.wire import envelope_problem, event_id_of, interaction_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.errors import CredentialRejected
-from gateway.ports import BeforePart, InboundSink, PartSent
-from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+from gateway.core.errors import CredentialRejected
+from gateway.core.ports import BeforePart, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
 
 log = logging.getLogger("adapters.slack")
 
@@ -191,7 +191,7 @@ class SlackAdapter:
 
     platform = "slack"
     idempotent_send = False  # chat.postMessage has no idempotency key: a part in doubt is not resent
-    receiver_lease = None  # Events API and Socket Mode both spread events over every instance
+    receiver_lease: str | None = None  # Events API and Socket Mode both spread events over every instance
 
     def __init__(self, *, bot_token: str, signing_secret: str | None = None, app_token: str | None = None,
                  mode: str = "events", api_url: str = "https://slack.com/api/", allow_bots: bool = False,
@@ -286,7 +286,7 @@ class SlackAdapter:
         if self.mode != "socket" or self._socket is not None:
             return
         try:
-            opened = await self.client.apps_connections_open(app_token=self._app_token)
+            opened = await self.client.apps_connections_open(app_token=self._app_token)  # type: ignore[arg-type]
         except SlackApiError as exc:
             if (rejected := _rejected(exc, "app_token_env")) is None:
                 raise

@@ -12,28 +12,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.wire import Id, Text, WireModel, bounded, check
+from adapters.wire import Id, Label, Name, Text, WireModel, Word, check
 
 MESSAGE_EVENTS = ("message", "app_mention")
-Ts = bounded(32)
+Ts = Word
 
 
 class File(WireModel):
     id: Id | None = None
     name: Text | None = None
     title: Text | None = None
-    mimetype: bounded(255) | None = None
+    mimetype: Label | None = None
     size: int | None = None
 
 
 class MessageEvent(WireModel):
-    type: bounded(64)
+    type: Name
     user: Id | None = None
     bot_id: Id | None = None
-    subtype: bounded(64) | None = None
+    subtype: Name | None = None
     text: Text | None = None
     channel: Id
-    channel_type: bounded(32) | None = None
+    channel_type: Word | None = None
     ts: Ts
     thread_ts: Ts | None = None
     files: list[File] | None = None
@@ -43,11 +43,11 @@ class MessageEvent(WireModel):
 
 
 class AnyEvent(WireModel):
-    type: bounded(64)
+    type: Name
 
 
 class Envelope(WireModel):
-    type: bounded(64)
+    type: Name
     token: Text | None = None
     team_id: Id | None = None
     api_app_id: Id | None = None
@@ -73,13 +73,13 @@ class MessageRef(WireModel):
 
 
 class Action(WireModel):
-    action_id: bounded(255)
+    action_id: Label
     value: Text | None = None
     action_ts: Ts | None = None
 
 
 class Interaction(WireModel):
-    type: bounded(64)
+    type: Name
     user: IdRef | None = None
     channel: IdRef | None = None
     team: IdRef | None = None

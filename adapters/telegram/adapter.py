@@ -38,9 +38,9 @@ from adapters.telegram.inbound import BotIdentity, Ignored, callback_to_inbound,
 from adapters.telegram.request import AiohttpRequest
 from adapters.telegram.wire import update_id_of, update_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.errors import CredentialRejected
-from gateway.ports import BeforePart, InboundSink, PartSent
-from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
+from gateway.core.errors import CredentialRejected
+from gateway.core.ports import BeforePart, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
 
 log = logging.getLogger("adapters.telegram")
 
@@ -366,7 +366,7 @@ class TelegramAdapter:
     async def edit(self, address: ChatAddress, message_id: str, text: str) -> DeliveryResult:
         """Replaces the text of the bot's message with plain ``text`` (Bot API editMessageText;
         ≤ 4096 UTF-16 units, longer text is cut). "message is not modified" counts as success."""
-        chunks = [c for c in chunk_text(text, []) if c.text.strip()] or [Chunk(" ", [])]
+        chunks = [c for c in chunk_text(text, []) if c.text.strip()] or [Chunk(" ", ())]
         try:
             await self._edit_chunk(address, message_id, chunks[0], None)
         except RetryAfter as exc:

@@ -54,10 +54,10 @@ class AiohttpRequest(BaseRequest):
         url: str,
         method: str,
         request_data: RequestData | None = None,
-        read_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,
-        write_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,
-        connect_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,
-        pool_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,
+        read_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,  # type: ignore[override]
+        write_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,  # type: ignore[override]
+        connect_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,  # type: ignore[override]
+        pool_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,  # type: ignore[override]
     ) -> tuple[int, bytes]:
         """Sends one Bot API call; returns ``(HTTP status, body)``. Raises ``TimedOut`` or
         ``NetworkError`` (PTB's types) when the call did not complete."""

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from pydantic import Field
 from telegram import Update as SdkUpdate
 
-from adapters.wire import Text, UnreadableBody, WireModel, bounded, check, load_json
+from adapters.wire import Id, LongName, Name, Text, UnreadableBody, WireModel, Word, check, load_json
 
 log = logging.getLogger("adapters.telegram")
 
@@ -30,7 +30,7 @@ UnixTime = Annotated[int, Field(ge=0, le=253_402_300_799)]
 """Seconds since the epoch, up to the year 9999 (what ``datetime`` can hold)."""
 Units = Annotated[int, Field(ge=0, le=2**31)]
 """A UTF-16 offset or length."""
-FileId = bounded(1024)
+FileId = LongName
 
 
 class User(WireModel):
@@ -43,7 +43,7 @@ class User(WireModel):
 
 class Chat(WireModel):
     id: TelegramId
-    type: bounded(32)
+    type: Word
     title: Text | None = None
     username: Text | None = None
     first_name: Text | None = None
@@ -52,7 +52,7 @@ class Chat(WireModel):
 
 
 class Entity(WireModel):
-    type: bounded(64)
+    type: Name
     offset: Units
     length: Units
     url: Text | None = None
@@ -95,7 +95,7 @@ class Message(WireModel):
 
 
 class CallbackQuery(WireModel):
-    id: bounded(128)
+    id: Id
     from_: User = Field(alias="from")
     message: Message | None = None
     data: Text | None = None

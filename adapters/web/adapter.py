@@ -36,8 +36,8 @@ from itsdangerous import BadSignature, Signer
 from adapters.web.format import markdown_html, plain_html
 from adapters.web.inbound import TENANT, WebInputError, client_id_of, message_from_post
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.ports import BeforePart, ConversationReader, InboundSink, PartSent
-from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
+from gateway.core.ports import BeforePart, ConversationReader, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
 
 log = logging.getLogger("adapters.web")
 
@@ -67,7 +67,7 @@ class WebAdapter:
 
     platform = "web"
     idempotent_send = False
-    receiver_lease = None
+    receiver_lease: str | None = None
 
     def __init__(self, *, secret: str, cookie_secure: bool = False) -> None:
         self._signer = Signer(secret, salt="gateway-web-user")

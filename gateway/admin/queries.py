@@ -11,17 +11,17 @@ from typing import Any
 
 from sqlalchemy import Engine, func, or_, select
 
-from gateway.conversations import inbox_id_of
+from gateway.sessions.conversations import inbox_id_of
+from gateway.sessions.directory import usage_sums
 from gateway.store.db import read_tx
-from gateway.store.directory import usage_sums
-from gateway.store.models import ApprovalRow, IdentityRow, InboxRow, MessageRow, SessionRow, UserRow
+from gateway.store.models import ApprovalRow, IdentityRow, InboxRow, MessageRow, SessionRow, UserRow, table
 
-_sessions = SessionRow.__table__
-_messages = MessageRow.__table__
-_users = UserRow.__table__
-_identities = IdentityRow.__table__
-_approvals = ApprovalRow.__table__
-_inbox = InboxRow.__table__
+_sessions = table(SessionRow)
+_messages = table(MessageRow)
+_users = table(UserRow)
+_identities = table(IdentityRow)
+_approvals = table(ApprovalRow)
+_inbox = table(InboxRow)
 
 PAGE_ROWS = 100
 

@@ -2,7 +2,7 @@
 
 Server-rendered (Jinja2, autoescaped: names, messages and tool output show as text). Read-mostly;
 the few changes go through the same code as the chat commands: ``/approve`` and ``/deny``
-(``gateway.approvals.decide_reply``), ``/run`` (``PushService.fire_soon``), and pausing a job
+(``gateway.tools.approvals.decide_reply``), ``/run`` (``PushService.fire_soon``), and pausing a job
 (``JobStore.set_enabled`` + ``PushService.job_changed``, as ``/unschedule`` reloads). Every page
 needs a login, every POST a CSRF token (``gateway.admin.auth``). With no admin password
 configured, ``/admin`` answers 404 and says how to turn it on.
@@ -28,11 +28,11 @@ from gateway.admin.auth import CSRF_FIELD, AdminAuth
 from gateway.admin.limits import LoginLimiter
 from gateway.admin.queries import AdminQueries
 from gateway.admin.sessions import AdminSessions
-from gateway.approvals import decide_reply
-from gateway.jobs import format_address, job_schedule, local_time, next_fire_of
+from gateway.scheduler.planner import format_address, job_schedule, local_time, next_fire_of
+from gateway.tools.approvals import decide_reply
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.app.gateway import Gateway
 
 log = logging.getLogger("gateway.admin")
 

@@ -15,7 +15,7 @@ import re
 import time
 from typing import Any
 
-from gateway.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 MAX_NAME_CHARS = 255
