@@ -52,6 +52,11 @@ PRIVACY_WARNING = (
     "never arrive. Turn it off with @BotFather /setprivacy (then remove and re-add the bot to each "
     "group) or make the bot a group admin"
 )
+GROUP_CONTEXT_PRIVACY_WARNING = (
+    "telegram privacy mode is on for @%s: group context (sessions.group_context_messages) stays empty, "
+    "because Telegram does not deliver group messages that are not addressed to the bot. Turn privacy "
+    "mode off with @BotFather /setprivacy (then remove and re-add the bot to each group)"
+)
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,8 @@ class TelegramAdapter:
         webhook_url: when set, registered with ``setWebhook`` at start.
         poll_timeout_s: long-poll ``timeout`` of ``getUpdates``.
         menu: the native command menus per audience (``CommandMenu``; default: help and stop).
+        group_context: hand group messages not addressed to the bot to the sink as
+            ``context_only`` (some chat keeps group context); otherwise they are ignored here.
     """
 
     platform = "telegram"
@@ -96,8 +103,9 @@ class TelegramAdapter:
 
     def __init__(self, *, token: str, base_url: str = "https://api.telegram.org", mode: str = "polling",
                  webhook_secret: str | None = None, webhook_url: str | None = None, poll_timeout_s: int = 30,
-                 menu: CommandMenu | None = None) -> None:
+                 menu: CommandMenu | None = None, group_context: bool = False) -> None:
         root = base_url.rstrip("/")
+        self._group_context = group_context
         self.bot = Bot(
             token,
             base_url=f"{root}/bot",
@@ -140,6 +148,8 @@ class TelegramAdapter:
         log.info("telegram bot @%s (%s) starting in %s mode", me.username, me.id, self.mode)
         if not me.can_read_all_group_messages:
             log.warning(PRIVACY_WARNING, me.username)
+            if self._group_context:
+                log.warning(GROUP_CONTEXT_PRIVACY_WARNING, me.username)
         await self._set_menus()
         if self.mode == "webhook" and self._webhook_url:
             await self.bot.set_webhook(self._webhook_url, secret_token=self._webhook_secret,
@@ -241,7 +251,7 @@ class TelegramAdapter:
                     log.warning("answerCallbackQuery failed: %s", exc)
                 result = callback_to_inbound(update, self._identity)
             else:
-                result = to_inbound(update, self._identity)
+                result = to_inbound(update, self._identity, ambient=self._group_context)
         except Exception as exc:
             log.warning("telegram update %s could not be read (%s); acknowledged and dropped", update.update_id,
                         type(exc).__name__)

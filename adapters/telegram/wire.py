@@ -6,7 +6,8 @@ later, on every delivery attempt. ``update_problem`` refuses it at the door inst
 
 Telegram Bot API types (https://core.telegram.org/bots/api#available-types): ``Update``,
 ``Message``, ``Chat``, ``User``, ``MessageEntity`` (offsets and lengths in UTF-16 units),
-``PhotoSize``/``Document``/``Audio``/``Voice``/``Video``/``Sticker``, ``CallbackQuery``. Ids of
+``PhotoSize``/``Document``/``Audio``/``Voice``/``Video``/``Sticker``, ``TextQuote`` (the quoted
+part of a reply), ``CallbackQuery``. Ids of
 users and chats "have at most 52 significant bits"; dates are Unix time.
 """
 
@@ -73,6 +74,13 @@ class PhotoSize(File):
     height: Annotated[int, Field(ge=0)]
 
 
+class TextQuote(WireModel):
+    text: Text
+    entities: list[Entity] | None = None
+    position: Units
+    is_manual: bool | None = None
+
+
 class Message(WireModel):
     message_id: TelegramId
     date: UnixTime
@@ -85,6 +93,8 @@ class Message(WireModel):
     entities: list[Entity] | None = None
     caption_entities: list[Entity] | None = None
     reply_to_message: Message | None = None
+    quote: TextQuote | None = None
+    external_reply: dict[str, Any] | None = None
     edit_date: UnixTime | None = None
     photo: list[PhotoSize] | None = None
     document: File | None = None
