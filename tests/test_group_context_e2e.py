@@ -192,3 +192,48 @@ async def test_feishu_group_chatter_is_context_for_a_mention(tmp_path, fake_feis
     turn = fake_openai.requests[0]["json"]["messages"][-1]["content"]
     assert context_lines(turn) == ["Bob: the vendor call moved to Thursday", "Bob: and the contract is still unsigned"]
     assert "another group" not in turn and kept(gateway) == 3
+
+
+def removed(chat_id: int, bot: dict[str, Any]) -> dict[str, Any]:
+    """Telegram's ``my_chat_member`` update for the bot being removed from a group."""
+    chat = {"id": chat_id, "title": f"Team {chat_id}", "type": "supergroup"}
+    admin = {"id": PEOPLE["Carol"], "is_bot": False, "first_name": "Carol"}
+    return {"my_chat_member": {"chat": chat, "from": admin, "date": 1735690000,
+                               "old_chat_member": {"status": "member", "user": bot},
+                               "new_chat_member": {"status": "kicked", "user": bot, "until_date": 0}}}
+
+
+async def test_leaving_a_chat_deletes_what_was_kept_of_it(tmp_path, fake_telegram, fake_slack, fake_feishu,
+                                                          fake_openai, running):
+    fake_feishu.reset()
+    fake_openai.reset()
+    config = gateway_config(tmp_path, fake_openai, fake_telegram, fake_slack=fake_slack, fake_feishu=fake_feishu,
+                            sessions={"group_context_messages": 5})
+    gateway = await start_gateway(config, running)
+    fake_telegram.inject(plain(GROUP_A, 301, "Carol", "kept for a while"))
+    fake_telegram.inject(plain(GROUP_B, 302, "Dan", "kept in the other group"))
+    await wait_until(lambda: kept(gateway) == 2, what="both kept")
+    polls = fake_telegram.calls("getUpdates")
+    assert "my_chat_member" in polls[-1].params["allowed_updates"]  # Telegram sends only what is asked for
+    fake_telegram.inject(removed(GROUP_A, fake_telegram.bot_user()))
+    await wait_until(lambda: kept(gateway, GROUP_A) == 0, what="group A forgotten")
+    assert kept(gateway, GROUP_B) == 1
+
+    slack_url = f"http://127.0.0.1:{gateway.http_port}/slack/events"
+    assert (await fake_slack.post_event(slack_url, slack_message("channel news", "1735694000.000100"))).status == 200
+    await wait_until(lambda: kept(gateway, SLACK_CHANNEL) == 1, what="the Slack message kept")
+    left = {"type": "channel_left", "channel": SLACK_CHANNEL, "actor_id": "U0ALICE001", "event_ts": "1735694100.1"}
+    assert (await fake_slack.post_event(slack_url, left)).status == 200
+    await wait_until(lambda: kept(gateway, SLACK_CHANNEL) == 0, what="the Slack channel forgotten")
+
+    feishu_url = f"http://127.0.0.1:{gateway.http_port}/feishu/events"
+    chatter = fake_feishu.text_event("feishu news", chat_id=FEISHU_GROUP, chat_type="group", sender=FEISHU_BOB)
+    assert (await fake_feishu.post_event(feishu_url, chatter))[0] == 200
+    await wait_until(lambda: kept(gateway, FEISHU_GROUP) == 1, what="the Feishu message kept")
+    bot_removed = {"schema": "2.0", "header": {**chatter["header"], "event_id": "ev-bot-removed-1",
+                                               "event_type": "im.chat.member.bot.deleted_v1"},
+                   "event": {"chat_id": FEISHU_GROUP, "external": False,
+                             "operator_id": {"open_id": FEISHU_BOB, "union_id": "", "user_id": ""}}}
+    assert (await fake_feishu.post_event(feishu_url, bot_removed))[0] == 200
+    await wait_until(lambda: kept(gateway, FEISHU_GROUP) == 0, what="the Feishu chat forgotten")
+    assert kept(gateway, GROUP_B) == 1

@@ -58,7 +58,7 @@ from adapters.feishu.token import TenantToken
 from adapters.feishu.wire import event_id_of, event_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
 from gateway.core.errors import ContextUnavailable, CredentialRejected
-from gateway.core.ports import BeforePart, InboundSink, PartSent
+from gateway.core.ports import BeforePart, ChatLeft, InboundSink, PartSent
 from gateway.core.types import (
     ChatAddress,
     ContextMessage,
@@ -72,6 +72,8 @@ from gateway.core.types import (
 log = logging.getLogger("adapters.feishu")
 
 WEBHOOK_PATH = "/feishu/events"
+BOT_REMOVED_EVENT = "im.chat.member.bot.deleted_v1"
+"""Feishu: the bot was removed from a group (``event.chat_id``)."""
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 APP_SECRET_INVALID = 10014
 """Feishu auth/v3 tenant_access_token/internal: ``{"code": 10014, "msg": "app secret invalid"}``."""
@@ -174,6 +176,7 @@ class FeishuAdapter:
         self._names: dict[str, tuple[str, float]] = {}  # open_id -> (name, monotonic expiry)
         self._names_refused_until = 0.0
         self._sink: InboundSink | None = None
+        self._chat_left: ChatLeft | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_inbound: OrderedDict[ChatAddress, str] = OrderedDict()
         self._typing: dict[ChatAddress, list[tuple[str, str]]] = {}  # address -> [(message_id, reaction_id)]
@@ -187,6 +190,10 @@ class FeishuAdapter:
     # -- lifecycle ---------------------------------------------------------------------------
     def routes(self) -> list[web.RouteDef]:
         return [web.post(WEBHOOK_PATH, self._handle_webhook)] if self.mode == "webhook" else []
+
+    def bind_chat_left(self, callback: ChatLeft) -> None:
+        """``callback`` learns of each chat the bot was removed from (``im.chat.member.bot.deleted_v1``)."""
+        self._chat_left = callback
 
     async def start(self, sink: InboundSink) -> None:
         """Fetches a tenant token and the bot's open_id (``GET /open-apis/bot/v3/info``, needed for
@@ -294,6 +301,15 @@ class FeishuAdapter:
         problem = event_problem(body)
         if problem is not None:
             log.warning("feishu event %s malformed (%s); acknowledged and dropped", event_id_of(body), problem)
+            return
+        found = body.get("header")
+        header: dict[str, Any] = found if isinstance(found, dict) else {}
+        if header.get("event_type") == BOT_REMOVED_EVENT:  # the bot was removed from a chat
+            found = body.get("event")
+            event: dict[str, Any] = found if isinstance(found, dict) else {}
+            if self._chat_left is not None and isinstance(event.get("chat_id"), str) and event["chat_id"]:
+                tenant = str(header.get("tenant_key") or "")
+                await self._chat_left(ChatAddress("feishu", tenant, event["chat_id"]))
             return
         try:
             press = action_to_inbound(body, self.bot_open_id)

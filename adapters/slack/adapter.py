@@ -49,7 +49,7 @@ from adapters.slack.inbound import (
 from adapters.slack.wire import envelope_problem, event_id_of, interaction_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
 from gateway.core.errors import ContextUnavailable, CredentialRejected
-from gateway.core.ports import BeforePart, InboundSink, PartSent
+from gateway.core.ports import BeforePart, ChatLeft, InboundSink, PartSent
 from gateway.core.types import (
     ChatAddress,
     ContextMessage,
@@ -64,6 +64,8 @@ log = logging.getLogger("adapters.slack")
 EVENTS_PATH = "/slack/events"
 SIGNATURE_WINDOW_S = 300  # Slack request signing: reject timestamps more than 5 minutes away
 RETRYABLE_ERRORS = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+LEFT_EVENTS = frozenset({"channel_left", "group_left"})
+"""Slack events telling the app its bot user left (was removed from) a channel or private channel."""
 NAME_TTL_S = 3600.0
 NAME_LOOKUP_TIMEOUT_S = 1.5  # users.info runs inside Slack's 3-second ack budget
 _MAX_REMEMBERED = 5000
@@ -224,6 +226,7 @@ class SlackAdapter:
         self._typing_reaction = typing_reaction
         self._socket_ping_interval = socket_ping_interval_s
         self._sink: InboundSink | None = None
+        self._chat_left: ChatLeft | None = None
         self._identity: BotIdentity | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._names: dict[str, tuple[str, float]] = {}
@@ -244,7 +247,16 @@ class SlackAdapter:
             await self._receive(body)
 
         async def on_other_event(body: dict[str, Any]) -> None:
-            log.debug("slack event %s ignored", (body.get("event") or {}).get("type"))
+            found = body.get("event")
+            event: dict[str, Any] = found if isinstance(found, dict) else {}
+            left = event.get("type") in LEFT_EVENTS or (
+                event.get("type") == "member_left_channel" and self._identity is not None
+                and event.get("user") == self._identity.user_id)
+            if left and self._chat_left is not None and isinstance(event.get("channel"), str):
+                team = str(body.get("team_id") or (self._identity.team_id if self._identity else ""))
+                await self._chat_left(ChatAddress("slack", team, event["channel"]))
+                return
+            log.debug("slack event %s ignored", event.get("type"))
 
         async def on_button(ack: Any, body: dict[str, Any]) -> None:
             await ack()  # Slack needs the ack within 3 s; the press is stored right after
@@ -267,6 +279,11 @@ class SlackAdapter:
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post(EVENTS_PATH, self._handle_events)] if self.mode == "events" else []
+
+    def bind_chat_left(self, callback: ChatLeft) -> None:
+        """``callback`` learns of each channel the bot was removed from (``channel_left``,
+        ``group_left``, or ``member_left_channel`` naming the bot user)."""
+        self._chat_left = callback
 
     async def start(self, sink: InboundSink) -> None:
         """Reads the app identity (``auth.test``) and remembers ``sink``. Events API requests are

@@ -39,13 +39,15 @@ from adapters.telegram.request import AiohttpRequest
 from adapters.telegram.wire import update_id_of, update_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
 from gateway.core.errors import CredentialRejected
-from gateway.core.ports import BeforePart, InboundSink, PartSent
+from gateway.core.ports import BeforePart, ChatLeft, InboundSink, PartSent
 from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
 
 log = logging.getLogger("adapters.telegram")
 
 WEBHOOK_PATH = "/telegram/webhook"
-ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
+ALLOWED_UPDATES = ["message", "edited_message", "callback_query", "my_chat_member"]
+GONE_STATUSES = frozenset({"left", "kicked"})
+"""ChatMember statuses of a bot no longer in the chat (Bot API ``my_chat_member``)."""
 PRIVACY_WARNING = (
     "telegram privacy mode is on for @%s (getMe: can_read_all_group_messages is false): in groups "
     "Telegram delivers only /commands and replies to the bot, so plain messages that @mention it may "
@@ -119,6 +121,7 @@ class TelegramAdapter:
         self._poll_timeout = poll_timeout_s
         self._menu = menu or CommandMenu()
         self._sink: InboundSink | None = None
+        self._chat_left: ChatLeft | None = None
         self._identity: BotIdentity | None = None
         self._poller: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -202,6 +205,10 @@ class TelegramAdapter:
             me = await self.bot.get_me()
         return f"bot @{me.username} (id {me.id})"
 
+    def bind_chat_left(self, callback: ChatLeft) -> None:
+        """``callback`` learns of each group the bot was removed from (``my_chat_member``)."""
+        self._chat_left = callback
+
     # -- inbound -----------------------------------------------------------------------------
     async def _poll(self) -> None:
         offset: int | None = None
@@ -243,6 +250,13 @@ class TelegramAdapter:
         An update the translation still cannot read is logged once at WARNING and dropped: asking
         for it again would fail the same way. Raises only when storing failed."""
         assert self._identity is not None and self._sink is not None
+        member = update.my_chat_member
+        if member is not None:  # the bot's own membership changed (Bot API: ChatMemberUpdated)
+            now = member.new_chat_member
+            gone = now.status in GONE_STATUSES and now.user.id == self._identity.id
+            if gone and member.chat.type != "private" and self._chat_left is not None:
+                await self._chat_left(ChatAddress("telegram", str(self._identity.id), str(member.chat.id)))
+            return
         try:
             if update.callback_query is not None:
                 try:

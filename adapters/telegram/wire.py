@@ -112,6 +112,21 @@ class CallbackQuery(WireModel):
     chat_instance: Text | None = None
 
 
+class ChatMember(WireModel):
+    status: Word
+    user: User
+
+
+class ChatMemberUpdated(WireModel):
+    """The bot's own membership changed (added, promoted, removed): Bot API ``ChatMemberUpdated``."""
+
+    chat: Chat
+    from_: User = Field(alias="from")
+    date: UnixTime
+    old_chat_member: ChatMember
+    new_chat_member: ChatMember
+
+
 class Update(WireModel):
     """The update kinds the gateway subscribes to (``allowed_updates``) or may be sent."""
 
@@ -121,6 +136,7 @@ class Update(WireModel):
     channel_post: Message | None = None
     edited_channel_post: Message | None = None
     callback_query: CallbackQuery | None = None
+    my_chat_member: ChatMemberUpdated | None = None
 
 
 def update_id_of(data: Any) -> int | None:

@@ -32,7 +32,7 @@ from gateway.bus.lanes import SessionBus
 from gateway.bus.turns import TurnRunner
 from gateway.core.config import GatewayConfig
 from gateway.core.ports import Adapter
-from gateway.core.types import InboundMessage
+from gateway.core.types import ChatAddress, InboundMessage
 from gateway.delivery.outbox import Delivery
 from gateway.delivery.streaming import StreamHub
 from gateway.delivery.typing import TypingIndicators
@@ -97,6 +97,8 @@ class Gateway:
         for adapter in adapters:  # channels that show the conversation themselves (the web chat)
             if callable(getattr(adapter, "bind_conversations", None)):
                 adapter.bind_conversations(TranscriptReader(self.engine, self.run_db))  # type: ignore[attr-defined]
+            if callable(getattr(adapter, "bind_chat_left", None)):  # the bot was removed: forget the chat
+                adapter.bind_chat_left(self._chat_left)  # type: ignore[attr-defined]
         self.store = Store(self.engine)
         self.jobs = JobStore(self.engine)
         self.bridge = AsyncBridge()
@@ -349,6 +351,19 @@ class Gateway:
         await self.instance.release()  # last: nothing of ours holds a lease now
         self._db_pool.shutdown(wait=True)
         self.engine.dispose()
+
+    async def _chat_left(self, address: ChatAddress) -> None:
+        """The bot is no longer in ``address``'s chat: what was kept of it as group context is
+        deleted at once (``ChatLeft``; never raises)."""
+        try:
+            deleted = await self.run_db(self.group_context.forget_chat, address.platform, address.tenant,
+                                        address.chat_id)
+        except Exception as exc:  # retention deletes it later anyway
+            log.warning("%s: group context of chat %s not deleted (%s)", address.platform, address.chat_id,
+                        type(exc).__name__)
+            return
+        log.info("%s: the bot left chat %s; %d kept group message(s) deleted", address.platform, address.chat_id,
+                 deleted)
 
     async def _expire_group_context(self) -> None:
         """Deletes kept group messages older than ``sessions.group_context_hours``, in every chat,

@@ -255,6 +255,7 @@ class TurnRunner:
                 meta = user_meta(pending.message, time.time(), budget=initial_note(self.limits))
                 if self.conversation is not None:  # stored with it: fetched once, replayed byte for byte
                     meta = self.conversation.annotate(meta, pending.message, window=window, fresh=fresh)
+                    fresh = False  # a merged batch's later messages: their thread is in this one's meta
                 text = self.redact(pending.message.text)  # a pasted secret never reaches the model
                 if self.memory is not None and pending is last:  # stored with it: replays render the same bytes
                     meta = self.memory.annotate(meta, key=key, query=text, window=window)

@@ -23,6 +23,11 @@ BeforePart = Callable[[int], Awaitable[None]]
 """Called by ``Adapter.send`` with a part's index right before that part's API call. It raises
 (and the adapter must let it propagate) when the reply may no longer be sent by us."""
 
+ChatLeft = Callable[[ChatAddress], Awaitable[None]]
+"""Told by an adapter that the bot is no longer in a chat (removed, or the chat is gone): the
+gateway forgets what it kept of that chat (group context). Adapters that can tell offer
+``bind_chat_left(callback)``; the callback never raises."""
+
 InboundSink = Callable[[InboundMessage], Awaitable[bool]]
 """Stores a normalized message durably; returns ``False`` for a duplicate. Raises if storing failed
 (the adapter must then not acknowledge the platform, so the platform delivers it again)."""
