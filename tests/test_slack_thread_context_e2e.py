@@ -157,3 +157,23 @@ async def test_a_missing_scope_costs_the_context_not_the_answer(tmp_path, fake_s
     assert "<chat_context" not in turn and turn.endswith("what happened here?")
     assert "missing_scope: the bot token needs channels:history" in caplog.text
     assert posts(fake_slack, since, parent)[0].params["text"] == "answered anyway"
+
+
+async def test_a_refused_later_page_keeps_the_pages_read(tmp_path, fake_slack, fake_openai, running, small_pages):
+    fake_openai.reset()
+    fake_openai.script(oa.text("partly read"))
+    parent = "1735693000.000050"
+    seed_thread(fake_slack, parent, [(f"17356931{i:02d}.000100", "U0BOB00001", f"step {i}") for i in range(4)])
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_slack=fake_slack), running)
+    since = len(fake_slack.calls("chat.postMessage"))
+    fake_slack.fail_next("conversations.replies", "ratelimited", retry_after=30, after=1)
+    mention = event("<@U0BOT00001> where are we?", "1735693500.000500", kind="app_mention", thread_ts=parent)
+    assert (await fake_slack.post_event(events_url(gateway), mention)).status == 200
+    await wait_until(lambda: len(posts(fake_slack, since, parent)) == 1, what="the reply")
+    turn = fake_openai.requests[0]["json"]["messages"][-1]["content"]
+    assert context_lines(turn) == ["Alice: Incident: the 09:00 deploy failed on db-3", "Bob: step 0"]
+    assert "the thread has more messages than could be read" in turn
+
+
+def context_lines(turn: str) -> list[str]:
+    return [line.split("UTC] ", 1)[1] for line in turn.splitlines() if "UTC] " in line]

@@ -427,9 +427,16 @@ class SlackAdapter:
         raw: list[dict[str, Any]] = []
         cursor: str | None = None
         more = False
-        for _ in range(history.MAX_PAGES):
-            answer = await self._replies(channel=channel, ts=thread_ts, latest=before, inclusive=False,
-                                         limit=history.PAGE_LIMIT, cursor=cursor)
+        for page in range(history.MAX_PAGES):
+            try:
+                answer = await self._replies(channel=channel, ts=thread_ts, latest=before, inclusive=False,
+                                             limit=history.PAGE_LIMIT, cursor=cursor)
+            except ContextUnavailable as exc:
+                if not page:
+                    raise
+                log.info("slack thread %s: page %d not read (%s); showing the pages read", thread_ts, page + 1, exc)
+                more = True
+                break
             raw += [m for m in answer.get("messages") or () if isinstance(m, dict)
                     and str(m.get("ts") or "") != before]
             cursor = str((answer.get("response_metadata") or {}).get("next_cursor") or "") or None

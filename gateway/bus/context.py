@@ -63,10 +63,8 @@ def _context_line(entry: dict[str, Any]) -> list[str]:
 
 def _left_out(part: dict[str, Any]) -> str:
     count = part.get("left_out") or 0
-    if count:
-        more = " (and more before them)" if part.get("earlier") else ""
-        return f"; {count} older message{'s' if count != 1 else ''} left out{more}"
-    return "; older messages left out" if part.get("earlier") else ""
+    said = f"; {count} older message{'s' if count != 1 else ''} left out" if count else ""
+    return said + ("; the thread has more messages than could be read" if part.get("unread") else "")
 
 
 def render_context(context: dict[str, Any]) -> str:

@@ -161,7 +161,7 @@ class ConversationContext:
         if thread and history is not None:
             entries, left_out = fit([_entry(m, chars) for m in thread], sessions.context_max_tokens, keep_first=True)
             context["thread"] = {"messages": entries, "left_out": left_out + history.omitted,
-                                 "earlier": history.earlier}
+                                 "unread": history.unread}
             seen.update(m.message_id for m in thread)
 
         quoted = message.quoted

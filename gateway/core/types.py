@@ -102,12 +102,12 @@ class ContextMessage:
 @dataclass(frozen=True, slots=True)
 class ThreadHistory:
     """Earlier messages of a thread as the platform returned them (``ContextReader.read_thread``):
-    ``messages`` oldest first; ``omitted``: messages read but left out by the count cap; ``earlier``:
-    the thread holds older messages that were not read at all (beyond the pages read)."""
+    ``messages`` oldest first; ``omitted``: messages read but left out by the count cap; ``unread``:
+    the thread holds messages that were not read at all (beyond the pages read, or a page refused)."""
 
     messages: tuple[ContextMessage, ...] = ()
     omitted: int = 0
-    earlier: bool = False
+    unread: bool = False
 
 
 @dataclass(frozen=True, slots=True)
