@@ -147,6 +147,15 @@ def validate_content(msg_type: str, content: Any) -> Any:
     return decoded
 
 
+def _dig(value: Any, *keys: str) -> Any:
+    """``value[k1][k2]…`` when every level is an object, else ``None`` (hostile events nest anything)."""
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
 def encrypt_body(plaintext: bytes, encrypt_key: str, iv: bytes | None = None) -> str:
     """Feishu event encryption: base64(IV + AES-256-CBC(PKCS#7(plaintext))), key = SHA-256(encrypt_key)."""
     iv = iv or os.urandom(16)
@@ -532,11 +541,11 @@ class FakeFeishu(ThreadedServer):
             content = json.loads(message.get("content") or "null")
         except (TypeError, ValueError):
             content = None
-        sender_ids = ((event.get("sender") or {}).get("sender_id") or {}) if isinstance(event, dict) else {}
-        sender = sender_ids.get("open_id") if isinstance(sender_ids, dict) else None
-        mentions = [{"key": m.get("key"), "id": (m.get("id") or {}).get("open_id", ""), "id_type": "open_id",
+        sender = _dig(event, "sender", "sender_id", "open_id")
+        listed = message.get("mentions")
+        mentions = [{"key": m.get("key"), "id": _dig(m, "id", "open_id") or "", "id_type": "open_id",
                      "name": m.get("name"), "tenant_key": self.tenant_key}
-                    for m in message.get("mentions") or () if isinstance(m, dict)]
+                    for m in (listed if isinstance(listed, list) else ()) if isinstance(m, dict)]
         self._keep_user_message({
             "message_id": message["message_id"], "chat_id": message.get("chat_id", ""),
             "thread_id": message.get("thread_id") or "", "root_id": message.get("root_id") or "",
