@@ -177,3 +177,23 @@ async def test_a_refused_later_page_keeps_the_pages_read(tmp_path, fake_slack, f
 
 def context_lines(turn: str) -> list[str]:
     return [line.split("UTC] ", 1)[1] for line in turn.splitlines() if "UTC] " in line]
+
+
+async def test_a_dm_thread_reply_shows_the_message_it_replies_to(tmp_path, fake_slack, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.script(oa.text("about that report"), oa.text("again"))
+    dm, parent = "D0ALICE001", "1735694000.000100"
+    fake_slack.remember({"type": "message", "user": fake_slack.bot_user_id, "text": "Weekly report: *3* incidents",
+                         "ts": parent, "channel": dm})
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_slack=fake_slack), running)
+    since, reads = len(fake_slack.calls("chat.postMessage")), len(fake_slack.calls("conversations.replies"))
+    for n, ts in enumerate(("1735694100.000200", "1735694200.000300")):
+        reply = {**event("which ones?", ts), "channel": dm, "channel_type": "im", "thread_ts": parent}
+        assert (await fake_slack.post_event(events_url(gateway), reply)).status == 200
+        await wait_until(lambda n=n: len(posts(fake_slack, since, parent)) == n + 1, what="the reply in the DM thread")
+    turn = fake_openai.requests[0]["json"]["messages"][-1]["content"]
+    assert "This message replies to a message by you (the assistant)" in turn
+    assert "> Weekly report: *3* incidents" in turn
+    # Shown once: the second reply in that thread reads nothing and repeats nothing.
+    assert len(fake_slack.calls("conversations.replies")) == reads + 1
+    assert "<chat_context" not in fake_openai.requests[1]["json"]["messages"][-1]["content"]

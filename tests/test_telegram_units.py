@@ -135,3 +135,15 @@ def test_unaddressed_group_messages_become_context_only_when_group_context_is_on
     assert kept.context_only and not kept.addressed and kept.text
     mention = to_inbound(Update.de_json(_update("group_mention.json"), None), BOT, ambient=True)
     assert mention.addressed and not mention.context_only
+
+
+def test_a_quote_of_another_chats_message_is_a_partial_reply():
+    update = _update("group_mention.json")
+    update["message"]["external_reply"] = {
+        "origin": {"type": "user", "date": 1735680000, "sender_user": {"id": 5550009, "is_bot": False,
+                                                                         "first_name": "Erin"}},
+        "chat": {"id": -1009999, "title": "Other chat", "type": "supergroup"}, "message_id": 12}
+    update["message"]["quote"] = {"text": "ship it friday", "position": 0}
+    quoted = to_inbound(Update.de_json(update, None), BOT).quoted
+    assert (quoted.message_id, quoted.text, quoted.author, quoted.partial) == (
+        "-1009999:12", "ship it friday", "Erin", True)
