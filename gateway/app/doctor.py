@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import openai
 
@@ -147,6 +148,25 @@ def _check_skills(config: GatewayConfig, report: Callable[[bool, str, str], None
     report(not bad, "skills", detail)
 
 
+async def _check_search(config: GatewayConfig, bridge: Any, report: Callable[[bool, str, str], None]) -> None:
+    """``web_search``: off, or the engine answers a test query."""
+    from agent.search import SearchError
+    from gateway.tools.catalog import build_search
+
+    if not config.search.configured():
+        return
+    search = build_search(config, bridge)
+    if search is None:
+        report(False, "web search", f"{config.search.engine} needs its key in {config.search.api_key_env}")
+        return
+    try:
+        text = await asyncio.to_thread(bridge.run, search.search("agent gateway"), config.search.timeout_s + 5)
+    except (SearchError, TimeoutError) as exc:
+        report(False, "web search", f"{config.search.engine}: {exc}")
+        return
+    report(True, "web search", f"{config.search.engine} answers ({text.count(chr(10) + '   http')} results)")
+
+
 async def _check_tools(config: GatewayConfig, report: Callable[[bool, str, str], None]) -> None:
     """The workspace rung and shell sandbox in effect, and each MCP server's tools (or why not)."""
     from agent.bridge import AsyncBridge
@@ -164,11 +184,12 @@ async def _check_tools(config: GatewayConfig, report: Callable[[bool, str, str],
         if config.tools.workspace == "shell":  # bubblewrap / namespaces / none
             report(True, "shell isolation", workspace.sandbox.describe_isolation())
     specs = mcp_specs(config)
-    if not specs:
+    if not specs and not config.search.configured():
         return
     bridge = AsyncBridge("doctor-bridge")
     bridge.start()
     try:
+        await _check_search(config, bridge, report)
         clients = McpClients(specs, bridge)
         await clients.discover(config.mcp.startup_timeout_s)
         for status in sorted(clients.status, key=lambda s: s.name):

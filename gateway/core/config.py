@@ -179,6 +179,26 @@ class ToolsConfig(_Section):
     """Keep the host network for ``run_shell`` (default: a network namespace without network)."""
 
 
+class SearchConfig(_Section):
+    """The ``web_search`` tool's engine (``agent.search``). Off until configured: a SearXNG
+    ``url``, or ``engine = "brave" | "tavily"`` with its key in ``api_key_env``."""
+
+    engine: Literal["searxng", "brave", "tavily"] = "searxng"
+    url: str | None = None
+    """SearXNG: the instance's base URL (its ``settings.yml`` must allow the ``json`` format).
+    Brave/Tavily: leave unset for their public API."""
+    api_key_env: str = "SEARCH_API_KEY"
+    """Environment variable holding the Brave subscription token or the Tavily key."""
+    max_results: int = Field(default=5, ge=1, le=20)
+    language: str | None = None
+    """Language code passed to the engine (``en``, ``zh-CN``); unset: the engine's default."""
+    timeout_s: float = Field(default=15.0, gt=0)
+
+    def configured(self) -> bool:
+        """Whether ``web_search`` is meant to be offered."""
+        return self.engine != "searxng" or bool(self.url)
+
+
 class ApprovalsConfig(_Section):
     """Which tool calls wait for a person's ``/approve`` in the chat."""
 
@@ -410,6 +430,7 @@ class GatewayConfig(BaseSettings):
     llm: LlmConfig = Field(default_factory=LlmConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
     skills: SkillsConfig = Field(default_factory=SkillsConfig)
@@ -464,6 +485,8 @@ class GatewayConfig(BaseSettings):
                  self.telemetry.otlp_headers_env, self.web.secret_env, self.web.admin_password_env]
         if self.memory.embeddings_url:
             names.append(self.memory.embeddings_key_env)
+        if self.search.engine != "searxng":
+            names.append(self.search.api_key_env)
         names += [env for server in self.mcp.servers.values() for env in server.headers_env.values()]
         return [value for name in names if (value := self.secret(name))]
 
