@@ -192,12 +192,16 @@ async def test_a_401_marks_the_provider_down_the_fallback_serves_and_doctor_and_
     try:
         await operator.login()
         status, health, _ = await operator.get("/admin/health")
+        _, sessions, _ = await operator.get("/admin/sessions")
+        session_id = re.search(r'href="/admin/sessions/([0-9a-f]{32})"', sessions).group(1)
+        _, transcript, _ = await operator.get(f"/admin/sessions/{session_id}")
     finally:
         await operator.http.close()
     assert status == 200
     row = re.search(r"<tr><td>primary</td>.*?</tr>", health, re.DOTALL).group(0)
     assert ">down<" in row and "rejected the API key (401)" in row
     assert re.search(r"<tr><td>backup</td>.*?>ok<", health, re.DOTALL)
+    assert transcript.count("via backup:qwen2.5:7b") == 2  # each answer says who gave it
 
     capsys.readouterr()
     assert await run_doctor(cfg) == 1

@@ -237,6 +237,38 @@ def test_every_target_failing_gives_one_error_and_every_skipped_target_fails_wit
     assert len(fake_openai.requests) == 1 and len(plain.requests) == 1  # nothing was asked the second time
 
 
+def test_max_concurrency_holds_further_calls_until_a_slot_is_free(fake_openai):
+    import threading
+    import time
+
+    fake_openai.reset()
+    gate = threading.Event()
+    arrived: list[float] = []
+    fake_openai.on_request = lambda body: arrived.append(time.monotonic())
+    fake_openai.script(oa.hold(gate, "first"), "second")
+    provider = Provider("p0", f"{fake_openai.url}/v1", fake_openai.api_key, max_concurrency=1)
+    model = RoutedModel("test", [Target(provider, "gpt-4o-mini")],
+                        lambda t, last: OpenAIChatModel(base_url=provider.base_url, api_key=provider.api_key,
+                                                        model="gpt-4o-mini", max_retries=0),
+                        HealthBoard({"p0": provider}))
+    replies: list[str] = []
+    calls = [threading.Thread(target=lambda: replies.append(model.complete([{"role": "user", "content": "hi"}],
+                                                                           []).content or ""))
+             for _ in range(2)]
+    for thread in calls:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while not arrived and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # room for a second request to arrive, were it not held back
+    released = time.monotonic()
+    gate.set()
+    for thread in calls:
+        thread.join(10)
+    assert sorted(replies) == ["first", "second"]
+    assert len(arrived) == 2 and arrived[1] > released  # the second went only once the first slot was free
+
+
 # -- configuration -------------------------------------------------------------------------------
 
 PROVIDERS = [{"name": "openai", "base_url": "https://api.openai.com/v1", "api_key_env": "OPENAI_API_KEY",

@@ -227,11 +227,12 @@ class AdminSite:
         except Exception as exc:
             database = {"error": gateway.redact(f"{type(exc).__name__}: {exc}")[:300]}
         llm = gateway.config.llm
+        routed = set(llm.routed_providers())
         routes = [{"name": name, "models": [t.name for t in llm.targets(gateway.providers, name)]}
                   for name in llm.route_names()]
         return "health.html", {"adapters": adapters, "database": database, "instance": gateway.instance_id,
                                "providers": [p for p in gateway.provider_health.snapshot()
-                                             if p["provider"] in llm.routed_providers()], "routes": routes,
+                                             if p["provider"] in routed], "routes": routes,
                                "started": gateway.started, "received": gateway.received,
                                "duplicates": gateway.duplicates, "dropped": gateway.dropped,
                                "sent": gateway.delivery.sent}
