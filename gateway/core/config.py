@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from agent.budget import Limits, Price
 from gateway.core.errors import ConfigError
+from gateway.core.providers import RoutesMixin
 from gateway.core.window import WindowPolicy
 
 
@@ -43,7 +44,10 @@ class HttpConfig(_Section):
     port: int = 8080
 
 
-class LlmConfig(_Section):
+class LlmConfig(RoutesMixin):
+    """The model: one endpoint (``base_url``, ``api_key_env``, ``model``: the provider ``default``),
+    or ``[[llm.providers]]`` and routes with failover (``gateway.core.providers``)."""
+
     base_url: str = "https://api.openai.com/v1"
     api_key_env: str = "OPENAI_API_KEY"
     model: str = "gpt-4o-mini"
@@ -64,10 +68,11 @@ class LlmConfig(_Section):
         self.window_policy()  # ValueError (a validation error) unless keep < threshold < 0.9
         return self
 
-    def window_policy(self) -> WindowPolicy:
-        """The context-window policy as ``gateway.bus.compression`` takes it."""
-        return WindowPolicy(context_window_tokens=self.context_window_tokens, threshold=self.compress_threshold,
-                            keep_ratio=self.compress_keep_ratio)
+    def window_policy(self, context_window_tokens: int | None = None) -> WindowPolicy:
+        """The context-window policy as ``gateway.bus.compression`` takes it (for another window:
+        a route's primary model's, ``route_window``)."""
+        return WindowPolicy(context_window_tokens=context_window_tokens or self.context_window_tokens,
+                            threshold=self.compress_threshold, keep_ratio=self.compress_keep_ratio)
 
 
 class PriceConfig(_Section):
@@ -479,7 +484,8 @@ class GatewayConfig(BaseSettings):
     def secret_values(self) -> list[str]:
         """Every configured secret's value (platform tokens, the model key, MCP header values):
         what must never reach the model or the logs."""
-        names = [self.llm.api_key_env, self.telegram.token_env, self.telegram.webhook_secret_env,
+        names = [self.llm.api_key_env, *(p.api_key_env for p in self.llm.providers if p.api_key_env),
+                 self.telegram.token_env, self.telegram.webhook_secret_env,
                  self.slack.bot_token_env, self.slack.signing_secret_env, self.slack.app_token_env,
                  self.feishu.app_secret_env, self.feishu.verification_token_env, self.feishu.encrypt_key_env,
                  self.telemetry.otlp_headers_env, self.web.secret_env, self.web.admin_password_env]
