@@ -226,7 +226,13 @@ class AdminSite:
                         "instances": await gateway.run_db(gateway.instance.store.records), "now": time.time()}
         except Exception as exc:
             database = {"error": gateway.redact(f"{type(exc).__name__}: {exc}")[:300]}
+        llm = gateway.config.llm
+        routed = set(llm.routed_providers())
+        routes = [{"name": name, "models": [t.name for t in llm.targets(gateway.providers, name)]}
+                  for name in llm.route_names()]
         return "health.html", {"adapters": adapters, "database": database, "instance": gateway.instance_id,
+                               "providers": [p for p in gateway.provider_health.snapshot()
+                                             if p["provider"] in routed], "routes": routes,
                                "started": gateway.started, "received": gateway.received,
                                "duplicates": gateway.duplicates, "dropped": gateway.dropped,
                                "sent": gateway.delivery.sent}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import openai
 
@@ -36,21 +37,7 @@ async def run_doctor(config: GatewayConfig) -> int:
     except Exception as exc:
         report(False, "database", f"cannot use {config.database.url.split('@')[-1]}: {type(exc).__name__}: {exc}")
 
-    key = config.secret(config.llm.api_key_env)
-    if key is None:
-        report(False, "model", f"environment variable {config.llm.api_key_env} is not set")
-    else:
-        try:
-            client = openai.OpenAI(base_url=config.llm.base_url, api_key=key, timeout=10, max_retries=0)
-            models = await asyncio.to_thread(lambda: [m.id for m in client.models.list()])
-            found = "listed" if config.llm.model in models else "not in the endpoint's model list"
-            report(True, "model", f"{config.llm.base_url} reachable; model {config.llm.model} {found}")
-        except openai.AuthenticationError:
-            report(False, "model", f"{config.llm.base_url} rejected the API key in {config.llm.api_key_env}")
-        except openai.APIConnectionError:
-            report(False, "model", f"cannot reach {config.llm.base_url}")
-        except openai.APIStatusError as exc:
-            report(False, "model", f"{config.llm.base_url} answered {exc.status_code}")
+    await _check_models(config, report)
 
     try:
         from gateway.app.wiring import build_adapters
@@ -72,6 +59,48 @@ async def run_doctor(config: GatewayConfig) -> int:
     _check_skills(config, report)
     print("all checks passed" if failures == 0 else f"{failures} check(s) failed", flush=True)
     return 0 if failures == 0 else 1
+
+
+async def _check_models(config: GatewayConfig, report: Callable[[bool, str, str], None]) -> None:
+    """Each route, and each provider a route uses: its key is set, it answers ``GET /models`` with
+    that key (a refused key is what marks a provider down in a running gateway) and lists the
+    routed models (a server without a model list is fine)."""
+    llm = config.llm
+    providers = llm.build_providers(config.secret)
+    for name in llm.route_names():
+        report(True, f"route {name}", " → ".join(t.name for t in llm.targets(providers, name)))
+    routed: dict[str, list[str]] = {}
+    for name in llm.route_names():
+        for target in llm.targets(providers, name):
+            routed.setdefault(target.provider.name, []).append(target.model)
+    for name, models in routed.items():
+        provider = providers[name]
+        what, url = f"model provider {name}", provider.base_url
+        if provider.key_missing:
+            report(False, what, f"environment variable {provider.key_env} is not set")
+            continue
+        try:
+            listed = await asyncio.to_thread(_listed_models, url, provider.api_key)
+        except openai.AuthenticationError as exc:
+            report(False, what, f"{url} rejected the API key in {provider.key_env} ({exc.status_code}): the "
+                                "provider is down, routes use their next model")
+        except openai.PermissionDeniedError as exc:
+            report(False, what, f"{url} refused the API key in {provider.key_env} ({exc.status_code}): the "
+                                "provider is down, routes use their next model")
+        except openai.NotFoundError:
+            report(True, what, f"{url} reachable (it lists no models); routed: {', '.join(models)}")
+        except openai.APIConnectionError:
+            report(False, what, f"cannot reach {url}")
+        except openai.APIStatusError as exc:
+            report(False, what, f"{url} answered {exc.status_code}")
+        else:
+            found = "; ".join(f"model {m} {'listed' if m in listed else 'not in its model list'}" for m in models)
+            report(True, what, f"{url} reachable; {found}")
+
+
+def _listed_models(base_url: str, api_key: str) -> set[str]:
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=10, max_retries=0)
+    return {m.id for m in client.models.list()}
 
 
 def guarded_tools(config: GatewayConfig) -> tuple[list[str], list[str]]:
@@ -147,6 +176,25 @@ def _check_skills(config: GatewayConfig, report: Callable[[bool, str, str], None
     report(not bad, "skills", detail)
 
 
+async def _check_search(config: GatewayConfig, bridge: Any, report: Callable[[bool, str, str], None]) -> None:
+    """``web_search``: off, or the engine answers a test query."""
+    from agent.search import SearchError
+    from gateway.tools.catalog import build_search
+
+    if not config.search.configured():
+        return
+    search = build_search(config, bridge)
+    if search is None:
+        report(False, "web search", f"{config.search.engine} needs its key in {config.search.api_key_env}")
+        return
+    try:
+        text = await asyncio.to_thread(bridge.run, search.search("agent gateway"), config.search.timeout_s + 5)
+    except (SearchError, TimeoutError) as exc:
+        report(False, "web search", f"{config.search.engine}: {exc}")
+        return
+    report(True, "web search", f"{config.search.engine} answers ({text.count(chr(10) + '   http')} results)")
+
+
 async def _check_tools(config: GatewayConfig, report: Callable[[bool, str, str], None]) -> None:
     """The workspace rung and shell sandbox in effect, and each MCP server's tools (or why not)."""
     from agent.bridge import AsyncBridge
@@ -164,11 +212,12 @@ async def _check_tools(config: GatewayConfig, report: Callable[[bool, str, str],
         if config.tools.workspace == "shell":  # bubblewrap / namespaces / none
             report(True, "shell isolation", workspace.sandbox.describe_isolation())
     specs = mcp_specs(config)
-    if not specs:
+    if not specs and not config.search.configured():
         return
     bridge = AsyncBridge("doctor-bridge")
     bridge.start()
     try:
+        await _check_search(config, bridge, report)
         clients = McpClients(specs, bridge)
         await clients.discover(config.mcp.startup_timeout_s)
         for status in sorted(clients.status, key=lambda s: s.name):

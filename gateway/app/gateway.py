@@ -23,7 +23,9 @@ from agent.cache import AgentCache, AgentSpec
 from agent.mcp import McpClients
 from agent.model import ChatModel, OpenAIChatModel
 from agent.plan import update_plan_tool
+from agent.providers import Target, split_target
 from agent.redact import Redactor
+from agent.routing import HealthBoard, HealthSettings, RoutedModel
 from agent.skills import SkillLibrary, load_skill_tool, with_catalogue
 from agent.tools import ToolRegistry
 from gateway.admin.views import admin_routes
@@ -126,24 +128,33 @@ class Gateway:
             if config.memory.enabled else None
         for tool in memory_tools(self.memory) if self.memory is not None else []:
             self.tools.add(tool)
-        api_key = config.secret(config.llm.api_key_env)
-        self.missing_model_key = None if api_key else config.llm.api_key_env
-        api_key = api_key or "missing-api-key"  # servers that need no key still answer
-
+        llm = config.llm
+        self.providers = llm.build_providers(config.secret)  # keys are read once, here
+        self.provider_health = HealthBoard(self.providers, HealthSettings(
+            failures_to_open=llm.breaker_failures, open_s=llm.breaker_open_s,
+            rate_limit_cooldown_s=llm.rate_limit_cooldown_s, auth_recheck_s=llm.auth_recheck_s))
+        self.missing_model_keys = {name: p.key_env for name in llm.routed_providers()
+                                   if (p := self.providers[name]).key_missing and p.key_env}
+        """Provider -> the unset variable that should hold its key (servers that need none still answer)."""
+        primary = llm.targets(self.providers)[0]
         limits = config.agent.limits()
+        limits = dataclasses.replace(limits, prices={**limits.prices, **llm.provider_prices()})
 
         def build_model(spec: AgentSpec) -> ChatModel:
-            inner = model if model is not None else OpenAIChatModel(
-                base_url=spec.base_url, api_key=spec.api_key, model=spec.model, timeout_s=config.llm.timeout_s,
-                max_retries=config.llm.max_retries, temperature=config.llm.temperature, stream=config.llm.stream,
-                missing_key=self.missing_model_key)
-            return MeteredModel(inner, self.metrics, limits.price_of(spec.model))
+            if model is not None:
+                return MeteredModel(model, self.metrics, limits)
+            targets = [Target(self.providers[provider], name) for provider, name in map(split_target, spec.route)]
+            route = next((name for name in llm.route_names()
+                          if [t.name for t in llm.targets(self.providers, name)] == list(spec.route)), "custom")
+            return MeteredModel(RoutedModel(route, targets, self._model_client, self.provider_health,
+                                            self.metrics.routes), self.metrics, limits)
 
         self.agents = AgentCache(self.tools, build_model)
         toolset = expand_toolset(config.agent.toolset, config.tools.toolsets) \
             if config.agent.toolset is not None else list(self.tools.tools)
-        self.agent_spec = AgentSpec(model=config.llm.model, base_url=config.llm.base_url, api_key=api_key,
-                                    toolset=tuple(toolset))
+        self.agent_spec = AgentSpec(model=primary.model, base_url=primary.provider.base_url,
+                                    api_key=primary.provider.api_key, toolset=tuple(toolset),
+                                    route=tuple(t.name for t in llm.targets(self.providers)))
         self.streams = StreamHub(
             store=self.store, adapters=self.adapters,
             platforms=set(config.agent.streaming) if config.llm.stream else set(),
@@ -173,7 +184,7 @@ class Gateway:
             reset=ResetPolicy(idle_s=sessions.idle_reset_minutes * 60 if sessions.idle_reset_minutes else None,
                               daily_hour=sessions.daily_reset_hour, zone=sessions.reset_timezone)
             if sessions.idle_reset_minutes or sessions.daily_reset_hour is not None else None,
-            window=config.llm.window_policy(),
+            window=config.llm.window_policy(config.llm.route_window()),
             metrics=self.metrics, memory=self.memory,
             trusted=lambda message, user_id: self.inbound.trusted(message),
             conversation=self.conversation,
@@ -220,6 +231,17 @@ class Gateway:
         self.unfinished_turns = 0
         """Turns still running when a stop's deadline passed (they resume after the restart)."""
 
+    def _model_client(self, target: Target, last: bool) -> ChatModel:
+        """The client of one route target. Only a route's last target spends ``llm.max_retries``
+        (the SDK's backoff, honouring ``Retry-After``); the others have a fallback to ask at once."""
+        llm, provider = self.config.llm, target.provider
+        return OpenAIChatModel(
+            base_url=provider.base_url, api_key=provider.api_key, model=target.model,
+            timeout_s=provider.timeout_s or llm.timeout_s, max_retries=llm.max_retries if last else 0,
+            temperature=llm.temperature, stream=llm.stream and "stream" not in target.lacks,
+            stream_options="stream_options" not in target.lacks,
+            missing_key=provider.key_env if provider.key_missing else None)
+
     def build_system_prompt(self) -> str:
         """A new session's system prompt: the configured one plus the skill catalogue as it is on
         disk now (for the tools chat turns mount). Stored with the session, never rebuilt for it."""
@@ -247,10 +269,11 @@ class Gateway:
         mention before the bot's open_id is known would be dropped as not addressed)."""
         await self.run_db(upgrade, self.engine)
         await self.instance.acquire()  # InstanceInUse if a live process holds our id; else its leases are ours
-        if self.missing_model_key:
+        for name, env in self.missing_model_keys.items():
+            where = "llm.api_key_env" if name == "default" else f"api_key_env of provider {name}"
             log.warning("%s is not set: model calls to %s go without an API key and fail unless that server "
-                        "needs none. Set %s to the key (llm.api_key_env names the variable).",
-                        self.missing_model_key, self.config.llm.base_url, self.missing_model_key)
+                        "needs none. Set %s to the key (%s names the variable).",
+                        env, self.providers[name].base_url, env, where)
         self._loop = asyncio.get_running_loop()
         self.bridge.start()
         discovered = await self.mcp.discover(self.config.mcp.startup_timeout_s)
@@ -422,6 +445,7 @@ class Gateway:
             leases = await self.run_db(self.store.count_leases, time.time())
             outbox = await self.run_db(self.store.outbox_counts)
             self.metrics.refresh(pending, leases, outbox)
+            self.metrics.refresh_providers(self.provider_health.snapshot())
         except Exception:
             log.exception("metrics: database gauges not refreshed")
         return self.metrics.render()

@@ -28,14 +28,15 @@ the system prompt bytes never change. Every projection ends in ``render_history`
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.model import ChatModel, Usage
+from agent.model import ChatModel, ModelError, ModelReply, OnText, Usage
 from agent.tokens import message_tokens, request_tokens, text_tokens
 from gateway.bus.context import render_history, render_user
 from gateway.core.window import WindowPolicy
@@ -111,13 +112,19 @@ class Compressor:
         self._lock = threading.Lock()
 
     def project(self, *, session_id: str, system_prompt: str, tools: list[dict[str, Any]],
-                summary: Summary | None, window: list[StoredMessage], model: ChatModel) -> Projection:
+                summary: Summary | None, window: list[StoredMessage], model: ChatModel,
+                window_tokens: int | None = None) -> Projection:
         """The history to send for this turn, fitted into the window (see the module doc).
 
         ``window``: the rows after ``summary``'s cut, oldest first, ending with the new user
-        message(s). Never raises for a failed summary call (the plain window is sent instead);
-        raises only on database faults.
+        message(s). ``window_tokens`` forces a compression for that window (a model refused the
+        request as too long: ``FitOnOverflow``), whatever the estimate says and even within the
+        wait after a failed summary. Never raises for a failed summary call (the plain window is
+        sent instead); raises only on database faults.
         """
+        forced = window_tokens is not None
+        policy = self.policy if window_tokens is None else \
+            dataclasses.replace(self.policy, context_window_tokens=window_tokens)
         fixed = message_tokens({"role": "system", "content": system_prompt}) + request_tokens([], tools)
         summary_text = summary.text if summary is not None else None
         turns = split_turns(window)
@@ -128,15 +135,15 @@ class Compressor:
 
         first = 0
         rows = sum(len(t) for t in turns)
-        if total(summary_text, 0) < self.policy.compress_at and rows < self.row_limit * self.policy.threshold:
+        if not forced and total(summary_text, 0) < policy.compress_at and rows < self.row_limit * policy.threshold:
             return self._projection(summary_text, turns, 0, total(summary_text, 0), compressed=False)
 
-        keep = self._keep_from(turns, costs, fixed)
+        keep = self._keep_from(turns, costs, fixed, policy)
         compressed = False
-        if keep > 0 and self._may_try(session_id):
+        if keep > 0 and (forced or self._may_try(session_id)):
             older = [row for turn in turns[:keep] for row in turn if row.id]
             try:
-                summary_text, usage = self._summarise(model, summary_text, older)
+                summary_text, usage = self._summarise(model, summary_text, older, policy)
                 self.store.save_summary(session_id, older[-1].id, summary_text, usage.prompt_tokens,
                                         usage.completion_tokens)
                 compressed = True
@@ -148,7 +155,7 @@ class Compressor:
         if compressed:
             first = keep
         protected = protected_from(turns)
-        while first < protected and total(summary_text, first) > self.policy.compress_at:
+        while first < protected and total(summary_text, first) > policy.compress_at:
             first += 1  # drop the oldest turn (already summarised, or lost to a failed summary)
         return self._projection(summary_text, turns, first, total(summary_text, first), compressed)
 
@@ -160,13 +167,13 @@ class Compressor:
             self._failed.pop(session_id, None)
             return True
 
-    def _keep_from(self, turns: list[list[StoredMessage]], costs: list[int], fixed: int) -> int:
+    def _keep_from(self, turns: list[list[StoredMessage]], costs: list[int], fixed: int, policy: WindowPolicy) -> int:
         """Index of the oldest turn kept verbatim after compressing: newest turns within
         ``keep_ratio`` of the window less the ``fixed`` cost (system prompt and tool schemas, sent
         with every request) and half the row limit; the protected turns always. Counting ``fixed``
         keeps the designed headroom (``threshold - keep_ratio - summary_ratio``) before the next
         compression: without it a small window would compress again on the very next turn."""
-        budget = int(self.policy.context_window_tokens * self.policy.keep_ratio) - fixed
+        budget = int(policy.context_window_tokens * policy.keep_ratio) - fixed
         first = protected_from(turns)
         used = sum(costs[first:])
         rows = sum(len(t) for t in turns[first:])
@@ -176,12 +183,13 @@ class Compressor:
             rows += len(turns[first])
         return first
 
-    def _summarise(self, model: ChatModel, previous: str | None, rows: list[StoredMessage]) -> tuple[str, Usage]:
+    def _summarise(self, model: ChatModel, previous: str | None, rows: list[StoredMessage],
+                   policy: WindowPolicy) -> tuple[str, Usage]:
         """One model call condensing ``previous`` + ``rows``: the text (capped to the policy) and
         the call's usage. Raises whatever the model client raises, or ``ValueError`` on an empty
         answer."""
-        words = max(50, self.policy.summary_tokens * 3 // 4)
-        budget = int(self.policy.context_window_tokens * (self.policy.threshold - self.policy.summary_ratio))
+        words = max(50, policy.summary_tokens * 3 // 4)
+        budget = int(policy.context_window_tokens * (policy.threshold - policy.summary_ratio))
         budget -= text_tokens(previous or "") + text_tokens(SUMMARY_PROMPT) + 64
         lines = transcript_lines(rows)
         kept: list[str] = []
@@ -198,7 +206,7 @@ class Compressor:
         text = (reply.content or "").strip()
         if not text:
             raise ValueError("the model returned an empty summary")
-        cap = self.policy.summary_tokens * 4
+        cap = policy.summary_tokens * 4
         if len(text.encode()) > cap:
             text = text.encode()[:cap].decode(errors="ignore") + " [cut]"
         return text, reply.usage
@@ -239,3 +247,79 @@ def transcript_lines(rows: Sequence[StoredMessage]) -> list[str]:
         elif row.role == "tool":
             lines.append("Tool result: " + cap(row.content or ""))
     return lines
+
+
+OVERFLOW_SHARE = 0.8
+"""A context refusal that names no window: the refusing model's window is taken as the smaller of
+its configured one and this share of the refused request's estimate."""
+
+
+class FitOnOverflow:
+    """A turn's model that compresses and retries once when a model refuses a request as longer than
+    its context window (``ModelError.reason == "context_length"``: no failover, the request is at fault).
+
+    The window to fit is the one the refusal names (``limit_tokens``: "maximum context length is
+    8192 tokens"), else the smaller of the refusing model's configured window and
+    ``OVERFLOW_SHARE`` of the request's estimate. ``refit(window_tokens)`` projects the turn again
+    for it (``Compressor.project(window_tokens=...)``: older turns summarised, the summary stored so
+    later turns start from it); the history part of ``messages`` is replaced in place (the loop's
+    own list, so the turn's later steps send the shorter request too) and the turn's own new
+    messages after it are kept. The call is then sent once more, through the route. A refit that
+    shrinks nothing, or a second refusal, raises the refusal with a plain explanation. A
+    sub-agent's request (the same model object, another message list) is not refitted.
+
+    Args:
+        inner: the turn's model (a route).
+        history: the history the loop was started with (the projection's ``history``).
+        tokens: that projection's estimated request tokens.
+        refit: the projection for a window of that many tokens.
+    """
+
+    def __init__(self, inner: ChatModel, history: list[dict[str, Any]], tokens: int,
+                 refit: Callable[[int], Projection]) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self._history = history
+        self._tokens = tokens
+        self._refit = refit
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                 on_text: OnText | None = None) -> ModelReply:
+        """``inner.complete``, refitted and sent once more after a context-length refusal.
+
+        Raises:
+            ModelError: as ``inner``; a refusal that refitting could not cure has a ``user_message``
+                saying the conversation is too long for the model (and to start a new one).
+        """
+        try:
+            return self.inner.complete(messages, tools, on_text)
+        except ModelError as exc:
+            held = {id(m) for m in self._history}
+            if exc.reason != "context_length" or not any(id(m) in held for m in messages):
+                raise  # not a refusal as too long, or not the turn's own request (a sub-agent's)
+            refused = exc
+        estimate = request_tokens(messages, tools)
+        window = refused.limit_tokens or min(filter(None, [refused.window_tokens, int(estimate * OVERFLOW_SHARE)]))
+        projection = self._refit(window)
+        if projection.tokens >= self._tokens:
+            raise _too_long(refused) from refused
+        last = max(i for i, m in enumerate(messages) if id(m) in held)
+        messages[:] = [messages[0], *projection.history, *messages[last + 1:]]
+        log.info("%s:%s refused %d estimated tokens as too long; refitted to %d for a window of %d and retrying once",
+                 refused.provider, refused.model, estimate, request_tokens(messages, tools), window)
+        self._history, self._tokens = projection.history, projection.tokens
+        try:
+            return self.inner.complete(messages, tools, on_text)
+        except ModelError as exc:
+            if exc.reason == "context_length":
+                raise _too_long(exc) from exc
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _too_long(exc: ModelError) -> ModelError:
+    exc.user_message = ("This conversation is too long for the model, even with older turns summarised. "
+                        "Start a new one with /new, or send a shorter message.")
+    return exc

@@ -26,7 +26,7 @@ from agent.context import RunContext
 from agent.loop import run_turn
 from agent.model import ModelError, Usage
 from agent.tracing import end_agent, invoke_agent
-from gateway.bus.compression import Compressor
+from gateway.bus.compression import Compressor, FitOnOverflow
 from gateway.bus.context import user_meta
 from gateway.bus.conversation import ConversationContext
 from gateway.core.errors import TurnInterrupted
@@ -292,6 +292,11 @@ class TurnRunner:
         projection = self.compressor.project(session_id=session_id, system_prompt=system_prompt,
                                              tools=agent.tools.schemas(), summary=opened.summary, window=window,
                                              model=agent.model)
+        # A model that refuses the request as too long gets it compressed for its window, once per call.
+        model = FitOnOverflow(agent.model, projection.history, projection.tokens,
+                              lambda tokens: self.compressor.project(
+                                  session_id=session_id, system_prompt=system_prompt, tools=agent.tools.schemas(),
+                                  summary=opened.summary, window=window, model=agent.model, window_tokens=tokens))
         stream = None
         if self.streams is not None:
             stream = self.streams.open(address=message.address, idempotency_key=reply_key,
@@ -306,7 +311,7 @@ class TurnRunner:
             state.on_plan = progress.show
         token = CURRENT_MESSAGE.set(message)
         try:
-            outcome = run_turn(system_prompt=system_prompt, history=projection.history, model=agent.model,
+            outcome = run_turn(system_prompt=system_prompt, history=projection.history, model=model,
                                tools=agent.tools, bridge=self.bridge, limits=self.limits, record=record,
                                should_stop=should_stop, on_text=stream.on_text if stream is not None else None,
                                context=RunContext(session_id=session_id, turn_id=turn_id,

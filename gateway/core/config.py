@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from agent.budget import Limits, Price
 from gateway.core.errors import ConfigError
+from gateway.core.providers import RoutesMixin
 from gateway.core.window import WindowPolicy
 
 
@@ -43,7 +44,10 @@ class HttpConfig(_Section):
     port: int = 8080
 
 
-class LlmConfig(_Section):
+class LlmConfig(RoutesMixin):
+    """The model: one endpoint (``base_url``, ``api_key_env``, ``model``: the provider ``default``),
+    or ``[[llm.providers]]`` and routes with failover (``gateway.core.providers``)."""
+
     base_url: str = "https://api.openai.com/v1"
     api_key_env: str = "OPENAI_API_KEY"
     model: str = "gpt-4o-mini"
@@ -64,10 +68,11 @@ class LlmConfig(_Section):
         self.window_policy()  # ValueError (a validation error) unless keep < threshold < 0.9
         return self
 
-    def window_policy(self) -> WindowPolicy:
-        """The context-window policy as ``gateway.bus.compression`` takes it."""
-        return WindowPolicy(context_window_tokens=self.context_window_tokens, threshold=self.compress_threshold,
-                            keep_ratio=self.compress_keep_ratio)
+    def window_policy(self, context_window_tokens: int | None = None) -> WindowPolicy:
+        """The context-window policy as ``gateway.bus.compression`` takes it (for another window:
+        a route's primary model's, ``route_window``)."""
+        return WindowPolicy(context_window_tokens=context_window_tokens or self.context_window_tokens,
+                            threshold=self.compress_threshold, keep_ratio=self.compress_keep_ratio)
 
 
 class PriceConfig(_Section):
@@ -177,6 +182,26 @@ class ToolsConfig(_Section):
     shell_memory_mb: int = 1024
     shell_allow_network: bool = False
     """Keep the host network for ``run_shell`` (default: a network namespace without network)."""
+
+
+class SearchConfig(_Section):
+    """The ``web_search`` tool's engine (``agent.search``). Off until configured: a SearXNG
+    ``url``, or ``engine = "brave" | "tavily"`` with its key in ``api_key_env``."""
+
+    engine: Literal["searxng", "brave", "tavily"] = "searxng"
+    url: str | None = None
+    """SearXNG: the instance's base URL (its ``settings.yml`` must allow the ``json`` format).
+    Brave/Tavily: leave unset for their public API."""
+    api_key_env: str = "SEARCH_API_KEY"
+    """Environment variable holding the Brave subscription token or the Tavily key."""
+    max_results: int = Field(default=5, ge=1, le=20)
+    language: str | None = None
+    """Language code passed to the engine (``en``, ``zh-CN``); unset: the engine's default."""
+    timeout_s: float = Field(default=15.0, gt=0)
+
+    def configured(self) -> bool:
+        """Whether ``web_search`` is meant to be offered."""
+        return self.engine != "searxng" or bool(self.url)
 
 
 class ApprovalsConfig(_Section):
@@ -452,6 +477,7 @@ class GatewayConfig(BaseSettings):
     llm: LlmConfig = Field(default_factory=LlmConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
     skills: SkillsConfig = Field(default_factory=SkillsConfig)
@@ -500,12 +526,15 @@ class GatewayConfig(BaseSettings):
     def secret_values(self) -> list[str]:
         """Every configured secret's value (platform tokens, the model key, MCP header values):
         what must never reach the model or the logs."""
-        names = [self.llm.api_key_env, self.telegram.token_env, self.telegram.webhook_secret_env,
+        names = [self.llm.api_key_env, *(p.api_key_env for p in self.llm.providers if p.api_key_env),
+                 self.telegram.token_env, self.telegram.webhook_secret_env,
                  self.slack.bot_token_env, self.slack.signing_secret_env, self.slack.app_token_env,
                  self.feishu.app_secret_env, self.feishu.verification_token_env, self.feishu.encrypt_key_env,
                  self.telemetry.otlp_headers_env, self.web.secret_env, self.web.admin_password_env]
         if self.memory.embeddings_url:
             names.append(self.memory.embeddings_key_env)
+        if self.search.engine != "searxng":
+            names.append(self.search.api_key_env)
         names += [env for server in self.mcp.servers.values() for env in server.headers_env.values()]
         return [value for name in names if (value := self.secret(name))]
 

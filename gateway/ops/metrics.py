@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from agent.budget import Price
+from agent.budget import Limits
 from agent.model import ChatModel, ModelReply, OnText, Usage
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -58,12 +58,34 @@ class GatewayMetrics:
         self.turns_running = Gauge("gateway_turns_running", "Turns running on this instance", registry=r)
         self.scheduled_fires = Counter("gateway_scheduled_fires", "Scheduled report runs by outcome "
                                        "(delivering, failed, skipped, lost)", ["status"], registry=r)
+        labels = ["provider", "model"]
+        self.provider_requests = Counter("gateway_provider_requests", "Model requests sent, by provider and model",
+                                         labels, registry=r)
+        self.provider_failures = Counter("gateway_provider_failures", "Failed model requests by reason (rate_limited, "
+                                         "server, timeout, connection, stream, auth, not_found, context_length, "
+                                         "invalid_tools, request)", [*labels, "reason"], registry=r)
+        self.provider_failovers = Counter("gateway_provider_failovers", "Model calls a route passed on from this "
+                                          "provider and model to its next one, by reason (a failure reason, or "
+                                          "cooldown, open, down, probing when it was skipped)", [*labels, "reason"],
+                                          registry=r)
+        self.provider_tokens = Counter("gateway_provider_tokens", "Tokens of the answers of each provider and model "
+                                       "(input, output, cached_input)", [*labels, "kind"], registry=r)
+        self.provider_available = Gauge("gateway_provider_available", "1 while calls may go to the provider (ok, "
+                                        "half-open), 0 while it cools down after a 429, its circuit is open or it is "
+                                        "down (401/403)", ["provider"], registry=r)
+        self.routes = ProviderCounters(self)
+        """The ``agent.routing.RouteEvents`` that count into the provider metrics."""
 
     def refresh(self, pending: int, leases: int, outbox: dict[str, int]) -> None:
         """Sets the database-backed gauges (called before each scrape)."""
         self.inbox_pending.set(pending)
         self.active_leases.set(leases)
         self.unconfirmed.set(outbox.get("unconfirmed", 0))
+
+    def refresh_providers(self, health: list[dict[str, Any]]) -> None:
+        """Sets ``gateway_provider_available`` from ``HealthBoard.snapshot()`` (before each scrape)."""
+        for entry in health:
+            self.provider_available.labels(entry["provider"]).set(1 if entry["state"] in ("ok", "half_open") else 0)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""
@@ -77,33 +99,57 @@ class GatewayMetrics:
         self.cost.labels(model).inc(cost)
 
 
+class ProviderCounters:
+    """``agent.routing.RouteEvents`` counted into ``GatewayMetrics``' ``gateway_provider_*`` families."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._m = metrics
+
+    def requested(self, provider: str, model: str) -> None:
+        self._m.provider_requests.labels(provider, model).inc()
+
+    def failed(self, provider: str, model: str, reason: str) -> None:
+        self._m.provider_failures.labels(provider, model, reason).inc()
+
+    def failed_over(self, provider: str, model: str, reason: str) -> None:
+        self._m.provider_failovers.labels(provider, model, reason).inc()
+
+    def answered(self, provider: str, model: str, usage: Usage) -> None:
+        tokens = self._m.provider_tokens
+        tokens.labels(provider, model, "input").inc(usage.prompt_tokens)
+        tokens.labels(provider, model, "output").inc(usage.completion_tokens)
+        tokens.labels(provider, model, "cached_input").inc(usage.cached_tokens)
+
+
 class MeteredModel:
-    """A ``ChatModel`` that times each call and counts its tokens and cost (sub-agents' calls too).
+    """A ``ChatModel`` that times each call and counts its tokens and cost (sub-agents' calls too),
+    under the model that answered (a route's fallback counts as itself).
 
     Args:
-        inner: the model client.
+        inner: the model client (or a route).
         metrics: where to count.
-        price: the model's price (``None``: costs 0).
+        limits: the price table (a model without a price costs 0).
     """
 
-    def __init__(self, inner: ChatModel, metrics: GatewayMetrics, price: Price | None) -> None:
+    def __init__(self, inner: ChatModel, metrics: GatewayMetrics, limits: Limits) -> None:
         self.inner = inner
         self.model = inner.model
         self._metrics = metrics
-        self._price = price
+        self._limits = limits
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                  on_text: OnText | None = None) -> ModelReply:
         """Calls the inner model, recording latency (``ok``/``error``), tokens and cost."""
         started = time.monotonic()
-        outcome = "error"
         try:
             reply = self.inner.complete(messages, tools, on_text)
-            outcome = "ok"
-        finally:
-            self._metrics.model_seconds.labels(self.model, outcome).observe(time.monotonic() - started)
-        cost = self._price.cost(reply.usage) if self._price is not None else 0.0
-        self._metrics.observe_usage(self.model, reply.usage, cost)
+        except BaseException:
+            self._metrics.model_seconds.labels(self.model, "error").observe(time.monotonic() - started)
+            raise
+        answered = reply.model or self.model
+        self._metrics.model_seconds.labels(answered, "ok").observe(time.monotonic() - started)
+        price = self._limits.price_of(answered, reply.provider)
+        self._metrics.observe_usage(answered, reply.usage, price.cost(reply.usage) if price is not None else 0.0)
         return reply
 
     def __getattr__(self, name: str) -> Any:

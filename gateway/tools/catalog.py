@@ -15,6 +15,7 @@ from agent.browser import BrowserTools
 from agent.delegate import delegate_tool
 from agent.mcp import McpServerSpec
 from agent.sandbox import Sandbox
+from agent.search import WebSearch
 from agent.tools import ToolRegistry
 from agent.web import WebFetcher
 from agent.workspace import Workspace
@@ -32,14 +33,18 @@ def expand_toolset(names: Sequence[str], toolsets: dict[str, list[str]]) -> list
 
 
 def build_catalog(config: GatewayConfig, bridge: AsyncBridge) -> ToolRegistry:
-    """Every tool this process offers: ``web_fetch``, ``delegate``, the workspace tools of the
-    configured rung, and the browser tools when the configured Chromium exists. Agents mount
+    """Every tool this process offers: ``web_fetch``, ``web_search`` when an engine is configured,
+    ``delegate``, the workspace tools of the configured rung, and the browser tools when the
+    configured Chromium exists. Agents mount
     subsets of it (``agent.toolset``); MCP tools are added once discovered."""
     tools = ToolRegistry()
     for tool in build_workspace(config).tools() if config.tools.workspace != "off" else []:
         tools.add(tool)
     tools.add(WebFetcher(bridge, allow_private=config.tools.web_fetch_allow_private,
                          max_bytes=config.tools.web_fetch_max_bytes).tool())
+    search = build_search(config, bridge)
+    if search is not None:
+        tools.add(search.tool())
     if config.tools.delegate_enabled:
         tools.add(delegate_tool())
     if config.tools.browser_enabled:
@@ -53,6 +58,20 @@ def build_catalog(config: GatewayConfig, bridge: AsyncBridge) -> ToolRegistry:
             log.warning("browser tools off: %s not found (install the Debian package chromium)",
                         config.tools.browser_executable)
     return tools
+
+
+def build_search(config: GatewayConfig, bridge: AsyncBridge) -> WebSearch | None:
+    """The ``web_search`` engine as configured (``search.*``), or ``None`` when none is configured
+    or its key is missing (logged: the tool is left out rather than failing every call)."""
+    s = config.search
+    if not s.configured():
+        return None
+    key = config.secret(s.api_key_env)
+    if s.engine != "searxng" and key is None:
+        log.warning("web_search off: search.engine = %s needs its key in %s", s.engine, s.api_key_env)
+        return None
+    return WebSearch(bridge, engine=s.engine, url=s.url, api_key=key, max_results=s.max_results,
+                     language=s.language, timeout_s=s.timeout_s)
 
 
 def mcp_specs(config: GatewayConfig) -> list[McpServerSpec]:
