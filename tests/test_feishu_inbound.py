@@ -161,3 +161,13 @@ def test_dm_in_a_thread_replies_in_the_thread() -> None:
     assert not isinstance(result, Ignored)
     assert result.chat_type == "dm" and result.address.thread_id == "omt_dm1"
     assert result.reply_to_id == result.message_id and result.addressed
+
+
+def test_a_reply_names_its_parent_and_group_chatter_is_context_only_on_request() -> None:
+    topic = to_inbound(_body("topic_thread_reply.json"), BOT)
+    assert topic.quoted is not None and topic.quoted.message_id == "om_fake0000000000000000000000top01"
+    assert topic.quoted.text is None and not topic.context_only
+    chatter = _body("group_no_mention.json")
+    assert to_inbound(chatter, BOT) == Ignored("not_addressed")
+    kept = to_inbound(chatter, BOT, ambient=True)
+    assert kept.context_only and not kept.addressed

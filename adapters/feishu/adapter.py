@@ -40,6 +40,8 @@ from lark_oapi.api.im.v1 import (
     CreateMessageRequestBody,
     DeleteMessageReactionRequest,
     Emoji,
+    GetMessageRequest,
+    ListMessageRequest,
     PatchMessageRequest,
     PatchMessageRequestBody,
     ReplyMessageRequest,
@@ -47,6 +49,7 @@ from lark_oapi.api.im.v1 import (
 )
 from lark_oapi.core.utils import AESCipher
 
+from adapters.feishu import history
 from adapters.feishu.cards import action_to_inbound, card_parts
 from adapters.feishu.format import Part, format_plain, format_reply
 from adapters.feishu.inbound import Ignored, to_inbound
@@ -54,13 +57,23 @@ from adapters.feishu.long_connection import LongConnection
 from adapters.feishu.token import TenantToken
 from adapters.feishu.wire import event_id_of, event_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.core.errors import CredentialRejected
-from gateway.core.ports import BeforePart, InboundSink, PartSent
-from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
+from gateway.core.errors import ContextUnavailable, CredentialRejected
+from gateway.core.ports import BeforePart, ChatLeft, InboundSink, PartSent
+from gateway.core.types import (
+    ChatAddress,
+    ContextMessage,
+    DeliveryResult,
+    InboundMessage,
+    OutboundMessage,
+    Sender,
+    ThreadHistory,
+)
 
 log = logging.getLogger("adapters.feishu")
 
 WEBHOOK_PATH = "/feishu/events"
+BOT_REMOVED_EVENT = "im.chat.member.bot.deleted_v1"
+"""Feishu: the bot was removed from a group (``event.chat_id``)."""
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 APP_SECRET_INVALID = 10014
 """Feishu auth/v3 tenant_access_token/internal: ``{"code": 10014, "msg": "app secret invalid"}``."""
@@ -71,6 +84,8 @@ RATE_LIMIT_CODES = frozenset({99991400, 230020, 11232})
 """Feishu: app frequency limit (99991400, HTTP 429), per-chat limit (230020), message-service limit (11232)."""
 SCOPE_MISSING_CODES = frozenset({99991672, 99991679})
 """Feishu: the app (or token) lacks a required permission scope."""
+NO_PERMISSION = 230027
+"""Feishu im/v1: "Lack of necessary permissions" (e.g. reading a chat the bot may not read)."""
 NAME_LOOKUP_TIMEOUT_S = 1.0
 """Longest wait for a sender's name before the event is stored anyway (the 3 s ack budget)."""
 NAME_CACHE_S = 3600.0
@@ -123,6 +138,11 @@ class FeishuAdapter:
             read scope, otherwise the sender stays its open_id).
         ws_connect_timeout_s, ws_backoff_initial_s, ws_backoff_max_s: long connection: the bound on
             one connect attempt and the retry delays after failed ones (``LongConnection``).
+        group_context: hand group messages outside threads that do not mention the bot to the sink
+            as ``context_only`` (some chat keeps group context); otherwise they are ignored here.
+
+    Also a ``ContextReader``: ``read_message`` (``GET /open-apis/im/v1/messages/{id}``) and
+    ``read_thread`` (the thread's message list), with the tenant token (``adapters.feishu.history``).
 
     Raises:
         ValueError: ``domain`` is not accepted by lark-oapi.
@@ -136,7 +156,7 @@ class FeishuAdapter:
                  encrypt_key: str | None = None, mode: str = "webhook", domain: str = lark.FEISHU_DOMAIN,
                  timeout_s: float = 10.0, typing_emoji: str | None = "Typing", resolve_names: bool = True,
                  ws_connect_timeout_s: float = 10.0, ws_backoff_initial_s: float = 1.0,
-                 ws_backoff_max_s: float = 60.0) -> None:
+                 ws_backoff_max_s: float = 60.0, group_context: bool = False) -> None:
         # lark-oapi prints to stdout through its own handler, past the gateway's secret redaction
         # (gateway.ops.logs): its records go through the root logger instead.
         logging.getLogger("Lark").handlers.clear()
@@ -152,9 +172,11 @@ class FeishuAdapter:
         self.typing_emoji = typing_emoji
         self.bot_open_id = ""
         self.resolve_names = resolve_names
+        self._group_context = group_context
         self._names: dict[str, tuple[str, float]] = {}  # open_id -> (name, monotonic expiry)
         self._names_refused_until = 0.0
         self._sink: InboundSink | None = None
+        self._chat_left: ChatLeft | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_inbound: OrderedDict[ChatAddress, str] = OrderedDict()
         self._typing: dict[ChatAddress, list[tuple[str, str]]] = {}  # address -> [(message_id, reaction_id)]
@@ -168,6 +190,10 @@ class FeishuAdapter:
     # -- lifecycle ---------------------------------------------------------------------------
     def routes(self) -> list[web.RouteDef]:
         return [web.post(WEBHOOK_PATH, self._handle_webhook)] if self.mode == "webhook" else []
+
+    def bind_chat_left(self, callback: ChatLeft) -> None:
+        """``callback`` learns of each chat the bot was removed from (``im.chat.member.bot.deleted_v1``)."""
+        self._chat_left = callback
 
     async def start(self, sink: InboundSink) -> None:
         """Fetches a tenant token and the bot's open_id (``GET /open-apis/bot/v3/info``, needed for
@@ -276,9 +302,18 @@ class FeishuAdapter:
         if problem is not None:
             log.warning("feishu event %s malformed (%s); acknowledged and dropped", event_id_of(body), problem)
             return
+        found = body.get("header")
+        header: dict[str, Any] = found if isinstance(found, dict) else {}
+        if header.get("event_type") == BOT_REMOVED_EVENT:  # the bot was removed from a chat
+            found = body.get("event")
+            event: dict[str, Any] = found if isinstance(found, dict) else {}
+            if self._chat_left is not None and isinstance(event.get("chat_id"), str) and event["chat_id"]:
+                tenant = str(header.get("tenant_key") or "")
+                await self._chat_left(ChatAddress("feishu", tenant, event["chat_id"]))
+            return
         try:
             press = action_to_inbound(body, self.bot_open_id)
-            result = press if press is not None else to_inbound(body, self.bot_open_id)
+            result = press if press is not None else to_inbound(body, self.bot_open_id, ambient=self._group_context)
         except Exception as exc:
             log.warning("feishu event %s could not be read (%s); acknowledged and dropped", event_id_of(body),
                         type(exc).__name__)
@@ -330,6 +365,91 @@ class FeishuAdapter:
         if len(self._names) > 4096:
             self._names.pop(next(iter(self._names)))
         return name
+
+    # -- context (gateway.core.ports.ContextReader) ------------------------------------------------
+    async def read_message(self, message: InboundMessage) -> ContextMessage | None:
+        """The message ``message`` replies to (``message.quoted``: the event's ``parent_id``), read
+        with ``GET /open-apis/im/v1/messages/{message_id}``; ``None`` when Feishu no longer has it
+        (recalled or deleted).
+
+        Raises:
+            ContextUnavailable: Feishu refused (a missing permission, rate limit, ...).
+        """
+        if message.quoted is None:
+            return None
+        quoted_id = message.quoted.message_id
+
+        def invoke(option: lark.RequestOption) -> Awaitable[Any]:
+            return self.client.im.v1.message.aget(GetMessageRequest.builder().message_id(quoted_id).build(), option)
+
+        response = await self._read(invoke, "message")
+        if response is None or response.data is None or not response.data.items:
+            return None
+        item = next((i for i in response.data.items if i.message_id == quoted_id), response.data.items[0])
+        names = await self._names_of([history.sender_open_id(item)])
+        return history.context_message(item, bot_open_id=self.bot_open_id, app_id=self.app_id, names=names)
+
+    async def read_thread(self, message: InboundMessage, limit: int) -> ThreadHistory:
+        """The messages of ``message``'s thread (a topic) posted before it, the newest ``limit``,
+        oldest first (the thread's first message, when within them), with their senders' names.
+        Reads the thread's message list newest first, ``PAGE_SIZE`` a page, at most ``MAX_PAGES``.
+
+        Raises:
+            ContextUnavailable: Feishu refused (a missing permission, rate limit, ...).
+        """
+        thread_id = message.address.thread_id
+        if not thread_id or limit <= 0:
+            return ThreadHistory()
+        sent_ms = message.received_at * 1000
+        items: list[Any] = []
+        token: str | None = None
+        more = False
+        for _ in range(history.MAX_PAGES):
+            def invoke(option: lark.RequestOption, token: str | None = token) -> Awaitable[Any]:
+                builder = (ListMessageRequest.builder().container_id_type("thread").container_id(thread_id)
+                           .sort_type("ByCreateTimeDesc").page_size(history.PAGE_SIZE))
+                if token:
+                    builder = builder.page_token(token)
+                return self.client.im.v1.message.alist(builder.build(), option)
+
+            response = await self._read(invoke, "thread")
+            data = response.data if response is not None else None
+            if data is None:
+                break
+            items += [i for i in data.items or () if i.message_id != message.message_id
+                      and (not sent_ms or int(i.create_time or 0) <= sent_ms)]
+            token = data.page_token or None
+            more = bool(data.has_more) and token is not None
+            if len(items) > limit or not more:
+                break
+        names = await self._names_of([history.sender_open_id(i) for i in items])
+        found = [m for m in (history.context_message(i, bot_open_id=self.bot_open_id, app_id=self.app_id,
+                                                     names=names) for i in items) if m is not None]
+        kept = found[:limit][::-1]
+        return ThreadHistory(tuple(kept), max(len(found) - limit, 0), more)
+
+    async def _read(self, invoke: Callable[[lark.RequestOption], Awaitable[Any]], what: str) -> Any:
+        """One read call with the tenant token; Feishu's refusals become ``ContextUnavailable``."""
+        try:
+            response = await self._call(invoke)
+        except FeishuApiError as exc:
+            raise ContextUnavailable(f"tenant token: code {exc.code}") from None
+        except Exception as exc:
+            raise ContextUnavailable(f"network: {type(exc).__name__}") from None
+        if response.code == 0:
+            return response
+        if response.code in SCOPE_MISSING_CODES or response.code == NO_PERMISSION:
+            raise ContextUnavailable(f"Feishu answered {response.code}: the app lacks a permission to read "
+                                     f"{what} messages ({response.msg})")
+        if response.code == RECALLED_CODE:
+            return None
+        raise ContextUnavailable(f"Feishu answered code {response.code}: {response.msg}")
+
+    async def _names_of(self, open_ids: list[str]) -> dict[str, str]:
+        """Display names of these users (``_display_name``, cached), looked up concurrently."""
+        wanted = sorted({oid for oid in open_ids if oid})
+        found = await asyncio.gather(*(self._display_name(oid) for oid in wanted))
+        return {oid: name for oid, name in zip(wanted, found, strict=True) if name}
 
     def _remember(self, message: InboundMessage) -> None:
         """The newest stored message per chat: the typing reaction goes on it."""

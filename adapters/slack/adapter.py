@@ -35,6 +35,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
+from adapters.slack import history
 from adapters.slack.format import format_reply
 from adapters.slack.inbound import (
     ACTION_PREFIX,
@@ -47,15 +48,24 @@ from adapters.slack.inbound import (
 )
 from adapters.slack.wire import envelope_problem, event_id_of, interaction_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.core.errors import CredentialRejected
-from gateway.core.ports import BeforePart, InboundSink, PartSent
-from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+from gateway.core.errors import ContextUnavailable, CredentialRejected
+from gateway.core.ports import BeforePart, ChatLeft, InboundSink, PartSent
+from gateway.core.types import (
+    ChatAddress,
+    ContextMessage,
+    DeliveryResult,
+    InboundMessage,
+    OutboundMessage,
+    ThreadHistory,
+)
 
 log = logging.getLogger("adapters.slack")
 
 EVENTS_PATH = "/slack/events"
 SIGNATURE_WINDOW_S = 300  # Slack request signing: reject timestamps more than 5 minutes away
 RETRYABLE_ERRORS = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+LEFT_EVENTS = frozenset({"channel_left", "group_left"})
+"""Slack events telling the app its bot user left (was removed from) a channel or private channel."""
 NAME_TTL_S = 3600.0
 NAME_LOOKUP_TIMEOUT_S = 1.5  # users.info runs inside Slack's 3-second ack budget
 _MAX_REMEMBERED = 5000
@@ -187,6 +197,11 @@ class SlackAdapter:
         socket_ping_interval_s: Socket Mode: seconds between the SDK's pings and checks of the
             connection, so also the longest time a silently dropped socket goes unnoticed before
             the SDK reconnects (Bolt's default is 10; a ``disconnect`` frame reconnects at once).
+        group_context: hand top-level channel messages that do not mention the bot to the sink as
+            ``context_only`` (some chat keeps group context); otherwise they are ignored here.
+
+    Also a ``ContextReader``: ``read_message`` (a thread's parent) and ``read_thread`` read
+    ``conversations.replies`` with the bot token (``adapters.slack.history``).
     """
 
     platform = "slack"
@@ -195,7 +210,8 @@ class SlackAdapter:
 
     def __init__(self, *, bot_token: str, signing_secret: str | None = None, app_token: str | None = None,
                  mode: str = "events", api_url: str = "https://slack.com/api/", allow_bots: bool = False,
-                 typing_reaction: str = "eyes", timeout_s: int = 15, socket_ping_interval_s: float = 5.0) -> None:
+                 typing_reaction: str = "eyes", timeout_s: int = 15, socket_ping_interval_s: float = 5.0,
+                 group_context: bool = False) -> None:
         if mode == "events" and not signing_secret:
             raise ValueError("Slack events mode needs a signing secret")
         if mode == "socket" and not app_token:
@@ -206,9 +222,11 @@ class SlackAdapter:
         self._signing_secret = signing_secret or ""
         self._app_token = app_token
         self._allow_bots = allow_bots
+        self._group_context = group_context
         self._typing_reaction = typing_reaction
         self._socket_ping_interval = socket_ping_interval_s
         self._sink: InboundSink | None = None
+        self._chat_left: ChatLeft | None = None
         self._identity: BotIdentity | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._names: dict[str, tuple[str, float]] = {}
@@ -229,7 +247,16 @@ class SlackAdapter:
             await self._receive(body)
 
         async def on_other_event(body: dict[str, Any]) -> None:
-            log.debug("slack event %s ignored", (body.get("event") or {}).get("type"))
+            found = body.get("event")
+            event: dict[str, Any] = found if isinstance(found, dict) else {}
+            left = event.get("type") in LEFT_EVENTS or (
+                event.get("type") == "member_left_channel" and self._identity is not None
+                and event.get("user") == self._identity.user_id)
+            if left and self._chat_left is not None and isinstance(event.get("channel"), str):
+                team = str(body.get("team_id") or (self._identity.team_id if self._identity else ""))
+                await self._chat_left(ChatAddress("slack", team, event["channel"]))
+                return
+            log.debug("slack event %s ignored", event.get("type"))
 
         async def on_button(ack: Any, body: dict[str, Any]) -> None:
             await ack()  # Slack needs the ack within 3 s; the press is stored right after
@@ -252,6 +279,11 @@ class SlackAdapter:
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post(EVENTS_PATH, self._handle_events)] if self.mode == "events" else []
+
+    def bind_chat_left(self, callback: ChatLeft) -> None:
+        """``callback`` learns of each channel the bot was removed from (``channel_left``,
+        ``group_left``, or ``member_left_channel`` naming the bot user)."""
+        self._chat_left = callback
 
     async def start(self, sink: InboundSink) -> None:
         """Reads the app identity (``auth.test``) and remembers ``sink``. Events API requests are
@@ -344,7 +376,7 @@ class SlackAdapter:
         if self._identity is None or self._sink is None:
             raise RuntimeError("slack adapter not started")
         try:
-            result = to_inbound(body, self._identity, allow_bots=self._allow_bots)
+            result = to_inbound(body, self._identity, allow_bots=self._allow_bots, ambient=self._group_context)
             wanted = users_to_resolve(body, self._identity) if isinstance(result, InboundMessage) else set()
         except Exception as exc:  # authentic but not understood: asking again would fail the same way
             log.warning("slack event %s could not be read (%s); acknowledged and dropped", event_id_of(body) or "?",
@@ -355,11 +387,81 @@ class SlackAdapter:
             return
         if wanted:
             names = await self._display_names(wanted)
-            named = to_inbound(body, self._identity, names, allow_bots=self._allow_bots)
+            named = to_inbound(body, self._identity, names, allow_bots=self._allow_bots, ambient=self._group_context)
             result = named if isinstance(named, InboundMessage) else result
         stored = await self._sink(result)
         if stored:
             self._remember(result.address, result.message_id.rsplit(":", 1)[-1])
+
+    # -- context (gateway.core.ports.ContextReader) ------------------------------------------------
+    async def read_message(self, message: InboundMessage) -> ContextMessage | None:
+        """The parent of ``message``'s thread (``message.quoted``), read with ``conversations.replies``
+        (its first message is the parent); ``None`` when Slack no longer has it.
+
+        Raises:
+            ContextUnavailable: Slack refused (``missing_scope`` naming the scope, ``ratelimited``...).
+        """
+        if self._identity is None or message.quoted is None:
+            return None
+        channel, _, ts = message.quoted.message_id.rpartition(":")
+        answer = await self._replies(channel=channel, ts=ts, limit=1, inclusive=True, latest=ts)
+        found = [m for m in answer.get("messages") or () if isinstance(m, dict) and str(m.get("ts")) == ts]
+        if not found:
+            return None
+        names = await self._display_names(history.authors(found, self._identity))
+        return history.context_message(found[0], channel, self._identity, names)
+
+    async def read_thread(self, message: InboundMessage, limit: int) -> ThreadHistory:
+        """The messages of ``message``'s thread posted before it: the parent and the newest replies,
+        ``limit`` in all, oldest first, with their authors' names (``users.info``, cached). Reads
+        ``conversations.replies`` page by page (``PAGE_LIMIT``, at most ``MAX_PAGES``).
+
+        Raises:
+            ContextUnavailable: Slack refused (``missing_scope`` naming the scope, ``thread_not_found``,
+                ``ratelimited``...).
+        """
+        thread_ts = message.address.thread_id
+        if self._identity is None or not thread_ts:
+            return ThreadHistory()
+        channel, before = message.address.chat_id, message.message_id.rpartition(":")[2]
+        raw: list[dict[str, Any]] = []
+        cursor: str | None = None
+        more = False
+        for page in range(history.MAX_PAGES):
+            try:
+                answer = await self._replies(channel=channel, ts=thread_ts, latest=before, inclusive=False,
+                                             limit=history.PAGE_LIMIT, cursor=cursor)
+            except ContextUnavailable as exc:
+                if not page:
+                    raise
+                log.info("slack thread %s: page %d not read (%s); showing the pages read", thread_ts, page + 1, exc)
+                more = True
+                break
+            raw += [m for m in answer.get("messages") or () if isinstance(m, dict)
+                    and str(m.get("ts") or "") != before]
+            cursor = str((answer.get("response_metadata") or {}).get("next_cursor") or "") or None
+            more = bool(answer.get("has_more")) and cursor is not None
+            if not more:
+                break
+        names = await self._display_names(history.authors(raw, self._identity))
+        found = [m for m in (history.context_message(r, channel, self._identity, names) for r in raw) if m]
+        kept, left_out = history.keep_newest(found, f"{channel}:{thread_ts}", limit)
+        return ThreadHistory(tuple(kept), left_out, more)
+
+    async def _replies(self, **params: Any) -> dict[str, Any]:
+        """One ``conversations.replies`` call; Slack's refusals become ``ContextUnavailable``."""
+        try:
+            response = await self.client.conversations_replies(**params)
+        except SlackApiError as exc:
+            data = exc.response.data if exc.response is not None and isinstance(exc.response.data, dict) else {}
+            code = str(data.get("error") or "unknown error")
+            if code == "missing_scope":
+                raise ContextUnavailable(f"Slack answered missing_scope: the bot token needs {data.get('needed')} "
+                                         f"(it has {data.get('provided') or 'none'})") from None
+            raise ContextUnavailable(f"Slack answered {code}") from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ContextUnavailable(f"network: {type(exc).__name__}") from None
+        return response.data if isinstance(response.data, dict) else {}
 
     def _remember(self, address: ChatAddress, ts: str) -> None:
         self._last_seen[address] = ts

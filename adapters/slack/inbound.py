@@ -14,7 +14,11 @@ Rules (PLATFORMS.md §2.2, Slack Events API: ``message.im``, ``message.channels`
   own messages (user id or bot id) are ignored in every channel type, other bots by default;
 - Slack markup is turned into plain text: the bot's mention removed, ``<@U…>`` replaced by the
   display names the caller resolved, ``<#C…|name>``, ``<!here>``, ``<url|label>`` made readable,
-  ``&amp; &lt; &gt;`` unescaped (Slack: "Formatting text for app surfaces").
+  ``&amp; &lt; &gt;`` unescaped (Slack: "Formatting text for app surfaces");
+- a thread reply names its thread's parent as ``quoted`` (id only: Slack events do not carry the
+  parent's text; the adapter reads it with ``conversations.replies`` when the turn needs it);
+- with ``ambient`` (group context configured), a top-level channel message that does not mention
+  the bot becomes a ``context_only`` message instead of being ignored.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, ContextMessage, InboundMessage, Sender
 
 NEW_TEXT_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
 """Message subtypes that carry new user text (PLATFORMS.md §2.2)."""
@@ -108,7 +112,7 @@ def plain_text(text: str, bot_user_id: str, names: Mapping[str, str]) -> str:
 
 
 def to_inbound(envelope: dict[str, Any], bot: BotIdentity, names: Mapping[str, str] | None = None, *,
-               allow_bots: bool = False) -> InboundMessage | Ignored:
+               allow_bots: bool = False, ambient: bool = False) -> InboundMessage | Ignored:
     """Normalizes one ``event_callback`` envelope. Pure: no I/O, no clock (``received_at`` is the
     message's own ``ts``).
 
@@ -118,6 +122,8 @@ def to_inbound(envelope: dict[str, Any], bot: BotIdentity, names: Mapping[str, s
         names: display names by user id, for the author and mentioned users (see
             ``users_to_resolve``); missing names fall back to the id.
         allow_bots: take messages from other bots (never from this one).
+        ambient: return a top-level channel message that does not mention the bot as a
+            ``context_only`` message (kept as group context) instead of ``Ignored("not_addressed")``.
     """
     names = names or {}
     if envelope.get("type") != "event_callback" or not isinstance(envelope.get("event"), dict):
@@ -152,6 +158,8 @@ def to_inbound(envelope: dict[str, Any], bot: BotIdentity, names: Mapping[str, s
         thread_id = thread_ts  # a DM thread keeps the DM session; replies go into that thread
     elif addressed:
         thread_id = ts  # a top-level mention starts a thread rooted at itself
+    elif ambient:
+        thread_id = None  # channel chatter: at most group context
     else:
         return Ignored("not_addressed")
 
@@ -179,6 +187,9 @@ def to_inbound(envelope: dict[str, Any], bot: BotIdentity, names: Mapping[str, s
         received_at=received_at,
         event_id=str(envelope["event_id"]) if envelope.get("event_id") else None,
         addressed=addressed,
+        quoted=ContextMessage(f"{channel}:{thread_ts}") if thread_ts and thread_ts != ts else None,
+        context_only=not is_dm and not thread_ts and not addressed,
+        opens_thread=not is_dm and not thread_ts and addressed,
     )
 
 

@@ -39,18 +39,25 @@ from adapters.telegram.request import AiohttpRequest
 from adapters.telegram.wire import update_id_of, update_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
 from gateway.core.errors import CredentialRejected
-from gateway.core.ports import BeforePart, InboundSink, PartSent
+from gateway.core.ports import BeforePart, ChatLeft, InboundSink, PartSent
 from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
 
 log = logging.getLogger("adapters.telegram")
 
 WEBHOOK_PATH = "/telegram/webhook"
-ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
+ALLOWED_UPDATES = ["message", "edited_message", "callback_query", "my_chat_member"]
+GONE_STATUSES = frozenset({"left", "kicked"})
+"""ChatMember statuses of a bot no longer in the chat (Bot API ``my_chat_member``)."""
 PRIVACY_WARNING = (
     "telegram privacy mode is on for @%s (getMe: can_read_all_group_messages is false): in groups "
     "Telegram delivers only /commands and replies to the bot, so plain messages that @mention it may "
     "never arrive. Turn it off with @BotFather /setprivacy (then remove and re-add the bot to each "
     "group) or make the bot a group admin"
+)
+GROUP_CONTEXT_PRIVACY_WARNING = (
+    "telegram privacy mode is on for @%s: group context (sessions.group_context_messages) stays empty, "
+    "because Telegram does not deliver group messages that are not addressed to the bot. Turn privacy "
+    "mode off with @BotFather /setprivacy (then remove and re-add the bot to each group)"
 )
 
 
@@ -89,6 +96,8 @@ class TelegramAdapter:
         webhook_url: when set, registered with ``setWebhook`` at start.
         poll_timeout_s: long-poll ``timeout`` of ``getUpdates``.
         menu: the native command menus per audience (``CommandMenu``; default: help and stop).
+        group_context: hand group messages not addressed to the bot to the sink as
+            ``context_only`` (some chat keeps group context); otherwise they are ignored here.
     """
 
     platform = "telegram"
@@ -96,8 +105,9 @@ class TelegramAdapter:
 
     def __init__(self, *, token: str, base_url: str = "https://api.telegram.org", mode: str = "polling",
                  webhook_secret: str | None = None, webhook_url: str | None = None, poll_timeout_s: int = 30,
-                 menu: CommandMenu | None = None) -> None:
+                 menu: CommandMenu | None = None, group_context: bool = False) -> None:
         root = base_url.rstrip("/")
+        self._group_context = group_context
         self.bot = Bot(
             token,
             base_url=f"{root}/bot",
@@ -111,6 +121,7 @@ class TelegramAdapter:
         self._poll_timeout = poll_timeout_s
         self._menu = menu or CommandMenu()
         self._sink: InboundSink | None = None
+        self._chat_left: ChatLeft | None = None
         self._identity: BotIdentity | None = None
         self._poller: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -140,6 +151,8 @@ class TelegramAdapter:
         log.info("telegram bot @%s (%s) starting in %s mode", me.username, me.id, self.mode)
         if not me.can_read_all_group_messages:
             log.warning(PRIVACY_WARNING, me.username)
+            if self._group_context:
+                log.warning(GROUP_CONTEXT_PRIVACY_WARNING, me.username)
         await self._set_menus()
         if self.mode == "webhook" and self._webhook_url:
             await self.bot.set_webhook(self._webhook_url, secret_token=self._webhook_secret,
@@ -192,6 +205,10 @@ class TelegramAdapter:
             me = await self.bot.get_me()
         return f"bot @{me.username} (id {me.id})"
 
+    def bind_chat_left(self, callback: ChatLeft) -> None:
+        """``callback`` learns of each group the bot was removed from (``my_chat_member``)."""
+        self._chat_left = callback
+
     # -- inbound -----------------------------------------------------------------------------
     async def _poll(self) -> None:
         offset: int | None = None
@@ -233,6 +250,13 @@ class TelegramAdapter:
         An update the translation still cannot read is logged once at WARNING and dropped: asking
         for it again would fail the same way. Raises only when storing failed."""
         assert self._identity is not None and self._sink is not None
+        member = update.my_chat_member
+        if member is not None:  # the bot's own membership changed (Bot API: ChatMemberUpdated)
+            now = member.new_chat_member
+            gone = now.status in GONE_STATUSES and now.user.id == self._identity.id
+            if gone and member.chat.type != "private" and self._chat_left is not None:
+                await self._chat_left(ChatAddress("telegram", str(self._identity.id), str(member.chat.id)))
+            return
         try:
             if update.callback_query is not None:
                 try:
@@ -241,7 +265,7 @@ class TelegramAdapter:
                     log.warning("answerCallbackQuery failed: %s", exc)
                 result = callback_to_inbound(update, self._identity)
             else:
-                result = to_inbound(update, self._identity)
+                result = to_inbound(update, self._identity, ambient=self._group_context)
         except Exception as exc:
             log.warning("telegram update %s could not be read (%s); acknowledged and dropped", update.update_id,
                         type(exc).__name__)

@@ -6,7 +6,14 @@ Rules (PLATFORMS.md §1.2, Telegram Bot API "Message"/"MessageEntity"):
 - in groups the bot answers only when addressed: an ``@username`` mention, ``/cmd@username``,
   a bare ``/cmd``, or a reply to one of the bot's own messages;
 - entity offsets and lengths are UTF-16 code units;
-- edited messages, messages from bots (the bot itself included) and service messages are ignored.
+- edited messages, messages from bots (the bot itself included) and service messages are ignored;
+- a reply carries what it replies to (``quoted``): ``reply_to_message`` (its text or caption and its
+  media), or only the part the user selected when the message has a ``quote`` (Bot API 7.0 TextQuote;
+  also for a reply to another chat's message, ``external_reply``); in a forum topic the topic's
+  creation message, which every topic message "replies" to, is not a reply;
+- with ``ambient`` (group context configured), a group message not addressed to the bot becomes a
+  ``context_only`` message instead of being ignored (Telegram delivers those only with privacy mode
+  off).
 """
 
 from __future__ import annotations
@@ -14,9 +21,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from telegram import Message, MessageEntity, Update
+from telegram import Message, MessageEntity, Update, User
 
-from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, ContextMessage, InboundMessage, Sender
 
 _SPACES = re.compile(r"[ \t]{2,}")
 
@@ -63,8 +70,43 @@ def _attachments(message: Message) -> tuple[Attachment, ...]:
     return tuple(found)
 
 
-def to_inbound(update: Update, bot: BotIdentity) -> InboundMessage | Ignored:
-    """Normalizes one update. Pure: no I/O, no clock other than the message's own date."""
+def _name(user: User | None) -> str:
+    return " ".join(p for p in (user.first_name, user.last_name) if p) if user is not None else ""
+
+
+def _quoted(message: Message, bot: BotIdentity) -> ContextMessage | None:
+    """What ``message`` replies to, or ``None``. Telegram Bot API "Message": ``reply_to_message``
+    (for replies in the same chat), ``external_reply`` (a message of another chat or topic), and
+    ``quote`` (TextQuote: the part of the replied-to message the user selected)."""
+    reply, quote = message.reply_to_message, message.quote
+    if reply is not None and (reply.forum_topic_created is not None or (
+            message.is_topic_message and reply.message_id == message.message_thread_id)):
+        reply = None  # a forum topic's messages all "reply" to the topic's creation message
+    if reply is not None:
+        author = reply.from_user
+        text = reply.text if reply.text is not None else (reply.caption or "")
+        name = _name(author) or (reply.sender_chat.title or "" if reply.sender_chat is not None else "")
+        return ContextMessage(
+            f"{reply.chat.id}:{reply.message_id}", quote.text if quote is not None else text, name,
+            reply.date.timestamp() if reply.date else 0.0, _attachments(reply),
+            from_bot=author is not None and author.id == bot.id, partial=quote is not None)
+    external = message.external_reply
+    if quote is not None and external is not None:  # the quoted message is in another chat
+        origin = external.origin
+        name = _name(getattr(origin, "sender_user", None)) or getattr(origin, "sender_user_name", None) or ""
+        chat = getattr(origin, "chat", None) or getattr(origin, "sender_chat", None)
+        name = name or (chat.title or "" if chat is not None else "")
+        where = external.chat.id if external.chat is not None else "external"
+        return ContextMessage(f"{where}:{external.message_id or 0}", quote.text, name,
+                              origin.date.timestamp() if origin.date else 0.0, partial=True)
+    return None
+
+
+def to_inbound(update: Update, bot: BotIdentity, *, ambient: bool = False) -> InboundMessage | Ignored:
+    """Normalizes one update. Pure: no I/O, no clock other than the message's own date.
+
+    ``ambient``: a group message not addressed to the bot is returned as a ``context_only``
+    message (kept as group context) instead of ``Ignored("not_addressed")``."""
     if update.edited_message is not None or update.edited_channel_post is not None:
         return Ignored("edited_message")
     message = update.message
@@ -108,7 +150,7 @@ def to_inbound(update: Update, bot: BotIdentity) -> InboundMessage | Ignored:
         addressed = True
 
     is_dm = chat.type == "private"
-    if not is_dm and not addressed:
+    if not is_dm and not addressed and not ambient:
         return Ignored("not_addressed")
 
     for start, end in sorted(mention_spans, reverse=True):
@@ -132,6 +174,9 @@ def to_inbound(update: Update, bot: BotIdentity) -> InboundMessage | Ignored:
         attachments=attachments,
         received_at=message.date.timestamp() if message.date else 0.0,
         event_id=str(update.update_id),
+        addressed=is_dm or addressed,
+        quoted=_quoted(message, bot),
+        context_only=not is_dm and not addressed,
     )
 
 

@@ -29,11 +29,12 @@ from agent.routing import HealthBoard, HealthSettings, RoutedModel
 from agent.skills import SkillLibrary, load_skill_tool, with_catalogue
 from agent.tools import ToolRegistry
 from gateway.admin.views import admin_routes
+from gateway.bus.conversation import ConversationContext
 from gateway.bus.lanes import SessionBus
 from gateway.bus.turns import TurnRunner
 from gateway.core.config import GatewayConfig
 from gateway.core.ports import Adapter
-from gateway.core.types import InboundMessage
+from gateway.core.types import ChatAddress, InboundMessage
 from gateway.delivery.outbox import Delivery
 from gateway.delivery.streaming import StreamHub
 from gateway.delivery.typing import TypingIndicators
@@ -57,6 +58,7 @@ from gateway.scheduler.tool import schedule_report_tool
 from gateway.sessions.commands import Commands, first_answer
 from gateway.sessions.conversations import TranscriptReader
 from gateway.sessions.directory import Directory
+from gateway.sessions.group_context import GroupContextStore
 from gateway.sessions.resets import ResetPolicy
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import Store
@@ -71,6 +73,8 @@ SEND_GRACE_S = 5.0
 """A send still in flight at the stop deadline gets this long to finish (a send cut mid-call is
 recorded ``unconfirmed`` and never repeated, so it may be lost)."""
 
+GROUP_CONTEXT_SWEEP_S = 600.0
+"""How often kept group messages past ``sessions.group_context_hours`` are deleted."""
 
 
 class Gateway:
@@ -95,6 +99,8 @@ class Gateway:
         for adapter in adapters:  # channels that show the conversation themselves (the web chat)
             if callable(getattr(adapter, "bind_conversations", None)):
                 adapter.bind_conversations(TranscriptReader(self.engine, self.run_db))  # type: ignore[attr-defined]
+            if callable(getattr(adapter, "bind_chat_left", None)):  # the bot was removed: forget the chat
+                adapter.bind_chat_left(self._chat_left)  # type: ignore[attr-defined]
         self.store = Store(self.engine)
         self.jobs = JobStore(self.engine)
         self.bridge = AsyncBridge()
@@ -163,6 +169,10 @@ class Gateway:
                                 dangerous_shell=tuple(re.compile(p) for p in config.approvals.dangerous_shell_patterns),
                                 timeout_s=config.approvals.timeout_s,
                                 admin_reachable=bool(config.access.admins) or admin_pages_on(config))
+        # Conversation context: replied-to messages, threads read from the platform, group context.
+        self.group_context = GroupContextStore(self.engine)
+        self.conversation = ConversationContext(adapters=self.adapters, sessions=sessions,
+                                                group_context=self.group_context, redact=self.redact)
         self.runner = TurnRunner(
             approvals=self.approvals, policy=policy, redact=self.redact, wake=self._wake_delivery,
             store=self.store, agents=self.agents, spec=self.agent_spec, bridge=self.bridge,
@@ -177,6 +187,7 @@ class Gateway:
             window=config.llm.window_policy(config.llm.route_window()),
             metrics=self.metrics, memory=self.memory,
             trusted=lambda message, user_id: self.inbound.trusted(message),
+            conversation=self.conversation,
         )
         self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
@@ -209,8 +220,9 @@ class Gateway:
         self.inbound = Inbound(config=config, store=self.store, directory=self.directory, approvals=self.approvals,
                                runner=self.runner, bus=self.bus, metrics=self.metrics, redact=self.redact,
                                run_db=self.run_db, model_name=lambda: self.agent_spec.model,
-                               wake_delivery=self.delivery.wake)
+                               wake_delivery=self.delivery.wake, group_context=self.group_context)
         self._receivers: list[asyncio.Task[None]] = []
+        self._housekeeping: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.started = False
@@ -272,6 +284,8 @@ class Gateway:
             self.agent_spec = dataclasses.replace(self.agent_spec, toolset=tuple(self.tools.tools))
             self.runner.spec = self.agent_spec
         self.streams.bind(asyncio.get_running_loop())
+        self.conversation.bind(asyncio.get_running_loop())
+        self._housekeeping.append(asyncio.create_task(self._expire_group_context()))
         await self.bus.start()
         await self.delivery.start()
         if self.pushes is not None:
@@ -347,6 +361,9 @@ class Gateway:
             await self._runner.cleanup()
             self._runner = None
         await self.bus.stop()
+        for task in self._housekeeping:
+            task.cancel()
+        await asyncio.gather(*self._housekeeping, return_exceptions=True)
         finished = not self.unfinished_turns
         # Turns the deadline cut keep their threads; ``gateway run`` exits without waiting for them.
         await loop.run_in_executor(None, functools.partial(self._workers.shutdown, wait=finished,
@@ -357,6 +374,35 @@ class Gateway:
         await self.instance.release()  # last: nothing of ours holds a lease now
         self._db_pool.shutdown(wait=True)
         self.engine.dispose()
+
+    async def _chat_left(self, address: ChatAddress) -> None:
+        """The bot is no longer in ``address``'s chat: what was kept of it as group context is
+        deleted at once (``ChatLeft``; never raises)."""
+        try:
+            deleted = await self.run_db(self.group_context.forget_chat, address.platform, address.tenant,
+                                        address.chat_id)
+        except Exception as exc:  # retention deletes it later anyway
+            log.warning("%s: group context of chat %s not deleted (%s)", address.platform, address.chat_id,
+                        type(exc).__name__)
+            return
+        log.info("%s: the bot left chat %s; %d kept group message(s) deleted", address.platform, address.chat_id,
+                 deleted)
+
+    async def _expire_group_context(self) -> None:
+        """Deletes kept group messages older than ``sessions.group_context_hours``, in every chat,
+        every ``GROUP_CONTEXT_SWEEP_S`` (a chat's own are also trimmed whenever it gets one); with
+        group context off everywhere, everything kept earlier."""
+        sessions = self.config.sessions
+        max_age_s = sessions.group_context_hours * 3600 if sessions.most_group_context() > 0 else 0.0
+        while True:
+            try:
+                deleted = await self.run_db(functools.partial(self.group_context.prune, max_age_s=max_age_s))
+                if deleted:
+                    log.info("group context: %d message(s) older than %s h deleted", deleted,
+                             self.config.sessions.group_context_hours)
+            except Exception as exc:  # the database is away: next round
+                log.warning("group context expiry failed (%s); retrying later", type(exc).__name__)
+            await asyncio.sleep(GROUP_CONTEXT_SWEEP_S)
 
     async def receive(self, message: InboundMessage) -> bool:
         """The adapters' sink (``Inbound.receive``)."""

@@ -28,6 +28,7 @@ from agent.model import ModelError, Usage
 from agent.tracing import end_agent, invoke_agent
 from gateway.bus.compression import Compressor, FitOnOverflow
 from gateway.bus.context import user_meta
+from gateway.bus.conversation import ConversationContext
 from gateway.core.errors import TurnInterrupted
 from gateway.core.session_keys import is_dm_key
 from gateway.core.types import CURRENT_MESSAGE, InboundMessage, OutboundMessage
@@ -95,6 +96,8 @@ class TurnRunner:
         trusted: ``(message, user id) -> bool``: may the turn's requester approve their own calls
             of tools that need approval (open access: admins and approved users only; otherwise an
             admin decides). Asked on the worker thread.
+        conversation: adds what each user message replies to, its thread's earlier messages and the
+            group's recent ones to that message's meta before the turn (``None``: none).
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
@@ -106,8 +109,10 @@ class TurnRunner:
                  approvals: Approvals | None = None, policy: ApprovalPolicy | None = None,
                  redact: Callable[[str], str] = lambda text: text, wake: Callable[[], None] = lambda: None,
                  memory: MemoryService | None = None,
-                 trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True) -> None:
+                 trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True,
+                 conversation: ConversationContext | None = None) -> None:
         self.memory = memory
+        self.conversation = conversation
         self.trusted = trusted
         self.job_commands = job_commands
         self.store = store
@@ -239,6 +244,7 @@ class TurnRunner:
             opened = self.store.open_session(key, self.prompt, self.history_window, owner)
             notice = f"({self.reset.describe()}: this is a new conversation; the last one is in /sessions.)\n\n"
         session_id, system_prompt, window = opened.session_id, opened.system_prompt, list(opened.window)
+        fresh = not window and opened.summary is None  # nothing before this turn: a thread never seen
         span.set_attribute("gen_ai.conversation.id", session_id)
         # User messages are written with the turn's first step (or its end), not before: until then
         # the inbox row is still pending, so a crash loses nothing and a rerun writes them once.
@@ -247,12 +253,16 @@ class TurnRunner:
             pending_turn = f"in{pending.inbox_id}"
             if (pending_turn, "user") not in present:
                 meta = user_meta(pending.message, time.time(), budget=initial_note(self.limits))
+                if self.conversation is not None:  # stored with it: fetched once, replayed byte for byte
+                    meta = self.conversation.annotate(meta, pending.message, window=window, fresh=fresh)
+                    fresh = False  # a merged batch's later messages: their thread is in this one's meta
                 text = self.redact(pending.message.text)  # a pasted secret never reaches the model
                 if self.memory is not None and pending is last:  # stored with it: replays render the same bytes
                     meta = self.memory.annotate(meta, key=key, query=text, window=window)
                 unwritten.append(NewMessage(pending_turn, "user", text,
                                             {"meta": meta, "platform_message_id": pending.message.message_id}))
-                window.append(StoredMessage(0, pending_turn, "user", text, None, None, None, meta))
+                window.append(StoredMessage(0, pending_turn, "user", text, None, None, None, meta,
+                                            pending.message.message_id))
 
         def record(msg: dict[str, Any], usage: Usage | None, meta: dict[str, Any] | None) -> None:
             fields = {"tool_calls": msg.get("tool_calls"), "tool_call_id": msg.get("tool_call_id"), "meta": meta}

@@ -401,6 +401,48 @@ class SessionsConfig(_Section):
     daily_reset_hour: int | None = None
     """Start a fresh conversation after this hour each day (in ``reset_timezone``)."""
     reset_timezone: str = "UTC"
+    quote_max_chars: int = Field(default=1000, ge=50)
+    """Longest text of a replied-to message shown with a reply (and of each earlier message shown as
+    context); a longer one keeps its head and says how much was cut."""
+    thread_context_messages: int = Field(default=50, ge=0, le=1000)
+    """Slack, Feishu: when the bot is mentioned in a thread it is not part of yet, this many of the
+    thread's earlier messages are read and shown (the parent and the newest kept); 0: never read."""
+    context_max_tokens: int = Field(default=2000, ge=100)
+    """Most tokens (estimated) that the earlier messages shown with one message take (a thread's, or
+    the group's); the oldest are left out first (a thread's parent stays)."""
+    group_context_messages: int = Field(default=0, ge=0, le=200)
+    """Group context: the last this-many group messages not addressed to the bot are kept and shown
+    when it is mentioned there (0: off, nothing kept). Per chat: ``group_context_chats``."""
+    group_context_hours: float = Field(default=24.0, gt=0)
+    """Group messages kept as context are deleted after this many hours (and never shown older)."""
+    group_context_chats: dict[str, int] = Field(default_factory=dict)
+    """Per-chat ``group_context_messages`` overriding the default: ``{"telegram:-1001234567890" = 20,
+    "slack:C0123" = 0}`` (entries ``platform:chat_id``, as in ``access.allowed_chats``)."""
+
+    def group_context_for(self, platform: str, chat_id: str) -> int:
+        """How many unaddressed messages of this chat are kept and shown (0: none)."""
+        return self.group_context_chats.get(f"{platform}:{chat_id}", self.group_context_messages)
+
+    def group_context_on(self, platform: str) -> bool:
+        """Whether any chat of ``platform`` may keep group context (adapters then hand over
+        unaddressed group messages)."""
+        return self.group_context_messages > 0 or any(
+            n > 0 for entry, n in self.group_context_chats.items() if entry.partition(":")[0] == platform)
+
+    def most_group_context(self) -> int:
+        """The largest per-chat count configured (how many rows retention may keep per chat)."""
+        return max([self.group_context_messages, *self.group_context_chats.values()])
+
+    @field_validator("group_context_chats")
+    @classmethod
+    def _check_chats(cls, value: dict[str, int]) -> dict[str, int]:
+        for entry, count in value.items():
+            platform, _, chat = entry.partition(":")
+            if not platform or not chat:
+                raise ValueError(f"{entry!r}: entries are 'platform:chat_id' (e.g. 'telegram:-1001234567890')")
+            if not 0 <= count <= 200:
+                raise ValueError(f"{entry!r}: between 0 and 200 messages")
+        return value
 
 
 class TelemetryConfig(_Section):

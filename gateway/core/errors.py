@@ -30,3 +30,9 @@ class CredentialRejected(GatewayError):
 class TurnInterrupted(GatewayError):
     """A turn stopped at a step boundary because the gateway is stopping: its inbox rows stay
     pending and it resumes from the transcript at the next start (nothing was sent for it)."""
+
+
+class ContextUnavailable(GatewayError):
+    """A platform would not give the earlier messages a turn wanted to show (a missing scope, a
+    thread or message that is gone, a rate limit); ``str(exc)`` says why in plain words and never
+    holds a secret. Raised by ``ContextReader`` methods; the turn goes on without that context."""

@@ -7,7 +7,14 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+from gateway.core.types import (
+    ChatAddress,
+    ContextMessage,
+    DeliveryResult,
+    InboundMessage,
+    OutboundMessage,
+    ThreadHistory,
+)
 
 PartSent = Callable[[str], Awaitable[None]]
 """Called by ``Adapter.send`` with each part's platform message id as soon as it is delivered."""
@@ -15,6 +22,11 @@ PartSent = Callable[[str], Awaitable[None]]
 BeforePart = Callable[[int], Awaitable[None]]
 """Called by ``Adapter.send`` with a part's index right before that part's API call. It raises
 (and the adapter must let it propagate) when the reply may no longer be sent by us."""
+
+ChatLeft = Callable[[ChatAddress], Awaitable[None]]
+"""Told by an adapter that the bot is no longer in a chat (removed, or the chat is gone): the
+gateway forgets what it kept of that chat (group context). Adapters that can tell offer
+``bind_chat_left(callback)``; the callback never raises."""
 
 InboundSink = Callable[[InboundMessage], Awaitable[bool]]
 """Stores a normalized message durably; returns ``False`` for a duplicate. Raises if storing failed
@@ -37,6 +49,39 @@ class EditingAdapter(Protocol):
 def can_edit(adapter: object) -> bool:
     """Whether ``adapter`` has the optional ``edit`` capability."""
     return callable(getattr(adapter, "edit", None))
+
+
+class ContextReader(Protocol):
+    """Optional capability: read earlier messages from the platform, so a turn can show the model
+    what a message replies to and the thread it was posted in (``gateway.bus.conversation``).
+
+    Both run on the main loop, called from a turn's worker thread; the gateway bounds them in time
+    and goes on without the context when they fail. Texts come back as the platform's plain text
+    (mentions readable, the bot's own removed), with author names where the platform gives them.
+    """
+
+    async def read_message(self, message: InboundMessage) -> ContextMessage | None:
+        """``message.quoted`` read in full (its ``text`` was ``None``: the event named it only), or
+        ``None`` when the platform no longer has it.
+
+        Raises:
+            ContextUnavailable: the platform refused (missing scope, rate limit, ...).
+        """
+        ...
+
+    async def read_thread(self, message: InboundMessage, limit: int) -> ThreadHistory:
+        """The messages posted in ``message``'s thread before it (the thread's parent included),
+        oldest first, at most ``limit`` of them (the parent and the newest are kept).
+
+        Raises:
+            ContextUnavailable: the platform refused (missing scope, rate limit, ...).
+        """
+        ...
+
+
+def can_read_context(adapter: object) -> bool:
+    """Whether ``adapter`` has the optional ``ContextReader`` capability."""
+    return callable(getattr(adapter, "read_message", None)) and callable(getattr(adapter, "read_thread", None))
 
 
 class Adapter(Protocol):

@@ -63,6 +63,54 @@ class Attachment:
 
 
 @dataclass(frozen=True, slots=True)
+class ContextMessage:
+    """An earlier message shown to the model for context, never a turn of its own: what a message
+    replies to, an earlier message of its thread, or a group message not addressed to the bot.
+
+    Attributes:
+        message_id: the platform's id of that message, in the form ``InboundMessage.message_id``
+            uses (Telegram ``"<chat_id>:<message_id>"``, Slack ``"<channel>:<ts>"``, Feishu ``om_…``).
+        text: its text (captions included); ``None`` when the event named the message but did not
+            carry it (Slack thread parent, Feishu ``parent_id``): ``ContextReader.read_message``
+            reads it then.
+        author: display name of who wrote it (``""`` when unknown).
+        sent_at: epoch seconds (``0.0`` when unknown).
+        attachments: its files (the reference to fetch them, as on ``InboundMessage``).
+        from_bot: this bot wrote it.
+        partial: only this part of the message was quoted (Telegram ``quote``).
+    """
+
+    message_id: str
+    text: str | None = None
+    author: str = ""
+    sent_at: float = 0.0
+    attachments: tuple[Attachment, ...] = ()
+    from_bot: bool = False
+    partial: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ContextMessage:
+        return cls(message_id=data["message_id"], text=data.get("text"), author=data.get("author", ""),
+                   sent_at=data.get("sent_at", 0.0),
+                   attachments=tuple(Attachment(**a) for a in data.get("attachments", ())),
+                   from_bot=data.get("from_bot", False), partial=data.get("partial", False))
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadHistory:
+    """Earlier messages of a thread as the platform returned them (``ContextReader.read_thread``):
+    ``messages`` oldest first; ``omitted``: messages read but left out by the count cap; ``unread``:
+    the thread holds messages that were not read at all (beyond the pages read, or a page refused)."""
+
+    messages: tuple[ContextMessage, ...] = ()
+    omitted: int = 0
+    unread: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class InboundMessage:
     """A platform message normalized for the gateway (the adapter's only product).
 
@@ -81,6 +129,14 @@ class InboundMessage:
         event_id: the platform's delivery/event id (Telegram ``update_id``), when it has one.
         addressed: ``False`` for a group/thread message that did not mention the bot: the gateway
             takes it only when its session already exists (a thread the bot is part of).
+        quoted: the message this one replies to (Telegram ``reply_to_message`` / ``quote``, Slack
+            thread parent, Feishu ``parent_id``), or ``None``; its ``text`` is ``None`` when only
+            the id came with the event.
+        context_only: a group message not for the bot and outside any thread it follows (adapters
+            hand these over only when group context is configured): never a turn, only kept as
+            group context (``sessions.group_context_messages``).
+        opens_thread: the message is top level and its reply opens a thread under it (Slack
+            channel mentions): its group context is the chat's top-level messages, not the thread's.
     """
 
     address: ChatAddress
@@ -94,6 +150,9 @@ class InboundMessage:
     received_at: float = field(default_factory=time.time)
     event_id: str | None = None
     addressed: bool = True
+    quoted: ContextMessage | None = None
+    context_only: bool = False
+    opens_thread: bool = False
 
     @property
     def platform(self) -> str:
@@ -117,6 +176,9 @@ class InboundMessage:
             received_at=data.get("received_at", 0.0),
             event_id=data.get("event_id"),
             addressed=data.get("addressed", True),
+            quoted=ContextMessage.from_dict(data["quoted"]) if data.get("quoted") else None,
+            context_only=data.get("context_only", False),
+            opens_thread=data.get("opens_thread", False),
         )
 
 

@@ -386,6 +386,34 @@ class InstanceRow(Base):
     heartbeat_at: Mapped[float] = mapped_column(Float)
 
 
+class GroupMessageRow(Base):
+    """A group message not addressed to the bot, kept as group context (``gateway.sessions.group_context``)
+    for chats with ``sessions.group_context_messages`` on: cleaned and redacted like the inbox, at
+    most that many per chat, deleted after ``sessions.group_context_hours``."""
+
+    __tablename__ = "group_messages"
+    __table_args__ = (
+        UniqueConstraint("platform", "tenant", "platform_message_id", name="uq_group_messages_platform_message"),
+        Index("ix_group_messages_chat", "platform", "tenant", "chat_id", "received_at"),
+        Index("ix_group_messages_stored_at", "stored_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    platform: Mapped[str] = mapped_column(String(32))
+    tenant: Mapped[str] = mapped_column(String(128))
+    chat_id: Mapped[str] = mapped_column(String(255))
+    thread_id: Mapped[str | None] = mapped_column(String(255))
+    """The thread or forum topic it was posted in (``None``: the chat's top level)."""
+    platform_message_id: Mapped[str] = mapped_column(String(255))
+    author: Mapped[str] = mapped_column(String(255))
+    text: Mapped[str] = mapped_column(Text)
+    attachments: Mapped[list[Any]] = mapped_column(JSON)
+    received_at: Mapped[float] = mapped_column(Float)
+    """The platform's time of the message (orders the context)."""
+    stored_at: Mapped[float] = mapped_column(Float)
+    """When the gateway kept it (retention counts from here)."""
+
+
 # The FTS5 index is not a SQLAlchemy table: dropping ``memories`` (tests reset with drop_all) drops it too.
 event.listen(MemoryRow.__table__, "after_drop",
              DDL("DROP TABLE IF EXISTS memories_fts").execute_if(dialect="sqlite"))

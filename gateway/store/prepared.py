@@ -92,7 +92,7 @@ LATEST_SUMMARY = (
 
 WINDOW = (
     select(_messages.c.id, _messages.c.turn_id, _messages.c.role, _messages.c.content, _messages.c.tool_calls,
-           _messages.c.tool_call_id, _messages.c.name, _messages.c.meta)
+           _messages.c.tool_call_id, _messages.c.name, _messages.c.meta, _messages.c.platform_message_id)
     .where(_messages.c.session_id == bindparam("b_session"), _messages.c.id > bindparam("b_after"))
     .order_by(_messages.c.id.desc())
     .limit(bindparam("b_limit"))

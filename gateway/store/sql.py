@@ -90,6 +90,8 @@ class StoredMessage:
     tool_call_id: str | None
     name: str | None
     meta: dict[str, Any] | None
+    platform_message_id: str | None = None
+    """The platform's id of a user message (as ``InboundMessage.message_id``), else ``None``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import re
 import time
 from typing import Any
 
-from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, ContextMessage, InboundMessage, Sender
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 MAX_NAME_CHARS = 255
@@ -79,4 +79,24 @@ def storable_inbound(message: InboundMessage) -> InboundMessage:
                                      _clean(a.mime_type, MAX_NAME_CHARS), a.size) for a in message.attachments),
         received_at=float(received_at),
         event_id=_clean(message.event_id),
+        quoted=storable_context(message.quoted) if message.quoted is not None else None,
     )
+
+
+def storable_attachment(attachment: Attachment) -> Attachment:
+    """``attachment`` with its handle, name and MIME type made storable (names clipped)."""
+    return dataclasses.replace(attachment, file_id=storable_text(attachment.file_id),
+                               name=_clean(attachment.name, MAX_NAME_CHARS),
+                               mime_type=_clean(attachment.mime_type, MAX_NAME_CHARS))
+
+
+def storable_context(message: ContextMessage) -> ContextMessage:
+    """A context message (a quoted one, a thread's, a group's) with every string made storable, its
+    author clipped to ``MAX_NAME_CHARS`` and a time outside 1970-9999 replaced by ``0.0`` (unknown)."""
+    sent_at = message.sent_at
+    if not (isinstance(sent_at, int | float) and math.isfinite(sent_at) and 0 <= sent_at <= LATEST_TIME):
+        sent_at = 0.0
+    return dataclasses.replace(
+        message, message_id=storable_text(message.message_id), text=_clean(message.text),
+        author=_clean(message.author, MAX_NAME_CHARS) or "", sent_at=float(sent_at),
+        attachments=tuple(storable_attachment(a) for a in message.attachments))

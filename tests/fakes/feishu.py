@@ -10,7 +10,10 @@ the long connection's protobuf frames):
 - ``receive_id_type`` required; ``content`` must be a JSON string whose object matches ``msg_type``;
   request bodies over 150 KB (text) / 30 KB (post, interactive) answer 230025; ``uuid`` (≤ 50 chars)
   dedupes creates and replies (the first message is returned again, nothing new is stored);
-- reply targets must exist (messages learned from posted events or sent by the bot); ``reply_in_thread``
+- reply targets must exist (messages learned from posted events, seeded with ``seed_message``, or sent
+  by the bot); ``GET …/messages/{id}`` returns one, ``GET …/messages?container_id_type=chat|thread``
+  lists a chat's or thread's (``page_size`` ≤ 50, ``sort_type``, ``page_token``/``has_more``), both
+  refused with 99991672 while ``can_read_messages`` is false; ``reply_in_thread``
   puts the reply in the target's thread (a new ``omt_`` one when it had none); edits (PUT) ≤ 20 per
   message and only of the bot's text/post messages; PATCH only on interactive cards sent with
   ``config.update_multi: true`` (shared cards);
@@ -65,7 +68,7 @@ MSG_TYPES = {"text", "post", "image", "file", "audio", "media", "sticker", "inte
 @dataclass
 class Call:
     """One recorded API call: ``route`` (``token``, ``bot_info``, ``create``, ``reply``, ``update``,
-    ``patch``, ``get``, ``delete``, ``reaction``, ``reaction_delete``, ``resource``, ``user``,
+    ``patch``, ``get``, ``list``, ``delete``, ``reaction``, ``reaction_delete``, ``resource``, ``user``,
     ``ws_endpoint``),
     the HTTP ``method``/``path``/``query``, the JSON ``body``, the decoded ``content`` (or ``None``), the
     Bearer ``token`` and what the fake answered (``status``, Feishu ``code``). ``time`` is monotonic."""
@@ -142,6 +145,15 @@ def validate_content(msg_type: str, content: Any) -> Any:
     elif msg_type in ("file", "audio", "media", "sticker") and not decoded.get("file_key"):
         raise _bad_content(f"{msg_type} content needs file_key")
     return decoded
+
+
+def _dig(value: Any, *keys: str) -> Any:
+    """``value[k1][k2]…`` when every level is an object, else ``None`` (hostile events nest anything)."""
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
 
 
 def encrypt_body(plaintext: bytes, encrypt_key: str, iv: bytes | None = None) -> str:
@@ -229,6 +241,8 @@ class FakeFeishu(ThreadedServer):
         self._ws_acks: dict[str, JSON] = {}
         self.ws_endpoint_hangs = 0
         """The next this-many ``/callback/ws/endpoint`` calls never answer (a silent network)."""
+        self.can_read_messages = True
+        """The app holds a message-read permission (``get`` and ``list`` answer 99991672 otherwise)."""
 
     # ---- test-facing API -------------------------------------------------------------------------
 
@@ -248,6 +262,7 @@ class FakeFeishu(ThreadedServer):
         self.latency.clear()
         self.invalid_token_status = 400
         self.ws_endpoint_hangs = 0
+        self.can_read_messages = True
 
     def calls(self, route: str | None = None) -> list[Call]:
         """Recorded calls in arrival order, optionally only those of ``route``."""
@@ -310,10 +325,10 @@ class FakeFeishu(ThreadedServer):
                    sender: str = "ou_fakealice00000000000000000000001", mention_bot: bool = False,
                    mentions: list[tuple[str, str]] = (), thread_id: str | None = None,
                    message_id: str | None = None, event_id: str | None = None, message_type: str = "text",
-                   content: JSON | None = None) -> JSON:
+                   content: JSON | None = None, parent_id: str = "", root_id: str = "") -> JSON:
         """A schema 2.0 ``im.message.receive_v1`` body. ``mention_bot`` prefixes ``@_user_1`` (the bot);
         ``mentions`` adds ``(open_id, name)`` users as ``@_user_2…`` (append their keys to ``text``
-        yourself). Ids default to fresh unique values."""
+        yourself); ``parent_id`` makes it a reply to that message. Ids default to fresh unique values."""
         people = ([(self.bot_open_id, "Gateway")] if mention_bot else []) + list(mentions)
         entries = [{"key": f"@_user_{i}", "id": {"open_id": oid, "union_id": "", "user_id": ""}, "name": name,
                     "tenant_key": self.tenant_key} for i, (oid, name) in enumerate(people, start=1)]
@@ -321,7 +336,8 @@ class FakeFeishu(ThreadedServer):
             text = f"@_user_1 {text}"
         now = str(int(time.time() * 1000))
         message: JSON = {
-            "message_id": message_id or f"om_evt{uuid_lib.uuid4().hex[:24]}", "root_id": "", "parent_id": "",
+            "message_id": message_id or f"om_evt{uuid_lib.uuid4().hex[:24]}", "root_id": root_id or parent_id,
+            "parent_id": parent_id,
             "create_time": now, "update_time": now, "chat_id": chat_id, "chat_type": chat_type,
             "message_type": message_type, "content": json.dumps(content if content is not None else {"text": text}),
             "mentions": entries,
@@ -492,6 +508,7 @@ class FakeFeishu(ThreadedServer):
             web.post(base + "/{message_id}/reply", self._api("reply", self._reply)),
             web.put(base + "/{message_id}", self._api("update", self._update)),
             web.patch(base + "/{message_id}", self._api("patch", self._patch)),
+            web.get(base, self._api("list", self._list)),
             web.get(base + "/{message_id}", self._api("get", self._get)),
             web.delete(base + "/{message_id}", self._api("delete", self._delete)),
             web.post(base + "/{message_id}/reactions", self._api("reaction", self._reaction)),
@@ -514,19 +531,48 @@ class FakeFeishu(ThreadedServer):
             return faults.popleft() if faults else None
 
     def _learn(self, body: JSON) -> None:
-        """Remembers a user message from an event (so replies to it can be validated); a malformed
-        event (tests send those too) is not Feishu's and is not learned."""
+        """Remembers a user message from an event (so replies to it can be validated and the message
+        APIs can return it); a malformed event (tests send those too) is not Feishu's and is not learned."""
         event = body.get("event") if isinstance(body, dict) else None
         message = event.get("message") if isinstance(event, dict) else None
         if not isinstance(message, dict) or not isinstance(message.get("message_id"), str) or not message["message_id"]:
             return
+        try:
+            content = json.loads(message.get("content") or "null")
+        except (TypeError, ValueError):
+            content = None
+        sender = _dig(event, "sender", "sender_id", "open_id")
+        listed = message.get("mentions")
+        mentions = [{"key": m.get("key"), "id": _dig(m, "id", "open_id") or "", "id_type": "open_id",
+                     "name": m.get("name"), "tenant_key": self.tenant_key}
+                    for m in (listed if isinstance(listed, list) else ()) if isinstance(m, dict)]
+        self._keep_user_message({
+            "message_id": message["message_id"], "chat_id": message.get("chat_id", ""),
+            "thread_id": message.get("thread_id") or "", "root_id": message.get("root_id") or "",
+            "parent_id": message.get("parent_id") or "", "msg_type": message.get("message_type", "text"),
+            "content": content, "sender_type": "user", "sender": str(sender or ""), "edits": 0,
+            "create_time": str(message.get("create_time") or int(time.time() * 1000)), "mentions": mentions,
+        })
+
+    def _keep_user_message(self, message: JSON) -> None:
         with self._lock:
-            self._messages.setdefault(message["message_id"], {
-                "message_id": message["message_id"], "chat_id": message.get("chat_id", ""),
-                "thread_id": message.get("thread_id") or "", "root_id": message.get("root_id") or "",
-                "parent_id": message.get("parent_id") or "", "msg_type": message.get("message_type", "text"),
-                "content": None, "sender_type": "user", "edits": 0,
-            })
+            if message["message_id"] not in self._messages:
+                self._messages[message["message_id"]] = message
+                self._order.append(message["message_id"])
+
+    def seed_message(self, text: str, *, chat_id: str, sender: str = "ou_fakealice00000000000000000000001",
+                     thread_id: str = "", parent_id: str = "", root_id: str = "", create_ms: int | None = None,
+                     message_id: str | None = None, msg_type: str = "text", content: JSON | None = None) -> str:
+        """A user message Feishu has but the gateway never received as an event (sent before the bot
+        was mentioned, or in a thread it is not part of); returns its ``message_id``."""
+        message_id = message_id or f"om_seed{uuid_lib.uuid4().hex[:24]}"
+        self._keep_user_message({
+            "message_id": message_id, "chat_id": chat_id, "thread_id": thread_id, "root_id": root_id,
+            "parent_id": parent_id, "msg_type": msg_type, "content": content if content is not None else {"text": text},
+            "sender_type": "user", "sender": sender, "edits": 0,
+            "create_time": str(create_ms if create_ms is not None else int(time.time() * 1000)), "mentions": [],
+        })
+        return message_id
 
     async def _token(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -615,7 +661,7 @@ class FakeFeishu(ThreadedServer):
             message = {"message_id": message_id, "chat_id": chat_id, "thread_id": links.get("thread_id", ""),
                        "root_id": links.get("root_id", ""), "parent_id": links.get("parent_id", ""),
                        "msg_type": body["msg_type"], "content": call.content, "sender_type": "app", "edits": 0,
-                       "uuid": key}
+                       "uuid": key, "create_time": str(int(time.time() * 1000))}
             self._messages[message_id] = message
             self._order.append(message_id)
             if key:
@@ -624,13 +670,19 @@ class FakeFeishu(ThreadedServer):
         return self._wire(message)
 
     def _wire(self, message: JSON) -> JSON:
+        """A stored message as the open API's Message (create/reply answers, get and list items):
+        the bot's are sent by ``app_id``, users' by their open_id."""
         now = str(int(time.time() * 1000))
+        created = message.get("create_time") or now
+        if message["sender_type"] == "app":
+            sender = {"id": self.app_id, "id_type": "app_id", "sender_type": "app", "tenant_key": self.tenant_key}
+        else:
+            sender = {"id": message.get("sender", ""), "id_type": "open_id", "sender_type": "user",
+                      "tenant_key": self.tenant_key}
         data = {"message_id": message["message_id"], "root_id": message["root_id"], "parent_id": message["parent_id"],
-                "msg_type": message["msg_type"], "create_time": now, "update_time": now, "deleted": False,
-                "updated": message["edits"] > 0, "chat_id": message["chat_id"],
-                "sender": {"id": self.app_id, "id_type": "app_id", "sender_type": message["sender_type"],
-                           "tenant_key": self.tenant_key},
-                "body": {"content": json.dumps(message["content"])}, "mentions": []}
+                "msg_type": message["msg_type"], "create_time": created, "update_time": now, "deleted": False,
+                "updated": message["edits"] > 0, "chat_id": message["chat_id"], "sender": sender,
+                "body": {"content": json.dumps(message["content"])}, "mentions": list(message.get("mentions") or [])}
         if message["thread_id"]:
             data["thread_id"] = message["thread_id"]
         return data
@@ -685,8 +737,52 @@ class FakeFeishu(ThreadedServer):
             target.update(edits=target["edits"] + 1, content=call.content)
         return {}
 
+    def _may_read(self) -> None:
+        if not self.can_read_messages:
+            raise ApiError(400, 99991672, "Access denied. One of the following scopes is required: "
+                                          "[im:message, im:message:readonly, im:message.history:readonly].")
+
     def _get(self, request: web.Request, body: Any, raw: bytes, call: Call) -> JSON:
+        """GET /open-apis/im/v1/messages/{message_id}: ``{"items": [Message]}``."""
+        self._may_read()
         return {"items": [self._wire(self._target(request))]}
+
+    def _list(self, request: web.Request, body: Any, raw: bytes, call: Call) -> JSON:
+        """GET /open-apis/im/v1/messages (the history of a chat or a thread): ``container_id_type``
+        ``chat``|``thread`` and ``container_id`` required; ``page_size`` 1-50 (default 20);
+        ``sort_type`` ``ByCreateTimeAsc`` (default) or ``ByCreateTimeDesc``; ``page_token`` from the
+        previous page while ``has_more``. An unknown container answers 230001; without a message-read
+        permission 99991672."""
+        query = request.query
+        kind, container = query.get("container_id_type"), query.get("container_id")
+        if kind not in ("chat", "thread") or not container:
+            raise ApiError(400, 99992402, "field validation failed: container_id_type and container_id are required")
+        try:
+            page_size = int(query.get("page_size", "20"))
+        except ValueError:
+            raise ApiError(400, 99992402, "field validation failed: page_size") from None
+        if not 1 <= page_size <= 50:
+            raise ApiError(400, 99992402, "field validation failed: page_size must be between 1 and 50")
+        sort = query.get("sort_type", "ByCreateTimeAsc")
+        if sort not in ("ByCreateTimeAsc", "ByCreateTimeDesc"):
+            raise ApiError(400, 99992402, "field validation failed: sort_type")
+        self._may_read()
+        field = "chat_id" if kind == "chat" else "thread_id"
+        with self._lock:
+            found = [copy.deepcopy(self._messages[i]) for i in self._order if self._messages[i][field] == container]
+        if not found:
+            raise ApiError(400, 230001, f"Your request contains an invalid request parameter: invalid {kind} id")
+        found.sort(key=lambda m: int(m.get("create_time") or 0), reverse=sort == "ByCreateTimeDesc")
+        start = 0
+        if query.get("page_token"):
+            try:
+                start = int(base64.b64decode(query["page_token"], validate=True).decode())
+            except ValueError:
+                raise ApiError(400, 99992402, "field validation failed: page_token") from None
+        page = found[start:start + page_size]
+        more = start + page_size < len(found)
+        return {"has_more": more, "page_token": base64.b64encode(str(start + page_size).encode()).decode() if more
+                else "", "items": [self._wire(m) for m in page]}
 
     def _delete(self, request: web.Request, body: Any, raw: bytes, call: Call) -> JSON:
         target = self._target(request)

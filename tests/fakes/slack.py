@@ -20,6 +20,7 @@ delivered again on the next connection with ``retry_attempt + 1``; ``disconnect`
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import hashlib
 import hmac
@@ -99,14 +100,24 @@ class EventDelivery:
 
 
 class SlackError(Exception):
-    """A Web API error answer: ``{"ok": false, "error": code}`` with HTTP ``status`` and ``headers``."""
+    """A Web API error answer: ``{"ok": false, "error": code, **extra}`` with HTTP ``status`` and
+    ``headers`` (``extra``: e.g. ``needed``/``provided`` of ``missing_scope``)."""
 
-    def __init__(self, error: str, status: int = 200, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, error: str, status: int = 200, headers: dict[str, str] | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__(error)
-        self.error, self.status, self.headers = error, status, headers or {}
+        self.error, self.status, self.headers, self.extra = error, status, headers or {}, extra or {}
 
     def response(self) -> web.Response:
-        return web.json_response({"ok": False, "error": self.error}, status=self.status, headers=self.headers)
+        return web.json_response({"ok": False, "error": self.error, **self.extra}, status=self.status,
+                                 headers=self.headers)
+
+
+HISTORY_SCOPES = {"C": "channels:history", "G": "groups:history", "D": "im:history"}
+"""The scope ``conversations.replies`` needs per conversation type (by channel id prefix)."""
+DEFAULT_SCOPES = frozenset({"app_mentions:read", "chat:write", "channels:history", "groups:history", "im:history",
+                            "mpim:history", "users:read", "reactions:write"})
+REPLIES_MAX_LIMIT = 1000
 
 
 class FakeSlack(ThreadedServer):
@@ -117,6 +128,10 @@ class FakeSlack(ThreadedServer):
         team_id / bot_user_id / bot_id / api_app_id: what ``auth.test`` returns; they must match the
             events posted, or Bolt's own-message filter and the adapter's mention stripping miss.
         users: user id -> display name, served by ``users.info``.
+
+    ``scopes`` holds the bot token's scopes (``DEFAULT_SCOPES``); ``conversations.replies`` answers
+    ``missing_scope`` (with ``needed`` and ``provided``) when the channel type's history scope is not
+    among them.
     """
 
     def __init__(self, *, bot_token: str = "xoxb-fake-0001", app_token: str = "xapp-1-fake",
@@ -143,7 +158,9 @@ class FakeSlack(ThreadedServer):
             "chat.delete": self._delete, "users.info": self._users_info, "conversations.info": self._conversation,
             "reactions.add": self._reactions_add, "reactions.remove": self._reactions_remove,
             "assistant.threads.setStatus": lambda p: {}, "apps.connections.open": self._connections_open,
+            "conversations.replies": self._replies,
         }
+        self.scopes: set[str] = set(DEFAULT_SCOPES)
         self.reactions: dict[tuple[str, str], set[str]] = {}
         for channel in ("D0ALICE001", "C0GENERAL1"):
             self.add_channel(channel)
@@ -335,8 +352,8 @@ class FakeSlack(ThreadedServer):
         with self._lock:
             messages = self.channels.setdefault(str(channel), {})
             if ts and event.get("type") in ("message", "app_mention") and not event.get("subtype"):
-                kept = {k: v for k, v in event.items() if k in ("user", "text", "ts", "thread_ts")}
-                messages.setdefault(str(ts), kept)
+                kept = {k: v for k, v in event.items() if k in ("user", "text", "ts", "thread_ts", "files")}
+                messages.setdefault(str(ts), {"type": "message", **kept})
 
     async def _params(self, request: web.Request) -> JSON:
         params: JSON = dict(request.query)
@@ -497,6 +514,68 @@ class FakeSlack(ThreadedServer):
             raise SlackError("no_reaction")
         names.discard(str(params.get("name")))
         return {}
+
+    def _replies(self, params: JSON) -> JSON:
+        """conversations.replies (docs.slack.dev/reference/methods/conversations.replies): the thread
+        of ``ts`` (a parent or any message in the thread), parent first then replies, oldest first;
+        ``latest``/``oldest`` bound the range (exclusive unless ``inclusive``); ``limit`` (default and
+        most 1000) per page; ``cursor`` from ``response_metadata.next_cursor`` while ``has_more``.
+        Errors: ``invalid_arguments`` (no ``channel``/``ts``), ``channel_not_found``, ``missing_scope``
+        (``needed``, ``provided``), ``thread_not_found``, ``invalid_cursor``, ``invalid_limit``."""
+        if not params.get("channel") or not params.get("ts"):
+            raise SlackError("invalid_arguments")
+        channel = str(params["channel"])
+        with self._lock:
+            messages = self._channel(params)
+            needed = HISTORY_SCOPES.get(channel[:1], "channels:history")
+            if needed not in self.scopes:
+                raise SlackError("missing_scope", extra={"needed": needed, "provided": ",".join(sorted(self.scopes))})
+            target = messages.get(str(params["ts"]))
+            if target is None:
+                raise SlackError("thread_not_found")
+            parent_ts = str(target.get("thread_ts") or target["ts"])
+            if parent_ts not in messages:
+                raise SlackError("thread_not_found")
+            thread = sorted((m for m in messages.values() if m["ts"] == parent_ts or m.get("thread_ts") == parent_ts),
+                            key=lambda m: float(m["ts"]))
+            parent = messages[parent_ts]
+            replies = [m for m in thread if m["ts"] != parent_ts]
+            wire = []
+            for m in thread:
+                out = {k: v for k, v in copy.deepcopy(m).items() if k != "mrkdwn_problems"}
+                out.setdefault("type", "message")
+                if m["ts"] == parent_ts and replies:
+                    out.update(thread_ts=parent_ts, reply_count=len(replies),
+                               reply_users=sorted({str(r.get("user")) for r in replies}),
+                               latest_reply=replies[-1]["ts"])
+                elif m["ts"] != parent_ts:
+                    out.update(thread_ts=parent_ts, parent_user_id=parent.get("user"))
+                wire.append(out)
+        inclusive = str(params.get("inclusive", "")).lower() in ("1", "true")
+        if params.get("latest"):
+            latest = float(params["latest"])
+            wire = [m for m in wire if float(m["ts"]) < latest or (inclusive and float(m["ts"]) == latest)]
+        if params.get("oldest"):
+            oldest = float(params["oldest"])
+            wire = [m for m in wire if float(m["ts"]) > oldest or (inclusive and float(m["ts"]) == oldest)]
+        try:
+            limit = int(params.get("limit") or REPLIES_MAX_LIMIT)
+        except ValueError:
+            raise SlackError("invalid_limit") from None
+        limit = min(max(limit, 1), REPLIES_MAX_LIMIT)
+        start = 0
+        if params.get("cursor"):
+            try:
+                after = base64.b64decode(str(params["cursor"]), validate=True).decode().removeprefix("next_ts:")
+                start = next(i for i, m in enumerate(wire) if m["ts"] == after)
+            except (ValueError, StopIteration, UnicodeDecodeError):
+                raise SlackError("invalid_cursor") from None
+        page = wire[start:start + limit]
+        answer: JSON = {"messages": page, "has_more": start + limit < len(wire)}
+        if answer["has_more"]:
+            answer["response_metadata"] = {
+                "next_cursor": base64.b64encode(f"next_ts:{wire[start + limit]['ts']}".encode()).decode()}
+        return answer
 
     def _connections_open(self, params: JSON) -> JSON:
         return {"url": f"ws://127.0.0.1:{self.port}/link"}
