@@ -39,6 +39,7 @@ from gateway.delivery.typing import TypingIndicators
 from gateway.inbound.access import admin_pages_on, is_admin
 from gateway.inbound.receive import Inbound
 from gateway.inbound.receivers import hold_receiver
+from gateway.media.fetch import GuardedFetch
 from gateway.media.index import MediaIndex
 from gateway.media.service import MediaService
 from gateway.media.store import open_blob_store
@@ -105,6 +106,8 @@ class Gateway:
         for adapter in adapters:  # channels that take uploads themselves (the web chat)
             if callable(getattr(adapter, "bind_blobs", None)):
                 adapter.bind_blobs(self.blobs, config.media)  # type: ignore[attr-defined]
+            if callable(getattr(adapter, "bind_fetch", None)):  # adapters handed file URLs (Slack)
+                adapter.bind_fetch(GuardedFetch())  # type: ignore[attr-defined]
         self.jobs = JobStore(self.engine)
         self.bridge = AsyncBridge()
         self.metrics = GatewayMetrics()
