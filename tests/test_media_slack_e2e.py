@@ -40,7 +40,8 @@ async def test_several_files_in_one_message_are_one_turn_downloaded_with_the_tok
     files = [fake_slack.add_file("F0CHART001", png(800, 600), "image/png", "q1.png"),
              fake_slack.add_file("F0CHART002", png(640, 480), "image/png", "q2.png")]
     url = f"http://127.0.0.1:{gateway.http_port}/slack/events"
-    assert (await fake_slack.post_event(url, file_share("compare q1 and q2", f"{time.time():.6f}", files))).status == 200
+    event = file_share("compare q1 and q2", f"{time.time():.6f}", files)
+    assert (await fake_slack.post_event(url, event)).status == 200
     await wait_until(lambda: len(posts(fake_slack, DM)) == before + 1, what="one reply")
 
     sent = [r for r in fake_openai.requests if "compare q1 and q2" in str(r["json"])]
@@ -58,7 +59,8 @@ async def test_a_download_without_file_access_is_never_treated_as_an_image(tmp_p
     try:
         files = [fake_slack.add_file("F0SECRET01", png(300, 200), "image/png", "secret.png")]
         url = f"http://127.0.0.1:{gateway.http_port}/slack/events"
-        assert (await fake_slack.post_event(url, file_share("what is this?", f"{time.time():.6f}", files))).status == 200
+        event = file_share("what is this?", f"{time.time():.6f}", files)
+        assert (await fake_slack.post_event(url, event)).status == 200
         await wait_until(lambda: len(posts(fake_slack, DM)) == before + 1, what="the reply")
     finally:
         fake_slack.files_read_scope = True
