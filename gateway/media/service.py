@@ -55,7 +55,11 @@ RunAsync = Callable[[Coroutine[Any, Any, Any], float], Any]
 DOWNLOAD_TIMEOUT_S = 120.0
 PICTURE_KINDS = frozenset({"image", "sticker", "animation"})
 _DECODABLE = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp", "image/bmp", "image/tiff"})
-UNSUPPORTED_IMAGES = re.compile(r"image|vision|multi-?modal|content type|content part", re.IGNORECASE)
+UNSUPPORTED_IMAGES = re.compile(
+    r"image_url is only supported|only supported by certain models|invalid content type|not (a )?multi-?modal"
+    r"|(does not|doesn't|do not|cannot|can't) (support|accept|process|handle) (image|vision|multi)"
+    r"|(image|vision|multimodal)[a-z ]{0,20} (is|are) not (supported|enabled|available)|unsupported content"
+    r"|no vision", re.IGNORECASE)
 """What a 4xx answer says when the model takes no images (OpenAI: "Invalid content type. image_url
 is only supported by certain models."; vLLM/llama.cpp/Ollama: "... is not a multimodal model",
 "image input is not supported")."""
