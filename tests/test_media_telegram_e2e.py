@@ -182,6 +182,7 @@ async def test_a_model_that_refuses_images_gets_the_text_and_the_user_a_note(tmp
         fake_telegram.inject(photo_update(5560006, 61, [("dog-photo", 800, 600, 20_000)], caption="again?"))
         await wait_until(lambda: len(replies_to(fake_telegram, 5560006)) == 2, what="second reply")
         assert [r["status"] for r in fake_openai.requests] == [400, 200, 200]
+        assert "This model cannot see images" in replies_to(fake_telegram, 5560006)[-1].params["text"]
     finally:
         fake_openai.vision_models = None
 

@@ -141,8 +141,6 @@ class MediaService:
             self.index.record(uses, session_id=session_id, owner_user_id=owner_user_id, turn_id=turn_id)
         intake.usable = bool(message.text.strip()) or any(r.note is None for r in intake.refs) \
             or message.command is not None
-        if intake.images and not self.sees_images():
-            intake.notes.append(NO_VISION_NOTE)
         return intake
 
     def _one(self, message: InboundMessage, attachment: Attachment, uses: list[Use]) -> tuple[MediaRef, str | None]:
