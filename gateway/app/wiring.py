@@ -26,7 +26,8 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
         adapters.append(TelegramAdapter(token=token, base_url=tg.base_url, mode=tg.mode, webhook_secret=secret,
                                         webhook_url=tg.webhook_url, poll_timeout_s=tg.poll_timeout_s,
                                         menu=_telegram_menu(config),
-                                        group_context=config.sessions.group_context_on("telegram")))
+                                        group_context=config.sessions.group_context_on("telegram"),
+                                        max_download_bytes=tg.download_limit_bytes(), local_mode=tg.local_mode))
     if config.slack.enabled:
         from adapters.slack.adapter import SlackAdapter
 

@@ -8,6 +8,7 @@ resumed after a crash finds its user message already in the transcript and conti
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -26,7 +27,7 @@ from agent.context import RunContext
 from agent.loop import run_turn
 from agent.model import ModelError, Usage
 from agent.tracing import end_agent, invoke_agent
-from gateway.bus.compression import Compressor, FitOnOverflow
+from gateway.bus.compression import Compressor, FitOnOverflow, Projection
 from gateway.bus.context import user_meta
 from gateway.bus.conversation import ConversationContext
 from gateway.core.errors import TurnInterrupted
@@ -35,6 +36,8 @@ from gateway.core.types import CURRENT_MESSAGE, InboundMessage, OutboundMessage
 from gateway.core.window import WindowPolicy
 from gateway.delivery.progress import PlanMessage, plan_key, resumed_state
 from gateway.delivery.streaming import StreamHub
+from gateway.media.render import has_images
+from gateway.media.service import NO_VISION_NOTE
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.telemetry import span as traced
 from gateway.sessions.commands import LANE_COMMANDS, CommandContext, CommandHandler, Commands
@@ -44,6 +47,7 @@ from gateway.tools.approvals import ApprovalPolicy, ChatApprover
 from gateway.tools.approvals_store import Approvals
 
 if TYPE_CHECKING:
+    from gateway.media.service import MediaService
     from gateway.memory.service import MemoryService
 
 log = logging.getLogger("gateway.bus.turns")
@@ -98,6 +102,9 @@ class TurnRunner:
             admin decides). Asked on the worker thread.
         conversation: adds what each user message replies to, its thread's earlier messages and the
             group's recent ones to that message's meta before the turn (``None``: none).
+        media: the files of messages (``gateway.media``): downloaded and stored before the user
+            message is written, images sent as content parts (``None``: files described by the
+            platform's announcement only).
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
@@ -110,9 +117,10 @@ class TurnRunner:
                  redact: Callable[[str], str] = lambda text: text, wake: Callable[[], None] = lambda: None,
                  memory: MemoryService | None = None,
                  trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True,
-                 conversation: ConversationContext | None = None) -> None:
+                 conversation: ConversationContext | None = None, media: MediaService | None = None) -> None:
         self.memory = memory
         self.conversation = conversation
+        self.media = media
         self.trusted = trusted
         self.job_commands = job_commands
         self.store = store
@@ -249,6 +257,8 @@ class TurnRunner:
         # User messages are written with the turn's first step (or its end), not before: until then
         # the inbox row is still pending, so a crash loses nothing and a rerun writes them once.
         present = {(m.turn_id, m.role) for m in window}
+        notes: list[str] = []  # what the user is told about their files (too big, unreadable ...)
+        usable = False
         for pending in batch:
             pending_turn = f"in{pending.inbox_id}"
             if (pending_turn, "user") not in present:
@@ -256,6 +266,17 @@ class TurnRunner:
                 if self.conversation is not None:  # stored with it: fetched once, replayed byte for byte
                     meta = self.conversation.annotate(meta, pending.message, window=window, fresh=fresh)
                     fresh = False  # a merged batch's later messages: their thread is in this one's meta
+                if self.media is not None and pending.message.attachments:
+                    with traced("take_in_media", attributes={"gateway.attachments": len(pending.message.attachments)}):
+                        intake = self.media.take_in(pending.message, session_id=session_id,
+                                                    owner_user_id=pending.user_id, turn_id=pending_turn)
+                    meta["attachments"] = [ref.to_dict() for ref in intake.refs]
+                    notes += intake.notes
+                    if intake.images and not self.media.sees_images(self.spec.model):
+                        notes.append(NO_VISION_NOTE)  # llm.vision off, or the endpoint refused images before
+                    usable = usable or intake.usable
+                else:
+                    usable = True
                 text = self.redact(pending.message.text)  # a pasted secret never reaches the model
                 if self.memory is not None and pending is last:  # stored with it: replays render the same bytes
                     meta = self.memory.annotate(meta, key=key, query=text, window=window)
@@ -263,6 +284,12 @@ class TurnRunner:
                                             {"meta": meta, "platform_message_id": pending.message.message_id}))
                 window.append(StoredMessage(0, pending_turn, "user", text, None, None, None, meta,
                                             pending.message.message_id))
+            else:
+                usable = True  # resumed: the stored message was usable when it was taken in
+        if not usable:  # nothing but files that could not be used: say why, no model call
+            told = "\n".join(dict.fromkeys(notes))
+            unwritten.append(NewMessage(turn_id, "assistant", told, {"meta": {"stop_reason": "media"}}))
+            return finish("done", notice + told, session_id, "media")
 
         def record(msg: dict[str, Any], usage: Usage | None, meta: dict[str, Any] | None) -> None:
             fields = {"tool_calls": msg.get("tool_calls"), "tool_call_id": msg.get("tool_call_id"), "meta": meta}
@@ -291,12 +318,24 @@ class TurnRunner:
         # its failure only means the plain window is sent).
         projection = self.compressor.project(session_id=session_id, system_prompt=system_prompt,
                                              tools=agent.tools.schemas(), summary=opened.summary, window=window,
-                                             model=agent.model)
+                                             model=agent.model,
+                                             images=self.media.policy(agent.model.model) if self.media else None)
+
+        def with_images(fitted: Projection) -> Projection:
+            """``fitted`` with its image placeholders read from the blob store (only those sent)."""
+            if self.media is None or not has_images(fitted.history):
+                return fitted
+            with traced("read_images"):
+                return dataclasses.replace(fitted, history=self.media.resolve(fitted.history))
+
+        projection = with_images(projection)
+        inner = self.media.model(agent.model) if self.media is not None else agent.model
         # A model that refuses the request as too long gets it compressed for its window, once per call.
-        model = FitOnOverflow(agent.model, projection.history, projection.tokens,
-                              lambda tokens: self.compressor.project(
+        model = FitOnOverflow(inner, projection.history, projection.tokens,
+                              lambda tokens: with_images(self.compressor.project(
                                   session_id=session_id, system_prompt=system_prompt, tools=agent.tools.schemas(),
-                                  summary=opened.summary, window=window, model=agent.model, window_tokens=tokens))
+                                  summary=opened.summary, window=window, model=agent.model, window_tokens=tokens,
+                                  images=self.media.policy(agent.model.model) if self.media else None)))
         stream = None
         if self.streams is not None:
             stream = self.streams.open(address=message.address, idempotency_key=reply_key,
@@ -344,7 +383,10 @@ class TurnRunner:
         if outcome.stop_reason not in ("stop", "length"):
             log.info("turn %s stopped by %s after %d model calls ($%.4f)", turn_id, outcome.stop_reason,
                      outcome.steps, outcome.cost_usd)
-        reply = notice + (outcome.reply.strip() or "(no answer)")
+        if getattr(model, "fell_back", False):
+            notes.append(NO_VISION_NOTE)
+        told = "".join(f"{line}\n" for line in dict.fromkeys(notes))
+        reply = notice + (told + "\n" if told else "") + (outcome.reply.strip() or "(no answer)")
         if self.memory is not None:  # a "remember ..." too long to store: said with the reply
             reply += self.memory.refusal_notice([self.redact(p.message.text) for p in batch])
         status = finish("done", reply, session_id, outcome.stop_reason)

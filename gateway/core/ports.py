@@ -8,6 +8,8 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from gateway.core.types import (
+    Attachment,
+    BlobRef,
     ChatAddress,
     ContextMessage,
     DeliveryResult,
@@ -146,5 +148,63 @@ class ConversationReader(Protocol):
         message) and its user and assistant messages with id > ``after_id``, oldest first, at most
         ``limit``. Each entry: ``id`` (int), ``role`` (``user`` | ``assistant``), ``text`` (markdown
         as written), ``platform`` (where the turn came from, or ``None``), ``message_id`` (the platform's id
-        of a user message, else ``None``), ``created_at`` (epoch s)."""
+        of a user message, else ``None``), ``created_at`` (epoch s), ``attachments`` (the row's stored
+        file references, ``gateway.core.types.MediaRef`` dicts; never bytes)."""
+        ...
+
+
+class BlobStore(Protocol):
+    """Content-addressed bytes shared by every instance (``gateway.media.store`` implements it:
+    files under ``media.directory`` or the ``blobs`` table). Synchronous: call it from a worker
+    thread, or through ``asyncio.to_thread`` on the main loop.
+    """
+
+    def put(self, data: bytes, mime_type: str) -> BlobRef:
+        """Stores ``data`` (idempotent: equal bytes are stored once) and returns its reference."""
+        ...
+
+    def get(self, ref: BlobRef | str) -> bytes:
+        """The bytes of ``ref`` (a ``BlobRef`` or its sha256). Raises ``BlobMissing``."""
+        ...
+
+
+class MediaAdapter(Protocol):
+    """Optional capability: download the bytes of an attachment (``can_download``)."""
+
+    def download_limit(self, attachment: Attachment) -> int | None:
+        """Most bytes the platform lets a bot download for this attachment (Telegram cloud Bot
+        API: 20 MB), or ``None`` when it sets no limit below the gateway's own."""
+        ...
+
+    async def download(self, message: InboundMessage, attachment: Attachment, max_bytes: int) -> tuple[bytes, str]:
+        """``(bytes, mime type as served)`` of ``attachment`` of ``message``, at most ``max_bytes``.
+
+        Raises:
+            gateway.core.errors.FileTooBig: the platform says or the body shows it is larger.
+            gateway.core.errors.DownloadFailed: anything else (with a plain-words reason).
+        """
+        ...
+
+
+def can_download(adapter: object) -> bool:
+    """Whether ``adapter`` has the optional ``download`` capability."""
+    return callable(getattr(adapter, "download", None))
+
+
+class Fetch(Protocol):
+    """Downloads a file URL a platform handed over (``gateway.media.fetch.GuardedFetch``), for
+    adapters that receive a URL instead of calling an SDK (Slack ``url_private_download``)."""
+
+    async def __call__(self, url: str, *, headers: dict[str, str], max_bytes: int,
+                       trusted: bool) -> tuple[bytes, str]:
+        """``(body, content type)`` of ``GET url``.
+
+        ``trusted``: ``url`` is on the platform API host the operator configured (connected to
+        as it is); otherwise every hop is checked by the outbound address guard. Redirects to
+        another origin are always checked and lose ``Authorization``.
+
+        Raises:
+            gateway.core.errors.FileTooBig: the body is longer than ``max_bytes``.
+            gateway.core.errors.DownloadFailed: refused address, HTTP error, network failure.
+        """
         ...

@@ -1,7 +1,7 @@
 """group_messages: group messages not addressed to the bot, kept as group context
 
 Revision ID: 0802
-Revises: 0701
+Revises: 0801
 Create Date: 2026-12-02 09:00:00
 """
 
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 
 revision = '0802'
-down_revision = '0701'
+down_revision = '0801'
 branch_labels = None
 depends_on = None
 
