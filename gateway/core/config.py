@@ -310,6 +310,9 @@ class TelegramConfig(_Section):
     mode: Literal["polling", "webhook"] = "polling"
     base_url: str = "https://api.telegram.org"
     """Bot API root; the SDK calls ``{base_url}/bot{token}/{method}``."""
+    max_upload_mb: float = 50.0
+    """Largest file the agent may send (``send_file``): 50 MB through Telegram's cloud Bot API;
+    set 2000 with a local Bot API server (``base_url``)."""
     webhook_url: str | None = None
     """Public URL Telegram posts to (webhook mode); ``None`` leaves the webhook as set elsewhere."""
     webhook_secret_env: str = "TELEGRAM_WEBHOOK_SECRET"

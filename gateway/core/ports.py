@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundAttachment, OutboundMessage
 
 PartSent = Callable[[str], Awaitable[None]]
 """Called by ``Adapter.send`` with each part's platform message id as soon as it is delivered."""
@@ -37,6 +37,35 @@ class EditingAdapter(Protocol):
 def can_edit(adapter: object) -> bool:
     """Whether ``adapter`` has the optional ``edit`` capability."""
     return callable(getattr(adapter, "edit", None))
+
+
+class FileReader(Protocol):
+    """Reads the bytes of an outbound file by its ``sha256`` (the gateway's blob store), for
+    adapters that upload files (``bind_files``)."""
+
+    async def read(self, sha256: str) -> bytes | None:
+        """The blob's bytes, or ``None`` when the store no longer has it (retention)."""
+        ...
+
+
+class FileSendingAdapter(Protocol):
+    """Optional capability: deliver ``OutboundMessage.attachments`` (the ``send_file`` tool).
+
+    ``bind_files(reader)`` is called by the gateway before ``start``; ``send`` then delivers each
+    attachment as one part after the text parts. ``attachment_problem`` is asked when the tool is
+    called, so the model learns at once that a file cannot go to this platform (and why)."""
+
+    def bind_files(self, reader: FileReader) -> None: ...
+
+    def attachment_problem(self, attachment: OutboundAttachment) -> str | None:
+        """``None`` when this platform can take the file, else one sentence naming the platform's
+        limit (e.g. "Telegram bots can send files up to 50 MB; report.zip is 63.2 MB."). Pure."""
+        ...
+
+
+def can_send_files(adapter: object) -> bool:
+    """Whether ``adapter`` has the optional file-sending capability."""
+    return callable(getattr(adapter, "attachment_problem", None)) and callable(getattr(adapter, "bind_files", None))
 
 
 class Adapter(Protocol):
