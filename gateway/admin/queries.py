@@ -71,7 +71,8 @@ class AdminQueries:
         what each of the turn's model calls reported, once per call, and of its recorded cost);
         each message has ``role``, ``content``, ``calls`` (``[{"id", "name", "arguments"}]``,
         arguments pretty-printed), ``tool_call_id``, ``tool_name`` (for a tool result: the called
-        tool's name), token counts (``cached_tokens`` too) and ``created_at``.
+        tool's name), token counts (``cached_tokens`` too), ``sent_files`` (an answer's files sent with
+        ``send_file``: ``{"name", "mime_type", "size"}``) and ``created_at``.
         """
         with read_tx(self.engine) as conn:
             row = conn.execute(select(_sessions).where(_sessions.c.id == session_id)).first()
@@ -101,7 +102,7 @@ class AdminQueries:
                                      "tool_call_id": r.tool_call_id, "tool_name": names.get(r.tool_call_id or ""),
                                      "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
                                      "cached_tokens": int(meta.get("cached_tokens") or 0),
-                                     "created_at": r.created_at})
+                                     "sent_files": _sent_files(r.role, meta), "created_at": r.created_at})
             turn["prompt_tokens"] += r.prompt_tokens or 0
             turn["completion_tokens"] += r.completion_tokens or 0
             turn["cached_tokens"] += int(meta.get("cached_tokens") or 0)
@@ -136,6 +137,13 @@ class AdminQueries:
             rows = conn.execute(select(_approvals).where(_approvals.c.status == "pending")
                                 .order_by(_approvals.c.created_at)).all()
         return [dict(r._mapping) for r in rows]
+
+
+def _sent_files(role: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Name, type and size of the files an assistant message sent (``meta["attachments"]``)."""
+    files = meta.get("attachments") if role == "assistant" else None
+    return [{"name": str(f.get("name") or "file"), "mime_type": str(f.get("mime_type") or ""),
+             "size": int(f.get("size") or 0)} for f in files if isinstance(f, dict)] if isinstance(files, list) else []
 
 
 def _pretty(arguments: str) -> str:

@@ -28,6 +28,7 @@ from gateway.admin.auth import CSRF_FIELD, AdminAuth
 from gateway.admin.limits import LoginLimiter
 from gateway.admin.queries import AdminQueries
 from gateway.admin.sessions import AdminSessions
+from gateway.core.files import human_size
 from gateway.scheduler.planner import format_address, job_schedule, local_time, next_fire_of
 from gateway.tools.approvals import decide_reply
 
@@ -79,6 +80,7 @@ class AdminSite:
         self.env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]),
                                trim_blocks=True, lstrip_blocks=True)
         self.env.filters["when"] = _when
+        self.env.filters["filesize"] = human_size
         self.price = gateway.config.agent.limits().price_of(gateway.config.llm.model)
 
     def routes(self) -> list[web.RouteDef]:

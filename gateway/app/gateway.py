@@ -30,14 +30,17 @@ from gateway.admin.views import admin_routes
 from gateway.bus.lanes import SessionBus
 from gateway.bus.turns import TurnRunner
 from gateway.core.config import GatewayConfig
-from gateway.core.ports import Adapter
+from gateway.core.ports import Adapter, can_send_files
 from gateway.core.types import InboundMessage
+from gateway.delivery.files import BlobFiles, OutboxFiles
 from gateway.delivery.outbox import Delivery
+from gateway.delivery.send_file import send_file_tool
 from gateway.delivery.streaming import StreamHub
 from gateway.delivery.typing import TypingIndicators
 from gateway.inbound.access import admin_pages_on, is_admin
 from gateway.inbound.receive import Inbound
 from gateway.inbound.receivers import hold_receiver
+from gateway.media.store import open_blob_store
 from gateway.memory.build import build_memory
 from gateway.memory.commands import MemoryCommands
 from gateway.memory.store import move_user_entries
@@ -60,7 +63,7 @@ from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import Store
 from gateway.tools.approvals import ApprovalPolicy
 from gateway.tools.approvals_store import Approvals
-from gateway.tools.catalog import build_catalog, expand_toolset, mcp_specs
+from gateway.tools.catalog import build_catalog, build_workspace, expand_toolset, mcp_specs
 
 log = logging.getLogger("gateway")
 T = TypeVar("T")
@@ -105,6 +108,15 @@ class Gateway:
             self.tools.add(load_skill_tool(self.skills))
         if config.skills.plan:
             self.tools.add(update_plan_tool())
+        # Files back (send_file): bytes in the blob store, the call recorded, the reply carries them.
+        self.blobs = open_blob_store(config.media, self.engine)
+        self.outbox_files = OutboxFiles(self.engine)
+        for adapter in adapters:
+            if can_send_files(adapter):
+                adapter.bind_files(BlobFiles(self.blobs))  # type: ignore[attr-defined]
+        if config.tools.workspace != "off":  # chat turns and scheduled reports alike
+            self.tools.add(send_file_tool(workspace=build_workspace(config), blobs=self.blobs,
+                                          files=self.outbox_files, adapters=lambda: self.adapters))
         push_tools = ToolRegistry()  # a push's "default" toolset: the chat tools minus chat-only ones
         for tool in self.tools.tools.values():
             push_tools.add(tool)
@@ -165,7 +177,7 @@ class Gateway:
             if sessions.idle_reset_minutes or sessions.daily_reset_hour is not None else None,
             window=config.llm.window_policy(),
             metrics=self.metrics, memory=self.memory,
-            trusted=lambda message, user_id: self.inbound.trusted(message),
+            trusted=lambda message, user_id: self.inbound.trusted(message), files=self.outbox_files,
         )
         self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")

@@ -138,7 +138,8 @@ class ConversationReader(Protocol):
         message) and its user and assistant messages with id > ``after_id``, oldest first, at most
         ``limit``. Each entry: ``id`` (int), ``role`` (``user`` | ``assistant``), ``text`` (markdown
         as written), ``platform`` (where the turn came from, or ``None``), ``message_id`` (the platform's id
-        of a user message, else ``None``), ``created_at`` (epoch s)."""
+        of a user message, else ``None``), ``created_at`` (epoch s), ``attachments`` (files an
+        assistant message sent: ``{"kind", "name", "mime_type", "size", "sha256", "caption"?}``)."""
         ...
 
 
