@@ -12,9 +12,9 @@ MB = 1_000_000
 
 
 def human_size(size: int) -> str:
-    """``63.2 MB``, ``480 KB``, ``12 bytes``: a size for people (decimal units, like the limits)."""
+    """``63.2 MB``, ``50 MB``, ``480 KB``, ``12 bytes``: a size for people (decimal units, like the limits)."""
     if size >= MB:
-        return f"{size / MB:.1f} MB"
+        return f"{size / MB:.1f}".removesuffix(".0") + " MB"
     if size >= 1000:
         return f"{size / 1000:.0f} KB"
     return f"{size} byte{'s' if size != 1 else ''}"

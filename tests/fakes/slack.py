@@ -37,6 +37,7 @@ import aiohttp
 from aiohttp import web
 
 from tests.fakes.server import ThreadedServer
+from tests.fakes.slack_uploads import SlackUploads
 
 TEXT_LIMIT = 40_000  # chat.postMessage / chat.update: longer text is rejected with msg_too_long
 JSON = dict[str, Any]
@@ -145,6 +146,9 @@ class FakeSlack(ThreadedServer):
             "assistant.threads.setStatus": lambda p: {}, "apps.connections.open": self._connections_open,
         }
         self.reactions: dict[tuple[str, str], set[str]] = {}
+        self.uploads = SlackUploads(self)
+        """Files upload v2 (``tests.fakes.slack_uploads``): ``uploads.shared()``, ``uploads.holds``."""
+        self._methods.update(self.uploads.methods())
         for channel in ("D0ALICE001", "C0GENERAL1"):
             self.add_channel(channel)
 
@@ -323,6 +327,7 @@ class FakeSlack(ThreadedServer):
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._handle_method)
         app.router.add_get("/link", self._handle_socket)
+        app.router.add_post("/upload/v1/{file_id}", self.uploads.handle_upload)
         return app
 
     def remember(self, event: JSON) -> None:
@@ -377,6 +382,7 @@ class FakeSlack(ThreadedServer):
             result = handler(params)
         except SlackError as exc:
             return exc.response()
+        await self.uploads.holds.gate(method)  # a held call took effect; its answer may never arrive
         return web.json_response({"ok": True, **result})
 
     async def _handle_socket(self, request: web.Request) -> web.StreamResponse:
