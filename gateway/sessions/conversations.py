@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import Engine, and_, or_, select
+from sqlalchemy import Engine, Text, and_, cast, or_, select
 
 from gateway.store.db import read_tx
 from gateway.store.models import IdentityRow, InboxRow, LaneRow, MessageRow, table
@@ -62,7 +62,8 @@ class TranscriptReader:
                        _messages.c.role.in_(("user", "assistant")),
                        # not an assistant message that only called tools (an answer that is only files is shown)
                        or_(and_(_messages.c.content.is_not(None), _messages.c.content != ""),
-                           and_(_messages.c.role == "assistant", _messages.c.tool_calls.is_(None))))
+                           and_(_messages.c.role == "assistant",
+                                cast(_messages.c.meta, Text).contains('"attachments"'))))
                 .order_by(_messages.c.id).limit(limit)).all()
             rows = [r for r in rows if r.content or _sent_files(r)]
             inbox_ids = {inbox_id_of(r.turn_id) for r in rows} - {None}
