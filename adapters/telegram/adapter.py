@@ -359,7 +359,9 @@ class TelegramAdapter:
             except BadRequest as exc:
                 return DeliveryResult(False, tuple(ids), error=f"bad request: {exc.message}")
             except (NetworkError, TelegramError) as exc:
-                return DeliveryResult(False, tuple(ids), retryable=True, error=f"network: {exc}")
+                # HTTP 413 (an upload over the Bot API's limit) fails the same way every time.
+                too_big = "entity too large" in str(exc).lower()
+                return DeliveryResult(False, tuple(ids), retryable=not too_big, error=f"network: {exc}")
             ids.append(sent_id)
             if on_part is not None and index < len(parts) - 1:
                 await on_part(sent_id)  # recorded before the next part: a crash never repeats it
