@@ -41,10 +41,10 @@ def attachment_html(attachment: dict[str, object], url: str) -> str:
     label = html.escape(name)
     below = f'<figcaption>{markdown_html(caption)}</figcaption>' if caption.strip() else ""
     if attachment.get("kind") == "image" and attachment.get("mime_type") in INLINE_IMAGE_TYPES:
-        return (f'<figure class="file image"><a href="{href}" target="_blank" rel="noopener">'
+        return (f'<figure class="sent-file image"><a href="{href}" target="_blank" rel="noopener">'
                 f'<img src="{href}" alt="{html.escape(name, quote=True)}" loading="lazy"></a>{below}</figure>')
     size = attachment.get("size")
     shown = f" <small>({human_size(size)})</small>" if isinstance(size, int) else ""
-    return (f'<figure class="file document"><a href="{href}" download="{html.escape(name, quote=True)}">'
+    return (f'<figure class="sent-file document"><a href="{href}" download="{html.escape(name, quote=True)}">'
             f'📎 {label}</a>{shown}{below}</figure>')
 

@@ -7,12 +7,13 @@ a worker pool for turns, a small pool for the main loop's database calls, and th
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -40,6 +41,10 @@ from gateway.delivery.typing import TypingIndicators
 from gateway.inbound.access import admin_pages_on, is_admin
 from gateway.inbound.receive import Inbound
 from gateway.inbound.receivers import hold_receiver
+from gateway.media.commands import MediaCommands
+from gateway.media.fetch import GuardedFetch
+from gateway.media.index import MediaIndex
+from gateway.media.service import MediaService
 from gateway.media.store import open_blob_store
 from gateway.memory.build import build_memory
 from gateway.memory.commands import MemoryCommands
@@ -68,6 +73,7 @@ from gateway.tools.catalog import build_catalog, build_workspace, expand_toolset
 log = logging.getLogger("gateway")
 T = TypeVar("T")
 
+MEDIA_EXPIRY_INTERVAL_S = 3600.0
 SEND_GRACE_S = 5.0
 """A send still in flight at the stop deadline gets this long to finish (a send cut mid-call is
 recorded ``unconfirmed`` and never repeated, so it may be lost)."""
@@ -97,6 +103,15 @@ class Gateway:
             if callable(getattr(adapter, "bind_conversations", None)):
                 adapter.bind_conversations(TranscriptReader(self.engine, self.run_db))  # type: ignore[attr-defined]
         self.store = Store(self.engine)
+        self.blobs = open_blob_store(config.media, self.engine)
+        self.media = MediaService(config.media, vision=config.llm.vision, blobs=self.blobs,
+                                  index=MediaIndex(self.engine, self.blobs), adapters=self.adapters,
+                                  run_async=self._run_on_loop)
+        for adapter in adapters:  # channels that take uploads themselves (the web chat)
+            if callable(getattr(adapter, "bind_blobs", None)):
+                adapter.bind_blobs(self.blobs, config.media)  # type: ignore[attr-defined]
+            if callable(getattr(adapter, "bind_fetch", None)):  # adapters handed file URLs (Slack)
+                adapter.bind_fetch(GuardedFetch())  # type: ignore[attr-defined]
         self.jobs = JobStore(self.engine)
         self.bridge = AsyncBridge()
         self.metrics = GatewayMetrics()
@@ -109,7 +124,6 @@ class Gateway:
         if config.skills.plan:
             self.tools.add(update_plan_tool())
         # Files back (send_file): bytes in the blob store, the call recorded, the reply carries them.
-        self.blobs = open_blob_store(config.media, self.engine)
         self.outbox_files = OutboxFiles(self.engine)
         for adapter in adapters:
             if can_send_files(adapter):
@@ -177,7 +191,8 @@ class Gateway:
             if sessions.idle_reset_minutes or sessions.daily_reset_hour is not None else None,
             window=config.llm.window_policy(),
             metrics=self.metrics, memory=self.memory,
-            trusted=lambda message, user_id: self.inbound.trusted(message), files=self.outbox_files,
+            trusted=lambda message, user_id: self.inbound.trusted(message), media=self.media,
+            files=self.outbox_files,
         )
         self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
@@ -199,19 +214,22 @@ class Gateway:
             )
         self.runner.job_commands = first_answer(
             [JobCommands(jobs=self.jobs, planner=self.planner, service=self.pushes).handle]
-            + ([MemoryCommands(self.memory).handle] if self.memory is not None else []))
+            + ([MemoryCommands(self.memory).handle] if self.memory is not None else [])
+            + [MediaCommands(self.media.index, self.directory, config.media.retention_days).handle])
         self.bus = SessionBus(
             store=self.store, run_turn=timed(self.metrics, self.runner.run), workers=self._workers,
             instance_id=self.instance_id,
             lease_s=config.bus.lease_s, sweep_interval_s=config.bus.sweep_interval_s,
             busy_policy=config.bus.busy_policy,
             on_turn_start=self.typing.start, on_turn_end=self.typing.end, on_replies=self.delivery.wake,
+            album_wait_s=config.media.album_wait_s,
         )
         self.inbound = Inbound(config=config, store=self.store, directory=self.directory, approvals=self.approvals,
                                runner=self.runner, bus=self.bus, metrics=self.metrics, redact=self.redact,
                                run_db=self.run_db, model_name=lambda: self.agent_spec.model,
                                wake_delivery=self.delivery.wake)
         self._receivers: list[asyncio.Task[None]] = []
+        self._media_expiry: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.started = False
@@ -231,6 +249,31 @@ class Gateway:
         """Runs a blocking store call off the main loop (on the small DB pool)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._db_pool, functools.partial(fn, *args))
+
+    def _run_on_loop(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        """Runs ``coro`` on the main loop from a worker thread and waits at most ``timeout`` s
+        (adapter downloads: their clients live on the main loop). Raises ``TimeoutError``."""
+        if self._loop is None or self._loop.is_closed():
+            coro.close()
+            raise TimeoutError("the gateway is not running")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"no result within {timeout:g} s") from None
+
+    async def _expire_media(self, older_than_s: float) -> None:
+        """Deletes files past ``media.retention_days`` at start and every hour (every instance may:
+        a second deletion finds nothing)."""
+        while True:
+            try:
+                gone = await self.run_db(self.media.index.expire, older_than_s)
+                if gone.files:
+                    log.info("media retention: deleted %d file use(s), %d blob(s)", gone.files, gone.blobs)
+            except Exception:
+                log.exception("media retention sweep failed; trying again in an hour")
+            await asyncio.sleep(MEDIA_EXPIRY_INTERVAL_S)
 
     def _wake_delivery(self) -> None:
         """Thread-safe ``delivery.wake`` (worker threads queue approval prompts)."""
@@ -262,6 +305,8 @@ class Gateway:
             self.runner.spec = self.agent_spec
         self.streams.bind(asyncio.get_running_loop())
         await self.bus.start()
+        if self.config.media.retention_days:
+            self._media_expiry = asyncio.create_task(self._expire_media(self.config.media.retention_days * 86400))
         await self.delivery.start()
         if self.pushes is not None:
             await self.pushes.start()
@@ -335,6 +380,8 @@ class Gateway:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._media_expiry is not None:
+            self._media_expiry.cancel()
         await self.bus.stop()
         finished = not self.unfinished_turns
         # Turns the deadline cut keep their threads; ``gateway run`` exits without waiting for them.

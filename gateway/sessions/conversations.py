@@ -62,24 +62,18 @@ class TranscriptReader:
                        _messages.c.role.in_(("user", "assistant")),
                        # not an assistant message that only called tools (an answer that is only files is shown)
                        or_(and_(_messages.c.content.is_not(None), _messages.c.content != ""),
-                           and_(_messages.c.role == "assistant",
-                                cast(_messages.c.meta, Text).contains('"attachments"'))))
+                           _messages.c.role == "user",
+                           cast(_messages.c.meta, Text).contains('"attachments"')))
                 .order_by(_messages.c.id).limit(limit)).all()
-            rows = [r for r in rows if r.content or _sent_files(r)]
             inbox_ids = {inbox_id_of(r.turn_id) for r in rows} - {None}
             platforms = dict(conn.execute(select(_inbox.c.id, _inbox.c.platform)
                                           .where(_inbox.c.id.in_(inbox_ids))).all()) if inbox_ids else {}
         return str(session_id), [
             {"id": int(r.id), "role": r.role, "text": r.content or "",
-             "platform": platforms.get(inbox_id_of(r.turn_id)), "message_id": r.platform_message_id,
-             "created_at": float(r.created_at), "attachments": _sent_files(r)} for r in rows]
-
-
-def _sent_files(row: Any) -> list[dict[str, Any]]:
-    """The files an assistant message sent (``meta["attachments"]``, ``gateway.delivery.files``)."""
-    meta = row.meta if isinstance(row.meta, dict) else {}
-    files = meta.get("attachments") if row.role == "assistant" else None
-    return [f for f in files if isinstance(f, dict) and f.get("sha256")] if isinstance(files, list) else []
+             "platform": platforms.get(inbox_id_of(r.turn_id)),
+             "message_id": r.platform_message_id, "created_at": float(r.created_at),
+             "attachments": [a for a in (r.meta or {}).get("attachments", ()) if isinstance(a, dict)]}
+            for r in rows if r.content or (r.meta or {}).get("attachments")]
 
 
 def inbox_id_of(turn_id: str | None) -> int | None:

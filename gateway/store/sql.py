@@ -207,6 +207,11 @@ class Store:
             ).all()
         return [PendingInbound(row.id, session_key, InboundMessage.from_dict(row.payload)) for row in rows]
 
+    def pending_batch(self, session_key: str, limit: int) -> list[PendingInbound]:
+        """The oldest ``limit`` pending rows of ``session_key`` with their users (as a lane's batch)."""
+        with read_tx(self.engine) as conn:
+            return self._batch(conn, session_key, limit)[0]
+
     def keys_waiting(self, now: float, limit: int = 100) -> list[str]:
         """Session keys with pending inbox rows whose lane is not leased (or the lease expired)."""
         with read_tx(self.engine) as conn:
@@ -471,6 +476,18 @@ class Store:
     def _window(conn: Any, session_id: str, limit: int, after_id: int = 0) -> list[StoredMessage]:
         rows = conn.execute(q.WINDOW, {"b_session": session_id, "b_after": after_id, "b_limit": limit}).all()
         return [StoredMessage(*row) for row in reversed(rows)]
+
+    @retry_locked
+    def delete_session(self, session_id: str) -> bool:
+        """Deletes a session: its transcript, summaries, chat addresses and row; a lane whose current
+        session it was starts a fresh one with its next message. Its files are deleted by the
+        caller (``gateway.media.index.MediaIndex.forget_session``). Returns whether it existed."""
+        with write_tx(self.engine) as conn:
+            conn.execute(delete(_messages).where(_messages.c.session_id == session_id))
+            conn.execute(delete(_summaries).where(_summaries.c.session_id == session_id))
+            conn.execute(delete(_addresses).where(_addresses.c.session_id == session_id))
+            conn.execute(update(_lanes).where(_lanes.c.session_id == session_id).values(session_id=None))
+            return bool(conn.execute(delete(_sessions).where(_sessions.c.id == session_id)).rowcount)
 
     def transcript(self, session_id: str) -> list[StoredMessage]:
         """The whole transcript, oldest first (for tests and admin views, not the hot path)."""
