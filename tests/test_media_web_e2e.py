@@ -5,6 +5,7 @@ reaches the model as a content part and the page shows it inline, to its own bro
 from __future__ import annotations
 
 import io
+import re
 
 from PIL import Image
 
@@ -73,3 +74,36 @@ async def test_an_upload_over_the_limit_is_refused_naming_it(tmp_path, fake_open
         assert fake_openai.requests == []
     finally:
         await page.close()
+
+
+async def test_the_admin_transcript_shows_thumbnails_and_file_names(tmp_path, fake_openai, running):
+    from tests.test_web_admin import ADMIN, Operator
+
+    fake_openai.reset()
+    fake_openai.script(oa.text("Got it."))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    page, operator = WebClient(base_of(gateway)), Operator(base_of(gateway))
+    try:
+        await page.open()
+        page.listen()
+        _, answer = await page.upload(png(1200, 900), "image/png", "<img src=x>plan.png")
+        await page.say("see attached", files=[answer["file"]])
+        await wait_until(lambda: page.of("row", lambda e: e["role"] == "assistant"), timeout=20, what="the answer")
+
+        status, _, _ = await operator.get(f"/admin/files/{answer['file']['sha256']}")
+        assert status == 403  # not logged in
+        await operator.login()
+        _, listing, _ = await operator.get("/admin/sessions")
+        link = re.search(r'href="/admin/sessions/([0-9a-f]+)"', listing)
+        assert link, listing[:500]
+        status, html, _ = await operator.get(f"/admin/sessions/{link.group(1)}")
+        assert status == 200
+        assert "&#34;&lt;img src=x&gt;plan.png&#34;" in html and "<img src=x>" not in html  # quoted, escaped
+        thumb = re.search(r'<img src="(/admin/files/[0-9a-f]{64})"', html)
+        assert thumb
+        async with operator.http.get(base_of(gateway) + thumb.group(1)) as response:
+            assert response.status == 200 and response.content_type == "image/png"
+            assert max(Image.open(io.BytesIO(await response.read())).size) == 256
+    finally:
+        await page.close()
+        await operator.http.close()

@@ -71,8 +71,8 @@ class AdminQueries:
         what each of the turn's model calls reported, once per call, and of its recorded cost);
         each message has ``role``, ``content``, ``calls`` (``[{"id", "name", "arguments"}]``,
         arguments pretty-printed), ``tool_call_id``, ``tool_name`` (for a tool result: the called
-        tool's name), token counts (``cached_tokens`` too), ``sent_files`` (an answer's files sent with
-        ``send_file``: ``{"name", "mime_type", "size"}``) and ``created_at``.
+        tool's name), token counts (``cached_tokens`` too), ``files`` (the message's file references;
+        an assistant message's are the files it sent) and ``created_at``.
         """
         with read_tx(self.engine) as conn:
             row = conn.execute(select(_sessions).where(_sessions.c.id == session_id)).first()
@@ -102,7 +102,7 @@ class AdminQueries:
                                      "tool_call_id": r.tool_call_id, "tool_name": names.get(r.tool_call_id or ""),
                                      "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
                                      "cached_tokens": int(meta.get("cached_tokens") or 0),
-                                     "sent_files": _sent_files(r.role, meta), "created_at": r.created_at})
+                                     "created_at": r.created_at, "files": _files(meta)})
             turn["prompt_tokens"] += r.prompt_tokens or 0
             turn["completion_tokens"] += r.completion_tokens or 0
             turn["cached_tokens"] += int(meta.get("cached_tokens") or 0)
@@ -139,16 +139,26 @@ class AdminQueries:
         return [dict(r._mapping) for r in rows]
 
 
-def _sent_files(role: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
-    """Name, type and size of the files an assistant message sent (``meta["attachments"]``)."""
-    files = meta.get("attachments") if role == "assistant" else None
-    return [{"name": str(f.get("name") or "file"), "mime_type": str(f.get("mime_type") or ""),
-             "size": int(f.get("size") or 0)} for f in files if isinstance(f, dict)] if isinstance(files, list) else []
-
-
 def _pretty(arguments: str) -> str:
     """Tool call arguments (a JSON string) indented for reading; invalid JSON as it came."""
     try:
         return json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
     except (TypeError, ValueError):
         return str(arguments)
+
+
+def _files(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """A message's file references as the session page lists them: kind, quoted name, type, size,
+    why it could not be used, and the sha256 of an image's rendition for its thumbnail."""
+    from gateway.media.render import human_size, quoted
+
+    out = []
+    for ref in meta.get("attachments", ()) if isinstance(meta.get("attachments"), list) else ():
+        if not isinstance(ref, dict):
+            continue
+        image = ref.get("image")
+        image = image if isinstance(image, dict) else {}
+        out.append({"kind": ref.get("kind"), "name": quoted(ref.get("name")), "mime_type": ref.get("mime_type"),
+                    "size": human_size(int(ref.get("size") or 0)), "note": ref.get("note"),
+                    "thumb": image.get("sha256"), "sha256": ref.get("sha256")})
+    return out
