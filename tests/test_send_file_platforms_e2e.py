@@ -14,6 +14,7 @@ from tests.conftest import FIXTURES, gateway_config, start_gateway
 from tests.helpers import wait_until
 from tests.sendfile_flows import answer, flow, png, send, sha, shell, tool_results, write_with_shell
 from tests.test_jobs_e2e import command
+from tests.test_web_admin import ADMIN, Operator
 from tests.web_client import WebClient
 
 CHANNEL, MENTION_TS = "C0GENERAL1", "1735689660.000200"  # channel_app_mention.json, answered in its thread
@@ -161,7 +162,7 @@ async def test_a_scheduled_report_attaches_the_csv_its_run_wrote(tmp_path, fake_
         return report(request) if "Weekly units report" in user else answer("ok")()
 
     fake_openai.responder = respond
-    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram,
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram, web=ADMIN,
                                                  scheduler={"reload_interval_s": 0.3}, **workspace(tmp_path)), running)
 
     def texts() -> list[str]:
@@ -182,7 +183,14 @@ async def test_a_scheduled_report_attaches_the_csv_its_run_wrote(tmp_path, fake_
     assert len(run.platform_message_ids) == 2  # the report's text and its file, both delivered
     assert any("weekly.csv" in r and "will be sent" in r for r in tool_results(fake_openai, "weekly.csv"))
     with gateway.engine.connect() as conn:
-        rows = conn.execute(select(MessageRow.meta, MessageRow.tool_calls).where(
+        rows = conn.execute(select(MessageRow.meta, MessageRow.tool_calls, MessageRow.session_id).where(
             MessageRow.turn_id == f"run{run.id}", MessageRow.role == "assistant")).all()
-    [meta] = [r.meta for r in rows if not r.tool_calls]
-    assert meta["attachments"][0]["name"] == "weekly.csv"  # the admin transcript names it
+    [final] = [r for r in rows if not r.tool_calls]
+    assert final.meta["attachments"][0]["name"] == "weekly.csv"  # a reference in the transcript, no bytes
+    operator = Operator(f"http://127.0.0.1:{gateway.http_port}")  # the admin transcript shows the sent file
+    try:
+        await operator.login()
+        status, page, _ = await operator.get(f"/admin/sessions/{final.session_id}")
+    finally:
+        await operator.http.close()
+    assert status == 200 and "📎 sent document" in page and "weekly.csv" in page and "text/csv" in page
