@@ -120,7 +120,7 @@ def send_file_tool(*, workspace: Workspace, blobs: BlobStore, files: OutboxFiles
         if files.count(ctx.session_id, ctx.turn_id) >= MAX_FILES_PER_REPLY:
             return f"Error: at most {MAX_FILES_PER_REPLY} files go with one reply. {_display_name(path)} was not sent."
         try:
-            fd = workspace.open_inside(ctx.session_id, path, os.O_RDONLY)
+            fd = workspace.open_inside(ctx.session_id, path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO never blocks
         except WorkspaceError as exc:
             return f"Error: {exc}. Nothing was sent."
         except FileNotFoundError:
