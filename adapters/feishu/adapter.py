@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
+import io
 import json
 import logging
 import time
@@ -35,6 +36,10 @@ import lark_oapi as lark
 from aiohttp import web
 from lark_oapi.api.contact.v3 import GetUserRequest
 from lark_oapi.api.im.v1 import (
+    CreateFileRequest,
+    CreateFileRequestBody,
+    CreateImageRequest,
+    CreateImageRequestBody,
     CreateMessageReactionRequest,
     CreateMessageReactionRequestBody,
     CreateMessageRequest,
@@ -52,20 +57,22 @@ from lark_oapi.core.utils import AESCipher
 
 from adapters.feishu import history
 from adapters.feishu.cards import action_to_inbound, card_parts
-from adapters.feishu.format import Part, format_plain, format_reply
+from adapters.feishu.files import as_image, attachment_problem, file_type
+from adapters.feishu.format import POST_LIMIT_BYTES, Part, format_plain, format_reply
 from adapters.feishu.inbound import Ignored, to_inbound
 from adapters.feishu.long_connection import LongConnection
 from adapters.feishu.token import TenantToken
 from adapters.feishu.wire import event_id_of, event_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
 from gateway.core.errors import ContextUnavailable, CredentialRejected, DownloadFailed, FileTooBig
-from gateway.core.ports import BeforePart, ChatLeft, InboundSink, PartSent
+from gateway.core.ports import BeforePart, ChatLeft, FileReader, InboundSink, PartSent
 from gateway.core.types import (
     Attachment,
     ChatAddress,
     ContextMessage,
     DeliveryResult,
     InboundMessage,
+    OutboundAttachment,
     OutboundMessage,
     Sender,
     ThreadHistory,
@@ -99,6 +106,8 @@ WS_STORE_TIMEOUT_S = 10.0
 """How long a long-connection event waits for the inbox write before it is nacked (re-pushed)."""
 RECALLED_CODE = 230011
 """Feishu: the message was recalled (a preview card the user or an admin took back)."""
+IMAGE_ROW_BYTES = 200
+"""Room an image element takes in a ``post`` beside its caption."""
 
 
 class FeishuApiError(Exception):
@@ -116,6 +125,13 @@ def _uuid(message: OutboundMessage, index: int) -> str:
     digest = hashlib.sha256(
         f"{message.address.chat_id}|{message.reply_to_id}|{message.idempotency_key}".encode()).hexdigest()[:12]
     return f"{message.idempotency_key[:32]}-{digest}:p{index}"
+
+
+def _with_image(caption: Part, image: Part) -> Part:
+    """A ``post`` showing the uploaded image above its caption (the caption's own post part)."""
+    post = json.loads(caption.content)
+    post["zh_cn"]["content"].insert(0, [{"tag": "img", "image_key": json.loads(image.content)["image_key"]}])
+    return Part("post", json.dumps(post, ensure_ascii=False))
 
 
 def _header(headers: dict[str, str] | None, name: str) -> str | None:
@@ -175,6 +191,7 @@ class FeishuAdapter:
                        .timeout(timeout_s).enable_set_token(True).log_level(lark.LogLevel.WARNING).build())
         self.tokens = TenantToken(self._fetch_token)
         self.typing_emoji = typing_emoji
+        self._files: FileReader | None = None
         self.bot_open_id = ""
         self.resolve_names = resolve_names
         self._group_context = group_context
@@ -552,39 +569,74 @@ class FeishuAdapter:
         future.result(WS_STORE_TIMEOUT_S)
 
     # -- outbound ----------------------------------------------------------------------------
+    def bind_files(self, reader: FileReader) -> None:
+        """Where the bytes of outbound files come from (the gateway's blob store)."""
+        self._files = reader
+
+    def attachment_problem(self, attachment: OutboundAttachment) -> str | None:
+        """See ``FileSendingAdapter``; ``adapters.feishu.files`` has the rules."""
+        return attachment_problem(attachment)
+
+    def _parts(self, message: OutboundMessage) -> list[Part | tuple[OutboundAttachment, Part | None]]:
+        """Text parts, then per attachment the file with its caption: an image's caption in the
+        same ``post`` as the image when it fits one post, else (and for other files) the caption
+        as ``post`` parts right before the file."""
+        if message.editable or message.edit_id or message.buttons:
+            parts: list[Part | tuple[OutboundAttachment, Part | None]] = list(
+                card_parts(message.text, message.format, message.buttons, self._button_context(message)))
+        elif message.format == "markdown":
+            parts = list(format_reply(message.text))
+        else:
+            parts = list(format_plain(message.text))
+        for attachment in message.attachments:
+            caption = format_reply(attachment.caption, POST_LIMIT_BYTES - IMAGE_ROW_BYTES) \
+                if attachment.caption.strip() else []
+            if len(caption) == 1 and as_image(attachment):
+                parts.append((attachment, caption[0]))
+                continue
+            parts += caption if len(caption) <= 1 else format_reply(attachment.caption)
+            parts.append((attachment, None))
+        return parts
+
     async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
                    before_part: BeforePart | None = None) -> DeliveryResult:
         """Sends the reply as ``post`` parts (``text`` for plain format), in order; as shared
         interactive cards (``adapters.feishu.cards``) when it will be edited (``editable``), edits a
-        card (``edit_id``) or carries command ``buttons`` (on its last card).
+        card (``edit_id``) or carries command ``buttons`` (on its last card). Then each attachment:
+        uploaded (``POST /open-apis/im/v1/images`` with ``image_type=message``, or
+        ``/open-apis/im/v1/files`` with its ``file_type``; ``adapters.feishu.files``), then sent as
+        an ``image`` (a ``post`` with the image and its caption) or ``file`` message.
 
         Feishu open API im/v1 messages: a reply (``POST /messages/{reply_to_id}/reply``) when
         ``reply_to_id`` is set, with ``reply_in_thread`` when the address is a thread (every part then
         goes into the thread); otherwise ``POST /messages?receive_id_type=chat_id``. Each part carries
-        ``uuid`` = idempotency key + part index, so Feishu drops a retried duplicate; parts below
-        ``resume_from`` are skipped. With ``edit_id`` (a streamed preview or plan card), part 1 is a
+        ``uuid`` = idempotency key + part index, so Feishu drops a retried duplicate (an upload
+        repeated after a crash only leaves an unused key behind); parts below ``resume_from`` are
+        skipped. With ``edit_id`` (a streamed preview or plan card), part 1 is a
         ``PATCH /messages/{edit_id}`` of that card (repeating it is harmless); a card that was recalled
         (230011) is replaced by a new message. Rate limits (HTTP 429, 99991400, 230020, 11232), 5xx
         and network errors are retryable (``retry_after`` from ``x-ogw-ratelimit-reset``); other codes
         are not.
         """
         address = message.address
-        if message.editable or message.edit_id or message.buttons:
-            parts = card_parts(message.text, message.format, message.buttons, self._button_context(message))
-        elif message.format == "markdown":
-            parts = format_reply(message.text)
-        else:
-            parts = format_plain(message.text)
+        parts = self._parts(message)
         ids: list[str] = []
-        for index, part in enumerate(parts):
+        for index, entry in enumerate(parts):
             if index < message.resume_from:
                 continue
             target = message.reply_to_id if index == 0 or address.thread_id else None
-            if before_part is not None:
-                await before_part(index)
-            sender = self._sender(address, part, target, _uuid(message, index))
-            patched = index == 0 and message.edit_id is not None
             try:
+                if isinstance(entry, tuple):
+                    uploaded = await self._upload(entry[0])
+                    if isinstance(uploaded, DeliveryResult):
+                        return dataclasses.replace(uploaded, platform_message_ids=tuple(ids))
+                    part = uploaded if entry[1] is None else _with_image(entry[1], uploaded)
+                else:
+                    part = entry
+                if before_part is not None:
+                    await before_part(index)
+                sender = self._sender(address, part, target, _uuid(message, index))
+                patched = index == 0 and message.edit_id is not None and not isinstance(entry, tuple)
                 if patched:
                     assert message.edit_id is not None
                     response = await self._call(self._patcher(message.edit_id, part.content))
@@ -606,6 +658,32 @@ class FeishuAdapter:
                 await on_part(ids[-1])  # recorded before the next part: a crash never repeats it
         await self._clear_typing(address)
         return DeliveryResult(True, tuple(ids))
+
+    async def _upload(self, attachment: OutboundAttachment) -> Part | DeliveryResult:
+        """Uploads the file (image API or file API) and returns the message part that shows it,
+        or the failure (nothing was sent)."""
+        data = await self._files.read(attachment.sha256) if self._files is not None else None
+        if data is None:
+            return DeliveryResult(False, error=f"file {attachment.name} is no longer stored")
+        image = as_image(attachment)
+
+        def invoke(option: lark.RequestOption) -> Awaitable[Any]:  # lark empties the request: one per attempt
+            if image:
+                image_body = CreateImageRequestBody.builder().image_type("message").image(io.BytesIO(data)).build()
+                return self.client.im.v1.image.acreate(CreateImageRequest.builder().request_body(image_body)
+                                                       .build(), option)
+            file_body = (CreateFileRequestBody.builder().file_type(file_type(attachment))
+                         .file_name(attachment.name).file(io.BytesIO(data)).build())
+            return self.client.im.v1.file.acreate(CreateFileRequest.builder().request_body(file_body).build(),
+                                                  option)
+
+        response = await self._call(invoke)
+        key = getattr(response.data, "image_key" if image else "file_key", None) if response.data else None
+        if response.code != 0 or not key:
+            return self._failure(response, ())
+        if image:
+            return Part("image", json.dumps({"image_key": key}))
+        return Part("file", json.dumps({"file_key": key}))
 
     def _button_context(self, message: OutboundMessage) -> dict[str, Any]:
         """What a button press must bring back to be answered where the card is: the thread and

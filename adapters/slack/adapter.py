@@ -37,6 +37,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from yarl import URL
 
 from adapters.slack import history
+from adapters.slack.files import UploadFailed, attachment_problem, upload_bytes
 from adapters.slack.format import format_reply
 from adapters.slack.inbound import (
     ACTION_PREFIX,
@@ -50,13 +51,14 @@ from adapters.slack.inbound import (
 from adapters.slack.wire import envelope_problem, event_id_of, interaction_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
 from gateway.core.errors import ContextUnavailable, CredentialRejected, DownloadFailed
-from gateway.core.ports import BeforePart, ChatLeft, Fetch, InboundSink, PartSent
+from gateway.core.ports import BeforePart, ChatLeft, Fetch, FileReader, InboundSink, PartSent
 from gateway.core.types import (
     Attachment,
     ChatAddress,
     ContextMessage,
     DeliveryResult,
     InboundMessage,
+    OutboundAttachment,
     OutboundMessage,
     ThreadHistory,
 )
@@ -160,6 +162,10 @@ def _failure(exc: SlackApiError, sent: list[str]) -> DeliveryResult:
     return DeliveryResult(False, tuple(sent), error=f"slack error: {code}")
 
 
+class _FileGone(Exception):
+    """An attachment's bytes are no longer in the blob store (a permanent failure)."""
+
+
 class _UnusedTokenNotice(logging.Filter):
     """Drops Bolt's start-up warning that ``$SLACK_BOT_TOKEN`` is unused: ``AsyncApp`` reads that
     variable by itself, and the adapter passes its own client (pointed at ``api_url``) instead."""
@@ -238,6 +244,7 @@ class SlackAdapter:
         self._names: dict[str, tuple[str, float]] = {}
         self._last_seen: OrderedDict[ChatAddress, str] = OrderedDict()  # newest user message ts per chat
         self._reacted: dict[ChatAddress, str] = {}
+        self._files: FileReader | None = None
         self.app = self._build_app()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -504,42 +511,93 @@ class SlackAdapter:
         return names
 
     # -- outbound ----------------------------------------------------------------------------
+    def bind_files(self, reader: FileReader) -> None:
+        """Where the bytes of outbound files come from (the gateway's blob store)."""
+        self._files = reader
+
+    def attachment_problem(self, attachment: OutboundAttachment) -> str | None:
+        """See ``FileSendingAdapter``; ``adapters.slack.files`` has the rules."""
+        return attachment_problem(attachment)
+
+    @staticmethod
+    def _parts(message: OutboundMessage) -> list[str | tuple[OutboundAttachment, str | None]]:
+        """Text chunks, then per attachment the file with its caption as the upload's comment (a
+        caption longer than one chunk goes first as text parts)."""
+        parts: list[str | tuple[OutboundAttachment, str | None]] = list(format_reply(message.text, message.format))
+        for attachment in message.attachments:
+            caption = format_reply(attachment.caption) if attachment.caption.strip() else []
+            if len(caption) > 1:
+                parts += caption
+                caption = []
+            parts.append((attachment, caption[0] if caption else None))
+        return parts
+
     async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
                    before_part: BeforePart | None = None) -> DeliveryResult:
         """Posts the reply as one or more ``chat.postMessage`` calls (mrkdwn, ≤ 3,900 characters
         each; Slack Web API: chat.postMessage, text ≤ 40,000 characters, ≤ 4,000 advised) in
-        ``thread_ts`` when the address has a thread. Parts already sent (``resume_from``) are
-        skipped, and each part but the last is reported to ``on_part`` (its ``ts``) before the next
-        is sent, so a retried or resumed delivery never repeats a part; ``before_part`` runs right
-        before each part's API call. With ``edit_id`` (a streamed preview's ``ts``), part 1 is a
-        ``chat.update`` of that message instead of a new post."""
+        ``thread_ts`` when the address has a thread, then each attachment with files upload v2
+        (``_send_file``) into the same thread. Parts already sent (``resume_from``) are
+        skipped, and each part but the last is reported to ``on_part`` (its ``ts``; a file's id)
+        before the next is sent, so a retried or resumed delivery never repeats a part;
+        ``before_part`` runs right before the call that makes each part visible. With ``edit_id``
+        (a streamed preview's ``ts``), part 1 is a ``chat.update`` of that message instead of a new
+        post."""
         address = message.address
         ids: list[str] = []
-        chunks = format_reply(message.text, message.format)
-        for index, chunk in enumerate(chunks):
+        parts = self._parts(message)
+        for index, part in enumerate(parts):
             if index < message.resume_from:
                 continue
-            kwargs: dict[str, Any] = {"channel": address.chat_id, "text": chunk, "mrkdwn": True}
-            if message.buttons and index == len(chunks) - 1:
-                kwargs["blocks"] = command_blocks(chunk, message.buttons)
-            if address.thread_id:
-                kwargs["thread_ts"] = address.thread_id
-            if before_part is not None:
-                await before_part(index)
             try:
-                if index == 0 and message.edit_id:
-                    response = await self._update_or_post(message.edit_id, kwargs)
+                if isinstance(part, tuple):
+                    ids.append(await self._send_file(address, part[0], part[1], index, before_part))
                 else:
-                    response = await self.client.chat_postMessage(**kwargs)
+                    kwargs: dict[str, Any] = {"channel": address.chat_id, "text": part, "mrkdwn": True}
+                    if message.buttons and index == len(parts) - 1:
+                        kwargs["blocks"] = command_blocks(part, message.buttons)
+                    if address.thread_id:
+                        kwargs["thread_ts"] = address.thread_id
+                    if before_part is not None:
+                        await before_part(index)
+                    if index == 0 and message.edit_id:
+                        response = await self._update_or_post(message.edit_id, kwargs)
+                    else:
+                        response = await self.client.chat_postMessage(**kwargs)
+                    ids.append(str(response.get("ts") or ""))
             except SlackApiError as exc:
                 return _failure(exc, ids)
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            except _FileGone as exc:
+                return DeliveryResult(False, tuple(ids), error=str(exc))
+            except (aiohttp.ClientError, TimeoutError, OSError, UploadFailed) as exc:
                 return DeliveryResult(False, tuple(ids), retryable=True, error=f"network: {type(exc).__name__}")
-            ids.append(str(response.get("ts") or ""))
-            if on_part is not None and index < len(chunks) - 1:
+            if on_part is not None and index < len(parts) - 1:
                 await on_part(ids[-1])  # recorded before the next part: a crash never repeats it
         await self._clear_typing(address)
         return DeliveryResult(True, tuple(ids))
+
+    async def _send_file(self, address: ChatAddress, attachment: OutboundAttachment, comment: str | None,
+                         index: int, before_part: BeforePart | None) -> str:
+        """One file through files upload v2 (Slack Web API): ``files.getUploadURLExternal``
+        (name, length), the bytes POSTed to the returned URL, then ``files.completeUploadExternal``
+        with ``channel_id`` (and ``thread_ts``: into the thread) and the caption as
+        ``initial_comment``. Only the completion shares the file, so ``before_part`` runs right
+        before it: a crash during the upload leaves nothing visible and the part is redone.
+        Returns the file's id."""
+        data = await self._files.read(attachment.sha256) if self._files is not None else None
+        if data is None:
+            raise _FileGone(f"file {attachment.name} is no longer stored")
+        reserved = await self.client.files_getUploadURLExternal(filename=attachment.name, length=len(data))
+        file_id, upload_url = str(reserved.get("file_id") or ""), str(reserved.get("upload_url") or "")
+        await upload_bytes(upload_url, data)
+        if before_part is not None:
+            await before_part(index)
+        extra: dict[str, Any] = {"thread_ts": address.thread_id} if address.thread_id else {}
+        if comment:
+            extra["initial_comment"] = comment
+        await self.client.files_completeUploadExternal(files=[{"id": file_id, "title": attachment.name}],
+                                                       channel_id=address.chat_id, **extra)
+        return file_id
 
     async def _update_or_post(self, ts: str, kwargs: dict[str, Any]) -> Any:
         """chat.update of the preview ``ts``; a preview that is gone (deleted) is replaced by a post."""

@@ -27,25 +27,42 @@ from telegram import (
     BotCommandScopeChat,
     InlineKeyboardButton,
     InlineKeyboardMarkup,
+    InputFile,
     MessageEntity,
     ReplyParameters,
     Update,
 )
 from telegram.error import BadRequest, ChatMigrated, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
 
+from adapters.telegram.files import (
+    CAPTION_LIMIT,
+    DOCUMENT_MAX_BYTES,
+    as_photo,
+    attachment_problem,
+)
 from adapters.telegram.format import Chunk, chunk_text, format_reply
 from adapters.telegram.inbound import CLOUD_DOWNLOAD_LIMIT, BotIdentity, Ignored, callback_to_inbound, to_inbound
 from adapters.telegram.request import AiohttpRequest
 from adapters.telegram.wire import update_id_of, update_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
 from gateway.core.errors import CredentialRejected, DownloadFailed, FileTooBig
-from gateway.core.ports import BeforePart, ChatLeft, InboundSink, PartSent
-from gateway.core.types import Attachment, ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+from gateway.core.ports import BeforePart, ChatLeft, FileReader, InboundSink, PartSent
+from gateway.core.types import (
+    Attachment,
+    ChatAddress,
+    DeliveryResult,
+    InboundMessage,
+    OutboundAttachment,
+    OutboundMessage,
+)
 
 log = logging.getLogger("adapters.telegram")
 
 WEBHOOK_PATH = "/telegram/webhook"
 DOWNLOAD_READ_TIMEOUT_S = 60.0
+FILE_READ_TIMEOUT_S = 60.0
+"""Seconds to wait for Telegram's answer to an upload (it stores the file before answering)."""
+PHOTO_REFUSALS = ("PHOTO_INVALID_DIMENSIONS", "PHOTO_SAVE_FILE_INVALID")
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query", "my_chat_member"]
 GONE_STATUSES = frozenset({"left", "kicked"})
 """ChatMember statuses of a bot no longer in the chat (Bot API ``my_chat_member``)."""
@@ -103,6 +120,8 @@ class TelegramAdapter:
             Bot API server: 2,000 MB).
         local_mode: ``base_url`` is a local Bot API server run with ``--local`` (PTB reads files
             from the path ``getFile`` returns).
+        max_upload_bytes: largest file the bot may send (Bot API: 50 MB; 2,000 MB through a local
+            Bot API server).
     """
 
     platform = "telegram"
@@ -111,7 +130,8 @@ class TelegramAdapter:
     def __init__(self, *, token: str, base_url: str = "https://api.telegram.org", mode: str = "polling",
                  webhook_secret: str | None = None, webhook_url: str | None = None, poll_timeout_s: int = 30,
                  menu: CommandMenu | None = None, group_context: bool = False,
-                 max_download_bytes: int = CLOUD_DOWNLOAD_LIMIT, local_mode: bool = False) -> None:
+                 max_download_bytes: int = CLOUD_DOWNLOAD_LIMIT, local_mode: bool = False,
+                 max_upload_bytes: int = DOCUMENT_MAX_BYTES) -> None:
         root = base_url.rstrip("/")
         self._group_context = group_context
         self.max_download_bytes = max_download_bytes
@@ -124,6 +144,8 @@ class TelegramAdapter:
             local_mode=local_mode,
         )
         self.mode = mode
+        self._files: FileReader | None = None
+        self._max_file_bytes = max_upload_bytes
         self._webhook_secret = webhook_secret
         self._webhook_url = webhook_url
         self._poll_timeout = poll_timeout_s
@@ -314,29 +336,59 @@ class TelegramAdapter:
         return web.json_response({"ok": True})
 
     # -- outbound ----------------------------------------------------------------------------
+    def bind_files(self, reader: FileReader) -> None:
+        """Where the bytes of outbound files come from (the gateway's blob store)."""
+        self._files = reader
+
+    def attachment_problem(self, attachment: OutboundAttachment) -> str | None:
+        """See ``FileSendingAdapter``; ``adapters.telegram.files`` has the rules."""
+        return attachment_problem(attachment, self._max_file_bytes)
+
+    def _parts(self, message: OutboundMessage) -> list[Chunk | tuple[OutboundAttachment, Chunk | None]]:
+        """The reply's parts in order: text chunks, then per attachment its caption (as text parts
+        first when it does not fit a caption's 1024 units) and the file with the caption."""
+        if message.format == "markdown":
+            parts: list[Chunk | tuple[OutboundAttachment, Chunk | None]] = list(format_reply(message.text))
+        else:
+            parts = [c for c in chunk_text(message.text, []) if c.text.strip()]
+        for attachment in message.attachments:
+            caption = format_reply(attachment.caption, CAPTION_LIMIT) if attachment.caption.strip() else []
+            if len(caption) > 1:
+                parts += format_reply(attachment.caption)
+                caption = []
+            parts.append((attachment, caption[0] if caption else None))
+        return parts
+
     async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
                    before_part: BeforePart | None = None) -> DeliveryResult:
         """Sends the reply as one or more sendMessage calls (text + entities, ≤ 4096 UTF-16 units
-        each), quoting ``reply_to_id`` on the first. Parts already sent (``resume_from``) are
-        skipped, so a retried delivery never repeats a part. With ``edit_id`` (a streamed
-        preview), part 1 is an editMessageText of that message instead of a new message."""
-        if message.format == "markdown":
-            chunks = format_reply(message.text)
-        else:
-            chunks = [c for c in chunk_text(message.text, []) if c.text.strip()]
+        each), quoting ``reply_to_id`` on the first, then each attachment as a multipart
+        ``sendPhoto`` (a picture within the photo rules, ``adapters.telegram.files``) or
+        ``sendDocument`` with its caption. Parts already sent (``resume_from``) are skipped, so a
+        retried delivery never repeats a part. With ``edit_id`` (a streamed preview), part 1 is an
+        editMessageText of that message instead of a new message."""
+        parts = self._parts(message)
         ids: list[str] = []
-        for index, chunk in enumerate(chunks):
+        for index, part in enumerate(parts):
             if index < message.resume_from:
                 continue
             quote = message.reply_to_id if index == 0 else None
+            markup = _keyboard(message.buttons) if index == len(parts) - 1 else None
+            data = None
+            if isinstance(part, tuple):
+                data = await self._files.read(part[0].sha256) if self._files is not None else None
+                if data is None:
+                    return DeliveryResult(False, tuple(ids), error=f"file {part[0].name} is no longer stored")
             if before_part is not None:
                 await before_part(index)
             try:
-                if index == 0 and message.edit_id:
-                    sent_id = await self._edit_chunk(message.address, message.edit_id, chunk, quote)
+                if isinstance(part, tuple):
+                    assert data is not None
+                    sent_id = await self._send_file(message.address, part[0], data, part[1], quote, markup)
+                elif index == 0 and message.edit_id:
+                    sent_id = await self._edit_chunk(message.address, message.edit_id, part, quote)
                 else:
-                    markup = _keyboard(message.buttons) if index == len(chunks) - 1 else None
-                    sent_id = await self._send_chunk(message.address, chunk, quote, markup)
+                    sent_id = await self._send_chunk(message.address, part, quote, markup)
             except RetryAfter as exc:
                 return DeliveryResult(False, tuple(ids), retryable=True, retry_after=_retry_after(exc),
                                       error="telegram flood control")
@@ -347,11 +399,44 @@ class TelegramAdapter:
             except BadRequest as exc:
                 return DeliveryResult(False, tuple(ids), error=f"bad request: {exc.message}")
             except (NetworkError, TelegramError) as exc:
-                return DeliveryResult(False, tuple(ids), retryable=True, error=f"network: {exc}")
+                # HTTP 413 (an upload over the Bot API's limit) fails the same way every time.
+                too_big = "entity too large" in str(exc).lower()
+                return DeliveryResult(False, tuple(ids), retryable=not too_big, error=f"network: {exc}")
             ids.append(sent_id)
-            if on_part is not None and index < len(chunks) - 1:
+            if on_part is not None and index < len(parts) - 1:
                 await on_part(sent_id)  # recorded before the next part: a crash never repeats it
         return DeliveryResult(True, tuple(ids))
+
+    async def _send_file(self, address: ChatAddress, attachment: OutboundAttachment, data: bytes,
+                         caption: Chunk | None, quote: str | None, markup: InlineKeyboardMarkup | None) -> str:
+        """One multipart upload: ``sendPhoto`` when the picture keeps Telegram's photo rules, else
+        ``sendDocument``; a photo Telegram still refuses (``PHOTO_INVALID_DIMENSIONS``,
+        ``PHOTO_SAVE_FILE_INVALID``: nothing was sent) goes again as a document."""
+        kwargs: dict[str, object] = {"chat_id": int(address.chat_id), "read_timeout": FILE_READ_TIMEOUT_S}
+        if caption is not None:
+            kwargs["caption"] = caption.text
+            if caption.entities:
+                kwargs["caption_entities"] = [MessageEntity(e.type, e.offset, e.length, url=e.url, language=e.language)
+                                              for e in caption.entities]
+        if markup is not None:
+            kwargs["reply_markup"] = markup
+        if address.thread_id:
+            kwargs["message_thread_id"] = int(address.thread_id)
+        if quote:
+            kwargs["reply_parameters"] = ReplyParameters(int(quote), allow_sending_without_reply=True)
+        if as_photo(attachment):
+            try:
+                sent = await self.bot.send_photo(photo=InputFile(data, filename=attachment.name),
+                                                 **kwargs)  # type: ignore[arg-type]
+                return str(sent.message_id)
+            except BadRequest as exc:
+                if not any(code in exc.message.upper() for code in PHOTO_REFUSALS):
+                    raise
+                log.warning("telegram refused %s as a photo (%s); sending it as a document", attachment.name,
+                            exc.message)
+        sent = await self.bot.send_document(document=InputFile(data, filename=attachment.name),
+                                            **kwargs)  # type: ignore[arg-type]
+        return str(sent.message_id)
 
     async def _send_chunk(self, address: ChatAddress, chunk: Chunk, quote: str | None,
                           markup: InlineKeyboardMarkup | None = None) -> str:

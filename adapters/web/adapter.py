@@ -29,17 +29,18 @@ import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlencode
 
 from aiohttp import web
 from itsdangerous import BadSignature, Signer
 
-from adapters.web.format import markdown_html, plain_html
+from adapters.web.format import INLINE_IMAGE_TYPES, attachment_html, markdown_html, plain_html
 from adapters.web.inbound import TENANT, WebInputError, client_id_of, message_from_post
 from adapters.wire import UnreadableBody, header_bytes, load_json
 from gateway.core.errors import BlobMissing
-from gateway.core.ports import BeforePart, BlobStore, ConversationReader, InboundSink, PartSent
-from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
+from gateway.core.files import MB, human_size
+from gateway.core.ports import BeforePart, BlobStore, ConversationReader, FileReader, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, OutboundAttachment, OutboundMessage
 
 log = logging.getLogger("adapters.web")
 
@@ -54,6 +55,9 @@ HEARTBEAT_S = 15.0
 MAX_STREAMS_PER_USER = 8
 """Open event streams one web user may hold (tabs, devices); a further one gets 429 (the page
 retries it, so it comes in once another tab closes)."""
+MAX_FILE_BYTES = 100 * MB
+"""Largest file the agent may send into the web chat (served from the blob store)."""
+SENT_FILE_PATH = "/web/files/{sha256}/{name}"
 STATIC = Path(__file__).with_name("static")
 CSP = ("default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
        "frame-ancestors 'none'; form-action 'self'")
@@ -76,6 +80,8 @@ class WebAdapter:
         self._tickets = Signer(secret, salt="gateway-web-file")
         self._blobs: BlobStore | None = None
         self._upload_max = 20_000_000
+        self._file_signer = Signer(secret, salt="gateway-web-sent-file")
+        self._files: FileReader | None = None
         self._cookie_secure = cookie_secure
         self._sink: InboundSink | None = None
         self._reader: ConversationReader | None = None
@@ -104,7 +110,8 @@ class WebAdapter:
                 web.get("/web/icon.svg", self._static("icon.svg", "image/svg+xml")),
                 web.get("/favicon.ico", self._favicon),
                 web.post("/web/messages", self._post), web.get("/web/events", self._events),
-                web.post("/web/files", self._upload), web.get("/web/files/{sha256}", self._file)]
+                web.post("/web/files", self._upload), web.get("/web/files/{sha256}", self._file),
+                web.get(SENT_FILE_PATH, self._sent_file)]
 
     def user_of(self, request: web.Request) -> str | None:
         """The browser's user id from its signed cookie, or ``None`` (no cookie, bad signature)."""
@@ -119,6 +126,53 @@ class WebAdapter:
     def cookie_for(self, user_id: str) -> str:
         """The signed cookie value of ``user_id``."""
         return self._signer.sign(user_id).decode()
+
+    def bind_files(self, reader: FileReader) -> None:
+        """Where the bytes of files the agent sent come from (the gateway's blob store)."""
+        self._files = reader
+
+    def attachment_problem(self, attachment: OutboundAttachment) -> str | None:
+        """See ``FileSendingAdapter``: the web chat serves files of up to ``MAX_FILE_BYTES``."""
+        if attachment.size <= 0:
+            return f"{attachment.name} is empty; there is nothing to show."
+        if attachment.size > MAX_FILE_BYTES:
+            return (f"the web chat takes files up to {human_size(MAX_FILE_BYTES)}; {attachment.name} is "
+                    f"{human_size(attachment.size)}.")
+        return None
+
+    def file_url(self, user_id: str, attachment: dict[str, Any]) -> str:
+        """The address of a file the agent sent to ``user_id``: signed for that user, its bytes'
+        digest, type and name, so it opens only in that user's browser (their cookie) and a changed
+        type or name is refused."""
+        sha, mime, name = str(attachment["sha256"]), str(attachment.get("mime_type") or ""), \
+            str(attachment.get("name") or "file")
+        signature = self._file_signer.get_signature(_file_claim(user_id, sha, mime, name)).decode()
+        return f"/web/files/{sha}/{quote(name, safe='')}?" + urlencode({"type": mime, "sig": signature})
+
+    async def _sent_file(self, request: web.Request) -> web.StreamResponse:
+        """``GET /web/files/{sha256}/{name}?type=&sig=``: a file the agent sent to this browser's user.
+        Images of a raster type are shown inline, everything else is a download; the body is never
+        sniffed into something else (``nosniff``, a sandboxing CSP)."""
+        user_id = self.user_of(request)
+        if user_id is None:
+            return _error(401, "no web identity: reload the page")
+        sha, name = request.match_info["sha256"], request.match_info["name"]
+        mime = request.query.get("type", "")
+        claim = _file_claim(user_id, sha, mime, name)
+        if not self._file_signer.verify_signature(claim, request.query.get("sig", "").encode()):
+            return _error(403, "this file link is not yours")
+        data = await self._files.read(sha) if self._files is not None else None
+        if data is None:
+            return _error(404, "this file is no longer stored")
+        inline = mime in INLINE_IMAGE_TYPES
+        disposition = "inline" if inline else "attachment"
+        headers = {"Content-Disposition": f"{disposition}; filename*=UTF-8''{quote(name, safe='')}",
+                   "X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'; sandbox",
+                   "Cache-Control": "private, max-age=3600", "Referrer-Policy": "no-referrer"}
+        return web.Response(body=data, content_type=mime if inline else "application/octet-stream", headers=headers)
+
+    def _files_html(self, user_id: str, attachments: list[dict[str, Any]]) -> str:
+        return "".join(attachment_html(a, self.file_url(user_id, a)) for a in attachments if a.get("sha256"))
 
     async def _page(self, request: web.Request) -> web.Response:
         response = web.Response(body=(STATIC / "chat.html").read_bytes(), content_type="text/html",
@@ -256,8 +310,11 @@ class WebAdapter:
                         if row["platform"] == "web" and row["message_id"]:
                             row = {**row, "message_id": client_id_of(row["message_id"])}  # the page's id
                         html = markdown_html(row["text"]) if row["role"] == "assistant" else plain_html(row["text"])
+                        if row["role"] == "assistant" and row.get("attachments"):  # the files the agent sent
+                            html += self._files_html(user_id, row["attachments"])
                         await _emit(response, {**row, "type": "row", "html": html, "session": session_id,
-                                               "attachments": self._files_of(user_id, row)})
+                                               "attachments": self._files_of(user_id, row)
+                                               if row["role"] == "user" else []})
                         after = max(after, row["id"])
                         if row["role"] == "assistant":
                             answered.append(row["text"].strip())
@@ -313,14 +370,16 @@ class WebAdapter:
 
     async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
                    before_part: BeforePart | None = None) -> DeliveryResult:
-        """Shows the reply on the chat's open pages (one part; a page opened later finds a turn's
-        reply in the transcript). Part 1 of a reply with ``edit_id`` replaces that preview."""
+        """Shows the reply on the chat's open pages (one part, the agent's files inline or as
+        downloads under the text; a page opened later finds a turn's reply in the transcript). Part
+        1 of a reply with ``edit_id`` replaces that preview."""
         if message.resume_from > 0:
             return DeliveryResult(True)
         if before_part is not None:
             await before_part(0)
         message_id = message.edit_id or uuid.uuid4().hex
         html = plain_html(message.text) if message.format == "plain" else markdown_html(message.text)
+        html += self._files_html(message.address.chat_id, [a.to_dict() for a in message.attachments])
         self._publish(message.address.chat_id, {"type": "reply", "id": message_id, "text": message.text,
                                                 "html": html})
         if on_part is not None:
@@ -342,6 +401,10 @@ class WebAdapter:
 
 async def _emit(response: web.StreamResponse, event: dict[str, Any]) -> None:
     await response.write(f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode())
+
+
+def _file_claim(user_id: str, sha256: str, mime: str, name: str) -> str:
+    return "\n".join((user_id, sha256, mime, name))
 
 
 def _image_type(data: bytes) -> str | None:

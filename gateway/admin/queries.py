@@ -72,7 +72,8 @@ class AdminQueries:
         each message has ``role``, ``content``, ``calls`` (``[{"id", "name", "arguments"}]``,
         arguments pretty-printed), ``tool_call_id``, ``tool_name`` (for a tool result: the called
         tool's name), token counts (``cached_tokens`` too), ``answered_by`` (``provider:model`` of a
-        routed answer, else ``None``) and ``created_at``.
+        routed answer, else ``None``), ``files`` (the message's file references; an assistant
+        message's are the files it sent) and ``created_at``.
         """
         with read_tx(self.engine) as conn:
             row = conn.execute(select(_sessions).where(_sessions.c.id == session_id)).first()

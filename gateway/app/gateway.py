@@ -34,9 +34,11 @@ from gateway.bus.conversation import ConversationContext
 from gateway.bus.lanes import SessionBus
 from gateway.bus.turns import TurnRunner
 from gateway.core.config import GatewayConfig
-from gateway.core.ports import Adapter
+from gateway.core.ports import Adapter, can_send_files
 from gateway.core.types import ChatAddress, InboundMessage
+from gateway.delivery.files import BlobFiles, OutboxFiles
 from gateway.delivery.outbox import Delivery
+from gateway.delivery.send_file import send_file_tool
 from gateway.delivery.streaming import StreamHub
 from gateway.delivery.typing import TypingIndicators
 from gateway.inbound.access import admin_pages_on, is_admin
@@ -70,7 +72,7 @@ from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import Store
 from gateway.tools.approvals import ApprovalPolicy
 from gateway.tools.approvals_store import Approvals
-from gateway.tools.catalog import build_catalog, expand_toolset, mcp_specs
+from gateway.tools.catalog import build_catalog, build_workspace, expand_toolset, mcp_specs
 
 log = logging.getLogger("gateway")
 T = TypeVar("T")
@@ -129,6 +131,14 @@ class Gateway:
             self.tools.add(load_skill_tool(self.skills))
         if config.skills.plan:
             self.tools.add(update_plan_tool())
+        # Files back (send_file): bytes in the blob store, the call recorded, the reply carries them.
+        self.outbox_files = OutboxFiles(self.engine)
+        for adapter in adapters:
+            if can_send_files(adapter):
+                adapter.bind_files(BlobFiles(self.blobs))  # type: ignore[attr-defined]
+        if config.tools.workspace != "off":  # chat turns and scheduled reports alike
+            self.tools.add(send_file_tool(workspace=build_workspace(config), blobs=self.blobs,
+                                          files=self.outbox_files, adapters=lambda: self.adapters))
         push_tools = ToolRegistry()  # a push's "default" toolset: the chat tools minus chat-only ones
         for tool in self.tools.tools.values():
             push_tools.add(tool)
@@ -203,7 +213,7 @@ class Gateway:
             window=config.llm.window_policy(config.llm.route_window()),
             metrics=self.metrics, memory=self.memory,
             trusted=lambda message, user_id: self.inbound.trusted(message), media=self.media,
-            conversation=self.conversation,
+            conversation=self.conversation, files=self.outbox_files,
         )
         self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")

@@ -27,7 +27,8 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
                                         webhook_url=tg.webhook_url, poll_timeout_s=tg.poll_timeout_s,
                                         menu=_telegram_menu(config),
                                         group_context=config.sessions.group_context_on("telegram"),
-                                        max_download_bytes=tg.download_limit_bytes(), local_mode=tg.local_mode))
+                                        max_download_bytes=tg.download_limit_bytes(), local_mode=tg.local_mode,
+                                        max_upload_bytes=tg.upload_limit_bytes()))
     if config.slack.enabled:
         from adapters.slack.adapter import SlackAdapter
 

@@ -32,8 +32,9 @@ from gateway.bus.context import user_meta
 from gateway.bus.conversation import ConversationContext
 from gateway.core.errors import TurnInterrupted
 from gateway.core.session_keys import is_dm_key
-from gateway.core.types import CURRENT_MESSAGE, InboundMessage, OutboundMessage
+from gateway.core.types import CURRENT_MESSAGE, InboundMessage, OutboundAttachment, OutboundMessage
 from gateway.core.window import WindowPolicy
+from gateway.delivery.files import OutboxFiles, transcript_refs
 from gateway.delivery.progress import PlanMessage, plan_key, resumed_state
 from gateway.delivery.streaming import StreamHub
 from gateway.media.render import has_images
@@ -64,6 +65,17 @@ GAVE_UP_TEXT = "⚠️ Sorry, something went wrong while answering this message,
 
 TRANSIENT = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
 """Database faults that pass: a turn failing with one is retried without limit (nothing is lost)."""
+
+
+def _name_files(unwritten: list[NewMessage], files: Sequence[OutboundAttachment]) -> None:
+    """Adds the reply's files to the meta of the turn's final assistant message (not yet written:
+    it is written with the reply), so the web chat and the admin transcript show them."""
+    for index in range(len(unwritten) - 1, -1, -1):
+        entry = unwritten[index]
+        if entry.role == "assistant" and not entry.fields.get("tool_calls"):
+            meta = {**(entry.fields.get("meta") or {}), "attachments": transcript_refs(files)}
+            unwritten[index] = dataclasses.replace(entry, fields={**entry.fields, "meta": meta})
+            return
 
 
 def reply_key_for(last: PendingInbound) -> str:
@@ -105,6 +117,8 @@ class TurnRunner:
         media: the files of messages (``gateway.media``): downloaded and stored before the user
             message is written, images sent as content parts (``None``: files described by the
             platform's announcement only).
+        files: the files ``send_file`` recorded (``gateway.delivery.files``): a turn's reply
+            carries those of its turn (``None``: replies carry no files).
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
@@ -117,10 +131,12 @@ class TurnRunner:
                  redact: Callable[[str], str] = lambda text: text, wake: Callable[[], None] = lambda: None,
                  memory: MemoryService | None = None,
                  trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True,
-                 conversation: ConversationContext | None = None, media: MediaService | None = None) -> None:
+                 conversation: ConversationContext | None = None, media: MediaService | None = None,
+                 files: OutboxFiles | None = None) -> None:
         self.memory = memory
         self.conversation = conversation
         self.media = media
+        self.files = files
         self.trusted = trusted
         self.job_commands = job_commands
         self.store = store
@@ -217,8 +233,12 @@ class TurnRunner:
         plan: list[PlanMessage] = []  # the turn's progress message, once opened
 
         def finish(status: str, text: str | None, session_id: str | None, stop_reason: str = "none") -> str:
+            files = self._files_for(session_id, turn_id) if text is not None else []
+            if files:  # the files send_file recorded go with the reply; the transcript names them
+                _name_files(unwritten, files)
             replies = [] if text is None else [
-                OutboundMessage(message.address, text, idempotency_key=reply_key, reply_to_id=message.reply_to_id)
+                OutboundMessage(message.address, text, idempotency_key=reply_key, reply_to_id=message.reply_to_id,
+                                attachments=tuple(files))
             ]
             shown = plan[0].final() if plan and text is not None else None
             replies = [shown, *replies] if shown is not None else replies  # the plan's last state first
@@ -383,16 +403,24 @@ class TurnRunner:
         if outcome.stop_reason not in ("stop", "length"):
             log.info("turn %s stopped by %s after %d model calls ($%.4f)", turn_id, outcome.stop_reason,
                      outcome.steps, outcome.cost_usd)
+        sends_files = bool(self._files_for(session_id, turn_id))
         if getattr(model, "fell_back", False):
             notes.append(NO_VISION_NOTE)
         told = "".join(f"{line}\n" for line in dict.fromkeys(notes))
-        reply = notice + (told + "\n" if told else "") + (outcome.reply.strip() or "(no answer)")
+        answer = outcome.reply.strip() or ("" if sends_files else "(no answer)")  # files alone are an answer
+        reply = notice + (told + "\n" if told else "") + answer
         if self.memory is not None:  # a "remember ..." too long to store: said with the reply
             reply += self.memory.refusal_notice([self.redact(p.message.text) for p in batch])
         status = finish("done", reply, session_id, outcome.stop_reason)
         if self.memory is not None:
             self.memory.after_turn(key=key, session_id=session_id, turn_ids=[f"in{p.inbox_id}" for p in batch])
         return status
+
+    def _files_for(self, session_id: str | None, turn_id: str) -> list[OutboundAttachment]:
+        """The files ``send_file`` recorded during the turn (none without a session or file store)."""
+        if self.files is None or session_id is None:
+            return []
+        return self.files.for_turn(session_id, turn_id)
 
     def _approver(self, last: PendingInbound, turn_id: str) -> ChatApprover | None:
         if self.approvals is None:

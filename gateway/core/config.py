@@ -375,6 +375,9 @@ class TelegramConfig(_Section):
     mode: Literal["polling", "webhook"] = "polling"
     base_url: str = "https://api.telegram.org"
     """Bot API root; the SDK calls ``{base_url}/bot{token}/{method}``."""
+    max_upload_mb: float | None = None
+    """Largest file the agent may send (``send_file``); default 50 MB (Telegram's cloud Bot API),
+    2000 MB with ``local_mode``."""
     webhook_url: str | None = None
     """Public URL Telegram posts to (webhook mode); ``None`` leaves the webhook as set elsewhere."""
     webhook_secret_env: str = "TELEGRAM_WEBHOOK_SECRET"
@@ -389,6 +392,11 @@ class TelegramConfig(_Section):
     def download_limit_bytes(self) -> int:
         """``max_download_mb`` in bytes, or the Bot API's limit for the mode."""
         mb = self.max_download_mb if self.max_download_mb is not None else (2000.0 if self.local_mode else 20.0)
+        return int(mb * 1_000_000)
+
+    def upload_limit_bytes(self) -> int:
+        """``max_upload_mb`` in bytes, or the Bot API's limit for the mode (sendDocument: 50 MB)."""
+        mb = self.max_upload_mb if self.max_upload_mb is not None else (2000.0 if self.local_mode else 50.0)
         return int(mb * 1_000_000)
 
 

@@ -14,6 +14,7 @@ from gateway.core.types import (
     ContextMessage,
     DeliveryResult,
     InboundMessage,
+    OutboundAttachment,
     OutboundMessage,
     ThreadHistory,
 )
@@ -86,6 +87,35 @@ def can_read_context(adapter: object) -> bool:
     return callable(getattr(adapter, "read_message", None)) and callable(getattr(adapter, "read_thread", None))
 
 
+class FileReader(Protocol):
+    """Reads the bytes of an outbound file by its ``sha256`` (the gateway's blob store), for
+    adapters that upload files (``bind_files``)."""
+
+    async def read(self, sha256: str) -> bytes | None:
+        """The blob's bytes, or ``None`` when the store no longer has it (retention)."""
+        ...
+
+
+class FileSendingAdapter(Protocol):
+    """Optional capability: deliver ``OutboundMessage.attachments`` (the ``send_file`` tool).
+
+    ``bind_files(reader)`` is called by the gateway before ``start``; ``send`` then delivers each
+    attachment as one part after the text parts. ``attachment_problem`` is asked when the tool is
+    called, so the model learns at once that a file cannot go to this platform (and why)."""
+
+    def bind_files(self, reader: FileReader) -> None: ...
+
+    def attachment_problem(self, attachment: OutboundAttachment) -> str | None:
+        """``None`` when this platform can take the file, else one sentence naming the platform's
+        limit (e.g. "Telegram bots can send files up to 50 MB; report.zip is 63.2 MB."). Pure."""
+        ...
+
+
+def can_send_files(adapter: object) -> bool:
+    """Whether ``adapter`` has the optional file-sending capability."""
+    return callable(getattr(adapter, "attachment_problem", None)) and callable(getattr(adapter, "bind_files", None))
+
+
 class Adapter(Protocol):
     """One platform account. Adapters translate; every decision is the gateway's.
 
@@ -149,7 +179,8 @@ class ConversationReader(Protocol):
         ``limit``. Each entry: ``id`` (int), ``role`` (``user`` | ``assistant``), ``text`` (markdown
         as written), ``platform`` (where the turn came from, or ``None``), ``message_id`` (the platform's id
         of a user message, else ``None``), ``created_at`` (epoch s), ``attachments`` (the row's stored
-        file references, ``gateway.core.types.MediaRef`` dicts; never bytes)."""
+        file references, ``gateway.core.types.MediaRef`` dicts; never bytes; an assistant message's are
+        the files it sent: ``{"kind", "name", "mime_type", "size", "sha256", "caption"?}``)."""
         ...
 
 

@@ -283,6 +283,41 @@ class InboundMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class OutboundAttachment:
+    """A file the agent sends with a reply (``send_file``), by reference: the bytes are a blob
+    (content-addressed by ``sha256``) read when the reply is delivered, so a retry after a crash
+    sends the same bytes even if the workspace file changed or was deleted.
+
+    Attributes:
+        kind: ``image`` (a PNG, JPEG, WebP or GIF the gateway could read) or ``document``.
+        name: file name shown to the user (no folders), at most 255 characters.
+        mime_type: e.g. ``image/png``, ``text/csv``.
+        size: bytes.
+        sha256: hex digest of the bytes: the blob's key.
+        caption: text shown with the file (markdown), may be empty.
+        width, height: pixels, for images (``None`` otherwise): Telegram's photo rules need them.
+    """
+
+    kind: Literal["image", "document"]
+    name: str
+    mime_type: str
+    size: int
+    sha256: str
+    caption: str = ""
+    width: int | None = None
+    height: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OutboundAttachment:
+        return cls(kind=data["kind"], name=data["name"], mime_type=data["mime_type"], size=int(data["size"]),
+                   sha256=data["sha256"], caption=data.get("caption") or "", width=data.get("width"),
+                   height=data.get("height"))
+
+
+@dataclass(frozen=True, slots=True)
 class OutboundMessage:
     """A reply to deliver: markdown ``text`` for ``address``, quoting ``reply_to_id`` if set.
 
@@ -307,6 +342,9 @@ class OutboundMessage:
     editable: bool = False
     """The message will be edited later (a streamed preview, the plan message): an adapter that can
     edit only some kinds of message sends one of those (Feishu: a shared interactive card)."""
+    attachments: tuple[OutboundAttachment, ...] = ()
+    """Files sent after the text, in order, each as its own part (one platform message, counted in
+    ``resume_from`` like a text part); ``text`` may then be empty."""
 
 
 @dataclass(frozen=True, slots=True)

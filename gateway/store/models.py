@@ -148,6 +148,31 @@ class OutboxRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float)
     sent_at: Mapped[float | None] = mapped_column(Float)
+    attachments: Mapped[list[Any] | None] = mapped_column(JSON)
+    """Files sent after the text, in order (``OutboundAttachment.to_dict`` each; bytes in the blob store)."""
+
+
+class OutboxFileRow(Base):
+    """A file the agent sent with ``send_file`` (``gateway.delivery.send_file``): recorded when the
+    tool runs (its bytes already in the blob store), attached to the turn's reply when the turn
+    finishes. One row per tool call: a call run again after a crash finds its row."""
+
+    __tablename__ = "outbox_files"
+    __table_args__ = (UniqueConstraint("session_id", "turn_id", "call_id", name="uq_outbox_files_call"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(String(32))
+    turn_id: Mapped[str] = mapped_column(String(64))
+    call_id: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(255))
+    mime_type: Mapped[str] = mapped_column(String(255))
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    caption: Mapped[str] = mapped_column(Text, default="")
+    width: Mapped[int | None] = mapped_column(Integer)
+    height: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 class UserRow(Base):

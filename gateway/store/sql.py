@@ -16,7 +16,7 @@ from sqlalchemy import Engine, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage
+from gateway.core.types import ChatAddress, InboundMessage, OutboundAttachment, OutboundMessage
 from gateway.store import prepared as q
 from gateway.store.db import read_tx, write_tx
 from gateway.store.models import (
@@ -36,6 +36,11 @@ from gateway.store.text import storable, storable_text
 
 def _chat_key(address: ChatAddress) -> str:
     return f"{address.platform}:{address.tenant}:{address.chat_id}"
+
+
+def _attachments(reply: OutboundMessage) -> list[dict[str, Any]] | None:
+    """The outbox row's ``attachments`` column for ``reply`` (``None`` without files)."""
+    return [a.to_dict() for a in reply.attachments] or None
 
 
 def _is_lock_error(exc: BaseException) -> bool:
@@ -407,6 +412,15 @@ class Store:
             return self._append(conn, session_id, [NewMessage(turn_id, role, content, fields)])[0]
 
     @retry_locked
+    def add_meta(self, message_id: int, values: dict[str, Any]) -> None:
+        """Merges ``values`` into a transcript message's ``meta`` (what a finished run adds to its
+        already written answer, e.g. the files it sent)."""
+        with write_tx(self.engine) as conn:
+            meta = conn.execute(select(_messages.c.meta).where(_messages.c.id == message_id)).scalar()
+            conn.execute(update(_messages).where(_messages.c.id == message_id)
+                         .values(meta={**(meta if isinstance(meta, dict) else {}), **values}))
+
+    @retry_locked
     def append_messages(self, session_id: str, messages: Sequence[NewMessage]) -> list[int]:
         """Appends several transcript messages in one transaction, in order; returns their ids."""
         with write_tx(self.engine) as conn:
@@ -546,7 +560,7 @@ class Store:
             if row.status == "streaming":
                 conn.execute(update(_outbox).where(_outbox.c.id == row.id).values(
                     text=reply.text, reply_to_id=reply.reply_to_id, status="pending", generation=generation,
-                    next_attempt_at=now))
+                    next_attempt_at=now, attachments=_attachments(reply)))
             return
         a = reply.address
         conn.execute(q.INSERT_OUTBOX, {
@@ -554,7 +568,7 @@ class Store:
             "chat_key": _chat_key(a), "generation": generation, "address": a.to_dict(), "text": reply.text,
             "reply_to_id": reply.reply_to_id, "status": "pending", "attempts": 0,
             "buttons": [list(b) for b in reply.buttons] or None, "next_attempt_at": now, "claim_until": 0.0,
-            "created_at": now,
+            "created_at": now, "attachments": _attachments(reply),
         })
 
     # -- streamed previews -------------------------------------------------------------------
@@ -638,6 +652,7 @@ class Store:
                                 resume_from=len(sent_ids),
                                 edit_id=row.preview_id if row.preview_id not in (None, "?") else None,
                                 buttons=tuple((str(b[0]), str(b[1])) for b in row.buttons or ()),
+                                attachments=tuple(OutboundAttachment.from_dict(a) for a in row.attachments or ()),
                             ),
                             sent_ids,
                             unconfirmed=row.status == "sending",

@@ -52,6 +52,7 @@ from aiohttp import web
 from Crypto.Cipher import AES
 from lark_oapi.ws.pb.pbbp2_pb2 import Frame
 
+from tests.fakes.feishu_uploads import FeishuUploads
 from tests.fakes.server import ThreadedServer
 
 JSON = dict[str, Any]
@@ -68,8 +69,8 @@ MSG_TYPES = {"text", "post", "image", "file", "audio", "media", "sticker", "inte
 @dataclass
 class Call:
     """One recorded API call: ``route`` (``token``, ``bot_info``, ``create``, ``reply``, ``update``,
-    ``patch``, ``get``, ``list``, ``delete``, ``reaction``, ``reaction_delete``, ``resource``, ``user``,
-    ``ws_endpoint``),
+    ``patch``, ``get``, ``list``, ``delete``, ``reaction``, ``reaction_delete``, ``resource``, ``user``, ``images``,
+    ``files``, ``ws_endpoint``),
     the HTTP ``method``/``path``/``query``, the JSON ``body``, the decoded ``content`` (or ``None``), the
     Bearer ``token`` and what the fake answered (``status``, Feishu ``code``). ``time`` is monotonic."""
 
@@ -244,6 +245,8 @@ class FakeFeishu(ThreadedServer):
         """The next this-many ``/callback/ws/endpoint`` calls never answer (a silent network)."""
         self.can_read_messages = True
         """The app holds a message-read permission (``get`` and ``list`` answer 99991672 otherwise)."""
+        self.uploads = FeishuUploads(self)
+        """Image and file uploads (``tests.fakes.feishu_uploads``): ``uploads.images``, ``uploads.holds``."""
 
     # ---- test-facing API -------------------------------------------------------------------------
 
@@ -259,6 +262,7 @@ class FakeFeishu(ThreadedServer):
             self._uuids.clear()
             self._reactions.clear()
             self._ws_acks.clear()
+        self.uploads.reset()
         self.event_deliveries.clear()
         self.latency.clear()
         self.invalid_token_status = 400
@@ -500,7 +504,7 @@ class FakeFeishu(ThreadedServer):
     # ---- plumbing --------------------------------------------------------------------------------
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024)  # uploads: files up to 30 MB
         base = "/open-apis/im/v1/messages"
         app.add_routes([
             web.post("/open-apis/auth/v3/tenant_access_token/internal", self._token),
@@ -519,6 +523,7 @@ class FakeFeishu(ThreadedServer):
             web.get("/open-apis/contact/v3/users/{user_id}", self._api("user", self._user)),
             web.post("/callback/ws/endpoint", self._ws_endpoint),
             web.get("/ws", self._ws_handler),
+            *self.uploads.routes(),
         ])
         return app
 
@@ -647,6 +652,7 @@ class FakeFeishu(ThreadedServer):
         if len(raw) > limit:
             raise ApiError(400, 230025, "The length of the message content reaches its limit.")
         call.content = validate_content(str(msg_type), body.get("content"))
+        self.uploads.check_keys(str(msg_type), call.content)
         if len(str(body.get("uuid") or "")) > 50:
             raise ApiError(400, 99992402, "field validation failed: uuid is longer than 50 characters")
 

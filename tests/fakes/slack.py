@@ -38,6 +38,7 @@ import aiohttp
 from aiohttp import web
 
 from tests.fakes.server import ThreadedServer
+from tests.fakes.slack_uploads import SlackUploads
 
 TEXT_LIMIT = 40_000  # chat.postMessage / chat.update: longer text is rejected with msg_too_long
 JSON = dict[str, Any]
@@ -168,6 +169,9 @@ class FakeSlack(ThreadedServer):
         }
         self.scopes: set[str] = set(DEFAULT_SCOPES)
         self.reactions: dict[tuple[str, str], set[str]] = {}
+        self.uploads = SlackUploads(self)
+        """Files upload v2 (``tests.fakes.slack_uploads``): ``uploads.shared()``, ``uploads.holds``."""
+        self._methods.update(self.uploads.methods())
         for channel in ("D0ALICE001", "C0GENERAL1"):
             self.add_channel(channel)
 
@@ -346,6 +350,7 @@ class FakeSlack(ThreadedServer):
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._handle_method)
         app.router.add_get("/link", self._handle_socket)
+        app.router.add_post("/upload/v1/{file_id}", self.uploads.handle_upload)
         app.router.add_get("/files-pri/{team_file}/{rest:.+}", self._handle_file)
         return app
 
@@ -425,6 +430,7 @@ class FakeSlack(ThreadedServer):
             result = handler(params)
         except SlackError as exc:
             return exc.response()
+        await self.uploads.holds.gate(method)  # a held call took effect; its answer may never arrive
         return web.json_response({"ok": True, **result})
 
     async def _handle_socket(self, request: web.Request) -> web.StreamResponse:
