@@ -85,27 +85,43 @@ base_tarball() {
   printf '%s\n' "$tarball"
 }
 
-# Imports the tarball as $BASE_IMAGE unless that image already holds it: a re-import would get
-# a new image id and void the build cache of every layer above it.
+# Imports the tarball as $BASE_IMAGE-<digest> (and tags it $BASE_IMAGE) unless that image
+# exists: a re-import would get a new image id and void the build cache of every layer above it.
+# The digest in the tag keeps two caches on one host (a developer's, CI's) from voiding each other.
+BASE_REF=""
 base_image() {
   local tarball digest started
   tarball="$(base_tarball)"
   digest="$(cat "$tarball.sha256")"
   [ -n "$digest" ] || die "base: $tarball.sha256 is empty"
-  if [ "$("${PODMAN[@]}" image inspect --format '{{index .Labels "agent-gateway.base.sha256"}}' "$BASE_IMAGE" \
-          2>/dev/null || true)" = "$digest" ]; then
-    log "base: $BASE_IMAGE is up to date"
-    return
+  BASE_REF="$BASE_IMAGE-${digest:0:12}"
+  if "${PODMAN[@]}" image exists "$BASE_REF"; then
+    log "base: $BASE_REF is up to date"
+  else
+    started="$(now)"
+    "${PODMAN[@]}" import --quiet --change 'CMD ["/bin/bash"]' --change "LABEL agent-gateway.base.sha256=$digest" \
+      "$tarball" "$BASE_REF" >/dev/null
+    log "base: imported $BASE_REF in $(since "$started") s"
+    # Older bases lose their tag; `prune` below removes them once nothing is built on them.
+    local ref
+    for ref in $("${PODMAN[@]}" images --format '{{.Repository}}:{{.Tag}}' "${BASE_IMAGE%:*}"); do
+      case "$ref" in "$BASE_IMAGE"-*) [ "$ref" = "$BASE_REF" ] || "${PODMAN[@]}" untag "$ref" "$ref" ;; esac
+    done
   fi
-  started="$(now)"
-  "${PODMAN[@]}" import --quiet --change 'CMD ["/bin/bash"]' --change "LABEL agent-gateway.base.sha256=$digest" \
-    "$tarball" "$BASE_IMAGE" >/dev/null
-  log "base: imported $BASE_IMAGE in $(since "$started") s"
+  "${PODMAN[@]}" tag "$BASE_REF" "$BASE_IMAGE"
+}
+
+# Removes this project's untagged images (built on one of its bases: they carry its label) not
+# made in the last $BASE_MAX_AGE_DAYS days: old builds and the layer caches only they used. The
+# layers of the current image have children, so they stay; a cache unused for that long may go.
+prune() {
+  "${PODMAN[@]}" image prune --force --filter label=agent-gateway.base.sha256 \
+    --filter "until=$((BASE_MAX_AGE_DAYS * 24))h" >/dev/null || log "prune failed (ignored)"
 }
 
 # ------------------------------------------------------------------------------ host options
 
-probe() { "${PODMAN[@]}" run --rm --network host "${RUN_OPTS[@]}" "$BASE_IMAGE" true >/dev/null 2>&1; }
+probe() { "${PODMAN[@]}" run --rm --network host "${RUN_OPTS[@]}" "$BASE_REF" true >/dev/null 2>&1; }
 
 # Finds the podman options this host needs and caches them in $OPTS_FILE. Seen on root hosts:
 # podman gives root containers 1048576 open files and processes, over the host's hard limits
@@ -125,10 +141,10 @@ detect_options() {
     RUN_OPTS+=(--ulimit "nofile=$nofile:$nofile" --ulimit "nproc=$nproc:$nproc")
     if ! probe; then
       command -v runc >/dev/null 2>&1 || die "podman cannot start a container here (try: apt-get install -y runc): $(
-        "${PODMAN[@]}" run --rm --network host "${RUN_OPTS[@]}" "$BASE_IMAGE" true 2>&1 | tail -n 1)"
+        "${PODMAN[@]}" run --rm --network host "${RUN_OPTS[@]}" "$BASE_REF" true 2>&1 | tail -n 1)"
       PODMAN+=(--runtime runc)
       probe || die "podman cannot start a container here: $(
-        "${PODMAN[@]}" run --rm --network host "${RUN_OPTS[@]}" "$BASE_IMAGE" true 2>&1 | tail -n 1)"
+        "${PODMAN[@]}" run --rm --network host "${RUN_OPTS[@]}" "$BASE_REF" true 2>&1 | tail -n 1)"
     fi
   fi
   { printf 'PODMAN=(%s)\n' "$(quote "${PODMAN[@]}")"; printf 'RUN_OPTS=(%s)\n' "$(quote "${RUN_OPTS[@]}")"; } \
@@ -163,8 +179,9 @@ build_image() {
   # --format docker keeps HEALTHCHECK (the OCI format has no field for it); host networking for
   # the build steps needs no bridge or firewall set-up on the build host.
   "${PODMAN[@]}" build --format docker --layers --network host "${RUN_OPTS[@]}" "${secret[@]}" \
-    --build-arg "BASE=$BASE_IMAGE" --ignorefile "$ROOT/deploy/Dockerfile.dockerignore" \
+    --build-arg "BASE=$BASE_REF" --ignorefile "$ROOT/deploy/Dockerfile.dockerignore" \
     -f "$ROOT/deploy/Dockerfile" -t "$IMAGE" "$ROOT" >&2
+  prune
   size="$("${PODMAN[@]}" image inspect --format '{{.Size}}' "$IMAGE")"
   log "image: built $IMAGE in $(since "$started") s, $(awk -v s="$size" 'BEGIN { printf "%.2f GB", s / 1e9 }')"
 }
