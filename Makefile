@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 CONFIG ?= $(firstword $(wildcard gateway.toml))
 PYTEST_ARGS ?=
 
-.PHONY: run test chat doctor demo lint bench image clean
+.PHONY: run test chat doctor demo lint typecheck bench image clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,9 @@ image:  ## build the container image with podman, no registry needed (deploy/ima
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+typecheck: $(STAMP)  ## mypy on gateway/, agent/ and adapters/ (settings in pyproject.toml)
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) data .pytest_cache

@@ -71,8 +71,11 @@ class Limits:
     prices: Mapping[str, Price] = field(default_factory=dict)
     """Model name -> price; used for the cost budget and the cost recorded per turn."""
 
-    def price_of(self, model: str) -> Price | None:
-        """The price of ``model``; a dated variant (``gpt-4o-mini-2024-07-18``) falls back to its base."""
+    def price_of(self, model: str, provider: str | None = None) -> Price | None:
+        """The price of ``model``: ``provider:model`` first (a provider's own price), then the model
+        name; a dated variant (``gpt-4o-mini-2024-07-18``) falls back to its base."""
+        if provider is not None and f"{provider}:{model}" in self.prices:
+            return self.prices[f"{provider}:{model}"]
         if model in self.prices:
             return self.prices[model]
         matches = [name for name in self.prices if model.startswith(name + "-")]

@@ -26,11 +26,15 @@ class AgentSpec:
     api_key: str = field(repr=False)
     toolset: tuple[str, ...]
     """Names of the mounted tools (order irrelevant)."""
+    route: tuple[str, ...] = ()
+    """The route's ``provider:model`` entries, primary first (``agent.routing``); ``model``,
+    ``base_url`` and ``api_key`` are then its primary's. Empty: no route (one endpoint)."""
 
     def signature(self) -> str:
-        """sha256 over model, endpoint, the key's hash and the sorted toolset."""
+        """sha256 over model, endpoint, the key's hash, the sorted toolset and the route."""
         key_hash = hashlib.sha256(self.api_key.encode()).hexdigest()
-        raw = "\n".join([self.model, self.base_url.rstrip("/"), key_hash, ",".join(sorted(set(self.toolset)))])
+        raw = "\n".join([self.model, self.base_url.rstrip("/"), key_hash, ",".join(sorted(set(self.toolset))),
+                         ">".join(self.route)])
         return hashlib.sha256(raw.encode()).hexdigest()
 
 

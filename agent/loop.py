@@ -148,7 +148,7 @@ def run_turn(
     messages = [{"role": "system", "content": system_prompt}, *history]
     inherited = context.provenance if context is not None and context.depth > 0 else None
     outcome = TurnOutcome(reply="", stop_reason="stop")
-    price = limits.price_of(model.model)
+    price = limits.price_of(model.model)  # a routed reply is priced as the model that answered
     repeats: Counter[tuple[str, str, str]] = Counter()
     _answer_pending_tool_calls(messages, tools, ctx, record)
     pending: NextStep | None = None
@@ -161,8 +161,9 @@ def run_turn(
                 # A draft that the checklist may replace is not streamed into the chat.
                 drafting = ctx.depth == 0 and not state.checks_asked and bool(state.checklist())
                 reply = model.complete(messages, tools.schemas(), None if drafting else on_text)
-                step = _model_step(reply, price, budget, outcome, messages, record, ctx)
-                end_chat(span, reply, price.cost(reply.usage) if price is not None else 0.0)
+                answered = _price(limits, reply, price)
+                step = _model_step(reply, answered, budget, outcome, messages, record, ctx)
+                end_chat(span, reply, answered.cost(reply.usage) if answered is not None else 0.0)
         if isinstance(step, ConfirmChecks):
             state.checks_asked = True
             skills = ", ".join(sorted({name for name, _ in step.checks}))
@@ -203,6 +204,13 @@ def _validate(messages: list[dict[str, Any]]) -> None:
         messages[:] = repair(messages)
 
 
+def _price(limits: Limits, reply: ModelReply, default: Price | None) -> Price | None:
+    """The price of the model that answered (a route's fallback is priced as itself)."""
+    if reply.model is None:
+        return default
+    return limits.price_of(reply.model, reply.provider) or (default if reply.provider is None else None)
+
+
 def _boundary(should_stop: Callable[[], bool] | None, budget: Budget) -> Abort | None:
     if should_stop is not None and should_stop():
         return Abort("cancelled")
@@ -226,6 +234,12 @@ def _model_step(reply: ModelReply, price: Price | None, budget: Budget, outcome:
     meta: dict[str, Any] = {"cost_usd": round(cost, 8)}
     if reply.usage.cached_tokens:
         meta["cached_tokens"] = reply.usage.cached_tokens  # the row's columns hold prompt and completion
+    if reply.usage.estimated:
+        meta["usage_estimated"] = True  # the server reported no usage
+    if reply.provider is not None:
+        meta["provider"] = reply.provider  # who answered (a route may have failed over)
+    if reply.model is not None:
+        meta["model"] = reply.model
     state = ctx.state
     if isinstance(step, FinalReply) and state is not None and ctx.depth == 0 and not state.checks_asked \
             and reply.finish_reason != "length" and (checks := state.checklist()):

@@ -12,7 +12,10 @@ from typing import Any, Protocol
 import openai
 from openai.types.chat import ChatCompletion
 
+from agent.model_errors import ModelError, from_api_error
 from agent.streaming import StreamAccumulator, new_call_id
+
+__all__ = ["ChatModel", "ModelError", "ModelReply", "OnText", "OpenAIChatModel", "Usage"]
 
 _AUTH: Any = {"security": {"bearer_auth": True}}
 
@@ -20,34 +23,28 @@ OnText = Callable[[str], None]
 """Called during a streamed model call with the step's text so far (not just the delta)."""
 
 
-class ModelError(Exception):
-    """The model endpoint failed after the client's retries (network, auth, 4xx/5xx).
-
-    ``user_message`` is a plain-words explanation safe to show in the chat (no secrets).
-    """
-
-    def __init__(self, message: str, user_message: str) -> None:
-        super().__init__(message)
-        self.user_message = user_message
-
-
 @dataclass(frozen=True)
 class Usage:
-    """Token counts of one model call (``cached_tokens`` = prompt tokens served from cache)."""
+    """Token counts of one model call (``cached_tokens`` = prompt tokens served from cache;
+    ``estimated``: the server reported none, so they were estimated with ``agent.tokens``)."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    estimated: bool = False
 
 
 @dataclass(frozen=True)
 class ModelReply:
-    """One assistant message: ``content`` and/or ``tool_calls`` (OpenAI wire shape)."""
+    """One assistant message: ``content`` and/or ``tool_calls`` (OpenAI wire shape). ``provider`` and
+    ``model`` name who answered when a router chose (``agent.routing``; ``None`` otherwise)."""
 
     content: str | None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str = "stop"
     usage: Usage = field(default_factory=Usage)
+    provider: str | None = None
+    model: str | None = None
 
 
 class ChatModel(Protocol):
@@ -64,7 +61,9 @@ class OpenAIChatModel:
 
     With ``stream=True`` (the default) every call streams (``stream_options.include_usage``):
     text deltas go to ``on_text`` as they arrive and tool-call deltas are merged by ``id``, then
-    ``index`` (``agent.streaming``). ``stream=False`` is for servers without streaming support.
+    ``index`` (``agent.streaming``). ``stream=False`` is for servers without streaming support;
+    ``stream_options=False`` for servers that refuse ``stream_options`` (usage then comes only if
+    the server sends it unasked).
 
     ``missing_key`` names the environment variable that should hold the API key when it is unset
     (the call goes out with a placeholder key, so servers that need none still work): every
@@ -83,11 +82,13 @@ class OpenAIChatModel:
         temperature: float | None = None,
         stream: bool = True,
         missing_key: str | None = None,
+        stream_options: bool = True,
     ) -> None:
         self.model = model
         self.missing_key = missing_key
         self.temperature = temperature
         self.stream = stream
+        self.stream_options = stream_options
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries)
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
@@ -116,25 +117,13 @@ class OpenAIChatModel:
             # JSON, so they are posted as they are, keeping the client's auth, retries and errors.
             return self._whole(self._client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion,
                                                  options=_AUTH))
-        except openai.APIConnectionError as exc:
-            raise ModelError(f"model endpoint unreachable: {exc}",
-                             "The model is unreachable right now.") from exc
-        except openai.AuthenticationError as exc:
-            raise ModelError(f"model endpoint rejected the API key: {exc.status_code}",
-                             "The model rejected the gateway's credentials.") from exc
-        except openai.RateLimitError as exc:
-            raise ModelError(f"model rate limited: {exc.status_code}",
-                             "The model is rate limited; try again shortly.") from exc
-        except openai.APIStatusError as exc:
-            raise ModelError(f"model endpoint error {exc.status_code}: {exc.message}",
-                             f"The model returned an error ({exc.status_code}).") from exc
-        except openai.APIError as exc:  # a stream that broke off or carried an error event
-            raise ModelError(f"model stream failed: {type(exc).__name__}: {exc}",
-                             "The model's answer broke off; try again.") from exc
+        except openai.APIError as exc:  # status, connection, timeout, a stream that broke off
+            raise from_api_error(exc) from exc  # agent.model_errors: its reason decides failover
 
     def _streamed(self, kwargs: dict[str, Any], on_text: OnText | None) -> ModelReply:
         acc = StreamAccumulator()
-        body = {**kwargs, "stream": True, "stream_options": {"include_usage": True}}
+        body = {**kwargs, "stream": True, "stream_options": {"include_usage": True}} if self.stream_options \
+            else {**kwargs, "stream": True}
         stream = self._client.post("/chat/completions", body=body, cast_to=ChatCompletion, options=_AUTH,
                                    stream=True, stream_cls=_ChunkStream)
         with stream:

@@ -1,7 +1,7 @@
 """Secret redaction (issue 9): known secret values and token shapes become ``***``.
 
 One ``Redactor`` serves the model side (tool results and user text before they enter the
-transcript or a request) and the log side (``gateway.logs.RedactSecrets``).
+transcript or a request) and the log side (``gateway.ops.logs.RedactSecrets``).
 """
 
 from __future__ import annotations

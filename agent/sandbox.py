@@ -111,7 +111,7 @@ def best_isolation(use_namespaces: bool = True) -> Isolation:
     """``"bubblewrap"`` if ``bwrap`` works here, else ``"namespaces"`` if ``unshare`` does, else ``"none"``."""
     if not use_namespaces:
         return "none"
-    return next((i for i in ("bubblewrap", "namespaces") if _works(i)), "none")  # type: ignore[return-value]
+    return next((i for i in ("bubblewrap", "namespaces") if _works(i)), "none")
 
 
 class Sandbox:

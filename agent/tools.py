@@ -170,7 +170,7 @@ def args_model_for(fn: Callable[..., Any], name: str, skip_first: bool = False) 
             raise TypeError(f"tool {name}: parameter {param.name!r} needs a type annotation")
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (hints[param.name], Field(default, description=docs.get(param.name)))
-    model = create_model(f"{name}_args", __config__=ConfigDict(extra="forbid"), **fields)  # type: ignore[call-overload]
+    model = create_model(f"{name}_args", __config__=ConfigDict(extra="forbid"), **fields)
     return model, summary
 
 

@@ -86,18 +86,32 @@ def _failed(span: Span, exc: BaseException) -> None:
 
 
 def end_chat(span: Span, reply: ModelReply, cost_usd: float) -> None:
-    """Records the model's answer: finish reason and token usage (content only with capture on)."""
+    """Records the model's answer: finish reason and token usage (content only with capture on),
+    and who answered when a route chose (``gateway.provider``, ``gen_ai.response.model``)."""
     usage = reply.usage
     span.set_attributes({"gen_ai.response.finish_reasons": [reply.finish_reason],
                          "gen_ai.usage.input_tokens": usage.prompt_tokens,
                          "gen_ai.usage.output_tokens": usage.completion_tokens,
                          "gen_ai.usage.cache_read.input_tokens": usage.cached_tokens,
                          "gateway.cost_usd": round(cost_usd, 8)})
+    if reply.provider is not None:
+        span.set_attribute("gateway.provider", reply.provider)
+    if reply.model is not None:
+        span.set_attribute("gen_ai.response.model", reply.model)
+    if usage.estimated:
+        span.set_attribute("gateway.usage_estimated", True)
     if capture_content():
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls
         span.set_attribute("gen_ai.output.messages", json.dumps([message], ensure_ascii=False))
+
+
+def failover_event(provider: str, model: str, reason: str) -> None:
+    """Adds a ``failover`` event to the current span (the ``chat`` span of the call being routed):
+    the target passed over and why (``rate_limited``, ``cooldown``, ``server``, ...)."""
+    trace.get_current_span().add_event("failover", {"gateway.provider": provider, "gen_ai.request.model": model,
+                                                    "gateway.failover.reason": reason})
 
 
 @contextmanager

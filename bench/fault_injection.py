@@ -118,7 +118,8 @@ class GatewayProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gateway exited with {self.proc.returncode}; see {self.workdir}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1):
+                # /readyz: 200 once every adapter has started (webhooks get 503 before that)
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1):
                     return
             except OSError:
                 time.sleep(0.05)

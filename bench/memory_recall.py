@@ -22,8 +22,8 @@ from typing import Any
 
 from gateway.memory.promote import explicit_request, guess_type
 from gateway.memory.recall import Recaller, RecallPolicy
+from gateway.memory.store import MemoryStore, NewMemory
 from gateway.store.db import create_db_engine, upgrade
-from gateway.store.memories import MemoryStore, NewMemory
 from gateway.store.sql import Store
 from tests.test_memory_benchmark import FACTS
 

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from bench.harness import CHAT_BASE, last_user_line, post, rig, update, wait_for
-from gateway.compression import SUMMARY_PROMPT
+from gateway.bus.compression import SUMMARY_PROMPT
 from tests.fakes import openai as oa
 
 

@@ -99,7 +99,7 @@ def gateway_config(tmp_path: Path, fake_openai: FakeOpenAI, fake_telegram: FakeT
                    fake_slack: FakeSlack | None = None, fake_feishu: FakeFeishu | None = None,
                    **sections: dict[str, Any]):
     """A ``GatewayConfig`` on a fresh SQLite file, pointed at the fakes."""
-    from gateway.config import load_config
+    from gateway.core.config import load_config
 
     overrides: dict[str, Any] = {
         "database": {"url": f"sqlite:///{tmp_path / 'gateway.db'}"},
@@ -141,8 +141,8 @@ async def running() -> AsyncIterator[list[Any]]:
 
 async def start_gateway(config, gateways: list[Any]):
     """Builds and starts a gateway with the configured adapters; registers it for stopping."""
-    from gateway.app import Gateway
-    from gateway.wiring import build_adapters
+    from gateway.app.gateway import Gateway
+    from gateway.app.wiring import build_adapters
 
     gateway = Gateway(config, build_adapters(config))
     await gateway.start()
@@ -201,10 +201,10 @@ def db_url(request, tmp_path) -> Iterator[str]:
 @pytest.fixture(autouse=True)
 def no_secret_in_any_log_record(caplog):
     """Every test runs with DEBUG log capture through the filter every production handler carries
-    (``gateway.logs.RedactSecrets``); afterwards no configured test secret may appear in any record."""
+    (``gateway.ops.logs.RedactSecrets``); afterwards no configured test secret may appear in any record."""
     import logging
 
-    from gateway.logs import RedactSecrets
+    from gateway.ops.logs import RedactSecrets
 
     secrets = [value for name, value in os.environ.items() if name.startswith("GATEWAY_TEST_") and len(value) >= 6]
     redact = RedactSecrets(secrets)

@@ -120,7 +120,7 @@ async def test_secrets_never_reach_the_model(tmp_path, fake_telegram, fake_opena
     fake_openai.responder = respond
     cfg = config(tmp_path, fake_openai, fake_telegram)
     cfg.mcp.servers.clear()
-    from gateway.config import McpServerConfig
+    from gateway.core.config import McpServerConfig
 
     cfg.mcp.servers["down"] = McpServerConfig(url="http://127.0.0.1:9/mcp",
                                               headers_env={"Authorization": "GATEWAY_TEST_MCP_HEADER"})
@@ -154,7 +154,7 @@ async def test_no_secret_in_any_log_record_at_debug(tmp_path, fake_telegram, fak
     the filter every production handler carries."""
     import logging
 
-    from gateway.logs import RedactSecrets
+    from gateway.ops.logs import RedactSecrets
 
     fake_openai.reset()
     fake_openai.responder = write_then_report
@@ -180,8 +180,8 @@ async def test_no_secret_in_any_log_record_at_debug(tmp_path, fake_telegram, fak
 
 def test_policy_flags_dangerous_shell_commands_even_when_write_is_free():
     from agent.tools import Tool
-    from gateway.approvals import ApprovalPolicy
-    from gateway.config import ApprovalsConfig
+    from gateway.core.config import ApprovalsConfig
+    from gateway.tools.approvals import ApprovalPolicy
 
     patterns = tuple(re.compile(p) for p in ApprovalsConfig().dangerous_shell_patterns)
     policy = ApprovalPolicy(require_for=frozenset({"external"}), dangerous_shell=patterns)

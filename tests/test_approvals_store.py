@@ -8,10 +8,10 @@ import time
 
 from agent.context import RunContext
 from agent.tools import Tool
-from gateway.approvals import ApprovalPolicy, ChatApprover, decide_reply
-from gateway.store.approvals import Approvals
+from gateway.core.types import ChatAddress
 from gateway.store.db import create_db_engine, upgrade
-from gateway.types import ChatAddress
+from gateway.tools.approvals import ApprovalPolicy, ChatApprover, decide_reply
+from gateway.tools.approvals_store import Approvals
 
 WRITE = Tool("write_file", "d", {"type": "object"}, fn=lambda **_: "", side_effect="write")
 

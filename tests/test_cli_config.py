@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.cli import main
+from gateway.app.cli import main
 
 COMMANDS = [
     ["run"], ["chat"], ["db", "upgrade"], ["doctor"], ["pairing", "approve", "K7PQ2M"],
@@ -39,8 +39,8 @@ def test_config_is_read_before_or_after_the_subcommand(command, where, broken_co
 @pytest.fixture
 def keep_logging(monkeypatch):
     """``main`` configures the process's logging and hooks: leave pytest's alone."""
-    monkeypatch.setattr("gateway.cli.setup_logging", lambda level, secrets: None)
-    monkeypatch.setattr("gateway.cli.install_hooks", lambda: None)
+    monkeypatch.setattr("gateway.app.cli.setup_logging", lambda level, secrets: None)
+    monkeypatch.setattr("gateway.app.cli.install_hooks", lambda: None)
     monkeypatch.delenv("GATEWAY_CONFIG", raising=False)
 
 

@@ -14,12 +14,12 @@ from agent.budget import Limits
 from agent.cache import AgentCache, AgentSpec
 from agent.model import OpenAIChatModel
 from agent.tools import Tool, ToolRegistry
-from gateway.compression import SUMMARY_HEADER, SUMMARY_PROMPT
+from gateway.bus.compression import SUMMARY_HEADER, SUMMARY_PROMPT
+from gateway.bus.turns import TurnRunner
+from gateway.core.types import ChatAddress, InboundMessage, Sender
+from gateway.core.window import WindowPolicy
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import Store
-from gateway.turns import TurnRunner
-from gateway.types import ChatAddress, InboundMessage, Sender
-from gateway.window import WindowPolicy
 from tests.fakes import openai as oa
 
 WINDOW = 2_000

@@ -15,10 +15,10 @@ from agent.model import OpenAIChatModel
 from agent.sequence import INTERRUPTED, problems, repair
 from agent.tokens import message_tokens, request_tokens, text_tokens
 from agent.tools import ToolRegistry
-from gateway.compression import SUMMARY_HEADER, SUMMARY_PROMPT, Compressor, split_turns
+from gateway.bus.compression import SUMMARY_HEADER, SUMMARY_PROMPT, Compressor, split_turns
+from gateway.core.window import WindowPolicy
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import NewMessage, Store
-from gateway.window import WindowPolicy
 from tests.fakes import openai as oa
 
 

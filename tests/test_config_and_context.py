@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import load_config
-from gateway.context import INTERRUPTED, render_history
-from gateway.errors import ConfigError
-from gateway.logs import RedactSecrets
-from gateway.sessions import session_key_for
+from gateway.app.wiring import build_adapters
+from gateway.bus.context import INTERRUPTED, render_history
+from gateway.core.config import load_config
+from gateway.core.errors import ConfigError
+from gateway.core.session_keys import session_key_for
+from gateway.core.types import ChatAddress, InboundMessage, Sender
+from gateway.ops.logs import RedactSecrets
 from gateway.store.sql import StoredMessage
-from gateway.types import ChatAddress, InboundMessage, Sender
-from gateway.wiring import build_adapters
 
 
 def test_toml_then_env_overrides(tmp_path, monkeypatch):
@@ -94,7 +94,7 @@ def test_history_starts_at_a_user_message_and_closes_interrupted_calls():
 
 
 def test_context_window_settings_are_checked():
-    from gateway.config import LlmConfig
+    from gateway.core.config import LlmConfig
 
     policy = LlmConfig(context_window_tokens=8000, compress_threshold=0.6).window_policy()
     assert policy.compress_at == 4800 and policy.hard_limit == 7200

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gateway.app import Gateway
+from gateway.app.gateway import Gateway
 from tests.conftest import fixture, gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.helpers import wait_until

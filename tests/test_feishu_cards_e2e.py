@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from adapters.feishu.cards import action_to_inbound, card_parts
-from gateway.streaming import PREVIEW_SUFFIX
+from gateway.delivery.streaming import PREVIEW_SUFFIX
 from tests.conftest import gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.fakes.feishu import card_elements, post_text
@@ -180,7 +180,7 @@ def test_a_press_without_a_command_or_by_the_bot_is_not_a_message():
 
 
 async def test_a_recalled_preview_card_gets_the_answer_as_a_new_message(tmp_path, fake_feishu, fake_openai, running):
-    from gateway.types import ChatAddress, OutboundMessage
+    from gateway.core.types import ChatAddress, OutboundMessage
 
     fake_feishu.reset()
     gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu), running)

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from sqlalchemy import func, select
 
-from gateway.errors import ConfigError
+from gateway.core.errors import ConfigError
 from gateway.store.models import InboxRow, OutboxRow
 from tests.conftest import FEISHU_APP, FIXTURES, fixture, gateway_config, start_gateway
 from tests.fakes import openai as oa
@@ -207,9 +207,12 @@ async def test_encrypted_and_signed_events(tmp_path, fake_feishu, fake_openai, r
     wrong_token = fake_feishu.text_event("wrong token", chat_id=P2P)
     wrong_token["header"]["token"] = "not-the-token"
     assert (await fake_feishu.post_event(url(gateway), wrong_token, encrypt=True))[0] == 401
+    # Unsigned and unreadable: nothing vouches for them (no signature, no readable token).
     garbage = json.dumps({"encrypt": "AAECAwQFBgcICQoLDA0ODw==" + "Zm9v" * 8}).encode()
-    assert (await fake_feishu.post_event(url(gateway), raw=garbage))[0] == 400
-    assert (await fake_feishu.post_event(url(gateway), raw=b"{not json"))[0] == 400
+    assert (await fake_feishu.post_event(url(gateway), raw=garbage))[0] == 401
+    assert (await fake_feishu.post_event(url(gateway), raw=b"{not json"))[0] == 401
+    # Signed with the Encrypt Key but unreadable: authentic, so acknowledged (Feishu would push it again).
+    assert (await fake_feishu.post_event(url(gateway), raw=garbage, sign=True))[0] == 200
     assert inbox_count(gateway) == stored
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "undecryptable" in logged and "bad signature" in logged
@@ -226,8 +229,8 @@ async def test_plain_mode_rejects_a_wrong_verification_token(tmp_path, fake_feis
     assert (await fake_feishu.post_event(url(gateway), event))[0] == 401
     challenge = {"challenge": "c", "token": "wrong", "type": "url_verification"}
     assert (await fake_feishu.post_event(url(gateway), challenge))[0] == 401
-    # An encrypted body while no encrypt key is configured cannot be read.
-    assert (await fake_feishu.post_event(url(gateway), fake_feishu.text_event("x"), encrypt=True))[0] == 400
+    # An encrypted body while no encrypt key is configured cannot be read, nor its token checked.
+    assert (await fake_feishu.post_event(url(gateway), fake_feishu.text_event("x"), encrypt=True))[0] == 401
     assert inbox_count(gateway) == 0 and not fake_openai.requests
 
 
@@ -362,7 +365,7 @@ async def test_long_connection_mode(tmp_path, fake_feishu, fake_openai, running)
 
 
 def test_wiring_requires_a_verification_token_in_webhook_mode(tmp_path, fake_feishu, fake_openai):
-    from gateway.wiring import build_adapters
+    from gateway.app.wiring import build_adapters
 
     config = gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu,
                             feishu={"verification_token_env": "GATEWAY_TEST_FEISHU_UNSET"})

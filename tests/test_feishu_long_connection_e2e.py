@@ -9,7 +9,7 @@ import itertools
 import threading
 
 from adapters.feishu.adapter import FeishuAdapter
-from gateway.app import Gateway
+from gateway.app.gateway import Gateway
 from tests.conftest import FEISHU_APP, gateway_config
 from tests.fakes import openai as oa
 from tests.fakes.feishu import post_text

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from gateway.app import Gateway
-from gateway.instance import InstanceInUse, ProcessInfo, _start_ticks, default_instance_id, instance_id_for
+from gateway.app.gateway import Gateway
+from gateway.ops.instance import InstanceInUse, ProcessInfo, _start_ticks, default_instance_id, instance_id_for
+from gateway.ops.instance_store import InstanceRecord, InstanceStore
+from gateway.scheduler.store import JobStore
 from gateway.store.db import create_db_engine
-from gateway.store.instances import InstanceRecord, InstanceStore
-from gateway.store.jobs import JobStore
 from gateway.store.sql import Store
 from tests.conftest import gateway_config, start_gateway
 from tests.test_job_store import new_job

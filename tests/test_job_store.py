@@ -9,10 +9,10 @@ import time
 
 import pytest
 
+from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage, Sender
+from gateway.scheduler.store import MAX_ATTEMPTS, JobStore, NewJob
 from gateway.store.db import create_db_engine
-from gateway.store.jobs import MAX_ATTEMPTS, JobStore, NewJob
 from gateway.store.sql import Store
-from gateway.types import ChatAddress, InboundMessage, OutboundMessage, Sender
 
 TG_DM = ChatAddress("telegram", "7000000001", "5550001")
 SLACK_CHANNEL = ChatAddress("slack", "T0FAKE0001", "C0GENERAL1")

@@ -6,10 +6,11 @@ import argparse
 
 import pytest
 
-from gateway.errors import ConfigError
-from gateway.jobs_cli import add_parser, run_jobs_command
+from gateway.app.gateway import Gateway
+from gateway.core.errors import ConfigError
+from gateway.scheduler.cli import add_parser, run_jobs_command
+from gateway.scheduler.store import JobStore
 from gateway.store.db import create_db_engine
-from gateway.store.jobs import JobStore
 from gateway.store.sql import Store
 from tests.conftest import gateway_config
 from tests.fakes import openai as oa
@@ -18,7 +19,7 @@ from tests.fakes import openai as oa
 def jobs_cli(config, *argv: str) -> int:
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))
-    return run_jobs_command(config, parser.parse_args(["jobs", *argv]))
+    return run_jobs_command(config, parser.parse_args(["jobs", *argv]), lambda c: Gateway(c, [], serve_http=False))
 
 
 def test_add_list_run_remove(tmp_path, fake_openai, fake_telegram, capsys):

@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gateway.store.jobs import NewJob
-from gateway.types import ChatAddress
+from gateway.core.types import ChatAddress
+from gateway.scheduler.store import NewJob
 from tests.conftest import FIXTURES, gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.test_telegram_e2e import dm_update, wait_until

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from gateway.core.types import ChatAddress
+from gateway.scheduler.store import JobStore, NewJob
 from gateway.store.db import create_db_engine, upgrade
-from gateway.store.jobs import JobStore, NewJob
 from gateway.store.sql import Store
-from gateway.types import ChatAddress
 from tests.conftest import gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.test_telegram_e2e import wait_until

@@ -82,7 +82,7 @@ async def test_mcp_arguments_are_checked_against_the_servers_schema(tmp_path, fa
 
 
 async def test_doctor_lists_mcp_servers_and_the_sandbox(tmp_path, fake_telegram, fake_openai, capsys):
-    from gateway.doctor import run_doctor
+    from gateway.app.doctor import run_doctor
 
     config = mcp_config(tmp_path, fake_openai, fake_telegram)
     config.tools.workspace = "shell"

@@ -104,7 +104,7 @@ async def test_a_newer_preference_supersedes_the_older_one_and_both_stay_in_hist
 
 async def test_the_block_fits_its_token_budget_with_whole_entries_best_first(
         tmp_path, fake_telegram, fake_openai, running):
-    from gateway.store.memories import NewMemory
+    from gateway.memory.store import NewMemory
 
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.text("ok")

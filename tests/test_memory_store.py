@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
+from gateway.memory.store import MemoryStore, NewMemory
 from gateway.store.db import create_db_engine
-from gateway.store.memories import MemoryStore, NewMemory
 
 
 @pytest.fixture
@@ -85,11 +85,11 @@ def test_linking_moves_the_joining_users_entries_and_nobody_elses(memories):
     """``Directory.link``: the entries of the user who sent ``/link CODE`` (their own, and theirs in
     groups with per-member scope) move to the code's user in the link's transaction; other users'
     entries, a group's own and another member's stay."""
-    from gateway.store.directory import Directory
-    from gateway.store.memories import member_suffix, user_owner
-    from gateway.types import ChatAddress, InboundMessage, Sender
+    from gateway.core.types import ChatAddress, InboundMessage, Sender
+    from gateway.memory.store import member_suffix, move_user_entries, user_owner
+    from gateway.sessions.directory import Directory
 
-    directory = Directory(memories.engine)
+    directory = Directory(memories.engine, on_join=[move_user_entries])
 
     def user_of(platform: str, user: str) -> str:
         message = InboundMessage(ChatAddress(platform, "T1", user), f"m-{user}", "dm", Sender(user, user), "hi")

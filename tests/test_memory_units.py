@@ -16,8 +16,8 @@ from gateway.memory.promote import (
 )
 from gateway.memory.recall import BLOCK_HEADER, RecallPolicy, Scored, effective_weight, fill_budget, rescore
 from gateway.memory.service import owner_for
+from gateway.memory.store import Memory, NewMemory
 from gateway.memory.terms import similarity, terms, words
-from gateway.store.memories import Memory, NewMemory
 
 NOW = 1_800_000_000.0
 

@@ -98,7 +98,7 @@ async def test_without_an_admin_a_strangers_shell_call_is_refused_at_once(tmp_pa
 
 
 async def test_doctor_warns_about_open_access_with_the_shell(tmp_path, fake_telegram, fake_openai, capsys):
-    from gateway.doctor import run_doctor
+    from gateway.app.doctor import run_doctor
 
     await run_doctor(config(tmp_path, fake_openai, fake_telegram, []))
     out = capsys.readouterr().out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from agent.plan import render_plan
-from gateway.progress import latest_plan, plan_key
+from gateway.delivery.progress import latest_plan, plan_key
 from gateway.store.sql import StoredMessage
 
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import create_engine, select
 
+from gateway.bus.turns import GAVE_UP_TEXT, MAX_TURN_ATTEMPTS
 from gateway.store.models import InboxRow, MessageRow
-from gateway.turns import GAVE_UP_TEXT, MAX_TURN_ATTEMPTS
 from tests.conftest import TEST_TOKEN, gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.fakes.telegram import FakeTelegram
@@ -55,8 +55,8 @@ async def test_half_an_emoji_and_a_nul_are_cleaned_and_the_conversation_goes_on(
 async def test_a_turn_that_keeps_failing_is_answered_with_an_apology_and_the_next_message_runs(
         tmp_path, fake_telegram, fake_openai, running):
     """A model client that breaks on one message (a bug, not an outage) fails that turn on every run."""
-    from gateway.app import Gateway
-    from gateway.wiring import build_adapters
+    from gateway.app.gateway import Gateway
+    from gateway.app.wiring import build_adapters
 
     class BreaksOnPoison:
         model = "fake-model"

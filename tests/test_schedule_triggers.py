@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gateway.job_commands import split_schedule_args
-from gateway.jobs import JobError
-from gateway.scheduler import (
+from gateway.scheduler.commands import split_schedule_args
+from gateway.scheduler.planner import JobError
+from gateway.scheduler.triggers import (
     ScheduleError,
     build_trigger,
     crontab_days,

@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gateway.scheduler import JobTiming, Schedule, Scheduler
+from gateway.scheduler.triggers import JobTiming, Schedule, Scheduler
 
 HOUR = Schedule("interval", "3600")
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from agent.skills.evals import load_cases
-from gateway.errors import ConfigError
-from gateway.skills_cli import add_parser, run_sessions_command, run_skills_command
+from gateway.core.errors import ConfigError
+from gateway.skills.cli import add_parser, run_sessions_command, run_skills_command
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import NewMessage, Store
 from tests.conftest import gateway_config
@@ -160,7 +160,7 @@ def test_sessions_export_as_eval_writes_the_failed_turns(tmp_path, fake_openai, 
 
 
 async def test_doctor_names_invalid_skills(tmp_path, fake_openai, capsys):
-    from gateway.doctor import run_doctor
+    from gateway.app.doctor import run_doctor
 
     skills = tmp_path / "skills"
     write_skill(skills, "fine", description="Fine.", version="1")
@@ -172,7 +172,7 @@ async def test_doctor_names_invalid_skills(tmp_path, fake_openai, capsys):
 
 
 async def test_validate_and_doctor_name_a_skill_that_is_not_utf8(tmp_path, fake_openai, capsys):
-    from gateway.doctor import run_doctor
+    from gateway.app.doctor import run_doctor
 
     skills = tmp_path / "skills"
     write_skill(skills, "fine", description="Fine.", version="1")

@@ -10,7 +10,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.adapter import SlackAdapter, signature_problem
-from gateway.types import ChatAddress, OutboundMessage
+from gateway.core.types import ChatAddress, OutboundMessage
 from tests.fakes.slack import TEXT_LIMIT, FakeSlack
 
 DM = ChatAddress("slack", "T0FAKE0001", "D0ALICE001")
@@ -134,3 +134,20 @@ def test_signature_problem_names_each_check() -> None:
                                     "X-Slack-Signature": fake.sign(body, ts - 299)}, secret, now) is None
     assert "signature mismatch" in signature_problem(body + b" ", good, secret, now)
     assert "signature mismatch" in signature_problem(body, good, "other", now)
+
+
+def test_signature_problem_compares_raw_bytes_and_never_raises() -> None:
+    """Header bytes that are not UTF-8 reach the adapter as lone surrogates (aiohttp decodes with
+    ``surrogateescape``) and a body need not be UTF-8: both are compared as the bytes that came."""
+    secret, now = "s3cret", time.time()
+    fake = FakeSlack(signing_secret=secret)
+    ts = int(now)
+    binary = b'{"text": "\xff\xfe"}'  # signed correctly, not UTF-8: authentic (the adapter then acks it)
+    assert signature_problem(binary, {"X-Slack-Request-Timestamp": str(ts),
+                                      "X-Slack-Signature": fake.sign(binary, ts)}, secret, now) is None
+    body = b"{}"
+    good = {"X-Slack-Request-Timestamp": str(ts), "X-Slack-Signature": fake.sign(body, ts)}
+    for signature in (good["X-Slack-Signature"] + "\udcff", good["X-Slack-Signature"][:-1] + "é"):
+        assert "signature mismatch" in signature_problem(body, {**good, "X-Slack-Signature": signature}, secret, now)
+    for stamp in (str(ts) + "\udc80", "١٧٣٥٦٨٩٦٠٠", "9" * 5000, "1e9", "-5"):
+        assert "malformed" in signature_problem(body, {**good, "X-Slack-Request-Timestamp": stamp}, secret, now)

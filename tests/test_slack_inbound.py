@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from adapters.slack.inbound import BotIdentity, Ignored, plain_text, to_inbound, users_to_resolve
-from gateway.types import InboundMessage
+from gateway.core.types import InboundMessage
 from tests.conftest import fixture
 
 EXPECTED = fixture("slack", "expected.json")

@@ -159,7 +159,7 @@ def test_the_fakes_reject_a_wrong_credential_like_the_platforms(fake_telegram, f
 
 HOOKS_SCRIPT = """
 import asyncio, logging, sys, threading, warnings
-from gateway.logs import install_hooks, loop_exception_handler, setup_logging
+from gateway.ops.logs import install_hooks, loop_exception_handler, setup_logging
 
 SECRET = "hook-secret-value-0001"
 setup_logging("INFO", [SECRET])
@@ -210,7 +210,7 @@ def test_every_path_to_stderr_is_redacted_and_shutdown_logging_does_not_raise():
 def test_the_filter_never_raises_and_never_lets_an_unchecked_record_through():
     import logging
 
-    from gateway.logs import UNCHECKED, RedactSecrets
+    from gateway.ops.logs import UNCHECKED, RedactSecrets
 
     class Broken:
         def __str__(self) -> str:

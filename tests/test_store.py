@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage, Sender
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import Store
-from gateway.types import ChatAddress, InboundMessage, OutboundMessage, Sender
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def test_transcript_window_is_the_newest_messages_in_order(store):
 
 def test_session_usage_sums_each_calls_reported_figures_once(store):
     from gateway.admin.queries import AdminQueries
-    from gateway.store.directory import Directory, SessionUsage
+    from gateway.sessions.directory import Directory, SessionUsage
 
     store.claim_lane("k", "a", 60)
     session_id, _ = store.current_session("k", lambda: "s")

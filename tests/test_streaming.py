@@ -11,7 +11,7 @@ import re
 import pytest
 
 from agent.streaming import StreamAccumulator
-from gateway.streaming import PREVIEW_SUFFIX
+from gateway.delivery.streaming import PREVIEW_SUFFIX
 from tests.conftest import gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.helpers import wait_until
@@ -202,7 +202,7 @@ async def test_telegram_edit_with_unchanged_text_counts_as_success(tmp_path, fak
     fake_telegram.inject(dm_update("hello", 9705, user_id=5552005))  # makes the chat known to the fake
     await wait_until(lambda: len(fake_telegram.sent_messages(5552005)) == 1, what="reply")
     address = (await asyncio.to_thread(gateway.store.outbox_rows))[-1]["address"]
-    from gateway.types import ChatAddress
+    from gateway.core.types import ChatAddress
 
     target = ChatAddress.from_dict(address)
     message_id = str(fake_telegram.sent_messages(5552005)[0]["message_id"])
@@ -244,7 +244,7 @@ class RecordingAdapter:
         self.sent: list = []
 
     async def send(self, message, on_part=None, before_part=None):
-        from gateway.types import DeliveryResult
+        from gateway.core.types import DeliveryResult
 
         if before_part is not None:
             await before_part(message.resume_from)
@@ -258,10 +258,10 @@ class RecordingAdapter:
 async def test_an_edit_left_in_flight_by_a_crash_is_redone_not_skipped(tmp_path):
     """A send in flight at a crash is never repeated (it may have arrived); the final edit of a
     preview is repeated safely: an edit cannot show the reply twice."""
-    from gateway.delivery import Delivery
+    from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage, Sender
+    from gateway.delivery.outbox import Delivery
     from gateway.store.db import create_db_engine, upgrade
     from gateway.store.sql import Store
-    from gateway.types import ChatAddress, InboundMessage, OutboundMessage, Sender
 
     engine = create_db_engine(f"sqlite:///{tmp_path / 'd.db'}")
     upgrade(engine)

@@ -12,7 +12,7 @@ from agent.loop import Limits, run_turn
 from agent.model import OpenAIChatModel
 from agent.redact import Redactor
 from agent.tools import Tool, ToolRegistry, tool
-from gateway.app import expand_toolset
+from gateway.app.gateway import expand_toolset
 from tests.fakes import openai as oa
 
 

@@ -99,7 +99,7 @@ def test_content_capture_records_tool_arguments_and_results():
 
 def test_telemetry_config_defaults_and_headers(tmp_path, fake_openai):
     from agent.tracing import capture_content
-    from gateway.telemetry import _headers, setup_tracing
+    from gateway.ops.telemetry import _headers, setup_tracing
 
     config = gateway_config(tmp_path, fake_openai, telemetry={"capture_content": False})
     assert config.telemetry.exporter == "none" and not config.telemetry.capture_content
@@ -108,7 +108,7 @@ def test_telemetry_config_defaults_and_headers(tmp_path, fake_openai):
 
 
 def test_a_failing_span_keeps_the_exception_message_off_the_trace():
-    from gateway.telemetry import span
+    from gateway.ops.telemetry import span
 
     EXPORTER.clear()
     try:

@@ -9,9 +9,9 @@ from sqlalchemy import func, select
 
 from adapters.web.inbound import message_from_post
 from gateway.admin.queries import AdminQueries
-from gateway.conversations import TranscriptReader
+from gateway.sessions.conversations import TranscriptReader
+from gateway.sessions.directory import Directory
 from gateway.store.db import create_db_engine
-from gateway.store.directory import Directory
 from gateway.store.models import InboxRow
 from gateway.store.sql import NewMessage, Store
 

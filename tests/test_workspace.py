@@ -198,7 +198,7 @@ def test_run_shell_under_bubblewrap_works_in_its_workspace_only(bwrap_ws):
 
 
 async def test_doctor_says_which_isolation_is_active(tmp_path, fake_openai, capsys):
-    from gateway.doctor import run_doctor
+    from gateway.app.doctor import run_doctor
     from tests.conftest import gateway_config
 
     config = gateway_config(tmp_path, fake_openai, tools={"workspace": "shell",

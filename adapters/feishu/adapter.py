@@ -12,8 +12,9 @@ Threads and loops (PLATFORMS.md §0.1-0.3):
 
 Acknowledgement (DESIGN §3.1; Feishu event subscription: answer HTTP 200 within 3 s, else re-pushed
 after 15 s, 5 min, 1 h, 6 h): the webhook answers 200 right after the inbox write, never after model
-work. Bad verification token or signature -> 401, undecryptable or malformed body -> 400, both
-stored nothing; an inbox write failure -> 500 so Feishu pushes the event again.
+work. A bad verification token or signature, or a body that cannot be authenticated -> 401,
+nothing stored; an authentic event that cannot be understood -> logged once and answered 200 (never
+a redelivery loop); an inbox write failure -> 500 so Feishu pushes the event again.
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ from adapters.feishu.format import Part, format_plain, format_reply
 from adapters.feishu.inbound import Ignored, to_inbound
 from adapters.feishu.long_connection import LongConnection
 from adapters.feishu.token import TenantToken
-from gateway.errors import CredentialRejected
-from gateway.ports import BeforePart, InboundSink, PartSent
-from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
+from adapters.feishu.wire import event_id_of, event_problem
+from adapters.wire import UnreadableBody, header_bytes, load_json
+from gateway.core.errors import CredentialRejected
+from gateway.core.ports import BeforePart, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
 
 log = logging.getLogger("adapters.feishu")
 
@@ -127,7 +130,7 @@ class FeishuAdapter:
 
     platform = "feishu"
     idempotent_send = True  # Feishu keeps one message per ``uuid`` for an hour: a resent part is dropped
-    receiver_lease = None  # webhooks reach any instance; the long connection spreads events itself
+    receiver_lease: str | None = None  # webhooks reach any instance; the long connection spreads events itself
 
     def __init__(self, *, app_id: str, app_secret: str, verification_token: str | None = None,
                  encrypt_key: str | None = None, mode: str = "webhook", domain: str = lark.FEISHU_DOMAIN,
@@ -135,7 +138,7 @@ class FeishuAdapter:
                  ws_connect_timeout_s: float = 10.0, ws_backoff_initial_s: float = 1.0,
                  ws_backoff_max_s: float = 60.0) -> None:
         # lark-oapi prints to stdout through its own handler, past the gateway's secret redaction
-        # (gateway.logs): its records go through the root logger instead.
+        # (gateway.ops.logs): its records go through the root logger instead.
         logging.getLogger("Lark").handlers.clear()
         self.app_id = app_id
         self._app_secret = app_secret
@@ -267,14 +270,17 @@ class FeishuAdapter:
     async def _dispatch(self, body: dict[str, Any]) -> None:
         """Normalizes one decrypted event and stores it (raises if the inbox write failed)."""
         assert self._sink is not None
+        # Authentic (token/signature checked) but not the documented shape: acknowledged, so Feishu
+        # does not push it again, and dropped. Only a failed inbox write asks for a retry.
+        problem = event_problem(body)
+        if problem is not None:
+            log.warning("feishu event %s malformed (%s); acknowledged and dropped", event_id_of(body), problem)
+            return
         try:
             press = action_to_inbound(body, self.bot_open_id)
             result = press if press is not None else to_inbound(body, self.bot_open_id)
-        except (AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
-            # Authentic (token/signature checked) but not the documented shape: acknowledged, so
-            # Feishu does not push it again, and dropped. Only a failed inbox write asks for a retry.
-            header = body.get("header") if isinstance(body.get("header"), dict) else {}
-            log.warning("feishu event %s malformed (%s): acknowledged and dropped", header.get("event_id"),
+        except Exception as exc:
+            log.warning("feishu event %s could not be read (%s); acknowledged and dropped", event_id_of(body),
                         type(exc).__name__)
             return
         if press is not None:  # a command button on one of our cards: the presser's command
@@ -336,58 +342,73 @@ class FeishuAdapter:
         while len(self._dm_chats) > 4096:
             self._dm_chats.popitem(last=False)
 
-    def _verify(self, request: web.Request, raw: bytes) -> tuple[int, dict[str, Any] | str]:
-        """Checks and decodes one webhook body: ``(200, event)`` or ``(status, reason)``.
+    def _verify(self, request: web.Request, raw: bytes) -> tuple[int, dict[str, Any] | None, str]:
+        """Checks and decodes one webhook body: ``(status, event, reason)``.
+
+        ``(200, event, "")`` for an authentic, readable event; ``(200, None, reason)`` for a signed
+        body that cannot be read (authentic: acknowledged, never retried); ``(401, None, reason)``
+        for a forged or unverifiable one (a bad signature, or an unsigned body whose verification
+        token cannot be read or is wrong). The signature is checked on the raw bytes of the body
+        and headers before anything is parsed.
 
         Feishu event subscription: encrypted bodies are ``{"encrypt": base64(IV + AES-256-CBC)}`` with
         key SHA-256(encrypt key); ``X-Lark-Signature`` = hex SHA-256(timestamp + nonce + encrypt key +
         raw body); the verification token is ``header.token`` (schema 2.0) or ``token`` (challenge, 1.0).
         """
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            return 400, "body is not JSON"
-        if not isinstance(body, dict):
-            return 400, "body is not a JSON object"
-        signature = request.headers.get("X-Lark-Signature")
+        signed = False
+        signature = header_bytes(request.headers.get("X-Lark-Signature"))
         if signature and self._encrypt_key:
-            timestamp = request.headers.get("X-Lark-Request-Timestamp", "")
-            nonce = request.headers.get("X-Lark-Request-Nonce", "")
-            expected = hashlib.sha256((timestamp + nonce + self._encrypt_key).encode() + raw).hexdigest()
+            timestamp = header_bytes(request.headers.get("X-Lark-Request-Timestamp"))
+            nonce = header_bytes(request.headers.get("X-Lark-Request-Nonce"))
+            expected = hashlib.sha256(timestamp + nonce + self._encrypt_key.encode() + raw).hexdigest().encode()
             if not hmac.compare_digest(expected, signature):
-                return 401, "bad signature"
+                return 401, None, "bad signature"
+            signed = True
+        unreadable = 200 if signed else 401  # unsigned, only the token inside can vouch for it
+        try:
+            body = load_json(raw)
+        except UnreadableBody as exc:
+            return unreadable, None, str(exc)
+        if not isinstance(body, dict):
+            return unreadable, None, "body is not a JSON object"
         if "encrypt" in body:
             if not self._encrypt_key:
-                return 400, "encrypted body but no encrypt key configured"
+                return unreadable, None, "encrypted body but no encrypt key configured"
             try:
-                body = json.loads(AESCipher(self._encrypt_key).decrypt_str(str(body["encrypt"])))
+                body = load_json(AESCipher(self._encrypt_key).decrypt_str(str(body["encrypt"])))
+            except UnreadableBody as exc:
+                return unreadable, None, f"decrypted {exc}"
             except Exception:
-                return 400, "undecryptable body"
+                return unreadable, None, "undecryptable body"
             if not isinstance(body, dict):
-                return 400, "decrypted body is not a JSON object"
+                return unreadable, None, "decrypted body is not a JSON object"
         if self._verification_token:
-            token = (body.get("header") or {}).get("token") if "header" in body else body.get("token")
-            if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._verification_token.encode()):
-                return 401, "bad verification token"
-        return 200, body
+            header = body.get("header")
+            token = header.get("token") if isinstance(header, dict) else None if "header" in body else body.get("token")
+            if not isinstance(token, str) or not hmac.compare_digest(
+                    token.encode("utf-8", "surrogatepass"), self._verification_token.encode()):
+                return 401, None, "bad verification token"
+        return 200, body, ""
 
     async def _handle_webhook(self, request: web.Request) -> web.Response:
         raw = await request.read()
-        status, checked = self._verify(request, raw)
+        status, checked, reason = self._verify(request, raw)
         if status != 200:
-            log.warning("feishu webhook rejected (%s): %s, %d bytes", status, checked, len(raw))
-            return web.json_response({"msg": checked}, status=status)
-        assert isinstance(checked, dict)
+            log.warning("feishu webhook rejected (%s): %s, %d bytes", status, reason, len(raw))
+            return web.json_response({"msg": reason}, status=status)
+        if checked is None:
+            log.warning("feishu event unreadable (%s, %d bytes); acknowledged and dropped", reason, len(raw))
+            return web.json_response({"msg": "success"})
         if checked.get("type") == "url_verification":
             return web.json_response({"challenge": checked.get("challenge", "")})
         # A card callback's answer may carry a toast or a new card (lark-oapi
         # P2CardActionTriggerResponse); ``{}`` leaves the card as it is.
-        answer = {} if (checked.get("header") or {}).get("event_type") == "card.action.trigger" else {"msg": "success"}
+        header = checked.get("header") if isinstance(checked.get("header"), dict) else {}
+        answer = {} if header.get("event_type") == "card.action.trigger" else {"msg": "success"}  # type: ignore[union-attr]
         try:
             await self._dispatch(checked)
         except Exception:
-            event_id = (checked.get("header") or {}).get("event_id")
-            log.exception("could not store feishu event %s; asking Feishu to push it again", event_id)
+            log.exception("could not store feishu event %s; asking Feishu to push it again", event_id_of(checked))
             return web.json_response({"msg": "not stored"}, status=500)
         return web.json_response(answer)
 
@@ -396,9 +417,9 @@ class FeishuAdapter:
         inbox write, so the frame is acked only once the message is stored."""
         assert self._loop is not None
         try:
-            body = json.loads(payload)
-        except ValueError:
-            log.warning("feishu long-connection payload is not JSON (%d bytes); dropped", len(payload))
+            body = load_json(payload)
+        except UnreadableBody as exc:
+            log.warning("feishu long-connection payload unreadable (%s, %d bytes); dropped", exc, len(payload))
             return  # acked: pushing it again cannot make it readable
         if not isinstance(body, dict):
             return

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from adapters.feishu.format import BODY_OVERHEAD_BYTES, POST_LIMIT_BYTES, Part, encoded_size, split_text
-from gateway.types import ChatAddress, InboundMessage, Sender
+from gateway.core.types import ChatAddress, InboundMessage, Sender
 
 CARD_ACTION_EVENT = "card.action.trigger"
 COMMAND_KEY = "gw_cmd"
@@ -100,7 +100,7 @@ def action_to_inbound(body: Mapping[str, Any], bot_open_id: str) -> InboundMessa
     tenant = str(header.get("tenant_key") or (event.get("operator") or {}).get("tenant_key") or "")
     try:
         received_at = int(header.get("create_time") or 0) / 1000.0
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # not a number, or too large for a float
         received_at = 0.0
     return InboundMessage(
         address=ChatAddress("feishu", tenant, chat_id, thread_id),

@@ -162,7 +162,7 @@ class _Renderer:
         elif name in _STYLE:
             self.styles.append(_STYLE[name])
         elif name in ("Link", "Image"):
-            self.links.append(str(value.get("dest_url") or ""))
+            self.links.append(str(value.get("dest_url") or ""))  # type: ignore[union-attr]
         elif name == "BlockQuote":
             self.flush()
             self.quote_depth += 1

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
 
 RECEIVE_EVENT = "im.message.receive_v1"
 _PLACEHOLDER = re.compile(r"@_user_\d+|@_all")
@@ -224,7 +224,7 @@ def to_inbound(body: Mapping[str, Any], bot_open_id: str) -> InboundMessage | Ig
     created_ms = message.get("create_time") or header.get("create_time") or 0
     try:
         received_at = int(created_ms) / 1000.0
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # not a number, or too large for a float
         received_at = 0.0
     command = _command(text)  # as on every platform: the command apart, its arguments as the text
     return InboundMessage(

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from gateway.ports import InboundSink
-from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
+from gateway.core.ports import InboundSink
+from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
 
 
 class LocalAdapter:
@@ -21,7 +21,7 @@ class LocalAdapter:
 
     platform = "local"
     idempotent_send = False
-    receiver_lease = None
+    receiver_lease: str | None = None
 
     def __init__(self, *, user: str = "local-user", read_line: Callable[[], str] | None = None,
                  write: Callable[[str], None] | None = None, on_eof: Callable[[], None] | None = None) -> None:

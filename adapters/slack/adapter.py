@@ -15,14 +15,15 @@ listener, because Bolt answers 404 to unhandled events and Slack counts that as 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
-import json
 import logging
 import re
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import parse_qs
 
 import aiohttp
 from aiohttp import web
@@ -30,7 +31,8 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError
-from slack_sdk.signature import SignatureVerifier
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.format import format_reply
@@ -43,9 +45,11 @@ from adapters.slack.inbound import (
     to_inbound,
     users_to_resolve,
 )
-from gateway.errors import CredentialRejected
-from gateway.ports import BeforePart, InboundSink, PartSent
-from gateway.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+from adapters.slack.wire import envelope_problem, event_id_of, interaction_problem
+from adapters.wire import UnreadableBody, header_bytes, load_json
+from gateway.core.errors import CredentialRejected
+from gateway.core.ports import BeforePart, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
 
 log = logging.getLogger("adapters.slack")
 
@@ -55,6 +59,7 @@ RETRYABLE_ERRORS = {"ratelimited", "internal_error", "fatal_error", "service_una
 NAME_TTL_S = 3600.0
 NAME_LOOKUP_TIMEOUT_S = 1.5  # users.info runs inside Slack's 3-second ack budget
 _MAX_REMEMBERED = 5000
+_TIMESTAMP = re.compile(rb"[0-9]{1,15}")
 
 
 def signature_problem(body: bytes, headers: Mapping[str, str], signing_secret: str,
@@ -63,24 +68,49 @@ def signature_problem(body: bytes, headers: Mapping[str, str], signing_secret: s
 
     Slack request signing: ``X-Slack-Signature`` = ``v0=`` + hex HMAC-SHA256(signing secret,
     ``"v0:{X-Slack-Request-Timestamp}:{raw body}"``); the timestamp must be within 300 s of now.
-    The returned text names the failed check and never contains the secret or the signature.
+    Everything is compared as the bytes that arrived (a body or header that is not UTF-8 is a
+    mismatch, never an error). The returned text names the failed check and never contains the
+    secret or the signature.
     """
-    timestamp = headers.get("X-Slack-Request-Timestamp")
-    signature = headers.get("X-Slack-Signature")
+    timestamp = header_bytes(headers.get("X-Slack-Request-Timestamp"))
+    signature = header_bytes(headers.get("X-Slack-Signature"))
     if not timestamp:
         return "missing X-Slack-Request-Timestamp header"
     if not signature:
         return "missing X-Slack-Signature header"
-    try:
-        age = (time.time() if now is None else now) - int(timestamp)
-    except ValueError:
+    if not _TIMESTAMP.fullmatch(timestamp):
         return "malformed X-Slack-Request-Timestamp header"
+    age = (time.time() if now is None else now) - int(timestamp)
     if abs(age) > SIGNATURE_WINDOW_S:
         return f"timestamp outside the 5-minute window ({age:+.0f} s)"
-    expected = SignatureVerifier(signing_secret).generate_signature(timestamp=timestamp, body=body)
-    if expected is None or not hmac.compare_digest(expected.encode(), signature.encode()):
+    digest = hmac.new(signing_secret.encode(), b"v0:" + timestamp + b":" + body, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(b"v0=" + digest.encode(), signature):
         return "signature mismatch (body altered after signing, or another signing secret)"
     return None
+
+
+def _body_problem(raw: bytes, content_type: str) -> tuple[str | None, str | None]:
+    """Why an authentic Events API or interactivity body cannot be used (``None`` when it can),
+    and its ``event_id`` when readable. JSON bodies are events; form bodies (interactivity, slash
+    commands) must be UTF-8 and their ``payload`` field a well-typed interaction."""
+    if content_type == "application/x-www-form-urlencoded":
+        try:
+            fields = parse_qs(raw.decode("utf-8"), errors="strict")
+        except (UnicodeDecodeError, ValueError):
+            return "form body is not UTF-8", None
+        if "payload" not in fields:
+            return None, None  # a slash command: Bolt reads it
+        try:
+            return interaction_problem(load_json(fields["payload"][0])), None
+        except UnreadableBody as exc:
+            return f"payload: {exc}", None
+    try:
+        data = load_json(raw)
+    except UnreadableBody as exc:
+        return str(exc), None
+    if not isinstance(data, dict):
+        return "body is not a JSON object", None
+    return envelope_problem(data), event_id_of(data)
 
 
 CREDENTIAL_ERRORS = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired",
@@ -126,6 +156,22 @@ class _UnusedTokenNotice(logging.Filter):
         return "`token` will be unused" not in record.getMessage()
 
 
+class _CheckedSocketModeHandler(AsyncSocketModeHandler):
+    """Bolt's Socket Mode handler behind the checks the HTTP path makes: a frame whose payload has
+    the wrong JSON types (which Bolt's middleware would fail on, leaving the frame unacknowledged
+    and redelivered) is acknowledged, logged once at WARNING and dropped."""
+
+    async def handle(self, client: Any, req: SocketModeRequest) -> None:
+        check = {"events_api": envelope_problem, "interactive": interaction_problem}.get(req.type)
+        payload = req.payload if isinstance(req.payload, dict) else None
+        problem = None if check is None else "payload is not an object" if payload is None else check(payload)
+        if problem is None:
+            await super().handle(client, req)
+            return
+        log.warning("slack event %s unreadable (%s); acknowledged and dropped", event_id_of(payload) or "?", problem)
+        await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+
+
 class SlackAdapter:
     """One Slack app in one workspace.
 
@@ -145,7 +191,7 @@ class SlackAdapter:
 
     platform = "slack"
     idempotent_send = False  # chat.postMessage has no idempotency key: a part in doubt is not resent
-    receiver_lease = None  # Events API and Socket Mode both spread events over every instance
+    receiver_lease: str | None = None  # Events API and Socket Mode both spread events over every instance
 
     def __init__(self, *, bot_token: str, signing_secret: str | None = None, app_token: str | None = None,
                  mode: str = "events", api_url: str = "https://slack.com/api/", allow_bots: bool = False,
@@ -188,7 +234,11 @@ class SlackAdapter:
         async def on_button(ack: Any, body: dict[str, Any]) -> None:
             await ack()  # Slack needs the ack within 3 s; the press is stored right after
             assert self._identity is not None and self._sink is not None
-            result = action_to_inbound(body, self._identity)
+            try:
+                result = action_to_inbound(body, self._identity)
+            except Exception as exc:
+                log.warning("slack interaction could not be read (%s); acknowledged and dropped", type(exc).__name__)
+                return
             if isinstance(result, Ignored):
                 log.debug("slack interaction ignored: %s", result.reason)
                 return
@@ -236,13 +286,13 @@ class SlackAdapter:
         if self.mode != "socket" or self._socket is not None:
             return
         try:
-            opened = await self.client.apps_connections_open(app_token=self._app_token)
+            opened = await self.client.apps_connections_open(app_token=self._app_token)  # type: ignore[arg-type]
         except SlackApiError as exc:
             if (rejected := _rejected(exc, "app_token_env")) is None:
                 raise
             raise rejected from exc
-        self._socket = AsyncSocketModeHandler(self.app, self._app_token, logger=log,
-                                              ping_interval=self._socket_ping_interval)
+        self._socket = _CheckedSocketModeHandler(self.app, self._app_token, logger=log,
+                                                 ping_interval=self._socket_ping_interval)
         self._socket.client.wss_uri = opened["url"]  # reconnects ask for new URLs themselves
         await self._socket.connect_async()
 
@@ -265,21 +315,21 @@ class SlackAdapter:
 
     # -- inbound -----------------------------------------------------------------------------
     async def _handle_events(self, request: web.Request) -> web.Response:
+        """Events API and interactivity POSTs. The signature is checked on the raw bytes before
+        anything is parsed (401 on failure, nothing stored); an authentic body that cannot be
+        understood (not UTF-8 JSON, or fields of the wrong type) is logged once and answered 200
+        with ``X-Slack-No-Retry: 1``, so Slack neither retries it nor counts a failure."""
         raw = await request.read()
         problem = signature_problem(raw, request.headers, self._signing_secret)
         if problem is not None:
             log.warning("slack request rejected with 401: %s", problem)
             return web.json_response({"error": "invalid request"}, status=401)
-        if request.content_type != "application/x-www-form-urlencoded":  # interactivity posts forms
-            try:
-                payload = json.loads(raw)
-            except ValueError:
-                payload = None
-            if not isinstance(payload, dict) or (
-                    payload.get("type") == "event_callback" and not isinstance(payload.get("event"), dict)):
-                log.warning("malformed slack payload ignored (%d bytes)", len(raw))
-                return web.json_response({"error": "malformed payload"}, status=400, headers={"X-Slack-No-Retry": "1"})
-        bolt_request = AsyncBoltRequest(body=raw.decode("utf-8", "replace"), query=request.query_string,
+        unreadable, event_id = _body_problem(raw, request.content_type)
+        if unreadable is not None:
+            log.warning("slack event %s unreadable (%s, %d bytes); acknowledged and dropped", event_id or "?",
+                        unreadable, len(raw))
+            return web.Response(status=200, headers={"X-Slack-No-Retry": "1"})
+        bolt_request = AsyncBoltRequest(body=raw.decode("utf-8"), query=request.query_string,
                                         headers={k: v for k, v in request.headers.items()})
         response = await self.app.async_dispatch(bolt_request)
         headers = response.first_headers_without_set_cookie()
@@ -293,11 +343,16 @@ class SlackAdapter:
         answers 500 (no ack) and Slack redelivers."""
         if self._identity is None or self._sink is None:
             raise RuntimeError("slack adapter not started")
-        result = to_inbound(body, self._identity, allow_bots=self._allow_bots)
+        try:
+            result = to_inbound(body, self._identity, allow_bots=self._allow_bots)
+            wanted = users_to_resolve(body, self._identity) if isinstance(result, InboundMessage) else set()
+        except Exception as exc:  # authentic but not understood: asking again would fail the same way
+            log.warning("slack event %s could not be read (%s); acknowledged and dropped", event_id_of(body) or "?",
+                        type(exc).__name__)
+            return
         if isinstance(result, Ignored):
             log.debug("slack event %s ignored: %s", body.get("event_id"), result.reason)
             return
-        wanted = users_to_resolve(body, self._identity)
         if wanted:
             names = await self._display_names(wanted)
             named = to_inbound(body, self._identity, names, allow_bots=self._allow_bots)

@@ -192,7 +192,7 @@ class _Renderer:
         if node.tag == "Table":
             return self._table(node)
         if node.tag == "HtmlBlock":
-            raw = "".join(c.get("Html", c.get("Text", "")) for c in node.children if isinstance(c, dict))
+            raw = "".join(c.get("Html", c.get("Text", "")) for c in node.children if isinstance(c, dict))  # type: ignore[misc]
             return escape(raw.strip())
         return "\n\n".join(self.blocks(node.children))
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
 
 NEW_TEXT_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
 """Message subtypes that carry new user text (PLATFORMS.md §2.2)."""
@@ -126,7 +126,8 @@ def to_inbound(envelope: dict[str, Any], bot: BotIdentity, names: Mapping[str, s
     event_type = event.get("type")
     if event_type not in ("message", "app_mention"):
         return Ignored(f"event:{event_type}")
-    bot_profile = event.get("bot_profile") if isinstance(event.get("bot_profile"), dict) else {}
+    profile = event.get("bot_profile")
+    bot_profile: dict[str, Any] = profile if isinstance(profile, dict) else {}
     if event.get("user") == bot.user_id or bot.bot_id in (event.get("bot_id"), bot_profile.get("id")):
         return Ignored("own_message")
     subtype = event.get("subtype")
@@ -155,7 +156,8 @@ def to_inbound(envelope: dict[str, Any], bot: BotIdentity, names: Mapping[str, s
         return Ignored("not_addressed")
 
     text = plain_text(raw_text, bot.user_id, names)
-    files = event.get("files") if isinstance(event.get("files"), list) else []
+    listed = event.get("files")
+    files: list[Any] = listed if isinstance(listed, list) else []
     attachments = tuple(_attachment(f) for f in files if isinstance(f, dict) and f.get("id"))
     if not text and not attachments:
         return Ignored("empty")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import random
 import warnings
@@ -37,9 +36,11 @@ from telegram.error import BadRequest, ChatMigrated, Forbidden, InvalidToken, Ne
 from adapters.telegram.format import Chunk, chunk_text, format_reply
 from adapters.telegram.inbound import BotIdentity, Ignored, callback_to_inbound, to_inbound
 from adapters.telegram.request import AiohttpRequest
-from gateway.errors import CredentialRejected
-from gateway.ports import BeforePart, InboundSink, PartSent
-from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
+from adapters.telegram.wire import update_id_of, update_problem
+from adapters.wire import UnreadableBody, header_bytes, load_json
+from gateway.core.errors import CredentialRejected
+from gateway.core.ports import BeforePart, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
 
 log = logging.getLogger("adapters.telegram")
 
@@ -227,29 +228,51 @@ class TelegramAdapter:
                 offset = update.update_id + 1  # confirmed by the next getUpdates call
 
     async def _dispatch(self, update: Update) -> None:
+        """Normalizes one update (already checked by ``adapters.telegram.wire``: the webhook checks
+        its body, the poller's request layer each ``getUpdates`` result) and hands it to the inbox.
+        An update the translation still cannot read is logged once at WARNING and dropped: asking
+        for it again would fail the same way. Raises only when storing failed."""
         assert self._identity is not None and self._sink is not None
-        if update.callback_query is not None:
-            try:
-                await self.bot.answer_callback_query(update.callback_query.id)
-            except TelegramError as exc:
-                log.warning("answerCallbackQuery failed: %s", exc)
-            result = callback_to_inbound(update, self._identity)
-        else:
-            result = to_inbound(update, self._identity)
+        try:
+            if update.callback_query is not None:
+                try:
+                    await self.bot.answer_callback_query(update.callback_query.id)
+                except TelegramError as exc:
+                    log.warning("answerCallbackQuery failed: %s", exc)
+                result = callback_to_inbound(update, self._identity)
+            else:
+                result = to_inbound(update, self._identity)
+        except Exception as exc:
+            log.warning("telegram update %s could not be read (%s); acknowledged and dropped", update.update_id,
+                        type(exc).__name__)
+            return
         if isinstance(result, Ignored):
             log.debug("telegram update %s ignored: %s", update.update_id, result.reason)
             return
         await self._sink(result)
 
     async def _handle_webhook(self, request: web.Request) -> web.Response:
-        secret = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "")
-        if not self._webhook_secret or not hmac.compare_digest(secret.encode(), self._webhook_secret.encode()):
+        """Telegram webhook: the secret (setWebhook ``secret_token``) is compared on the header's raw
+        bytes before the body is read; a wrong or missing one gets 401 and nothing is parsed. An
+        authentic update that cannot be understood is answered 200 (Telegram would send it again
+        and again) and logged once; only a failed inbox write answers 500."""
+        secret = header_bytes(request.headers.get("X-Telegram-Bot-Api-Secret-Token"))
+        if not self._webhook_secret or not hmac.compare_digest(secret, self._webhook_secret.encode()):
             return web.json_response({"ok": False, "error": "unauthorized"}, status=401)
         try:
-            data = json.loads(await request.read())
+            data = load_json(await request.read())
+        except UnreadableBody as exc:
+            log.warning("telegram webhook body unreadable (%s); acknowledged and dropped", exc)
+            return web.json_response({"ok": True})
+        problem = update_problem(data)
+        if problem is not None:
+            log.warning("telegram update %s unreadable (%s); acknowledged and dropped", update_id_of(data), problem)
+            return web.json_response({"ok": True})
+        try:
             update = Update.de_json(data, self.bot)
         except Exception as exc:
-            log.warning("malformed telegram webhook payload ignored: %s", exc)
+            log.warning("telegram update %s not accepted by the SDK (%s); acknowledged and dropped",
+                        update_id_of(data), type(exc).__name__)
             return web.json_response({"ok": True})
         try:
             await self._dispatch(update)
@@ -343,7 +366,7 @@ class TelegramAdapter:
     async def edit(self, address: ChatAddress, message_id: str, text: str) -> DeliveryResult:
         """Replaces the text of the bot's message with plain ``text`` (Bot API editMessageText;
         ≤ 4096 UTF-16 units, longer text is cut). "message is not modified" counts as success."""
-        chunks = [c for c in chunk_text(text, []) if c.text.strip()] or [Chunk(" ", [])]
+        chunks = [c for c in chunk_text(text, []) if c.text.strip()] or [Chunk(" ", ())]
         try:
             await self._edit_chunk(address, message_id, chunks[0], None)
         except RetryAfter as exc:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from telegram import Message, MessageEntity, Update
 
-from gateway.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
 
 _SPACES = re.compile(r"[ \t]{2,}")
 
@@ -148,8 +148,8 @@ def callback_to_inbound(update: Update, bot: BotIdentity) -> InboundMessage | Ig
     name, _, args = query.data[1:].partition(" ")
     sender = query.from_user
     display = " ".join(p for p in (sender.first_name, sender.last_name) if p)
-    thread_id = str(message.message_thread_id) if getattr(message, "is_topic_message", False) and \
-        message.message_thread_id else None
+    topic = getattr(message, "message_thread_id", None) if getattr(message, "is_topic_message", False) else None
+    thread_id = str(topic) if topic else None
     return InboundMessage(
         address=ChatAddress("telegram", str(bot.id), str(chat.id), thread_id),
         message_id=f"cb:{query.id}",

@@ -3,7 +3,8 @@
 PTB's default ``HTTPXRequest`` spends several milliseconds of CPU per call in httpcore's pool
 bookkeeping; the gateway already runs aiohttp, whose client does the same work for a fraction of
 that. Behaviour is PTB's: form-encoded parameters, multipart when files are sent, PTB's timeout
-defaults, ``TimedOut`` / ``NetworkError`` on transport failures.
+defaults, ``TimedOut`` / ``NetworkError`` on transport failures. One addition: ``getUpdates``
+results are checked (``adapters.telegram.wire.checked_updates``) before PTB parses them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import aiohttp
 from telegram._utils.defaultvalue import DefaultValue
 from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
+
+from adapters.telegram.wire import checked_updates
 
 
 class AiohttpRequest(BaseRequest):
@@ -51,10 +54,10 @@ class AiohttpRequest(BaseRequest):
         url: str,
         method: str,
         request_data: RequestData | None = None,
-        read_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,
-        write_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,
-        connect_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,
-        pool_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,
+        read_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,  # type: ignore[override]
+        write_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,  # type: ignore[override]
+        connect_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,  # type: ignore[override]
+        pool_timeout: float | DefaultValue[None] | None = BaseRequest.DEFAULT_NONE,  # type: ignore[override]
     ) -> tuple[int, bytes]:
         """Sends one Bot API call; returns ``(HTTP status, body)``. Raises ``TimedOut`` or
         ``NetworkError`` (PTB's types) when the call did not complete."""
@@ -75,7 +78,10 @@ class AiohttpRequest(BaseRequest):
             body = request_data.json_parameters
         try:
             async with self._session.request(method, url, data=body, timeout=timeout) as response:
-                return response.status, await response.read()
+                payload = await response.read()
+                if response.status == 200 and url.endswith("/getUpdates"):
+                    payload = checked_updates(payload)
+                return response.status, payload
         except TimeoutError as exc:
             raise TimedOut from exc
         except aiohttp.ClientError as exc:

@@ -35,8 +35,9 @@ from itsdangerous import BadSignature, Signer
 
 from adapters.web.format import markdown_html, plain_html
 from adapters.web.inbound import TENANT, WebInputError, client_id_of, message_from_post
-from gateway.ports import BeforePart, ConversationReader, InboundSink, PartSent
-from gateway.types import ChatAddress, DeliveryResult, OutboundMessage
+from adapters.wire import UnreadableBody, header_bytes, load_json
+from gateway.core.ports import BeforePart, ConversationReader, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
 
 log = logging.getLogger("adapters.web")
 
@@ -66,7 +67,7 @@ class WebAdapter:
 
     platform = "web"
     idempotent_send = False
-    receiver_lease = None
+    receiver_lease: str | None = None
 
     def __init__(self, *, secret: str, cookie_secure: bool = False) -> None:
         self._signer = Signer(secret, salt="gateway-web-user")
@@ -92,9 +93,9 @@ class WebAdapter:
         value = request.cookies.get(COOKIE)
         if not value:
             return None
-        try:
-            return self._signer.unsign(value).decode()
-        except BadSignature:
+        try:  # the cookie's bytes as sent: a forged one that is not UTF-8 is a bad signature too
+            return self._signer.unsign(header_bytes(value)).decode()
+        except (BadSignature, UnicodeDecodeError):
             return None
 
     def cookie_for(self, user_id: str) -> str:
@@ -126,11 +127,11 @@ class WebAdapter:
             return _error(401, "no web identity: reload the page")
         if self._sink is None:
             return _error(503, "the gateway is starting; try again")
-        try:
-            body = await request.json()
-        except LookupError:  # aiohttp decodes with the Content-Type's charset: an unknown one
+        try:  # decoded with the Content-Type's charset (the page sends UTF-8)
+            body = load_json((await request.read()).decode(request.charset or "utf-8"))
+        except (LookupError, UnicodeEncodeError):
             return _error(400, f"unknown charset {request.charset!r}: send UTF-8 JSON")
-        except (ValueError, UnicodeDecodeError):
+        except (UnreadableBody, UnicodeDecodeError):
             return _error(400, "the request body is not JSON")
         try:
             message = message_from_post(body, user_id)

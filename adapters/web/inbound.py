@@ -13,7 +13,7 @@ import re
 import time
 from typing import Any
 
-from gateway.types import ChatAddress, InboundMessage, Sender
+from gateway.core.types import ChatAddress, InboundMessage, Sender
 
 TENANT = "web"
 MAX_TEXT_CHARS = 16_000

@@ -132,7 +132,7 @@ def run_case(case: EvalCase, skill: Skill, *, system_prompt: str, model: ChatMod
         for tool_call in message.get("tool_calls") or ():
             called.add(tool_call["function"]["name"])
 
-    outcome = run_turn(system_prompt=system_prompt, history=history, model=model, tools=tools, bridge=bridge,
+    outcome = run_turn(system_prompt=system_prompt, history=history, model=model, tools=tools, bridge=bridge,  # type: ignore[arg-type]
                        limits=limits, record=record, context=RunContext(session_id="eval", turn_id="eval",
                                                                         state=state))
     failures = check(case.expect, outcome.reply, called)

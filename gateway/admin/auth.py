@@ -64,7 +64,7 @@ class AdminAuth:
         if not value or not self.enabled:
             return None
         try:
-            return self._signer.unsign(value, max_age=self.session_s).decode()
+            return self._signer.unsign(value, max_age=self.session_s).decode()  # type: ignore[call-overload]
         except (BadSignature, SignatureExpired):
             return None
 

@@ -11,17 +11,17 @@ from typing import Any
 
 from sqlalchemy import Engine, func, or_, select
 
-from gateway.conversations import inbox_id_of
+from gateway.sessions.conversations import inbox_id_of
+from gateway.sessions.directory import usage_sums
 from gateway.store.db import read_tx
-from gateway.store.directory import usage_sums
-from gateway.store.models import ApprovalRow, IdentityRow, InboxRow, MessageRow, SessionRow, UserRow
+from gateway.store.models import ApprovalRow, IdentityRow, InboxRow, MessageRow, SessionRow, UserRow, table
 
-_sessions = SessionRow.__table__
-_messages = MessageRow.__table__
-_users = UserRow.__table__
-_identities = IdentityRow.__table__
-_approvals = ApprovalRow.__table__
-_inbox = InboxRow.__table__
+_sessions = table(SessionRow)
+_messages = table(MessageRow)
+_users = table(UserRow)
+_identities = table(IdentityRow)
+_approvals = table(ApprovalRow)
+_inbox = table(InboxRow)
 
 PAGE_ROWS = 100
 
@@ -71,7 +71,8 @@ class AdminQueries:
         what each of the turn's model calls reported, once per call, and of its recorded cost);
         each message has ``role``, ``content``, ``calls`` (``[{"id", "name", "arguments"}]``,
         arguments pretty-printed), ``tool_call_id``, ``tool_name`` (for a tool result: the called
-        tool's name), token counts (``cached_tokens`` too) and ``created_at``.
+        tool's name), token counts (``cached_tokens`` too), ``answered_by`` (``provider:model`` of a
+        routed answer, else ``None``) and ``created_at``.
         """
         with read_tx(self.engine) as conn:
             row = conn.execute(select(_sessions).where(_sessions.c.id == session_id)).first()
@@ -101,7 +102,8 @@ class AdminQueries:
                                      "tool_call_id": r.tool_call_id, "tool_name": names.get(r.tool_call_id or ""),
                                      "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
                                      "cached_tokens": int(meta.get("cached_tokens") or 0),
-                                     "created_at": r.created_at})
+                                     "answered_by": f"{meta['provider']}:{meta.get('model')}"
+                                     if meta.get("provider") else None, "created_at": r.created_at})
             turn["prompt_tokens"] += r.prompt_tokens or 0
             turn["completion_tokens"] += r.completion_tokens or 0
             turn["cached_tokens"] += int(meta.get("cached_tokens") or 0)

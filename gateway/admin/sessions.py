@@ -10,10 +10,10 @@ import time
 from sqlalchemy import Engine, delete, insert, select, update
 
 from gateway.store.db import read_tx, write_tx
-from gateway.store.models import AdminSessionRow
+from gateway.store.models import AdminSessionRow, table
 from gateway.store.sql import retry_locked
 
-_admin_sessions = AdminSessionRow.__table__
+_admin_sessions = table(AdminSessionRow)
 
 
 class AdminSessions:

@@ -2,7 +2,7 @@
 
 Server-rendered (Jinja2, autoescaped: names, messages and tool output show as text). Read-mostly;
 the few changes go through the same code as the chat commands: ``/approve`` and ``/deny``
-(``gateway.approvals.decide_reply``), ``/run`` (``PushService.fire_soon``), and pausing a job
+(``gateway.tools.approvals.decide_reply``), ``/run`` (``PushService.fire_soon``), and pausing a job
 (``JobStore.set_enabled`` + ``PushService.job_changed``, as ``/unschedule`` reloads). Every page
 needs a login, every POST a CSRF token (``gateway.admin.auth``). With no admin password
 configured, ``/admin`` answers 404 and says how to turn it on.
@@ -28,11 +28,11 @@ from gateway.admin.auth import CSRF_FIELD, AdminAuth
 from gateway.admin.limits import LoginLimiter
 from gateway.admin.queries import AdminQueries
 from gateway.admin.sessions import AdminSessions
-from gateway.approvals import decide_reply
-from gateway.jobs import format_address, job_schedule, local_time, next_fire_of
+from gateway.scheduler.planner import format_address, job_schedule, local_time, next_fire_of
+from gateway.tools.approvals import decide_reply
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.app.gateway import Gateway
 
 log = logging.getLogger("gateway.admin")
 
@@ -226,7 +226,13 @@ class AdminSite:
                         "instances": await gateway.run_db(gateway.instance.store.records), "now": time.time()}
         except Exception as exc:
             database = {"error": gateway.redact(f"{type(exc).__name__}: {exc}")[:300]}
+        llm = gateway.config.llm
+        routed = set(llm.routed_providers())
+        routes = [{"name": name, "models": [t.name for t in llm.targets(gateway.providers, name)]}
+                  for name in llm.route_names()]
         return "health.html", {"adapters": adapters, "database": database, "instance": gateway.instance_id,
+                               "providers": [p for p in gateway.provider_health.snapshot()
+                                             if p["provider"] in routed], "routes": routes,
                                "started": gateway.started, "received": gateway.received,
                                "duplicates": gateway.duplicates, "dropped": gateway.dropped,
                                "sent": gateway.delivery.sent}

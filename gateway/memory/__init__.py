@@ -8,5 +8,5 @@
 - ``embed``: the optional OpenAI-compatible embeddings client.
 - ``service``: wires them for the turn runner; ``commands``: ``/memory``, ``/forget``;
   ``tools``: ``recall_memory``, ``save_memory``.
-The SQL lives in ``gateway.store.memories``.
+The SQL lives in ``gateway.memory.store``.
 """

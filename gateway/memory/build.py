@@ -2,28 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from sqlalchemy import Engine
 
 from agent.model import ChatModel
-from gateway.config import GatewayConfig
+from gateway.core.config import GatewayConfig
 from gateway.memory.embed import Embedder
 from gateway.memory.recall import Recaller, RecallPolicy
 from gateway.memory.service import MemoryService
-from gateway.store.directory import Directory
-from gateway.store.memories import MemoryStore
+from gateway.memory.store import MemoryStore
+from gateway.sessions.directory import Directory
 from gateway.store.sql import Store
-from gateway.types import InboundMessage
-
-CommandHandler = Callable[[InboundMessage], "str | None"]
 
 
 def build_memory(config: GatewayConfig, engine: Engine, store: Store, model: Callable[[], ChatModel]) -> MemoryService:
     """The memory service for ``config.memory`` on ``engine`` (``model``: returns the chat model).
 
     Raises:
-        gateway.errors.ConfigError: an embeddings endpoint is configured but its key variable is unset.
+        gateway.core.errors.ConfigError: an embeddings endpoint is configured but its key variable is unset.
     """
     mc = config.memory
     policy = RecallPolicy(budget_tokens=mc.budget_tokens, threshold=mc.threshold, relative=mc.relative,
@@ -37,16 +34,3 @@ def build_memory(config: GatewayConfig, engine: Engine, store: Store, model: Cal
                          recaller=Recaller(memories, policy, embed), model=model,
                          group_scope=config.sessions.group_scope, promote=mc.promote,
                          promote_min_chars=mc.promote_min_chars, rewrite_query=mc.rewrite_query, embed=embed)
-
-
-def first_answer(handlers: Sequence[CommandHandler]) -> CommandHandler:
-    """One command handler asking ``handlers`` in order; the first answer that is not ``None`` wins."""
-
-    def handle(message: InboundMessage) -> str | None:
-        for handler in handlers:
-            answer = handler(message)
-            if answer is not None:
-                return answer
-        return None
-
-    return handle

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from gateway.core.types import InboundMessage
 from gateway.memory.service import MemoryService
-from gateway.store.memories import Memory
-from gateway.types import InboundMessage
+from gateway.memory.store import Memory
 
 LISTED = 50
 """Newest entries listed by ``/memory`` (``/memory export`` has all)."""

@@ -22,8 +22,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.memory.store import MAX_TEXT_CHARS, Memory
 from gateway.memory.terms import coverage, similarity, terms
-from gateway.store.memories import MAX_TEXT_CHARS, Memory
 
 log = logging.getLogger("gateway.memory")
 

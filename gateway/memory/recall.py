@@ -12,7 +12,7 @@
 4. **Budget**: lines are added best first while the block stays within ``budget_tokens``; an entry
    that does not fit is skipped whole (never cut) and smaller ones after it may still fit.
 
-The block goes into the newest user message (``gateway.context.render_user``), never into the
+The block goes into the newest user message (``gateway.bus.context.render_user``), never into the
 system prompt, so the request prefix stays byte-identical while the hits change.
 """
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from agent.tokens import text_tokens
+from gateway.memory.store import Memory, MemoryStore
 from gateway.memory.terms import similarity, terms, words
-from gateway.store.memories import Memory, MemoryStore
 
 BLOCK_HEADER = ("[Long-term memory: notes from earlier conversations, most relevant first. They may be "
                 "outdated; this message wins over them.]")

@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agent.model import ChatModel
+from gateway.core.session_keys import GroupScope, is_dm_key, session_key_for
+from gateway.core.types import InboundMessage
 from gateway.memory.promote import (
     EXPLICIT_WEIGHT,
     MAX_WEIGHT,
@@ -35,12 +37,10 @@ from gateway.memory.promote import (
     restated,
 )
 from gateway.memory.recall import Embed, Recaller
+from gateway.memory.store import MAX_TEXT_CHARS, Memory, MemoryStore, NewMemory, too_long, user_owner
 from gateway.memory.terms import words
-from gateway.sessions import GroupScope, is_dm_key, session_key_for
-from gateway.store.directory import Directory
-from gateway.store.memories import MAX_TEXT_CHARS, Memory, MemoryStore, NewMemory, too_long, user_owner
+from gateway.sessions.directory import Directory
 from gateway.store.sql import Store, StoredMessage
-from gateway.types import InboundMessage
 
 log = logging.getLogger("gateway.memory")
 

@@ -1,6 +1,6 @@
 """The agent's memory tools: ``recall_memory(query)`` and ``save_memory(text, type)``.
 
-They act on the memory of the conversation being answered (``gateway.turns.CURRENT_MESSAGE``:
+They act on the memory of the conversation being answered (``gateway.core.types.CURRENT_MESSAGE``:
 the DM user's, or the group's); outside a chat turn (a scheduled report) they refuse. What the
 model saves must be stated by this turn's user messages or tool results (the same evidence rule
 as the promotion gate), so text the model made up is not stored.
@@ -13,12 +13,12 @@ from typing import Literal
 
 from agent.context import RunContext
 from agent.tools import Tool, tool
+from gateway.core.types import CURRENT_MESSAGE
 from gateway.memory.promote import GROUNDING, restated
 from gateway.memory.recall import line_of
 from gateway.memory.service import MemoryService
+from gateway.memory.store import MAX_TEXT_CHARS, NewMemory, too_long
 from gateway.memory.terms import coverage, terms, words
-from gateway.store.memories import MAX_TEXT_CHARS, NewMemory, too_long
-from gateway.turns import CURRENT_MESSAGE
 
 SAVED_WEIGHT = 1.5
 

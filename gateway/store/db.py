@@ -1,4 +1,5 @@
-"""Engine creation and migrations. SQLAlchemy is used only under ``gateway/store/``.
+"""Engine creation, transactions and migrations. Each capability keeps its own SQL next to it
+(``gateway/scheduler/store.py``, ``gateway/memory/store.py``...); every table is in ``models``.
 
 SQLite: WAL journal, ``synchronous=NORMAL``, a busy timeout, and ``BEGIN IMMEDIATE`` for write
 transactions so two writers queue on the lock instead of failing on a read->write upgrade.
@@ -17,7 +18,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-MIGRATION_LOCK_ID = 0x6167776D  # "agwm": the advisory lock key serialising migrations on PostgreSQL
 
 
 def create_db_engine(url: str, pool_size: int = 10) -> Engine:
@@ -39,7 +39,7 @@ def create_db_engine(url: str, pool_size: int = 10) -> Engine:
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_conn, _record) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
@@ -79,7 +79,7 @@ MIGRATION_LOCK_ID = 0x6761_7465  # PostgreSQL advisory lock key: instances migra
 
 
 def upgrade(engine: Engine) -> None:
-    """Applies every Alembic migration not yet applied (``alembic upgrade head``).
+    """Applies every Alembic migration not yet applied (``alembic upgrade heads``).
 
     Several instances may start at once against one database: the migration runs in one
     transaction that first takes a lock (PostgreSQL advisory lock, SQLite ``BEGIN IMMEDIATE``),
@@ -94,4 +94,4 @@ def upgrade(engine: Engine) -> None:
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})")
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+        command.upgrade(cfg, "heads")  # every branch: parallel work may add heads before it is chained

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import DDL, JSON, Boolean, Float, Index, Integer, String, Text, UniqueConstraint, event
+from sqlalchemy import DDL, JSON, Boolean, Float, Index, Integer, String, Table, Text, UniqueConstraint, event
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -366,7 +366,7 @@ class LinkFailureRow(Base):
     failed_at: Mapped[float] = mapped_column(Float)
 
 class InstanceRow(Base):
-    """The process that holds an instance id (``gateway.instance``): the owner name written into
+    """The process that holds an instance id (``gateway.ops.instance``): the owner name written into
     lane leases, outbox claims and job-run claims. One row per id while its process runs; renewed
     every ``HEARTBEAT_S``, deleted at a graceful stop. A process starting with an id whose holder
     is gone takes the row over (and with it the leases); with a live holder it refuses to start."""
@@ -399,3 +399,9 @@ def include_object(obj: Any, name: str | None, type_: str, reflected: bool, comp
         return True
     fts_table = type_ == "table" and name.startswith("memories_fts")
     return not (fts_table or (type_ == "index" and name == "ix_memories_fts"))
+
+
+def table(row: type[Base]) -> Table:
+    """The Core ``Table`` of a mapped row class (typed as ``Table``, which ``insert``/``update``
+    accept; ``Row.__table__`` is typed as a plain ``FromClause``)."""
+    return row.__table__  # type: ignore[return-value]

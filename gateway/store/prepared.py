@@ -23,16 +23,17 @@ from gateway.store.models import (
     SessionAddressRow,
     SessionRow,
     SummaryRow,
+    table,
 )
 
-_inbox = InboxRow.__table__
-_lanes = LaneRow.__table__
-_messages = MessageRow.__table__
-_outbox = OutboxRow.__table__
-_sessions = SessionRow.__table__
-_addresses = SessionAddressRow.__table__
-_summaries = SummaryRow.__table__
-_job_runs = JobRunRow.__table__
+_inbox = table(InboxRow)
+_lanes = table(LaneRow)
+_messages = table(MessageRow)
+_outbox = table(OutboxRow)
+_sessions = table(SessionRow)
+_addresses = table(SessionAddressRow)
+_summaries = table(SummaryRow)
+_job_runs = table(JobRunRow)
 
 UNSETTLED = ("pending", "claimed", "sending")
 

@@ -16,6 +16,7 @@ from sqlalchemy import Engine, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage
 from gateway.store import prepared as q
 from gateway.store.db import read_tx, write_tx
 from gateway.store.models import (
@@ -28,9 +29,9 @@ from gateway.store.models import (
     SessionAddressRow,
     SessionRow,
     SummaryRow,
+    table,
 )
 from gateway.store.text import storable, storable_text
-from gateway.types import ChatAddress, InboundMessage, OutboundMessage
 
 
 def _chat_key(address: ChatAddress) -> str:
@@ -53,17 +54,17 @@ retry_locked = retry(
 """Retries a whole write transaction, with jitter, when SQLite's busy timeout ran out (or PostgreSQL
 reported a deadlock); after the last attempt the error surfaces — a row is never dropped silently."""
 
-_inbox = InboxRow.__table__
-_lanes = LaneRow.__table__
-_messages = MessageRow.__table__
-_outbox = OutboxRow.__table__
-_sessions = SessionRow.__table__
-_addresses = SessionAddressRow.__table__
-_job_runs = JobRunRow.__table__
+_inbox = table(InboxRow)
+_lanes = table(LaneRow)
+_messages = table(MessageRow)
+_outbox = table(OutboxRow)
+_sessions = table(SessionRow)
+_addresses = table(SessionAddressRow)
+_job_runs = table(JobRunRow)
 
 SETTLED = frozenset({"sent", "unconfirmed", "failed"})
 """Final outbox states; a scheduled report's run takes its outbox row's final state."""
-_summaries = SummaryRow.__table__
+_summaries = table(SummaryRow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,7 +484,7 @@ class Store:
         ``streaming`` row of the same key gets the final text and becomes ``pending``. The turn's
         streaming row ``stream_key`` left without a reply (a cancelled turn) becomes ``cancelled``
         (its preview stays as it was); ``stream_key`` may list several (the reply's and the
-        plan's, ``gateway.progress``). ``messages`` (the final transcript messages, not yet
+        plan's, ``gateway.delivery.progress``). ``messages`` (the final transcript messages, not yet
         written) are appended first.
         """
         now = time.time()
@@ -563,7 +564,7 @@ class Store:
                 chat_key=_chat_key(a), generation=generation, address=a.to_dict(), text=reply.text,
                 reply_to_id=reply.reply_to_id, status="streaming", attempts=0, next_attempt_at=now,
                 claim_until=0.0, created_at=now))
-            return int(result.inserted_primary_key[0]), None, "streaming"
+            return int(result.inserted_primary_key[0]), None, "streaming"  # type: ignore[index]
 
     @retry_locked
     def set_preview(self, outbox_id: int, preview_id: str | None) -> bool:

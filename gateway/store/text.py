@@ -9,10 +9,20 @@ came, either would fail the turn on every retry and block the conversation behin
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
+import time
 from typing import Any
 
+from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
+
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+MAX_NAME_CHARS = 255
+"""Longest display name, username, file name or MIME type kept (the identities table's
+``display_name`` column; PostgreSQL refuses a longer value)."""
+LATEST_TIME = 253_402_300_799.0
+"""The last second ``datetime`` can show (9999-12-31): later timestamps are not believed."""
 
 
 def _replace(match: re.Match[str]) -> str:
@@ -33,3 +43,40 @@ def storable(value: Any) -> Any:
     if isinstance(value, list):
         return [storable(v) for v in value]
     return value
+
+
+def _clean(value: str | None, limit: int | None = None) -> str | None:
+    if value is None:
+        return None
+    cleaned = storable_text(value)
+    return cleaned[:limit] if limit is not None else cleaned
+
+
+def storable_inbound(message: InboundMessage) -> InboundMessage:
+    """``message`` with every string made storable (``storable_text``: ids, tenant, names, text,
+    command, file names and MIME types alike), names clipped to ``MAX_NAME_CHARS``, and a
+    ``received_at`` that is not a finite time between 1970 and 9999 replaced by now.
+
+    The gateway applies this to everything an adapter hands it, before the directory, the
+    session key or the inbox see it: a lone surrogate in a Feishu tenant key or a Telegram display
+    name would otherwise fail the database write, or the turn, on every retry.
+    """
+    address, sender = message.address, message.sender
+    received_at = message.received_at
+    if not (isinstance(received_at, int | float) and math.isfinite(received_at) and 0 <= received_at <= LATEST_TIME):
+        received_at = time.time()
+    return dataclasses.replace(
+        message,
+        address=ChatAddress(address.platform, storable_text(address.tenant), storable_text(address.chat_id),
+                            _clean(address.thread_id)),
+        message_id=storable_text(message.message_id),
+        sender=Sender(storable_text(sender.user_id), _clean(sender.display_name, MAX_NAME_CHARS) or "",
+                      _clean(sender.username, MAX_NAME_CHARS), sender.is_bot),
+        text=storable_text(message.text),
+        reply_to_id=_clean(message.reply_to_id),
+        command=_clean(message.command),
+        attachments=tuple(Attachment(a.kind, storable_text(a.file_id), _clean(a.name, MAX_NAME_CHARS),
+                                     _clean(a.mime_type, MAX_NAME_CHARS), a.size) for a in message.attachments),
+        received_at=float(received_at),
+        event_id=_clean(message.event_id),
+    )

@@ -114,10 +114,10 @@ async def converse(telegram: FakeTelegram, lines: list[str] | None) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    from gateway.app import Gateway
-    from gateway.config import load_config
-    from gateway.logs import setup_logging
-    from gateway.wiring import build_adapters
+    from gateway.app.gateway import Gateway
+    from gateway.app.wiring import build_adapters
+    from gateway.core.config import load_config
+    from gateway.ops.logs import setup_logging
 
     with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
         model.responder = demo_model

@@ -87,10 +87,10 @@ async def converse(slack: FakeSlack, url: str, in_channel: bool, lines: list[str
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    from gateway.app import Gateway
-    from gateway.config import load_config
-    from gateway.logs import setup_logging
-    from gateway.wiring import build_adapters
+    from gateway.app.gateway import Gateway
+    from gateway.app.wiring import build_adapters
+    from gateway.core.config import load_config
+    from gateway.ops.logs import setup_logging
 
     with FakeSlack() as slack, FakeOpenAI(api_key="sk-test") as model:
         model.responder = demo_model

@@ -192,8 +192,9 @@ class FakeFeishu(ThreadedServer):
 
     Test-facing state: ``resources`` (key -> bytes for message resources), ``users`` (open_id -> name
     for contact/v3 users), ``invalid_token_status``
-    (HTTP status sent with 99991663), ``token_ttl`` (seconds, the ``expire`` of new tokens) and
-    ``event_deliveries`` (``(status, seconds)`` of each ``post_event``).
+    (HTTP status sent with 99991663), ``token_ttl`` (seconds, the ``expire`` of new tokens),
+    ``latency`` (seconds per API route) and ``event_deliveries`` (``(status, seconds)`` of each
+    ``post_event``).
     """
 
     def __init__(self, app_id: str = "cli_fake00000000001", app_secret: str = "fake-app-secret-0001",
@@ -210,6 +211,8 @@ class FakeFeishu(ThreadedServer):
         self.users: dict[str, str] = {"ou_fakealice00000000000000000000001": "Alice",
                                       "ou_fakebob000000000000000000000001": "Bob"}
         self.event_deliveries: list[tuple[int, float]] = []
+        self.latency: dict[str, float] = {}
+        """Route name (``bot_info``, ``create``, ...) -> seconds the fake waits before answering."""
         self._lock = threading.Lock()
         self._calls: list[Call] = []
         self._faults: dict[str, deque[ApiError]] = {}
@@ -242,6 +245,7 @@ class FakeFeishu(ThreadedServer):
             self._reactions.clear()
             self._ws_acks.clear()
         self.event_deliveries.clear()
+        self.latency.clear()
         self.invalid_token_status = 400
         self.ws_endpoint_hangs = 0
 
@@ -510,9 +514,11 @@ class FakeFeishu(ThreadedServer):
             return faults.popleft() if faults else None
 
     def _learn(self, body: JSON) -> None:
-        """Remembers a user message from an event (so replies to it can be validated)."""
-        message = (body.get("event") or {}).get("message") or {}
-        if not message.get("message_id"):
+        """Remembers a user message from an event (so replies to it can be validated); a malformed
+        event (tests send those too) is not Feishu's and is not learned."""
+        event = body.get("event") if isinstance(body, dict) else None
+        message = event.get("message") if isinstance(event, dict) else None
+        if not isinstance(message, dict) or not isinstance(message.get("message_id"), str) or not message["message_id"]:
             return
         with self._lock:
             self._messages.setdefault(message["message_id"], {
@@ -551,6 +557,8 @@ class FakeFeishu(ThreadedServer):
             auth = request.headers.get("Authorization", "")
             token = auth[7:] if auth.startswith("Bearer ") else None
             call = Call(time.monotonic(), route, request.method, request.path, dict(request.query), body, token=token)
+            if self.latency.get(route):
+                await asyncio.sleep(self.latency[route])  # a slow network or a busy open platform
             try:
                 with self._lock:
                     expiry = self._tokens.get(token or "")

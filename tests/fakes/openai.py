@@ -123,7 +123,26 @@ class DelayedReply:
     reply: Reply
 
 
-Reply = TextReply | ToolCallsReply | ErrorReply | DelayedReply
+@dataclass(frozen=True)
+class HeldReply:
+    """``reply`` answered once ``gate`` is set (from any thread): a model call that lasts exactly
+    as long as the test wants, without blocking other requests."""
+
+    gate: threading.Event
+    reply: Reply
+
+
+@dataclass(frozen=True)
+class CutReply:
+    """``reply`` whose connection is cut: streamed, after ``after_chunks`` SSE chunks (the role
+    delta counts as one) the socket is closed without the chunked terminator or ``[DONE]`` (a
+    provider or proxy dying mid-answer); not streamed, before any response is sent."""
+
+    reply: TextReply | ToolCallsReply
+    after_chunks: int = 3
+
+
+Reply = TextReply | ToolCallsReply | ErrorReply | DelayedReply | HeldReply | CutReply
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> ReportedUsage:
@@ -185,6 +204,19 @@ def error(
 def delay(seconds: float, reply: Reply | str) -> DelayedReply:
     """Wraps ``reply`` so the server waits ``seconds`` (without blocking other requests) first."""
     return DelayedReply(seconds, _coerce(reply))
+
+
+def hold(gate: threading.Event, reply: Reply | str) -> HeldReply:
+    """Wraps ``reply`` so the server answers it only once ``gate`` is set."""
+    return HeldReply(gate, _coerce(reply))
+
+
+def cut(reply: TextReply | ToolCallsReply | str, after_chunks: int = 3) -> CutReply:
+    """Wraps ``reply`` so its connection breaks after ``after_chunks`` chunks (``CutReply``)."""
+    inner = _coerce(reply)
+    if not isinstance(inner, TextReply | ToolCallsReply):
+        raise ValueError("cut() takes a text or tool_calls reply")
+    return CutReply(inner, after_chunks)
 
 
 def _coerce(reply: Reply | str) -> Reply:
@@ -314,6 +346,42 @@ def _validate_tool_sequence(messages: list[dict[str, Any]]) -> None:
     close()
 
 
+LACKS = ("stream", "stream_options", "parallel_tool_calls", "vision")
+"""What a ``FakeOpenAI(lacks=...)`` refuses, the way servers without it do."""
+
+
+def refuse_lacking(body: dict[str, Any], lacks: frozenset[str]) -> None:
+    """Raises ``_Invalid`` (400) for what a server lacking ``lacks`` refuses:
+
+    - ``stream``: ``stream: true`` ("Streaming is not supported");
+    - ``stream_options``: any ``stream_options`` (Azure OpenAI before 2024-09 and older vLLM:
+      ``Unrecognized request argument supplied: stream_options``);
+    - ``parallel_tool_calls``: the ``parallel_tool_calls`` parameter, or an assistant message with
+      more than one tool call (chat templates that render one call per turn);
+    - ``vision``: an ``image_url`` content part (OpenAI for a text-only model: ``Invalid content
+      type. image_url is only supported by certain models.``).
+    """
+    if "stream" in lacks and body.get("stream"):
+        raise _Invalid("Streaming is not supported by this server.", "stream", "unsupported_parameter")
+    if "stream_options" in lacks and "stream_options" in body:
+        raise _Invalid("Unrecognized request argument supplied: stream_options", "stream_options")
+    if "parallel_tool_calls" in lacks:
+        if "parallel_tool_calls" in body:
+            raise _Invalid("Unrecognized request argument supplied: parallel_tool_calls", "parallel_tool_calls")
+        for i, msg in enumerate(body["messages"]):
+            if len(msg.get("tool_calls") or ()) > 1:
+                raise _Invalid(f"This model does not support parallel tool calls: 'messages[{i}].tool_calls' has "
+                               f"{len(msg['tool_calls'])} entries; send one tool call per assistant message.",
+                               f"messages[{i}].tool_calls", "unsupported_value")
+    if "vision" in lacks:
+        for i, msg in enumerate(body["messages"]):
+            content = msg.get("content")
+            if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image_url"
+                                                 for p in content):
+                raise _Invalid("Invalid content type. image_url is only supported by certain models.",
+                               f"messages.[{i}].content.[0].type", "invalid_value")
+
+
 # ---------------------------------------------------------------------------------------- server
 
 
@@ -347,13 +415,26 @@ class FakeOpenAI(ThreadedServer):
     ``usage.prompt_tokens`` is ``len(serialized tools + messages) // 4``; ``cached_tokens`` emulates the
     provider prompt cache: the longest prefix shared with any earlier valid request, in whole
     128-token blocks, and 0 below 1024 tokens.
+
+    Servers that differ from OpenAI: ``lacks`` (``LACKS``: ``stream``, ``stream_options``,
+    ``parallel_tool_calls``, ``vision``) refuses what such a server refuses (``refuse_lacking``);
+    ``context_window`` refuses longer prompts with OpenAI's ``context_length_exceeded`` 400. Run
+    several instances (each with its own key) to stand in for several providers.
     """
 
     def __init__(self, api_key: str = "sk-test", models: Iterable[str] = ("gpt-4o-mini",),
-                 port: int = 0) -> None:
+                 port: int = 0, lacks: Iterable[str] = (), context_window: int | None = None) -> None:
         super().__init__(port)
         self.api_key = api_key
         self.models = list(models)
+        self.lacks = frozenset(lacks)
+        """What this server refuses, like servers that lack it (``LACKS``, checked with the request)."""
+        unknown = self.lacks - set(LACKS)
+        if unknown:
+            raise ValueError(f"unknown lacks {sorted(unknown)}; one of {LACKS}")
+        self.context_window = context_window
+        """Requests whose prompt (the emulated ``prompt_tokens``) exceeds it are refused as OpenAI
+        refuses them: 400 ``context_length_exceeded``."""
         self.responder: Callable[[dict[str, Any]], Reply | str | None] | None = None
         self.on_request: Callable[[dict[str, Any]], None] | None = None
         """Called with each valid chat request's body as it arrives, before it is answered (on the
@@ -471,6 +552,8 @@ class FakeOpenAI(ThreadedServer):
         if reply is None:
             try:
                 validate_chat_request(body)
+                refuse_lacking(body, self.lacks)
+                self._check_window(body)
             except _Invalid as exc:
                 reply = exc.reply
         if reply is not None:
@@ -482,8 +565,15 @@ class FakeOpenAI(ThreadedServer):
         if self.on_request is not None:
             self.on_request(body)
         reply = self._next_reply(body)
-        while isinstance(reply, DelayedReply):
-            await asyncio.sleep(reply.seconds)
+        if isinstance(reply, CutReply):
+            record["status"] = "cut"
+            return await self._cut(request, body, reply, prompt_tokens, cached)
+        while isinstance(reply, DelayedReply | HeldReply):
+            if isinstance(reply, HeldReply):
+                while not reply.gate.is_set():
+                    await asyncio.sleep(0.02)
+            else:
+                await asyncio.sleep(reply.seconds)
             reply = reply.reply
         record["status"] = reply.status if isinstance(reply, ErrorReply) else 200
         if isinstance(reply, ErrorReply):
@@ -584,9 +674,35 @@ class FakeOpenAI(ThreadedServer):
                 "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
                 "usage": self._usage(reply, prompt_tokens, cached)}
 
+    def _check_window(self, body: dict[str, Any]) -> None:
+        if self.context_window is None:
+            return
+        tokens = self._prompt_tokens(body)
+        if tokens > self.context_window:
+            raise _Invalid(f"This model's maximum context length is {self.context_window} tokens. However, your "
+                           f"messages resulted in {tokens} tokens. Please reduce the length of the messages.",
+                           "messages", "context_length_exceeded")
+
+    @staticmethod
+    def _prompt_tokens(body: dict[str, Any]) -> int:
+        serialized = (_canon(body["tools"]) if body.get("tools") else "") + "".join(
+            _canon(m) for m in body["messages"])
+        return max(1, len(serialized) // 4)
+
+    async def _cut(self, request: web.Request, body: dict[str, Any], reply: CutReply, prompt_tokens: int,
+                   cached: int) -> web.StreamResponse:
+        """Answers ``reply.reply`` but breaks the connection (``CutReply``)."""
+        if request.transport is None:
+            raise ConnectionError("no transport")
+        if not body.get("stream"):
+            request.transport.abort()
+            return web.Response(status=500)  # never reaches the client: the socket is gone
+        return await self._stream(request, body, reply.reply, prompt_tokens, cached, cut_after=reply.after_chunks)
+
     async def _stream(self, request: web.Request, body: dict[str, Any], reply: TextReply | ToolCallsReply,
-                      prompt_tokens: int, cached: int) -> web.StreamResponse:
-        """SSE: role delta, content/tool-call deltas, finish_reason chunk, optional usage, ``[DONE]``."""
+                      prompt_tokens: int, cached: int, cut_after: int | None = None) -> web.StreamResponse:
+        """SSE: role delta, content/tool-call deltas, finish_reason chunk, optional usage, ``[DONE]``
+        (with ``cut_after``: only that many chunks, then the socket is closed)."""
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         base = {"id": _new_id("chatcmpl-", 29), "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": body["model"], "system_fingerprint": "fp_fake"}
@@ -642,7 +758,11 @@ class FakeOpenAI(ThreadedServer):
                                            "x-request-id": _new_id("req_", 32)})
         await resp.prepare(request)
         try:
-            for c in chunks:
+            for n, c in enumerate(chunks):
+                if cut_after is not None and n == cut_after:
+                    assert request.transport is not None
+                    request.transport.abort()  # no terminating chunk: the client sees a broken body
+                    return resp
                 await resp.write(f"data: {json.dumps(c)}\n\n".encode())
                 if delay and c["choices"] and c["choices"][0]["delta"].get("content"):
                     await asyncio.sleep(delay)

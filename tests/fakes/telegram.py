@@ -617,17 +617,20 @@ class FakeTelegram(ThreadedServer):
         return params, files
 
     def _learn(self, update: dict[str, Any]) -> None:
-        """Remembers chats and messages seen in an update (caller holds the lock)."""
+        """Remembers chats and messages seen in an update (caller holds the lock); malformed ones
+        (tests inject those too) are not Telegram's and are not learned."""
         for kind in ("message", "edited_message", "channel_post", "edited_channel_post"):
             msg = update.get(kind)
-            if isinstance(msg, dict) and isinstance(msg.get("chat"), dict) and "message_id" in msg:
+            if isinstance(msg, dict) and isinstance(msg.get("chat"), dict) and type(msg.get("message_id")) is int \
+                    and type(msg["chat"].get("id")) is int:
                 chat_id = msg["chat"]["id"]
                 self._chats[chat_id] = msg["chat"]
                 self._messages[(chat_id, msg["message_id"])] = copy.deepcopy(msg)
                 self._last_message_id[chat_id] = max(self._last_message_id.get(chat_id, 0), msg["message_id"])
 
     def _is_own(self, msg: JSON) -> bool:
-        return (msg.get("from") or {}).get("id") == self.bot_id
+        sender = msg.get("from")
+        return isinstance(sender, dict) and sender.get("id") == self.bot_id
 
     def _wake_pollers(self) -> None:
         for poller in self._pollers:

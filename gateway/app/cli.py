@@ -1,0 +1,238 @@
+"""Command line: ``gateway run | chat | db upgrade | doctor | jobs ... | skills ... | sessions export``
+(also ``python -m gateway``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from gateway.core.config import GatewayConfig, load_config
+from gateway.core.errors import ConfigError
+from gateway.ops.logs import install_hooks, loop_exception_handler, setup_logging
+
+if TYPE_CHECKING:
+    from gateway.app.gateway import Gateway
+
+log = logging.getLogger("gateway.app.cli")
+
+
+class StartupFailed(Exception):
+    """The gateway could not be built or started; ``cause`` is why (the CLI prints one line)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(type(cause).__name__)
+        self.cause = cause
+
+
+async def _started(build: Callable[[], Gateway]) -> Gateway:
+    """``build()`` then ``start()`` the gateway. On failure, stops what had started (threads, HTTP
+    server, SDK sessions: nothing is left for interpreter shutdown to complain about) and raises
+    ``StartupFailed``."""
+    try:
+        gateway = build()
+    except Exception as exc:
+        raise StartupFailed(exc) from exc
+    try:
+        await gateway.start()
+    except BaseException as exc:
+        try:
+            await gateway.stop()
+        except Exception:
+            log.debug("stopping after a failed start-up", exc_info=True)
+        if isinstance(exc, Exception):
+            raise StartupFailed(exc) from exc
+        raise
+    return gateway
+
+
+async def _run(config: GatewayConfig) -> None:
+    from gateway.app.gateway import Gateway
+    from gateway.app.wiring import build_adapters
+    from gateway.ops.telemetry import setup_tracing
+
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(loop_exception_handler)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    provider = None
+    cut = 0  # turns the stop timeout cut (their rows are pending: resumed after the restart)
+
+    def build() -> Gateway:
+        nonlocal provider
+        gateway = Gateway(config, build_adapters(config))
+        provider = setup_tracing(config, gateway.instance_id)
+        return gateway
+
+    try:
+        gateway = await _started(build)
+        if not gateway.adapters:
+            log.warning("no platform is enabled: set telegram.enabled (see deploy/gateway.example.toml), "
+                        "or try `gateway chat` for a terminal conversation")
+        if "web" in gateway.adapters and gateway.http_port is not None:
+            admin = "admin pages at /admin" if config.secret(config.web.admin_password_env) else \
+                f"admin pages off: set {config.web.admin_password_env} to turn them on"
+            log.info("web chat: open http://%s:%s/ (%s)", config.http.host, gateway.http_port, admin)
+        try:
+            await stop.wait()
+        finally:
+            log.info("shutting down")
+            await gateway.stop()
+            cut = gateway.unfinished_turns
+    finally:
+        if provider is not None:
+            provider.shutdown()  # type: ignore[attr-defined]  # flushes the last spans
+        if cut:
+            logging.shutdown()
+            os._exit(0)  # the interpreter would wait for their worker threads (a model call in flight)
+
+
+async def _chat(config: GatewayConfig) -> None:
+    from adapters.local.adapter import LocalAdapter
+    from gateway.app.gateway import Gateway
+    from gateway.ops.instance import instance_id_for
+
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(loop_exception_handler)
+    local = LocalAdapter(on_eof=lambda: loop.call_soon_threadsafe(done.set))  # type: ignore[arg-type]
+    # Its own instance id: a terminal chat beside `gateway run` must not take over the gateway's leases.
+    config = config.model_copy(update={"instance_id": instance_id_for(config.instance_id, config.database.url,
+                                                                      "chat")})
+    gateway = await _started(lambda: Gateway(config, [local], serve_http=False))
+    print("Chatting with the agent (Ctrl-D to quit).", flush=True)
+    try:
+        await done.wait()
+    finally:
+        await gateway.stop()
+
+
+def _upgrade(config: GatewayConfig) -> None:
+    from gateway.store.db import create_db_engine, upgrade
+
+    engine = create_db_engine(config.database.url)
+    upgrade(engine)
+    engine.dispose()
+    print(f"database is up to date ({engine.url.render_as_string(hide_password=True)})")
+
+
+def _approve(config: GatewayConfig, code: str) -> int:
+    from gateway.sessions.directory import CodeError, Directory
+    from gateway.store.db import create_db_engine, upgrade
+
+    engine = create_db_engine(config.database.url)
+    upgrade(engine)
+    try:
+        Directory(engine).approve(code)
+    except CodeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        engine.dispose()
+    print("approved: that user can talk to the agent now")
+    return 0
+
+
+CONFIG_HELP = "TOML config file (default: $GATEWAY_CONFIG, else built-in defaults)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``gateway`` argument parser. ``--config PATH`` is accepted before or after any
+    (sub)command: ``gateway --config F run`` and ``gateway run --config F`` are the same."""
+    parser = argparse.ArgumentParser(prog="gateway", description="LLM agent gateway for Telegram, Slack and Feishu")
+    parser.add_argument("--config", help=CONFIG_HELP)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="serve the enabled platforms")
+    sub.add_parser("chat", help="talk to the agent in this terminal (platform 'local')")
+    db = sub.add_parser("db", help="database commands")
+    db.add_argument("action", choices=["upgrade"])
+    sub.add_parser("doctor", help="check config, database, model endpoint and platforms")
+    pairing = sub.add_parser("pairing", help="DM pairing: let an unknown user in")
+    pairing.add_argument("action", choices=["approve"])
+    pairing.add_argument("code", help="the code the user was given")
+    from gateway.scheduler.cli import add_parser as add_jobs_parser
+
+    add_jobs_parser(sub)
+    from gateway.skills.cli import add_parser as add_skills_parser
+
+    add_skills_parser(sub)
+    _config_everywhere(parser)
+    return parser
+
+
+def _config_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--config`` to every subcommand parser, nested ones included. ``SUPPRESS`` as their
+    default keeps a value given before the subcommand when none is given after it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                subparser.add_argument("--config", default=argparse.SUPPRESS, help=CONFIG_HELP)
+                _config_everywhere(subparser)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one command; returns the exit status (0 ok, 1 a check or command failed, 2 the
+    configuration or start-up failed: one line on stderr, the traceback only at DEBUG)."""
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from agent.redact import Redactor
+    from gateway.app.startup_errors import url_password
+
+    secrets = config.secret_values() + url_password(config.database.url)
+    setup_logging(config.logging.level, secrets)
+    install_hooks()
+    try:
+        return _command(config, args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        from gateway.app.startup_errors import describe
+
+        cause = exc.cause if isinstance(exc, StartupFailed) else exc
+        if not isinstance(cause, ConfigError):
+            log.debug("gateway %s failed", args.command, exc_info=cause)
+        what = "start-up" if isinstance(exc, StartupFailed) else f"gateway {args.command}"
+        print(f"error: {describe(cause, config, Redactor(secrets), what)}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _command(config: GatewayConfig, args: argparse.Namespace) -> int:
+    if args.command == "run":
+        asyncio.run(_run(config))
+    elif args.command == "chat":
+        logging.getLogger().setLevel(logging.WARNING)
+        asyncio.run(_chat(config))
+    elif args.command == "db":
+        _upgrade(config)
+    elif args.command == "pairing":
+        return _approve(config, args.code)
+    elif args.command == "doctor":
+        from gateway.app.doctor import run_doctor
+
+        return asyncio.run(run_doctor(config))
+    elif args.command == "jobs":
+        from gateway.app.gateway import Gateway
+        from gateway.scheduler.cli import run_jobs_command
+
+        return run_jobs_command(config, args, lambda c: Gateway(c, [], serve_http=False))
+    elif args.command == "skills":
+        from gateway.skills.cli import run_skills_command
+
+        return run_skills_command(config, args)
+    elif args.command == "sessions":
+        from gateway.skills.cli import run_sessions_command
+
+        return run_sessions_command(config, args)
+    return 0

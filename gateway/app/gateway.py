@@ -1,0 +1,405 @@
+"""``Gateway``: builds the stores, agent, bus and delivery around a set of adapters; start/stop.
+
+Threads (DESIGN §2): the main asyncio loop (HTTP server, adapters, bus scheduling, delivery),
+a worker pool for turns, a small pool for the main loop's database calls, and the AsyncBridge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from agent.bridge import AsyncBridge
+from agent.cache import AgentCache, AgentSpec
+from agent.mcp import McpClients
+from agent.model import ChatModel, OpenAIChatModel
+from agent.plan import update_plan_tool
+from agent.providers import Target, split_target
+from agent.redact import Redactor
+from agent.routing import HealthBoard, HealthSettings, RoutedModel
+from agent.skills import SkillLibrary, load_skill_tool, with_catalogue
+from agent.tools import ToolRegistry
+from gateway.admin.views import admin_routes
+from gateway.bus.lanes import SessionBus
+from gateway.bus.turns import TurnRunner
+from gateway.core.config import GatewayConfig
+from gateway.core.ports import Adapter
+from gateway.core.types import InboundMessage
+from gateway.delivery.outbox import Delivery
+from gateway.delivery.streaming import StreamHub
+from gateway.delivery.typing import TypingIndicators
+from gateway.inbound.access import admin_pages_on, is_admin
+from gateway.inbound.receive import Inbound
+from gateway.inbound.receivers import hold_receiver
+from gateway.memory.build import build_memory
+from gateway.memory.commands import MemoryCommands
+from gateway.memory.store import move_user_entries
+from gateway.memory.tools import memory_tools
+from gateway.ops.http import build_app
+from gateway.ops.instance import InstanceGuard, default_instance_id, exit_now
+from gateway.ops.instance_store import InstanceStore
+from gateway.ops.metrics import CONTENT_TYPE, GatewayMetrics, MeteredModel, timed
+from gateway.scheduler.commands import JobCommands
+from gateway.scheduler.planner import JobPlanner
+from gateway.scheduler.push_run import PushRunner
+from gateway.scheduler.service import PushService
+from gateway.scheduler.store import JobStore
+from gateway.scheduler.tool import schedule_report_tool
+from gateway.sessions.commands import Commands, first_answer
+from gateway.sessions.conversations import TranscriptReader
+from gateway.sessions.directory import Directory
+from gateway.sessions.resets import ResetPolicy
+from gateway.store.db import create_db_engine, upgrade
+from gateway.store.sql import Store
+from gateway.tools.approvals import ApprovalPolicy
+from gateway.tools.approvals_store import Approvals
+from gateway.tools.catalog import build_catalog, expand_toolset, mcp_specs
+
+log = logging.getLogger("gateway")
+T = TypeVar("T")
+
+SEND_GRACE_S = 5.0
+"""A send still in flight at the stop deadline gets this long to finish (a send cut mid-call is
+recorded ``unconfirmed`` and never repeated, so it may be lost)."""
+
+
+
+class Gateway:
+    """The host process.
+
+    Args:
+        config: the loaded configuration.
+        adapters: the platform adapters to run (built by ``gateway.app.wiring``).
+        model: overrides the OpenAI-compatible model client (tests may pass another ``ChatModel``).
+        serve_http: start the aiohttp server (``gateway chat`` does not need it).
+    """
+
+    def __init__(self, config: GatewayConfig, adapters: Sequence[Adapter], *, model: ChatModel | None = None,
+                 serve_http: bool = True) -> None:
+        self.config = config
+        self.instance_id = config.instance_id or default_instance_id(config.database.url)
+        self.adapters = {adapter.platform: adapter for adapter in adapters}
+        self.serve_http = serve_http
+        self.engine = create_db_engine(config.database.url, config.database.pool_size)
+        self.instance = InstanceGuard(InstanceStore(self.engine), self.instance_id, self.run_db,
+                                      on_lost=exit_now(self.instance_id))
+        for adapter in adapters:  # channels that show the conversation themselves (the web chat)
+            if callable(getattr(adapter, "bind_conversations", None)):
+                adapter.bind_conversations(TranscriptReader(self.engine, self.run_db))  # type: ignore[attr-defined]
+        self.store = Store(self.engine)
+        self.jobs = JobStore(self.engine)
+        self.bridge = AsyncBridge()
+        self.metrics = GatewayMetrics()
+        self.redact = Redactor(config.secret_values())
+        self.mcp = McpClients(mcp_specs(config), self.bridge)
+        self.tools = build_catalog(config, self.bridge)
+        self.skills = SkillLibrary(config.skills.dirs()) if config.skills.enabled else None
+        if self.skills is not None:
+            self.tools.add(load_skill_tool(self.skills))
+        if config.skills.plan:
+            self.tools.add(update_plan_tool())
+        push_tools = ToolRegistry()  # a push's "default" toolset: the chat tools minus chat-only ones
+        for tool in self.tools.tools.values():
+            push_tools.add(tool)
+        toolsets = {"default": push_tools, "none": ToolRegistry()}
+        self.planner = JobPlanner(self.jobs, platforms=self.adapters, operators=config.scheduler.operators,
+                                  toolsets=toolsets)
+        self.pushes: PushService | None = None
+        if config.scheduler.enabled:
+            self.tools.add(schedule_report_tool(self.jobs, self.planner,
+                                                lambda: self.pushes.job_changed() if self.pushes else None))
+        # Long-term memory: its tools are chat-only (a push has no user to remember for).
+        self.memory = build_memory(config, self.engine, self.store, lambda: self.model) \
+            if config.memory.enabled else None
+        for tool in memory_tools(self.memory) if self.memory is not None else []:
+            self.tools.add(tool)
+        llm = config.llm
+        self.providers = llm.build_providers(config.secret)  # keys are read once, here
+        self.provider_health = HealthBoard(self.providers, HealthSettings(
+            failures_to_open=llm.breaker_failures, open_s=llm.breaker_open_s,
+            rate_limit_cooldown_s=llm.rate_limit_cooldown_s, auth_recheck_s=llm.auth_recheck_s))
+        self.missing_model_keys = {name: p.key_env for name in llm.routed_providers()
+                                   if (p := self.providers[name]).key_missing and p.key_env}
+        """Provider -> the unset variable that should hold its key (servers that need none still answer)."""
+        primary = llm.targets(self.providers)[0]
+        limits = config.agent.limits()
+        limits = dataclasses.replace(limits, prices={**limits.prices, **llm.provider_prices()})
+
+        def build_model(spec: AgentSpec) -> ChatModel:
+            if model is not None:
+                return MeteredModel(model, self.metrics, limits)
+            targets = [Target(self.providers[provider], name) for provider, name in map(split_target, spec.route)]
+            route = next((name for name in llm.route_names()
+                          if [t.name for t in llm.targets(self.providers, name)] == list(spec.route)), "custom")
+            return MeteredModel(RoutedModel(route, targets, self._model_client, self.provider_health,
+                                            self.metrics.routes), self.metrics, limits)
+
+        self.agents = AgentCache(self.tools, build_model)
+        toolset = expand_toolset(config.agent.toolset, config.tools.toolsets) \
+            if config.agent.toolset is not None else list(self.tools.tools)
+        self.agent_spec = AgentSpec(model=primary.model, base_url=primary.provider.base_url,
+                                    api_key=primary.provider.api_key, toolset=tuple(toolset),
+                                    route=tuple(t.name for t in llm.targets(self.providers)))
+        self.streams = StreamHub(
+            store=self.store, adapters=self.adapters,
+            platforms=set(config.agent.streaming) if config.llm.stream else set(),
+            first_after_s=config.agent.stream_first_after_s, intervals=config.agent.stream_edit_interval_s,
+            chat_waiting=lambda a: self.delivery.chat_waiting(a.platform, a.tenant, a.chat_id),
+        )
+        self.directory = Directory(self.engine, on_join=[move_user_entries])
+        sessions = config.sessions
+        self.approvals = Approvals(self.engine)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        policy = ApprovalPolicy(require_for=frozenset(config.approvals.require_for),
+                                dangerous_shell=tuple(re.compile(p) for p in config.approvals.dangerous_shell_patterns),
+                                timeout_s=config.approvals.timeout_s,
+                                admin_reachable=bool(config.access.admins) or admin_pages_on(config))
+        self.runner = TurnRunner(
+            approvals=self.approvals, policy=policy, redact=self.redact, wake=self._wake_delivery,
+            store=self.store, agents=self.agents, spec=self.agent_spec, bridge=self.bridge,
+            limits=limits, history_window=config.agent.history_window,
+            system_prompt=self.build_system_prompt, streams=self.streams,
+            commands=Commands(self.store, self.directory, self.build_system_prompt, skills=self.skills,
+                              skill_tools=lambda: self.agent_spec.toolset),
+            is_admin=lambda message: is_admin(message, config.access),
+            reset=ResetPolicy(idle_s=sessions.idle_reset_minutes * 60 if sessions.idle_reset_minutes else None,
+                              daily_hour=sessions.daily_reset_hour, zone=sessions.reset_timezone)
+            if sessions.idle_reset_minutes or sessions.daily_reset_hour is not None else None,
+            window=config.llm.window_policy(config.llm.route_window()),
+            metrics=self.metrics, memory=self.memory,
+            trusted=lambda message, user_id: self.inbound.trusted(message),
+        )
+        self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
+        self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
+        self.delivery = Delivery(
+            store=self.store, adapters=self.adapters, instance_id=self.instance_id, run_db=self.run_db,
+            max_attempts=config.delivery.max_attempts, backoff_base_s=config.delivery.backoff_base_s,
+            backoff_max_s=config.delivery.backoff_max_s, claim_s=config.delivery.claim_s, metrics=self.metrics,
+        )
+        self.typing = TypingIndicators(self.adapters, lambda a: self.delivery.chat_waiting(a.platform, a.tenant,
+                                                                                         a.chat_id))
+        if config.scheduler.enabled:
+            sc = config.scheduler
+            self.pushes = PushService(
+                jobs=self.jobs, runner=PushRunner(turns=self.runner, jobs=self.jobs, toolsets=toolsets),
+                run_db=self.run_db, workers=self._workers, instance_id=self.instance_id, on_queued=self.delivery.wake,
+                misfire_grace_s=sc.misfire_grace_s, claim_timeout_s=sc.claim_timeout_s,
+                reload_interval_s=sc.reload_interval_s,
+                on_fired=lambda status: self.metrics.scheduled_fires.labels(status).inc(),
+            )
+        self.runner.job_commands = first_answer(
+            [JobCommands(jobs=self.jobs, planner=self.planner, service=self.pushes).handle]
+            + ([MemoryCommands(self.memory).handle] if self.memory is not None else []))
+        self.bus = SessionBus(
+            store=self.store, run_turn=timed(self.metrics, self.runner.run), workers=self._workers,
+            instance_id=self.instance_id,
+            lease_s=config.bus.lease_s, sweep_interval_s=config.bus.sweep_interval_s,
+            busy_policy=config.bus.busy_policy,
+            on_turn_start=self.typing.start, on_turn_end=self.typing.end, on_replies=self.delivery.wake,
+        )
+        self.inbound = Inbound(config=config, store=self.store, directory=self.directory, approvals=self.approvals,
+                               runner=self.runner, bus=self.bus, metrics=self.metrics, redact=self.redact,
+                               run_db=self.run_db, model_name=lambda: self.agent_spec.model,
+                               wake_delivery=self.delivery.wake)
+        self._receivers: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self.http_port: int | None = None
+        self.started = False
+        """Every adapter has started and no stop has begun: ``/readyz`` is 200 and webhooks are
+        accepted only while this is set."""
+        self.unfinished_turns = 0
+        """Turns still running when a stop's deadline passed (they resume after the restart)."""
+
+    def _model_client(self, target: Target, last: bool) -> ChatModel:
+        """The client of one route target. Only a route's last target spends ``llm.max_retries``
+        (the SDK's backoff, honouring ``Retry-After``); the others have a fallback to ask at once."""
+        llm, provider = self.config.llm, target.provider
+        return OpenAIChatModel(
+            base_url=provider.base_url, api_key=provider.api_key, model=target.model,
+            timeout_s=provider.timeout_s or llm.timeout_s, max_retries=llm.max_retries if last else 0,
+            temperature=llm.temperature, stream=llm.stream and "stream" not in target.lacks,
+            stream_options="stream_options" not in target.lacks,
+            missing_key=provider.key_env if provider.key_missing else None)
+
+    def build_system_prompt(self) -> str:
+        """A new session's system prompt: the configured one plus the skill catalogue as it is on
+        disk now (for the tools chat turns mount). Stored with the session, never rebuilt for it."""
+        toolset = self.agent_spec.toolset
+        catalogue = self.skills.catalogue(toolset) if self.skills is not None and "load_skill" in toolset else ""
+        return with_catalogue(self.config.agent.system_prompt, catalogue)
+
+    async def run_db(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs a blocking store call off the main loop (on the small DB pool)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._db_pool, functools.partial(fn, *args))
+
+    def _wake_delivery(self) -> None:
+        """Thread-safe ``delivery.wake`` (worker threads queue approval prompts)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.delivery.wake)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Migrates the database, starts the bridge, bus, delivery, HTTP server and adapters.
+
+        The HTTP server opens before the adapters start (``/healthz`` answers, ``/readyz`` and
+        every webhook get 503) and accepts events once ``started`` is set, after the last
+        adapter has started: an event acknowledged earlier could be misjudged (a Feishu group
+        mention before the bot's open_id is known would be dropped as not addressed)."""
+        await self.run_db(upgrade, self.engine)
+        await self.instance.acquire()  # InstanceInUse if a live process holds our id; else its leases are ours
+        for name, env in self.missing_model_keys.items():
+            where = "llm.api_key_env" if name == "default" else f"api_key_env of provider {name}"
+            log.warning("%s is not set: model calls to %s go without an API key and fail unless that server "
+                        "needs none. Set %s to the key (%s names the variable).",
+                        env, self.providers[name].base_url, env, where)
+        self._loop = asyncio.get_running_loop()
+        self.bridge.start()
+        discovered = await self.mcp.discover(self.config.mcp.startup_timeout_s)
+        for tool in discovered:
+            if self.tools.get(tool.name) is None:
+                self.tools.add(tool)
+        if discovered and self.config.agent.toolset is None:  # "every tool" includes the MCP ones
+            self.agent_spec = dataclasses.replace(self.agent_spec, toolset=tuple(self.tools.tools))
+            self.runner.spec = self.agent_spec
+        self.streams.bind(asyncio.get_running_loop())
+        await self.bus.start()
+        await self.delivery.start()
+        if self.pushes is not None:
+            await self.pushes.start()
+        if self.serve_http:
+            routes = [route for adapter in self.adapters.values() for route in adapter.routes()]
+            routes += admin_routes(self)
+            app = build_app(routes, self._ready, self._metrics, CONTENT_TYPE, accepting=lambda: self.started)
+            self._runner = web.AppRunner(app, access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self.config.http.host, self.config.http.port)
+            await site.start()
+            self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            log.info("http server on %s:%s", self.config.http.host, self.http_port)
+        for adapter in self.adapters.values():
+            await adapter.start(self.inbound.receive)
+            if getattr(adapter, "receiver_lease", None):
+                self._receivers.append(asyncio.create_task(hold_receiver(
+                    adapter, store=self.store, instance_id=self.instance_id, lease_s=self.config.bus.lease_s,
+                    run_db=self.run_db)))
+            else:
+                await adapter.start_receiving()
+        self.started = True
+        log.info("gateway %s started with %s", self.instance_id, ", ".join(self.adapters) or "no platforms")
+
+    async def stop(self) -> None:
+        """Graceful stop, bounded by ``config.stop_timeout_s`` (SIGTERM in ``gateway run``):
+
+        1. stop receiving: ``/readyz`` and every webhook answer 503 (the platforms redeliver, to
+           another instance behind a load balancer), pollers and sockets close, receiver leases
+           are given up, no scheduled report fires, no new turn starts;
+        2. running turns finish their step: a final answer is queued, a turn that would call the
+           model again stops there (``TurnInterrupted``) and resumes from the transcript at the
+           next start;
+        3. the outbox drains: replies due now and retries due before the deadline go out while
+           the adapters' clients are still open;
+        4. then the adapters close, then the HTTP server, the bus, the pools and the database.
+
+        What the deadline cuts stays durable: a turn still running has its rows pending (it is
+        run again after the restart; ``unfinished_turns`` counts them), a reply not yet sent
+        stays in the outbox; either is delivered exactly once after the restart.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.stop_timeout_s
+        self.started = False  # /readyz and the webhooks answer 503 from here on
+        self.runner.stopping.set()
+        self.bus.begin_stop()
+        for task in self._receivers:
+            task.cancel()
+        await asyncio.gather(*self._receivers, return_exceptions=True)
+        self._receivers.clear()
+        for adapter in self.adapters.values():
+            try:
+                await adapter.stop_receiving()
+            except Exception:
+                log.exception("adapter %s did not stop receiving cleanly", adapter.platform)
+        if self.pushes is not None:
+            await self.pushes.stop()
+        if not await self.bus.wait_idle(max(0.0, deadline - loop.time())):
+            self.unfinished_turns = self.bus.running
+            log.warning("stop: %d turn(s) still running after stop_timeout_s = %s; they resume after the restart",
+                        self.unfinished_turns, self.config.stop_timeout_s)
+        if not await self.delivery.drain(max(0.0, deadline - loop.time())):
+            log.warning("stop: replies still queued at the stop timeout; they are delivered after the restart")
+        await self.delivery.stop(grace_s=max(SEND_GRACE_S, deadline - loop.time()))
+        self.typing.stop()
+        for adapter in self.adapters.values():
+            try:
+                await adapter.stop()
+            except Exception:
+                log.exception("adapter %s did not stop cleanly", adapter.platform)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.bus.stop()
+        finished = not self.unfinished_turns
+        # Turns the deadline cut keep their threads; ``gateway run`` exits without waiting for them.
+        await loop.run_in_executor(None, functools.partial(self._workers.shutdown, wait=finished,
+                                                           cancel_futures=True))
+        if self.memory is not None and finished:  # queued write-backs finish first
+            await loop.run_in_executor(None, self.memory.close)
+        self.bridge.stop()
+        await self.instance.release()  # last: nothing of ours holds a lease now
+        self._db_pool.shutdown(wait=True)
+        self.engine.dispose()
+
+    async def receive(self, message: InboundMessage) -> bool:
+        """The adapters' sink (``Inbound.receive``)."""
+        return await self.inbound.receive(message)
+
+    @property
+    def received(self) -> int:
+        """Messages stored in the inbox by this process."""
+        return self.inbound.received
+
+    @property
+    def duplicates(self) -> int:
+        """Messages refused as already stored (platform retries)."""
+        return self.inbound.duplicates
+
+    @property
+    def dropped(self) -> int:
+        """Messages not for the bot (unaddressed, or denied by the access rules)."""
+        return self.inbound.dropped
+
+    @property
+    def model(self) -> ChatModel:
+        """The chat turns' model client (from the agent cache)."""
+        return self.agents.get(self.agent_spec).model
+
+    async def _ready(self) -> bool:
+        """Ready = every adapter started and the database answers."""
+        if not self.started:
+            return False
+        try:
+            await self.run_db(self.store.count_inbox, "pending")
+        except Exception:
+            return False
+        return True
+
+    async def _metrics(self) -> bytes:
+        """Reads the database-backed gauges, then renders every metric (a DB fault leaves them stale)."""
+        try:
+            pending = await self.run_db(self.store.count_inbox, "pending")
+            leases = await self.run_db(self.store.count_leases, time.time())
+            outbox = await self.run_db(self.store.outbox_counts)
+            self.metrics.refresh(pending, leases, outbox)
+            self.metrics.refresh_providers(self.provider_health.snapshot())
+        except Exception:
+            log.exception("metrics: database gauges not refreshed")
+        return self.metrics.render()

@@ -1,0 +1,73 @@
+"""Builds the enabled adapters from the configuration (with `gateway chat`'s local adapter in `cli`, the
+only places that import ``adapters``)."""
+
+from __future__ import annotations
+
+from gateway.core.config import GatewayConfig
+from gateway.core.errors import ConfigError
+from gateway.core.ports import Adapter
+from gateway.sessions.commands import command_menu
+
+
+def build_adapters(config: GatewayConfig) -> list[Adapter]:
+    """Adapters for every enabled platform.
+
+    Raises:
+        ConfigError: an enabled platform's secret is missing (names the variable) or the platform
+            is not available yet.
+    """
+    adapters: list[Adapter] = []
+    if config.telegram.enabled:
+        from adapters.telegram.adapter import TelegramAdapter
+
+        tg = config.telegram
+        token = config.require_secret(tg.token_env, "telegram")
+        secret = config.require_secret(tg.webhook_secret_env, "telegram webhook mode") if tg.mode == "webhook" else None
+        adapters.append(TelegramAdapter(token=token, base_url=tg.base_url, mode=tg.mode, webhook_secret=secret,
+                                        webhook_url=tg.webhook_url, poll_timeout_s=tg.poll_timeout_s,
+                                        menu=_telegram_menu(config)))
+    if config.slack.enabled:
+        from adapters.slack.adapter import SlackAdapter
+
+        sl = config.slack
+        bot_token = config.require_secret(sl.bot_token_env, "slack")
+        events, socket = sl.mode == "events", sl.mode == "socket"
+        signing_secret = config.require_secret(sl.signing_secret_env, "slack events mode") if events else None
+        app_token = config.require_secret(sl.app_token_env, "slack socket mode") if socket else None
+        adapters.append(SlackAdapter(bot_token=bot_token, signing_secret=signing_secret, app_token=app_token,
+                                     mode=sl.mode, api_url=sl.api_url))
+    if config.feishu.enabled:
+        from adapters.feishu.adapter import FeishuAdapter
+
+        fs = config.feishu
+        app_id = config.require_secret(fs.app_id_env, "feishu")
+        app_secret = config.require_secret(fs.app_secret_env, "feishu")
+        verification_token: str | None
+        if fs.mode == "webhook":
+            verification_token = config.require_secret(fs.verification_token_env, "feishu webhook mode")
+        else:
+            verification_token = config.secret(fs.verification_token_env)
+        try:
+            adapters.append(FeishuAdapter(app_id=app_id, app_secret=app_secret, verification_token=verification_token,
+                                          encrypt_key=config.secret(fs.encrypt_key_env), mode=fs.mode,
+                                          domain=fs.domain))
+        except ValueError as exc:  # lark-oapi rejects the domain (https only, http for loopback)
+            raise ConfigError(f"feishu.domain is invalid: {exc}") from None
+    if config.web.enabled:
+        from adapters.web.adapter import WebAdapter
+
+        adapters.append(WebAdapter(secret=config.web_secret(), cookie_secure=config.web.cookie_secure))
+    return adapters
+
+
+def _telegram_menu(config: GatewayConfig):  # -> adapters.telegram.adapter.CommandMenu
+    """The Telegram command menus: DM and group commands; the admin menu (pairing approval) in the
+    DMs of ``access.admins``' Telegram accounts, only where pairing is in use (allowlist mode)."""
+    from adapters.telegram.adapter import CommandMenu
+
+    access = config.access
+    admin_ids = [int(entry.split(":", 1)[1]) for entry in access.admins
+                 if entry.startswith("telegram:") and entry.split(":", 1)[1].lstrip("-").isdigit()]
+    pairing = access.mode == "allowlist" and access.pairing
+    return CommandMenu(private=command_menu("dm"), groups=command_menu("group"),
+                       admins=command_menu("admin") if pairing else (), admin_chat_ids=admin_ids if pairing else ())

@@ -1,0 +1,197 @@
+"""The session bus (DESIGN §3.3): one lane per session key, at most one turn per key at a time.
+
+The main loop only schedules: ``kick(key)`` asks a worker thread to drain that key's pending
+inbox rows. The worker first claims the key's lease in the database (so two instances never run
+the same session at once), then runs the oldest pending message's turn (or, with the ``merge``
+policy, one turn for every message waiting), then the next, and releases the lease when none is
+left. A lease keeper renews held leases; a sweeper picks up keys whose rows wait without a live
+lease (after a crash, or on another instance's behalf).
+
+Graceful stop (``begin_stop``, then ``wait_idle``): no new lane is drained and no next turn
+started; running turns finish their step (``TurnInterrupted`` leaves their rows pending) and
+their leases are renewed until ``stop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from gateway.core.errors import TurnInterrupted
+from gateway.core.types import ChatAddress
+from gateway.store.sql import PendingInbound, Store
+
+log = logging.getLogger("gateway.bus.lanes")
+
+MERGE_LIMIT = 20
+"""Most messages answered together by one merged turn."""
+
+
+class SessionBus:
+    """Dispatches inbox rows to turns.
+
+    Args:
+        run_turn: runs one turn on the calling worker thread: ``(batch, generation) -> status``.
+        busy_policy: ``queue`` (a turn per message, FIFO), ``merge`` (messages waiting when the
+            lane frees are answered in one turn) or ``interrupt`` (handled at receive time: a new
+            message cancels the running turn; then like ``queue``).
+        on_turn_start / on_turn_end: called on the main loop with the chat address (typing).
+        on_replies: called on the main loop after a turn queued replies (wakes delivery).
+    """
+
+    def __init__(self, *, store: Store, run_turn: Callable[[Sequence[PendingInbound], int], str],
+                 workers: ThreadPoolExecutor, instance_id: str, lease_s: float, sweep_interval_s: float,
+                 busy_policy: str, on_turn_start: Callable[[ChatAddress], None],
+                 on_turn_end: Callable[[ChatAddress], None], on_replies: Callable[[], None]) -> None:
+        self.store = store
+        self._run_turn = run_turn
+        self._workers = workers
+        self.instance_id = instance_id
+        self.lease_s = lease_s
+        self.sweep_interval_s = sweep_interval_s
+        self.batch_size = MERGE_LIMIT if busy_policy == "merge" else 1
+        self._on_turn_start = on_turn_start
+        self._on_turn_end = on_turn_end
+        self._on_replies = on_replies
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._active: set[str] = set()  # keys with a drain scheduled or running here (main loop only)
+        self._again: set[str] = set()  # keys kicked while active: drain once more
+        self._held: set[str] = set()  # keys whose lease this instance holds (worker threads)
+        self._held_lock = threading.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = threading.Event()
+        self.turns_done = 0
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._tasks = [asyncio.create_task(self._sweep(), name="bus-sweep"),
+                       asyncio.create_task(self._keep_leases(), name="bus-leases")]
+
+    def begin_stop(self) -> None:
+        """From now on no lane is drained and no next turn starts (the rows stay pending for the
+        next start, or for another instance's sweeper); running turns go on (main loop only)."""
+        self._stopping.set()
+        self._again.clear()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for every drain of this instance to end (after ``begin_stop``);
+        returns whether none is left."""
+        deadline = time.monotonic() + timeout_s
+        while self._active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return not self._active
+
+    @property
+    def running(self) -> int:
+        """Lanes being drained here (a turn running, or waiting for a worker thread)."""
+        return len(self._active)
+
+    async def stop(self) -> None:
+        """Stops the sweeper and the lease keeper (after ``wait_idle``: leases of turns still
+        running then expire after ``lease_s``)."""
+        self._stopping.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    def kick(self, key: str) -> None:
+        """Ensures ``key`` gets drained (main loop only; cheap, never blocks). A no-op once
+        stopping."""
+        if self._stopping.is_set():
+            return
+        if key in self._active:
+            self._again.add(key)
+            return
+        self._active.add(key)
+        assert self._loop is not None
+        future = self._loop.run_in_executor(self._workers, self._drain, key)
+        future.add_done_callback(lambda f, k=key: self._drained(k, f))  # type: ignore[misc]
+
+    def _drained(self, key: str, future: asyncio.Future[None]) -> None:
+        self._active.discard(key)
+        if future.cancelled():
+            return
+        if future.exception() is not None:
+            log.error("lane %s failed; the sweeper will retry it", key, exc_info=future.exception())
+            return
+        if key in self._again:
+            self._again.discard(key)
+            self.kick(key)
+
+    @property
+    def idle(self) -> bool:
+        return not self._active
+
+    # -- worker thread -----------------------------------------------------------------------
+    def _drain(self, key: str) -> None:
+        if self._stopping.is_set():
+            return  # queued behind busy workers when the stop began: the rows wait for the next start
+        claimed = self.store.claim_next(key, self.instance_id, self.lease_s, self.batch_size)
+        if claimed is None:
+            return  # another instance runs this session (it drains what waits), or nothing waits
+        batch, generation = claimed
+        with self._held_lock:
+            self._held.add(key)
+        released = waiting = False
+        try:
+            while batch:
+                address = batch[-1].message.address
+                self._call_main(self._on_turn_start, address)
+                try:
+                    self._run_turn(batch, generation)
+                except TurnInterrupted:
+                    log.info("lane %s: turn interrupted by the stop; it resumes at the next start", key)
+                    break
+                finally:
+                    self._call_main(self._on_turn_end, address)
+                self.turns_done += 1
+                self._call_main(self._on_replies)
+                if self._stopping.is_set():
+                    break  # the next rows wait for the next start (the lease is given up below)
+                # The next rows, or the lease given up when none wait (one transaction). A message
+                # stored between that read and the release would wait for the sweeper: the release
+                # looks once more, and we drain again if so.
+                batch, generation, waiting = self.store.next_or_release(key, self.instance_id, self.batch_size)
+            else:
+                released = True
+        finally:
+            with self._held_lock:
+                self._held.discard(key)
+            if not released:  # stopping, or a turn or the store raised: give the lease up for the retry
+                waiting = self.store.release_lane(key, self.instance_id)
+        if waiting:
+            self._call_main(self.kick, key)
+
+    def _call_main(self, fn: Callable[..., None], *args: object) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: a turn the stop timeout cut finished after the exit began
+            log.debug("main loop closed; %s not called", getattr(fn, "__name__", fn))
+
+    # -- background --------------------------------------------------------------------------
+    async def _sweep(self) -> None:
+        while True:
+            try:
+                keys = await asyncio.to_thread(self.store.keys_waiting, time.time())
+                for key in keys:
+                    self.kick(key)
+            except Exception:
+                log.exception("sweep failed")
+            await asyncio.sleep(self.sweep_interval_s)
+
+    async def _keep_leases(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            with self._held_lock:
+                keys = list(self._held)
+            if keys:
+                try:
+                    await asyncio.to_thread(self.store.renew_lanes, keys, self.instance_id, self.lease_s)
+                except Exception:
+                    log.exception("lease renewal failed")

@@ -1,0 +1,362 @@
+"""A turn: inbound message(s) to the final reply (DESIGN §3.4). Runs on a worker thread.
+
+Load the session (stored system prompt + transcript window), append the user message(s), run the
+agent loop (each message written to the transcript as it happens), then finish the turn: the
+reply goes to the outbox in the same transaction that marks the inbox row(s) done. A turn
+resumed after a crash finds its user message already in the transcript and continues from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.trace import Span
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from agent.bridge import AsyncBridge
+from agent.budget import Limits, initial_note
+from agent.cache import AgentCache, AgentSpec
+from agent.context import RunContext
+from agent.loop import run_turn
+from agent.model import ModelError, Usage
+from agent.tracing import end_agent, invoke_agent
+from gateway.bus.compression import Compressor, FitOnOverflow
+from gateway.bus.context import user_meta
+from gateway.core.errors import TurnInterrupted
+from gateway.core.session_keys import is_dm_key
+from gateway.core.types import CURRENT_MESSAGE, InboundMessage, OutboundMessage
+from gateway.core.window import WindowPolicy
+from gateway.delivery.progress import PlanMessage, plan_key, resumed_state
+from gateway.delivery.streaming import StreamHub
+from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.telemetry import span as traced
+from gateway.sessions.commands import LANE_COMMANDS, CommandContext, CommandHandler, Commands
+from gateway.sessions.resets import ResetPolicy
+from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage
+from gateway.tools.approvals import ApprovalPolicy, ChatApprover
+from gateway.tools.approvals_store import Approvals
+
+if TYPE_CHECKING:
+    from gateway.memory.service import MemoryService
+
+log = logging.getLogger("gateway.bus.turns")
+
+CANCEL_POLL_S = 1.0
+"""How often a running turn asks the database whether another instance cancelled it."""
+
+MAX_TURN_ATTEMPTS = 3
+"""Runs of one turn that may fail with an unexpected error (not a database outage) before it is
+answered with ``GAVE_UP_TEXT`` and the lane moves on (counted per instance)."""
+
+GAVE_UP_TEXT = "⚠️ Sorry, something went wrong while answering this message, and it was not processed. " \
+               "Please try again, perhaps in other words."
+
+TRANSIENT = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
+"""Database faults that pass: a turn failing with one is retried without limit (nothing is lost)."""
+
+
+def reply_key_for(last: PendingInbound) -> str:
+    """The idempotency key of the reply to ``last`` (``in<inbox id>-<origin>:0``). Unique beyond
+    this database (a platform that dedupes by our key, like Feishu's uuid, must never confuse a
+    reply with one from before a database reset): bound to the platform message."""
+    message = last.message
+    origin = hashlib.sha256(f"{message.platform}:{message.address.tenant}:{message.message_id}".encode())
+    return f"in{last.inbox_id}-{origin.hexdigest()[:12]}:0"
+
+
+class TurnRunner:
+    """Runs turns against one store with the agent the cache holds for ``spec``.
+
+    Args:
+        agents: the agent cache (model client + mounted tools by signature).
+        spec: which agent chat turns use (model, endpoint, key, toolset).
+        limits: the run boundaries of each turn's task.
+        system_prompt: stored on each new session at creation and reused byte for byte; a
+            callable builds it when a session is created (the skill catalogue as it is then).
+        history_window: most transcript messages loaded per turn (after the latest summary's cut).
+        streams: opens a streamed preview for turns on streaming platforms (``None``: no streaming).
+        commands: the session commands (``/new``, ``/link``...), answered in the lane without the model.
+        job_commands: answers scheduling commands (``/schedule``, ``/jobs``...) the same way.
+        window: the model's context window and when to compress (``gateway.bus.compression``);
+            summaries are made on the turn's worker thread before its first model call.
+        approvals: pending approvals (``None``: no call ever needs approval).
+        policy: which calls need approval.
+        redact: removes configured secrets from user text and tool results before the model
+            (and the transcript) sees them.
+        wake: tells delivery an approval prompt was queued (thread-safe).
+        memory: long-term memory: recalled into the newest user message's meta before the turn,
+            written back after it (``None``: no memory).
+        trusted: ``(message, user id) -> bool``: may the turn's requester approve their own calls
+            of tools that need approval (open access: admins and approved users only; otherwise an
+            admin decides). Asked on the worker thread.
+    """
+
+    def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
+                 limits: Limits, history_window: int, system_prompt: str | Callable[[], str],
+                 streams: StreamHub | None = None,
+                 commands: Commands | None = None, is_admin: Callable[[InboundMessage], bool] = lambda m: False,
+                 reset: ResetPolicy | None = None, job_commands: CommandHandler | None = None,
+                 window: WindowPolicy | None = None, metrics: GatewayMetrics | None = None,
+                 approvals: Approvals | None = None, policy: ApprovalPolicy | None = None,
+                 redact: Callable[[str], str] = lambda text: text, wake: Callable[[], None] = lambda: None,
+                 memory: MemoryService | None = None,
+                 trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True) -> None:
+        self.memory = memory
+        self.trusted = trusted
+        self.job_commands = job_commands
+        self.store = store
+        self.metrics = metrics
+        self.agents = agents
+        self.spec = spec
+        self.bridge = bridge
+        self.limits = limits
+        self.history_window = history_window
+        self.system_prompt = system_prompt
+        self.streams = streams
+        self.commands = commands
+        self.is_admin = is_admin
+        self.reset = reset
+        self.compressor = Compressor(store, window or WindowPolicy(), history_window)
+        self.approvals = approvals
+        self.policy = policy or ApprovalPolicy()
+        self.redact = redact
+        self.wake = wake
+        self._generations: dict[str, int] = {}
+        self._generations_lock = threading.Lock()
+        self._failures: dict[int, int] = {}  # inbox id -> failed runs here (cleared when it finishes)
+        self.stopping = threading.Event()
+        """Set by a graceful stop: running turns end at their next step boundary with
+        ``TurnInterrupted`` (rows kept pending) instead of starting another model call."""
+
+    def prompt(self) -> str:
+        """The system prompt a new session gets now (stored with it, then never rebuilt)."""
+        return self.system_prompt() if callable(self.system_prompt) else self.system_prompt
+
+    def run(self, batch: Sequence[PendingInbound], generation: int) -> str:
+        """Runs one turn answering ``batch`` (one message, or several merged) to completion and
+        returns its outcome (``done``, ``failed``, ``cancelled``).
+
+        ``generation`` is the lane generation the turn started under: once the lane's generation
+        moves on (``/stop``, an interrupting message) the turn stops at its next step and sends
+        nothing. Raises only on database faults; the inbox rows then stay pending and are retried.
+
+        Raises:
+            TurnInterrupted: the gateway is stopping (``stopping``) and the turn reached a step
+                boundary before its final answer: the step's messages are in the transcript, the
+                rows stay pending, and the next start resumes the turn from there.
+        """
+        last = batch[-1]
+        with invoke_agent("assistant", model=self.spec.model, turn_id=f"in{last.inbox_id}") as span:
+            try:
+                outcome = self._run(batch, generation, span)
+            except (*TRANSIENT, TurnInterrupted):
+                raise  # the database is away, or we stop: the rows stay pending and are retried
+            except Exception as exc:
+                if self._attempt_failed(last.inbox_id) < MAX_TURN_ATTEMPTS:
+                    raise
+                log.error("turn in%s failed %d times; answering it with an error so the conversation moves on",
+                          last.inbox_id, MAX_TURN_ATTEMPTS, exc_info=exc)
+                return self._give_up(batch, generation)
+            self._attempt_done(last.inbox_id)
+            return outcome
+
+    def _attempt_failed(self, inbox_id: int) -> int:
+        with self._generations_lock:
+            self._failures[inbox_id] = self._failures.get(inbox_id, 0) + 1
+            return self._failures[inbox_id]
+
+    def _attempt_done(self, inbox_id: int) -> None:
+        if self._failures:
+            with self._generations_lock:
+                self._failures.pop(inbox_id, None)
+
+    def _give_up(self, batch: Sequence[PendingInbound], generation: int) -> str:
+        """Finishes a turn that failed ``MAX_TURN_ATTEMPTS`` times (a bug, or input nothing can
+        process) as ``failed`` with an apology, so the messages behind it in the lane run."""
+        last = batch[-1]
+        message = last.message
+        reply = OutboundMessage(message.address, GAVE_UP_TEXT, idempotency_key=reply_key_for(last),
+                                reply_to_id=message.reply_to_id)
+        self.store.finish_turn([p.inbox_id for p in batch], "failed", [reply], session_key=last.session_key,
+                               generation=generation,
+                               stream_key=[reply.idempotency_key, plan_key(reply.idempotency_key)])
+        self._attempt_done(last.inbox_id)
+        if self.metrics is not None:
+            self.metrics.turns.labels("failed", "gave_up").inc()
+        return "failed"
+
+    def _run(self, batch: Sequence[PendingInbound], generation: int, span: Span) -> str:
+        last = batch[-1]
+        message = last.message
+        key = last.session_key
+        turn_id = f"in{last.inbox_id}"
+        inbox_ids = [p.inbox_id for p in batch]
+
+        reply_key = reply_key_for(last)
+
+        unwritten: list[NewMessage] = []
+        plan: list[PlanMessage] = []  # the turn's progress message, once opened
+
+        def finish(status: str, text: str | None, session_id: str | None, stop_reason: str = "none") -> str:
+            replies = [] if text is None else [
+                OutboundMessage(message.address, text, idempotency_key=reply_key, reply_to_id=message.reply_to_id)
+            ]
+            shown = plan[0].final() if plan and text is not None else None
+            replies = [shown, *replies] if shown is not None else replies  # the plan's last state first
+            with traced("finish_turn", attributes={"gateway.replies": len(replies)}):
+                self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
+                                       generation=generation, messages=list(unwritten),
+                                       merged_status="cancelled" if status == "cancelled" else "merged",
+                                       stream_key=[reply_key, *(p.key for p in plan)])
+            span.set_attributes({"gateway.turn.outcome": status, "gateway.stop_reason": stop_reason})
+            if self.metrics is not None:
+                self.metrics.turns.labels(status, stop_reason).inc()
+            return status
+
+        if self.commands is not None and len(batch) == 1 and message.command in LANE_COMMANDS:
+            direct = self.commands.run(CommandContext(message, key, last.user_id, is_dm_key(key),
+                                                      self.is_admin(message), self.spec.model))
+            if direct is not None:
+                return finish("done", direct, None, "command")
+        if self.job_commands is not None and len(batch) == 1 and message.command is not None:
+            direct = self.job_commands(message)
+            if direct is not None:
+                return finish("done", direct, None, "command")
+
+        owner = last.user_id if is_dm_key(key) else None
+        with traced("load_session") as load:
+            opened = self.store.open_session(key, self.prompt, self.history_window, owner)
+            load.set_attribute("gateway.messages_loaded", len(opened.window))
+        notice = ""
+        if self.reset is not None and self.reset.expired(opened.last_used_at):
+            self.store.new_session(key, self.prompt(), owner)
+            opened = self.store.open_session(key, self.prompt, self.history_window, owner)
+            notice = f"({self.reset.describe()}: this is a new conversation; the last one is in /sessions.)\n\n"
+        session_id, system_prompt, window = opened.session_id, opened.system_prompt, list(opened.window)
+        span.set_attribute("gen_ai.conversation.id", session_id)
+        # User messages are written with the turn's first step (or its end), not before: until then
+        # the inbox row is still pending, so a crash loses nothing and a rerun writes them once.
+        present = {(m.turn_id, m.role) for m in window}
+        for pending in batch:
+            pending_turn = f"in{pending.inbox_id}"
+            if (pending_turn, "user") not in present:
+                meta = user_meta(pending.message, time.time(), budget=initial_note(self.limits))
+                text = self.redact(pending.message.text)  # a pasted secret never reaches the model
+                if self.memory is not None and pending is last:  # stored with it: replays render the same bytes
+                    meta = self.memory.annotate(meta, key=key, query=text, window=window)
+                unwritten.append(NewMessage(pending_turn, "user", text,
+                                            {"meta": meta, "platform_message_id": pending.message.message_id}))
+                window.append(StoredMessage(0, pending_turn, "user", text, None, None, None, meta))
+
+        def record(msg: dict[str, Any], usage: Usage | None, meta: dict[str, Any] | None) -> None:
+            fields = {"tool_calls": msg.get("tool_calls"), "tool_call_id": msg.get("tool_call_id"), "meta": meta}
+            if usage is not None:
+                fields.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+            unwritten.append(NewMessage(turn_id, msg["role"], msg.get("content"), fields))
+            if msg.get("tool_calls") or msg["role"] == "tool":
+                # Durable before any tool runs: a resumed turn must see which calls were made.
+                self.store.append_messages(session_id, list(unwritten))
+                unwritten.clear()
+            # A final answer is written together with the outbox row (one transaction).
+
+        checked = [time.monotonic()]
+
+        def should_stop() -> bool:
+            if self.stopping.is_set() or self.cancelled(key, generation):
+                return True
+            now = time.monotonic()
+            if now - checked[0] < CANCEL_POLL_S:
+                return False  # another instance's /stop is seen within CANCEL_POLL_S
+            checked[0] = now
+            return self.store.lane_generation(key) != generation
+
+        agent = self.agents.get(self.spec)
+        # Fitted before the first model call (a summary, when one is due, is made and stored here;
+        # its failure only means the plain window is sent).
+        projection = self.compressor.project(session_id=session_id, system_prompt=system_prompt,
+                                             tools=agent.tools.schemas(), summary=opened.summary, window=window,
+                                             model=agent.model)
+        # A model that refuses the request as too long gets it compressed for its window, once per call.
+        model = FitOnOverflow(agent.model, projection.history, projection.tokens,
+                              lambda tokens: self.compressor.project(
+                                  session_id=session_id, system_prompt=system_prompt, tools=agent.tools.schemas(),
+                                  summary=opened.summary, window=window, model=agent.model, window_tokens=tokens))
+        stream = None
+        if self.streams is not None:
+            stream = self.streams.open(address=message.address, idempotency_key=reply_key,
+                                       reply_to_id=message.reply_to_id, session_id=session_id, session_key=key,
+                                       generation=generation)
+        state = resumed_state(window, turn_id)  # empty for a new turn
+        progress = PlanMessage.open(self.streams, address=message.address, reply_key=reply_key,
+                                    reply_to_id=message.reply_to_id, session_id=session_id, session_key=key,
+                                    generation=generation)
+        if progress is not None:
+            plan.append(progress)
+            state.on_plan = progress.show
+        token = CURRENT_MESSAGE.set(message)
+        try:
+            outcome = run_turn(system_prompt=system_prompt, history=projection.history, model=model,
+                               tools=agent.tools, bridge=self.bridge, limits=self.limits, record=record,
+                               should_stop=should_stop, on_text=stream.on_text if stream is not None else None,
+                               context=RunContext(session_id=session_id, turn_id=turn_id,
+                                                  approver=self._approver(last, turn_id), redact=self.redact,
+                                                  state=state))
+        except ModelError as exc:
+            log.warning("turn %s failed: %s", turn_id, exc)
+            return finish("failed", f"⚠️ {exc.user_message}", session_id, "model_error")
+        finally:
+            CURRENT_MESSAGE.reset(token)
+            if stream is not None:
+                stream.close()
+            if progress is not None:
+                progress.close()
+        end_agent(span, stop_reason=outcome.stop_reason, steps=outcome.steps,
+                  input_tokens=sum(u.prompt_tokens for u in outcome.usage),
+                  output_tokens=sum(u.completion_tokens for u in outcome.usage), cost_usd=outcome.cost_usd)
+        if self.metrics is not None:
+            for (tool, status), count in outcome.tool_results.items():
+                self.metrics.tool_calls.labels(tool, status).inc(count)
+        if outcome.stop_reason == "cancelled" and self.stopping.is_set() and not self.cancelled(key, generation) \
+                and self.store.lane_generation(key) == generation:
+            if unwritten:  # the finished step's messages (a checklist request): durable before we go
+                self.store.append_messages(session_id, list(unwritten))
+            log.info("turn %s stopped at a step boundary by the shutdown; resumed at the next start", turn_id)
+            raise TurnInterrupted(turn_id)
+        if outcome.stop_reason == "cancelled":
+            log.info("turn %s cancelled at a step boundary", turn_id)
+            return finish("cancelled", None, session_id, "cancelled")
+        if outcome.stop_reason not in ("stop", "length"):
+            log.info("turn %s stopped by %s after %d model calls ($%.4f)", turn_id, outcome.stop_reason,
+                     outcome.steps, outcome.cost_usd)
+        reply = notice + (outcome.reply.strip() or "(no answer)")
+        if self.memory is not None:  # a "remember ..." too long to store: said with the reply
+            reply += self.memory.refusal_notice([self.redact(p.message.text) for p in batch])
+        status = finish("done", reply, session_id, outcome.stop_reason)
+        if self.memory is not None:
+            self.memory.after_turn(key=key, session_id=session_id, turn_ids=[f"in{p.inbox_id}" for p in batch])
+        return status
+
+    def _approver(self, last: PendingInbound, turn_id: str) -> ChatApprover | None:
+        if self.approvals is None:
+            return None
+        return ChatApprover(self.approvals, self.policy, last.message.address, last.session_key, turn_id,
+                            last.user_id, wake=self.wake, redact=self.redact, reply_to_id=last.message.reply_to_id,
+                            trusted=lambda: self.trusted(last.message, last.user_id))  # type: ignore[arg-type]
+
+    # -- in-process cancellation -------------------------------------------------------------
+    def note_generation(self, key: str, generation: int) -> None:
+        """Records a lane generation seen by this instance (``/stop`` or an interrupt received
+        here), so the running turn stops at its next step without asking the database."""
+        with self._generations_lock:
+            if generation > self._generations.get(key, -1):
+                self._generations[key] = generation
+
+    def cancelled(self, key: str, generation: int) -> bool:
+        with self._generations_lock:
+            return self._generations.get(key, -1) > generation

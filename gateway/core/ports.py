@@ -1,0 +1,105 @@
+"""Protocols between the gateway and the adapters it hosts."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+
+PartSent = Callable[[str], Awaitable[None]]
+"""Called by ``Adapter.send`` with each part's platform message id as soon as it is delivered."""
+
+BeforePart = Callable[[int], Awaitable[None]]
+"""Called by ``Adapter.send`` with a part's index right before that part's API call. It raises
+(and the adapter must let it propagate) when the reply may no longer be sent by us."""
+
+InboundSink = Callable[[InboundMessage], Awaitable[bool]]
+"""Stores a normalized message durably; returns ``False`` for a duplicate. Raises if storing failed
+(the adapter must then not acknowledge the platform, so the platform delivers it again)."""
+
+
+class EditingAdapter(Protocol):
+    """Optional capability: edit a message the bot sent (streamed previews, DESIGN §3.5).
+
+    An adapter without ``edit`` gets no streamed previews: its replies are sent whole, once.
+    """
+
+    async def edit(self, address: ChatAddress, message_id: str, text: str) -> DeliveryResult:
+        """Replaces the text of the bot's message ``message_id`` with plain ``text`` (one message's
+        worth; longer text is cut). Unchanged text counts as success (Telegram "message is not
+        modified"). Never raises for platform errors."""
+        ...
+
+
+def can_edit(adapter: object) -> bool:
+    """Whether ``adapter`` has the optional ``edit`` capability."""
+    return callable(getattr(adapter, "edit", None))
+
+
+class Adapter(Protocol):
+    """One platform account. Adapters translate; every decision is the gateway's.
+
+    Lifecycle: ``routes()`` is read before the HTTP server starts; ``start(sink)`` connects and
+    checks credentials without receiving yet; ``start_receiving()`` begins (polling/socket; a
+    webhook is accepted once the gateway is ready) and every normalized message goes to ``sink``
+    before it is acknowledged; ``stop_receiving()`` ends receiving, ``stop()`` closes the clients.
+    ``send`` and ``send_typing`` run on the main loop.
+    """
+
+    platform: str
+    idempotent_send: bool
+    """The platform dedupes a resent part by our idempotency key (Feishu ``uuid``): a send left in
+    flight by a crash may then be repeated safely; otherwise it is skipped (never sent twice)."""
+    receiver_lease: str | None
+    """Name of a lease that must be held to receive (Telegram long polling: one poller per bot
+    across instances), or ``None`` when every instance may receive (webhooks)."""
+
+    def routes(self) -> list[web.RouteDef]:
+        """Webhook routes this adapter serves on the gateway's HTTP server (may be empty)."""
+        ...
+
+    async def start(self, sink: InboundSink) -> None:
+        """Prepares sending (identity, clients) and remembers ``sink``; does not receive yet."""
+        ...
+
+    async def start_receiving(self) -> None:
+        """Begins receiving (polling/socket). Webhook adapters receive through ``routes()``."""
+        ...
+
+    async def stop_receiving(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
+                   before_part: BeforePart | None = None) -> DeliveryResult:
+        """Delivers one reply (split into several platform messages if needed), skipping the first
+        ``message.resume_from`` parts. Never raises for platform errors: they are reported in the
+        result, with the ids of the parts delivered before the error. Adapters with ``edit``
+        deliver part 1 of a message with ``edit_id`` by editing that message (its id is part 1's id)."""
+        ...
+
+    async def send_typing(self, address: ChatAddress) -> None:
+        """Shows a typing indicator once (best effort; errors are swallowed)."""
+        ...
+
+    async def check(self) -> str:
+        """Verifies credentials and reachability for ``gateway doctor``; returns a one-line
+        description (e.g. the bot's username). Raises with a plain-words message on failure."""
+        ...
+
+
+class ConversationReader(Protocol):
+    """Reads the conversation a platform user is in, for channels that show it themselves (the web
+    chat shows the whole transcript, turns written from linked accounts on other platforms too)."""
+
+    async def read(self, platform: str, tenant: str, platform_user_id: str, after_id: int,
+                   limit: int = 200) -> tuple[str | None, list[dict[str, Any]]]:
+        """``(session_id, entries)``: the user's current DM session (``None`` before their first
+        message) and its user and assistant messages with id > ``after_id``, oldest first, at most
+        ``limit``. Each entry: ``id`` (int), ``role`` (``user`` | ``assistant``), ``text`` (markdown
+        as written), ``platform`` (where the turn came from, or ``None``), ``message_id`` (the platform's id
+        of a user message, else ``None``), ``created_at`` (epoch s)."""
+        ...

@@ -1,0 +1,54 @@
+"""The typing indicator while a turn runs ("bot is typing…" in Telegram, a reaction elsewhere)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+from gateway.core.ports import Adapter
+from gateway.core.types import ChatAddress
+
+TYPING_INTERVAL_S = 4.0  # Telegram shows "typing" for ≤ 5 s (Bot API: sendChatAction)
+TYPING_DELAY_S = 0.5  # a reply faster than this needs no indicator (and saves a platform call)
+
+
+class TypingIndicators:
+    """One repeating ``send_typing`` task per chat with a turn running (main loop only).
+
+    Args:
+        chat_waiting: ``True`` while a reply to that chat waits in the outbox (the indicator pauses
+            then: the platform clears it when the message arrives).
+    """
+
+    def __init__(self, adapters: Mapping[str, Adapter], chat_waiting: Callable[[ChatAddress], bool]) -> None:
+        self._adapters = adapters
+        self._chat_waiting = chat_waiting
+        self._tasks: dict[ChatAddress, asyncio.Task[None]] = {}
+
+    def start(self, address: ChatAddress) -> None:
+        """A turn for ``address`` began: indicate typing after ``TYPING_DELAY_S``, then every
+        ``TYPING_INTERVAL_S`` seconds."""
+        adapter = self._adapters.get(address.platform)
+        if adapter is None or address in self._tasks:
+            return
+
+        async def keep_typing() -> None:
+            await asyncio.sleep(TYPING_DELAY_S)
+            while True:
+                if not self._chat_waiting(address):
+                    await adapter.send_typing(address)
+                await asyncio.sleep(TYPING_INTERVAL_S)
+
+        self._tasks[address] = asyncio.create_task(keep_typing())
+
+    def end(self, address: ChatAddress) -> None:
+        """The turn for ``address`` ended."""
+        task = self._tasks.pop(address, None)
+        if task is not None:
+            task.cancel()
+
+    def stop(self) -> None:
+        """Cancels every indicator (the gateway is stopping)."""
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()

@@ -1,0 +1,185 @@
+"""``Inbound``: the adapters' sink. Every message an adapter accepted comes through ``receive``.
+
+One message, in order (DESIGN §3.2):
+
+1. every stored string is cleaned (``storable_inbound``) and pasted secrets are redacted, so the
+   inbox never holds either;
+2. one call on the DB pool (``_admit``): who sent it (``Directory.identify``), its session key,
+   whether the bot is part of that conversation, the access decision, and, for an ordinary
+   message, the inbox row (a unique key drops the platforms' retries);
+3. control commands (``/stop``, ``/status``, ``/approve``, ``/deny``) and pairing codes are
+   answered at once, outside the lane, their reply queued in the same transaction as their row;
+4. the lane is kicked: a worker thread runs the turn (``gateway.bus``).
+
+``receive`` returns only once the row is committed: an adapter acknowledges the platform after it
+returns, and not at all when it raises (the platform retries).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from agent.redact import Redactor
+from gateway.bus.lanes import SessionBus
+from gateway.bus.turns import TurnRunner
+from gateway.core.config import GatewayConfig
+from gateway.core.session_keys import is_dm_key, session_key_for
+from gateway.core.types import InboundMessage, OutboundMessage
+from gateway.inbound.access import decide, is_admin, may_run_guarded_tools
+from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.telemetry import span as traced
+from gateway.sessions.commands import CONTROL_COMMANDS, CommandContext, control_reply
+from gateway.sessions.directory import Directory, Identity
+from gateway.store.sql import Store
+from gateway.store.text import storable_inbound
+from gateway.tools.approvals import decide_reply
+from gateway.tools.approvals_store import Approvals
+
+log = logging.getLogger("gateway")
+T = TypeVar("T")
+
+PAIRING_TEXT = (
+    "Hello! I don't know you yet. Ask an admin to approve you with this code: {code}\n"
+    "(They send /approve_user {code} to me, or run: gateway pairing approve {code})"
+)
+
+
+class Inbound:
+    """Receives messages from the adapters into the inbox and kicks their lanes.
+
+    Args:
+        run_db: runs a blocking store call on the main loop's DB pool.
+        model_name: the chat model's name now (``/status`` shows it).
+        wake_delivery: called on the main loop when a reply was queued here.
+
+    Counters ``received``, ``duplicates`` and ``dropped`` count messages stored, refused as
+    already stored, and not for the bot (unaddressed, or denied by the access rules).
+    """
+
+    def __init__(self, *, config: GatewayConfig, store: Store, directory: Directory, approvals: Approvals,
+                 runner: TurnRunner, bus: SessionBus, metrics: GatewayMetrics, redact: Redactor,
+                 run_db: Callable[..., Awaitable[Any]], model_name: Callable[[], str],
+                 wake_delivery: Callable[[], None]) -> None:
+        self.config = config
+        self.store = store
+        self.directory = directory
+        self.approvals = approvals
+        self.runner = runner
+        self.bus = bus
+        self.metrics = metrics
+        self.redact = redact
+        self.run_db = run_db
+        self.model_name = model_name
+        self.wake_delivery = wake_delivery
+        self.received = 0
+        self.duplicates = 0
+        self.dropped = 0
+
+    def trusted(self, message: InboundMessage) -> bool:
+        """May the sender run tools that need approval and approve them (blocking: a DB read in
+        open access)? See ``gateway.inbound.access.may_run_guarded_tools``."""
+        access = self.config.access
+        return access.mode != "open" or is_admin(message, access) or may_run_guarded_tools(
+            message, self.directory.identify(message).approved, access)
+
+    async def receive(self, message: InboundMessage) -> bool:
+        """Stores ``message`` in the inbox (dedupe) and schedules its lane.
+
+        Returns ``False`` for a duplicate, an unaddressed message in a conversation the bot is not
+        part of, or a sender the access rules deny. Raises if the database write failed (the
+        adapter must not acknowledge the platform then).
+        """
+        with traced(f"receive {message.platform}", attributes={"gateway.platform": message.platform}) as span:
+            stored = await self._receive(message)
+            span.set_attribute("gateway.stored", stored)
+            return stored
+
+    def _admit(self, message: InboundMessage) -> tuple[Identity, str, str, bool | None]:
+        """The database part of receiving, in one call on the DB pool (one thread hop for an
+        ordinary message): ``(identity, session key, decision, stored)``. ``decision`` is the access
+        decision, or ``unaddressed`` for a thread message not for us; ``stored`` is whether an
+        allowed non-control message went into the inbox (``None``: not stored here)."""
+        identity = self.directory.identify(message)
+        key = session_key_for(message, identity.user_id, self.config.sessions.group_scope)
+        if not message.addressed and not self.store.lane_exists(key):
+            return identity, key, "unaddressed", None
+        decision = decide(message, identity.approved, self.config.access)
+        if decision != "allow" or message.command in CONTROL_COMMANDS:
+            return identity, key, decision, None
+        cancel = "if_busy" if self.config.bus.busy_policy == "interrupt" else None
+        return identity, key, decision, self.store.insert_inbound(message, key, cancel=cancel,
+                                                                  user_id=identity.user_id)
+
+    async def _receive(self, message: InboundMessage) -> bool:
+        message = storable_inbound(message)  # every string, not only the text: ids, names, tenant
+        redacted = self.redact(message.text)  # a pasted secret is never stored, not even in the inbox
+        if redacted != message.text:
+            message = dataclasses.replace(message, text=redacted)
+        identity, key, decision, stored = await self.run_db(self._admit, message)
+        if decision == "unaddressed":
+            self._drop(message)
+            return False  # a thread message not for us: the bot is not part of that thread
+        if decision == "deny":
+            log.info("message from %s in %s not allowed (access.mode = allowlist)",
+                     message.sender.user_id, message.address.chat_id)
+            self._drop(message)
+            return False
+        if decision == "pair":
+            code = await self.run_db(self.directory.new_code, identity.user_id, "pairing")
+            stored = await self._answer_now(message, key, identity.user_id, PAIRING_TEXT.format(code=code))
+        elif message.command in CONTROL_COMMANDS:
+            stored = await self._control(message, key, identity.user_id)
+        elif stored and self.config.bus.busy_policy == "interrupt":  # stored by _admit
+            self.runner.note_generation(key, await self.run_db(self.store.lane_generation, key))
+        if stored:
+            self.received += 1
+            self.metrics.inbound.labels(message.platform).inc()
+            self.bus.kick(key)
+        else:
+            self.duplicates += 1
+            self.metrics.duplicates.labels(message.platform).inc()
+        return bool(stored)
+
+    def _drop(self, message: InboundMessage) -> None:
+        self.dropped += 1
+        self.metrics.dropped.labels(message.platform).inc()
+
+    async def _control(self, message: InboundMessage, key: str, user_id: str) -> bool:
+        """``/stop``: cancels the running turn (it stops at its next step and sends nothing) and
+        answers at once, without waiting for the lane. ``/status`` answers at once too (it only
+        reads), so it shows the plan of a turn still running. ``/approve ID`` / ``/deny ID`` decide a
+        pending approval (the waiting turn reads it from the database) and never cancel."""
+        assert message.command is not None
+        access = self.config.access
+        if message.command == "status":  # read-only: answered at once, a running turn's plan included
+            ctx = CommandContext(message, key, user_id, is_dm_key(key), is_admin(message, access), self.model_name())
+            commands = self.runner.commands
+            text = await self.run_db(commands.run, ctx) if commands is not None else None
+            return await self._answer_now(message, key, user_id, text or "No status here.")
+        if message.command in ("approve", "deny"):
+            text = await self.run_db(lambda: decide_reply(self.approvals, message.command, message.text, user_id,
+                                                          is_admin(message, access), self.trusted(message)))
+            return await self._answer_now(message, key, user_id, text)
+        was_running = await self.run_db(self.store.lane_busy, key)
+        stored = await self._answer_now(message, key, user_id, control_reply(message.command, was_running),
+                                        cancel="always")
+        if stored:
+            self.runner.note_generation(key, await self.run_db(self.store.lane_generation, key))
+        return stored
+
+    async def _answer_now(self, message: InboundMessage, key: str, user_id: str, text: str,
+                          cancel: str | None = None) -> bool:
+        """Stores ``message`` as handled and queues ``text`` as its reply, outside the lane."""
+        digest = hashlib.sha256(f"{message.platform}:{message.address.tenant}:{message.message_id}".encode())
+        reply = OutboundMessage(message.address, text, idempotency_key=f"ctl:{digest.hexdigest()[:40]}",
+                                reply_to_id=message.reply_to_id)
+        stored = await self.run_db(functools.partial(self.store.insert_inbound, message, key, cancel=cancel,
+                                                     control_reply=reply, user_id=user_id))
+        if stored:
+            self.wake_delivery()
+        return stored

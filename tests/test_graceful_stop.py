@@ -1,0 +1,206 @@
+"""Graceful stop, end to end against the fake Telegram (python-telegram-bot) and a fake model
+that holds calls until the test lets them go.
+
+SIGTERM with ten turns in flight (``gateway run`` as a subprocess):
+1. Stop timeout long enough: the model answers after the stop began (``/readyz`` is no longer
+   200); every reply is sent before the process exits, once, through a Bot API client still open.
+2. Stop timeout shorter than the model: the process exits at the timeout without those replies;
+   after the restart every one of them is sent exactly once (and none of round 1 again).
+
+``Gateway.stop`` during a turn's tool step: the step finishes (the tool runs, its result is
+stored), the turn stops before its next model call, and the next start resumes it from the
+transcript without running the tool again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from bench.fault_injection import TOKEN, GatewayProcess, _free_port
+from gateway.app.gateway import Gateway
+from gateway.app.wiring import build_adapters
+from gateway.store.models import InboxRow, MessageRow
+from tests.conftest import fixture, gateway_config
+from tests.fakes import openai as oa
+from tests.fakes.openai import FakeOpenAI
+from tests.fakes.telegram import FakeTelegram
+
+TURNS = 10
+CHAT_BASE = 6_100_000
+
+
+def config(workdir: Path, telegram: FakeTelegram, model: FakeOpenAI, port: int) -> Path:
+    path = workdir / "stop.toml"
+    path.write_text(f"""
+instance_id = "stop-test"
+[database]
+url = "sqlite:///{workdir / 'gateway.db'}"
+[http]
+port = {port}
+[llm]
+base_url = "{model.url}/v1"
+api_key_env = "FAULT_OPENAI_KEY"
+max_retries = 0
+[agent]
+streaming = []
+[tools]
+browser_enabled = false
+[memory]
+promote = false
+[bus]
+lease_s = 2
+sweep_interval_s = 0.3
+[delivery]
+backoff_base_s = 0.05
+[telegram]
+enabled = true
+token_env = "FAULT_TELEGRAM_TOKEN"
+base_url = "{telegram.url}"
+poll_timeout_s = 1
+[logging]
+level = "INFO"
+""")
+    return path
+
+
+def token_of(request: dict[str, Any]) -> str:
+    user = next(m["content"] for m in reversed(request["messages"]) if m["role"] == "user")
+    return user.splitlines()[-1]
+
+
+def dm(token: str, chat: int, message_id: int) -> dict[str, Any]:
+    user = {"id": chat, "is_bot": False, "first_name": f"User{chat}"}
+    return {"message": {"message_id": message_id, "from": user, "chat": {"id": chat, "type": "private"},
+                        "date": int(time.time()), "text": token}}
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def held(model: FakeOpenAI) -> int:
+    """Model calls that arrived and are not answered yet."""
+    return sum(1 for r in model.requests if r["status"] is None)
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_with_ten_turns_in_flight_delivers_each_reply_exactly_once(tmp_path):
+    with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
+        def replies() -> Counter[str]:
+            return Counter(c.params["text"] for c in telegram.calls("sendMessage"))
+
+        port = _free_port()
+        gateway = GatewayProcess(config(tmp_path, telegram, model, port), port, tmp_path)
+
+        def sigterm_with_turns_in_flight(round_: str, gate: threading.Event, stop_timeout_s: float) -> None:
+            model.responder = lambda req: oa.hold(gate, oa.text(f"re: {token_of(req)}"))
+            gateway.env_extra = {"GATEWAY__STOP_TIMEOUT_S": str(stop_timeout_s)}
+            gateway.start()
+            gateway.wait_ready(60)
+            for i in range(TURNS):
+                telegram.inject(dm(f"{round_}-{i}", CHAT_BASE + i, message_id=gateway.starts))
+            wait(lambda: held(model) == TURNS, 60, f"{TURNS} model calls in flight")
+            assert gateway.proc is not None
+            gateway.proc.send_signal(signal.SIGTERM)
+            wait(lambda: not ready(port), 30, "/readyz to leave 200 (the stop began)")
+
+        try:
+            # 1. The model answers while the gateway stops: every reply goes out before the exit.
+            first = threading.Event()
+            sigterm_with_turns_in_flight("a", first, stop_timeout_s=60)
+            first.set()
+            assert gateway.proc is not None and gateway.proc.wait(90) == 0
+            sent = replies()
+            assert [sent[f"re: a-{i}"] for i in range(TURNS)] == [1] * TURNS, sent
+            log = (tmp_path / "stop-0.log").read_text()
+            assert "not initialized" not in log and "Traceback" not in log, log[-3000:]
+
+            # 2. The model is slower than the stop timeout: the process exits without waiting for it.
+            second = threading.Event()
+            sigterm_with_turns_in_flight("b", second, stop_timeout_s=1)
+            assert gateway.proc.wait(60) == 0, "the stop timeout did not bound the stop"
+            assert not any(text.startswith("re: b-") for text in replies()), replies()
+            assert "resume after the restart" in (tmp_path / "stop-1.log").read_text()
+
+            # The restart runs the cut turns again: each reply exactly once, nothing of round 1 again.
+            model.responder = lambda req: oa.text(f"re: {token_of(req)}")
+            second.set()  # the cut process's calls, answered to nobody
+            gateway.env_extra = {}
+            gateway.start()
+            gateway.wait_ready(60)
+            wait(lambda: all(replies()[f"re: b-{i}"] for i in range(TURNS)), 60, "the cut turns' replies")
+            time.sleep(1.0)  # a duplicate would show up now
+        finally:
+            gateway.terminate()
+        sent = replies()
+        assert {text: count for text, count in sent.items() if count != 1} == {}
+        assert sorted(sent) == sorted([f"re: a-{i}" for i in range(TURNS)] + [f"re: b-{i}" for i in range(TURNS)])
+
+
+async def test_stop_lets_the_tool_step_finish_and_the_turn_resume_after_the_restart(
+        tmp_path, fake_telegram, fake_openai, page_server):
+    fake_openai.reset()
+    gate = threading.Event()
+    fetch = oa.call("web_fetch", {"url": f"{page_server.url}/page"})
+    fake_openai.script(oa.hold(gate, oa.tool_calls(fetch)))
+    fake_openai.responder = lambda req: oa.text(
+        "codename amber-falcon-42" if "amber-falcon-42" in str(req["messages"][-1]["content"]) else "no tool result")
+    config = gateway_config(tmp_path, fake_openai, fake_telegram, agent={"streaming": []})
+    update = fixture("telegram", "dm_text.json")
+    update.pop("update_id")
+    chat = update["message"]["from"]["id"] = update["message"]["chat"]["id"] = 5552001
+    update["message"].update(message_id=77, text="what is the codename on that page?")
+
+    first = Gateway(config, build_adapters(config))
+    await first.start()
+    fake_telegram.inject(update)
+    await asyncio.to_thread(fake_openai.wait_for_requests, 1, 10)
+    stopping = asyncio.create_task(first.stop())
+    while first.started:
+        await asyncio.sleep(0.01)
+    gate.set()  # the model answers the step in flight: a tool call, run during the stop
+    await asyncio.wait_for(stopping, 30)
+    assert len(fake_openai.requests) == 1  # no further model call after the stop began
+    assert not fake_telegram.sent_messages(chat)
+    assert first.unfinished_turns == 0  # the step ended within the stop timeout
+
+    second = Gateway(config, build_adapters(config))
+    await second.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not fake_telegram.sent_messages(chat) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)  # a second reply would show up now
+        assert [m["text"] for m in fake_telegram.sent_messages(chat)] == ["codename amber-falcon-42"]
+        resumed = fake_openai.requests[1]["json"]["messages"]
+        assert [m["role"] for m in resumed] == ["system", "user", "assistant", "tool"]
+        assert resumed[-1]["tool_call_id"] == fetch.id and len(fake_openai.requests) == 2
+        with second.engine.connect() as conn:
+            roles = conn.execute(select(MessageRow.role).order_by(MessageRow.id)).scalars().all()
+            inbox = conn.execute(select(InboxRow.status)).scalars().all()
+        assert roles == ["user", "assistant", "tool", "assistant"] and inbox == ["done"]
+    finally:
+        await second.stop()
