@@ -1,0 +1,1 @@
+"""Attachments: what the platforms send besides text, and what the model gets from them."""
