@@ -150,7 +150,7 @@ def _content_text(message_type: str, content: Mapping[str, Any], by_key: Mapping
         attachments.append(Attachment("image", str(content.get("image_key") or "")))
         return ""
     if message_type == "file":
-        attachments.append(Attachment("file", str(content.get("file_key") or ""), content.get("file_name")))
+        attachments.append(Attachment("document", str(content.get("file_key") or ""), content.get("file_name")))
         return ""
     if message_type == "audio":
         attachments.append(Attachment("audio", str(content.get("file_key") or "")))

@@ -68,7 +68,7 @@ def users_to_resolve(envelope: dict[str, Any], bot: BotIdentity) -> set[str]:
 def _attachment(file: dict[str, Any]) -> Attachment:
     mime = str(file.get("mimetype") or "") or None
     major = (mime or "").split("/", 1)[0]
-    kind = major if major in ("image", "audio", "video") else "file"
+    kind = major if major in ("image", "audio", "video") else "document"
     size = file.get("size")
     return Attachment(kind, str(file.get("id") or ""), file.get("name") or file.get("title"), mime,
                       int(size) if isinstance(size, int) else None)

@@ -53,7 +53,7 @@ def _attachments(message: Message) -> tuple[Attachment, ...]:
         found.append(Attachment("image", largest.file_id, None, "image/jpeg", largest.file_size))
     if message.document:
         d = message.document
-        found.append(Attachment("file", d.file_id, d.file_name, d.mime_type, d.file_size))
+        found.append(Attachment("document", d.file_id, d.file_name, d.mime_type, d.file_size))
     for kind, media in (("audio", message.voice), ("audio", message.audio), ("video", message.video)):
         if media is not None:
             found.append(Attachment(kind, media.file_id, getattr(media, "file_name", None),

@@ -58,6 +58,9 @@ class LlmConfig(_Section):
     """Older turns are summarised once the estimated request reaches this share of the window."""
     compress_keep_ratio: float = 0.35
     """Share of the window kept as verbatim recent turns after a summary."""
+    vision: bool = True
+    """The model takes images (user-message ``image_url`` content parts). ``False``: images are
+    described in words only and the user is told the model cannot see them."""
 
     @model_validator(mode="after")
     def _check_window(self) -> LlmConfig:
@@ -304,6 +307,43 @@ class MemoryConfig(_Section):
     """Embedding cosine at or below which an entry counts as unrelated."""
 
 
+MB = 1_000_000
+
+
+class MediaConfig(_Section):
+    """Files that come with messages (issue 19): where their bytes are kept and the limits."""
+
+    store: Literal["files", "database"] = "files"
+    """``files``: content-addressed files under ``directory`` (one instance, or several sharing
+    that directory); ``database``: the ``blobs`` table (several instances, nothing else shared)."""
+    directory: str = "./data/media"
+    """Root of the ``files`` store: ``<sha256[:2]>/<sha256[2:4]>/<sha256>``."""
+    retention_days: float | None = 90.0
+    """Files older than this are deleted (the transcript keeps their name, type and size);
+    ``None``: kept as long as their session."""
+    max_mb: dict[str, float] = Field(default_factory=lambda: {
+        "image": 20.0, "sticker": 5.0, "animation": 20.0, "audio": 25.0, "voice": 25.0, "video": 50.0,
+        "document": 50.0})
+    """Largest file taken per kind, in MB (10^6 bytes); the platform's own limit applies too (the
+    smaller one wins). Audio and voice: the transcription API takes 25 MB."""
+    image_max_side: int = Field(default=2048, ge=64)
+    """Images are scaled down to this longest side (pixels) before they go to the model."""
+    image_max_bytes: int = Field(default=3_500_000, ge=50_000)
+    """Largest re-encoded image sent to the model (bytes, before base64); quality steps down to fit."""
+    history_images: int = Field(default=4, ge=0)
+    """Images of earlier turns still sent as pixels (the newest ones); older ones are described in
+    words. The images of the turn being answered are always sent."""
+    album_wait_s: float = Field(default=1.5, ge=0)
+    """An album (Telegram ``media_group_id``) arrives as one message per item: its turn waits this
+    long after the first item so the whole album is answered at once."""
+    upload_max_mb: float = Field(default=20.0, gt=0)
+    """Largest file the web chat accepts per upload, in MB."""
+
+    def max_bytes(self, kind: str) -> int:
+        """The gateway's own limit for a file of ``kind``, in bytes (``document``'s for unknown kinds)."""
+        return int(self.max_mb.get(kind, self.max_mb.get("document", 50.0)) * MB)
+
+
 class TelegramConfig(_Section):
     enabled: bool = False
     token_env: str = "TELEGRAM_BOT_TOKEN"
@@ -314,6 +354,9 @@ class TelegramConfig(_Section):
     """Public URL Telegram posts to (webhook mode); ``None`` leaves the webhook as set elsewhere."""
     webhook_secret_env: str = "TELEGRAM_WEBHOOK_SECRET"
     poll_timeout_s: int = 30
+    max_download_mb: float = 20.0
+    """Largest file the Bot API lets the bot download (``getFile``): 20 MB on Telegram's cloud API;
+    set 2000 with a local Bot API server (``base_url``)."""
 
 
 class SlackConfig(_Section):
@@ -417,6 +460,7 @@ class GatewayConfig(BaseSettings):
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    media: MediaConfig = Field(default_factory=MediaConfig)
     telegram: TelegramConfig = Field(default_factory=TelegramConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)
     feishu: FeishuConfig = Field(default_factory=FeishuConfig)

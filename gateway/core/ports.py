@@ -7,7 +7,14 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+from gateway.core.types import (
+    Attachment,
+    BlobRef,
+    ChatAddress,
+    DeliveryResult,
+    InboundMessage,
+    OutboundMessage,
+)
 
 PartSent = Callable[[str], Awaitable[None]]
 """Called by ``Adapter.send`` with each part's platform message id as soon as it is delivered."""
@@ -103,3 +110,41 @@ class ConversationReader(Protocol):
         as written), ``platform`` (where the turn came from, or ``None``), ``message_id`` (the platform's id
         of a user message, else ``None``), ``created_at`` (epoch s)."""
         ...
+
+
+class BlobStore(Protocol):
+    """Content-addressed bytes shared by every instance (``gateway.media.store`` implements it:
+    files under ``media.directory`` or the ``blobs`` table). Synchronous: call it from a worker
+    thread, or through ``asyncio.to_thread`` on the main loop.
+    """
+
+    def put(self, data: bytes, mime_type: str) -> BlobRef:
+        """Stores ``data`` (idempotent: equal bytes are stored once) and returns its reference."""
+        ...
+
+    def get(self, ref: BlobRef | str) -> bytes:
+        """The bytes of ``ref`` (a ``BlobRef`` or its sha256). Raises ``BlobMissing``."""
+        ...
+
+
+class MediaAdapter(Protocol):
+    """Optional capability: download the bytes of an attachment (``can_download``)."""
+
+    def download_limit(self, attachment: Attachment) -> int | None:
+        """Most bytes the platform lets a bot download for this attachment (Telegram cloud Bot
+        API: 20 MB), or ``None`` when it sets no limit below the gateway's own."""
+        ...
+
+    async def download(self, message: InboundMessage, attachment: Attachment, max_bytes: int) -> tuple[bytes, str]:
+        """``(bytes, mime type as served)`` of ``attachment`` of ``message``, at most ``max_bytes``.
+
+        Raises:
+            gateway.core.errors.FileTooBig: the platform says or the body shows it is larger.
+            gateway.core.errors.DownloadFailed: anything else (with a plain-words reason).
+        """
+        ...
+
+
+def can_download(adapter: object) -> bool:
+    """Whether ``adapter`` has the optional ``download`` capability."""
+    return callable(getattr(adapter, "download", None))

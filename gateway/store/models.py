@@ -8,7 +8,21 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import DDL, JSON, Boolean, Float, Index, Integer, String, Table, Text, UniqueConstraint, event
+from sqlalchemy import (
+    DDL,
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    event,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -384,6 +398,50 @@ class InstanceRow(Base):
     """The process's start time in clock ticks after boot (``/proc/PID/stat``): tells a reused pid."""
     started_at: Mapped[float] = mapped_column(Float)
     heartbeat_at: Mapped[float] = mapped_column(Float)
+
+
+class BlobRow(Base):
+    """Content-addressed bytes (``gateway.media.store.DatabaseBlobStore``, ``media.store =
+    "database"``). PostgreSQL stores ``data`` (``bytea``) out of line in its TOAST table, uncompressed
+    (migration ``0801`` sets ``STORAGE EXTERNAL``: images and archives are compressed already), so
+    reading rows of this table never drags the bytes along; one value may be up to 1 GB, the
+    gateway's limits keep them far below."""
+
+    __tablename__ = "blobs"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    mime_type: Mapped[str] = mapped_column(String(255))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class AttachmentRow(Base):
+    """Who uses a blob (``gateway.media.index``): one row per file of a message in a session (and
+    one per rendition sent to the model). A blob is deleted once no row refers to it: retention,
+    ``/forget_files`` and deleting a session remove rows, then the unreferenced blobs."""
+
+    __tablename__ = "attachments"
+    __table_args__ = (
+        Index("ix_attachments_session", "session_id"),
+        Index("ix_attachments_owner", "owner_user_id"),
+        Index("ix_attachments_sha256", "sha256"),
+        Index("ix_attachments_created", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    session_id: Mapped[str | None] = mapped_column(String(32))
+    owner_user_id: Mapped[str | None] = mapped_column(String(32))
+    """The user who sent the file (``users.id``); ``None`` for files the gateway made itself."""
+    turn_id: Mapped[str | None] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16), default="original")
+    """``original`` (as received) | ``rendition`` (re-encoded for the model) | ``outbound`` (sent by the bot)."""
+    kind: Mapped[str] = mapped_column(String(16))
+    mime_type: Mapped[str] = mapped_column(String(255))
+    size: Mapped[int] = mapped_column(BigInteger)
+    name: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 # The FTS5 index is not a SQLAlchemy table: dropping ``memories`` (tests reset with drop_all) drops it too.

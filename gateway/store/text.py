@@ -52,6 +52,25 @@ def _clean(value: str | None, limit: int | None = None) -> str | None:
     return cleaned[:limit] if limit is not None else cleaned
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def file_name(name: str | None) -> str | None:
+    """A file name as data: control and bidi-override characters removed, path parts dropped,
+    clipped to ``MAX_NAME_CHARS`` (``None`` for nothing left)."""
+    if name is None:
+        return None
+    cleaned = _CONTROL.sub("", storable_text(name)).replace("\\", "/").rsplit("/", 1)[-1].strip()
+    return cleaned[:MAX_NAME_CHARS] or None
+
+
+def _storable_attachment(a: Attachment) -> Attachment:
+    size = a.size if isinstance(a.size, int) and not isinstance(a.size, bool) and a.size >= 0 else None
+    return dataclasses.replace(a, kind=storable_text(a.kind)[:32], file_id=storable_text(a.file_id),
+                               name=file_name(a.name), mime_type=_clean(a.mime_type, MAX_NAME_CHARS),
+                               url=_clean(a.url), sha256=_clean(a.sha256), size=size)
+
+
 def storable_inbound(message: InboundMessage) -> InboundMessage:
     """``message`` with every string made storable (``storable_text``: ids, tenant, names, text,
     command, file names and MIME types alike), names clipped to ``MAX_NAME_CHARS``, and a
@@ -75,8 +94,8 @@ def storable_inbound(message: InboundMessage) -> InboundMessage:
         text=storable_text(message.text),
         reply_to_id=_clean(message.reply_to_id),
         command=_clean(message.command),
-        attachments=tuple(Attachment(a.kind, storable_text(a.file_id), _clean(a.name, MAX_NAME_CHARS),
-                                     _clean(a.mime_type, MAX_NAME_CHARS), a.size) for a in message.attachments),
+        attachments=tuple(_storable_attachment(a) for a in message.attachments),
         received_at=float(received_at),
         event_id=_clean(message.event_id),
+        media_group_id=_clean(message.media_group_id),
     )
