@@ -22,7 +22,7 @@ import openai
 log = logging.getLogger("gateway.media.transcribe")
 
 MAX_BYTES = 25 * 1024 * 1024
-"""OpenAI: "File uploads are currently limited to 25 MB" (larger uploads get 413)."""
+"""OpenAI: "File uploads are currently limited to 25 MB" (26,214,400 bytes; larger uploads get 413)."""
 SUPPORTED_FORMATS = ("flac", "m4a", "mp3", "mp4", "mpeg", "mpga", "ogg", "wav", "webm")
 """The extensions ``/v1/audio/transcriptions`` accepts (anything else: 400 "Invalid file format")."""
 CONTENT_TYPES = {"flac": "audio/flac", "m4a": "audio/mp4", "mp3": "audio/mpeg", "mp4": "audio/mp4",
@@ -122,7 +122,7 @@ class Transcriber:
         if len(data) > self.max_bytes:
             raise TranscriptionError(
                 f"{what} of {len(data)} bytes over the {self.max_bytes}-byte limit",
-                f"The {what} is {len(data) / 1e6:.1f} MB, more than the {self.max_bytes / 1e6:.0f} MB the "
+                f"The {what} is {len(data) / 2**20:.1f} MB, more than the {self.max_bytes / 2**20:.0f} MB the "
                 "transcription service takes, so it was not transcribed.")
         fmt = audio_format(data, mime, name)
         if fmt is None:
