@@ -26,9 +26,11 @@ class ModelError(Exception):
     ``user_message`` is a plain-words explanation safe to show in the chat (no secrets).
     """
 
-    def __init__(self, message: str, user_message: str) -> None:
+    def __init__(self, message: str, user_message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.user_message = user_message
+        self.status = status
+        """The endpoint's HTTP status when it answered with an error (``400`` ...), else ``None``."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ class OpenAIChatModel:
                              "The model is rate limited; try again shortly.") from exc
         except openai.APIStatusError as exc:
             raise ModelError(f"model endpoint error {exc.status_code}: {exc.message}",
-                             f"The model returned an error ({exc.status_code}).") from exc
+                             f"The model returned an error ({exc.status_code}).", exc.status_code) from exc
         except openai.APIError as exc:  # a stream that broke off or carried an error event
             raise ModelError(f"model stream failed: {type(exc).__name__}: {exc}",
                              "The model's answer broke off; try again.") from exc

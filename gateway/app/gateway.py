@@ -7,12 +7,13 @@ a worker pool for turns, a small pool for the main loop's database calls, and th
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -38,6 +39,9 @@ from gateway.delivery.typing import TypingIndicators
 from gateway.inbound.access import admin_pages_on, is_admin
 from gateway.inbound.receive import Inbound
 from gateway.inbound.receivers import hold_receiver
+from gateway.media.index import MediaIndex
+from gateway.media.service import MediaService
+from gateway.media.store import open_blob_store
 from gateway.memory.build import build_memory
 from gateway.memory.commands import MemoryCommands
 from gateway.memory.store import move_user_entries
@@ -94,6 +98,13 @@ class Gateway:
             if callable(getattr(adapter, "bind_conversations", None)):
                 adapter.bind_conversations(TranscriptReader(self.engine, self.run_db))  # type: ignore[attr-defined]
         self.store = Store(self.engine)
+        self.blobs = open_blob_store(config.media, self.engine)
+        self.media = MediaService(config.media, vision=config.llm.vision, blobs=self.blobs,
+                                  index=MediaIndex(self.engine, self.blobs), adapters=self.adapters,
+                                  run_async=self._run_on_loop)
+        for adapter in adapters:  # channels that take uploads themselves (the web chat)
+            if callable(getattr(adapter, "bind_blobs", None)):
+                adapter.bind_blobs(self.blobs, config.media)  # type: ignore[attr-defined]
         self.jobs = JobStore(self.engine)
         self.bridge = AsyncBridge()
         self.metrics = GatewayMetrics()
@@ -165,7 +176,7 @@ class Gateway:
             if sessions.idle_reset_minutes or sessions.daily_reset_hour is not None else None,
             window=config.llm.window_policy(),
             metrics=self.metrics, memory=self.memory,
-            trusted=lambda message, user_id: self.inbound.trusted(message),
+            trusted=lambda message, user_id: self.inbound.trusted(message), media=self.media,
         )
         self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
@@ -219,6 +230,19 @@ class Gateway:
         """Runs a blocking store call off the main loop (on the small DB pool)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._db_pool, functools.partial(fn, *args))
+
+    def _run_on_loop(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        """Runs ``coro`` on the main loop from a worker thread and waits at most ``timeout`` s
+        (adapter downloads: their clients live on the main loop). Raises ``TimeoutError``."""
+        if self._loop is None or self._loop.is_closed():
+            coro.close()
+            raise TimeoutError("the gateway is not running")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"no result within {timeout:g} s") from None
 
     def _wake_delivery(self) -> None:
         """Thread-safe ``delivery.wake`` (worker threads queue approval prompts)."""

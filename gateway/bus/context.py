@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.sequence import INTERRUPTED, repair
 from gateway.core.types import InboundMessage
+from gateway.media.render import ImagePolicy, describe, image_part, refs_of, shown
 from gateway.store.sql import StoredMessage
 
 __all__ = ["INTERRUPTED", "render_history", "render_user", "user_meta"]
@@ -25,15 +26,24 @@ def user_meta(message: InboundMessage, now: float, budget: str | None = None) ->
         meta["budget"] = budget
     if message.chat_type != "dm":
         meta["from"] = message.sender.display_name or message.sender.username or message.sender.user_id
-    if message.attachments:
+    if message.attachments:  # replaced by the stored references once the files are taken in (gateway.media)
         meta["attachments"] = [
             {"kind": a.kind, "name": a.name, "mime_type": a.mime_type, "size": a.size} for a in message.attachments
         ]
     return meta
 
 
-def render_user(content: str | None, meta: dict[str, Any] | None) -> str:
-    """``[2026-11-30 09:00 UTC, from Bob]`` header line, attachment notes, then the text."""
+NOT_SHOWN_EARLIER = "shown in an earlier message, no longer attached"
+NO_VISION = "this model cannot see images"
+
+
+def render_user(content: str | None, meta: dict[str, Any] | None, *, images_shown: bool = False,
+                vision: bool = True) -> str:
+    """``[2026-11-30 09:00 UTC, from Bob]`` header line, one quoted line per attachment, then the text.
+
+    ``images_shown``: the message's images go along as image parts (their lines say nothing
+    more); otherwise an image's line says why it is not shown (``vision``: whether the model sees
+    images at all)."""
     meta = meta or {}
     header = []
     if "time" in meta:
@@ -43,9 +53,11 @@ def render_user(content: str | None, meta: dict[str, Any] | None) -> str:
     lines = [f"[{', '.join(header)}]"] if header else []
     if meta.get("budget"):
         lines.append(f"[{meta['budget']}]")
-    for attachment in meta.get("attachments", ()):
-        described = ", ".join(f"{k}={v}" for k, v in attachment.items() if v is not None and k != "kind")
-        lines.append(f"[attached {attachment['kind']}{': ' + described if described else ''}]")
+    for ref in refs_of(meta):
+        state = None
+        if shown(ref) and not images_shown:
+            state = NOT_SHOWN_EARLIER if vision else NO_VISION
+        lines.append(describe(ref, state))
     if meta.get("memory"):
         lines.append(meta["memory"])  # the turn's long-term memory block (gateway.memory), stored with it
     if content:
@@ -53,8 +65,36 @@ def render_user(content: str | None, meta: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
-def render_history(window: list[StoredMessage]) -> list[dict[str, Any]]:
+def _rows_with_images(window: list[StoredMessage], start: int, policy: ImagePolicy | None) -> set[int]:
+    """Indexes of the user rows whose images are sent as pixels: those of the newest turn (and
+    rows not written yet), then earlier ones newest first while ``history_images`` allows."""
+    if policy is None or not policy.vision:
+        return set()
+    last_user = max((i for i in range(start, len(window)) if window[i].role == "user"), default=len(window))
+    current = next((i for i in range(last_user, start - 1, -1)
+                    if window[i].role == "user" and (i == start or window[i - 1].role != "user")), last_user)
+    chosen = {i for i in range(current, len(window)) if window[i].role == "user"}
+    chosen |= {i for i in range(start, len(window)) if window[i].role == "user" and window[i].id == 0}
+    left = policy.history_images
+    for i in range(current - 1, start - 1, -1):
+        row = window[i]
+        if row.role != "user" or i in chosen:
+            continue
+        count = sum(1 for ref in refs_of(row.meta) if shown(ref))
+        if not count:
+            continue
+        if count > left:
+            break
+        chosen.add(i)
+        left -= count
+    return chosen
+
+
+def render_history(window: list[StoredMessage], images: ImagePolicy | None = None) -> list[dict[str, Any]]:
     """Model-facing messages for a transcript window, oldest first.
+
+    ``images``: which images go along as content parts (``gateway.media.render``: placeholders,
+    resolved with ``resolve_images`` before sending); ``None``: every file described in words.
 
     The window starts at a user message (a cut never separates tool calls from their results),
     and the sequence is repaired by ``agent.sequence.repair``: orphan tool results are dropped and
@@ -63,12 +103,18 @@ def render_history(window: list[StoredMessage]) -> list[dict[str, Any]]:
     loop to answer (resume after a crash). Internal fields (ids, meta, token counts) are not sent.
     """
     start = next((i for i, m in enumerate(window) if m.role == "user"), len(window))
+    with_images = _rows_with_images(window, start, images)
+    vision = images is not None and images.vision
     out: list[dict[str, Any]] = []
-    for row in window[start:]:
+    for index in range(start, len(window)):
+        row = window[index]
         if row.role == "tool":
             out.append({"role": "tool", "tool_call_id": row.tool_call_id, "content": row.content or ""})
         elif row.role == "user":
-            out.append({"role": "user", "content": render_user(row.content, row.meta)})
+            pictures = [image_part(ref) for ref in refs_of(row.meta) if shown(ref)] if index in with_images else []
+            text = render_user(row.content, row.meta, images_shown=bool(pictures), vision=vision)
+            content: Any = [{"type": "text", "text": text}, *pictures] if pictures else text
+            out.append({"role": "user", "content": content})
         elif row.role == "assistant":
             message: dict[str, Any] = {"role": "assistant", "content": row.content}
             if row.tool_calls:

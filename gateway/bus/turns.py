@@ -34,6 +34,7 @@ from gateway.core.types import CURRENT_MESSAGE, InboundMessage, OutboundMessage
 from gateway.core.window import WindowPolicy
 from gateway.delivery.progress import PlanMessage, plan_key, resumed_state
 from gateway.delivery.streaming import StreamHub
+from gateway.media.service import NO_VISION_NOTE
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.telemetry import span as traced
 from gateway.sessions.commands import LANE_COMMANDS, CommandContext, CommandHandler, Commands
@@ -43,6 +44,7 @@ from gateway.tools.approvals import ApprovalPolicy, ChatApprover
 from gateway.tools.approvals_store import Approvals
 
 if TYPE_CHECKING:
+    from gateway.media.service import MediaService
     from gateway.memory.service import MemoryService
 
 log = logging.getLogger("gateway.bus.turns")
@@ -95,6 +97,9 @@ class TurnRunner:
         trusted: ``(message, user id) -> bool``: may the turn's requester approve their own calls
             of tools that need approval (open access: admins and approved users only; otherwise an
             admin decides). Asked on the worker thread.
+        media: the files of messages (``gateway.media``): downloaded and stored before the user
+            message is written, images sent as content parts (``None``: files described by the
+            platform's announcement only).
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
@@ -106,8 +111,10 @@ class TurnRunner:
                  approvals: Approvals | None = None, policy: ApprovalPolicy | None = None,
                  redact: Callable[[str], str] = lambda text: text, wake: Callable[[], None] = lambda: None,
                  memory: MemoryService | None = None,
-                 trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True) -> None:
+                 trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True,
+                 media: MediaService | None = None) -> None:
         self.memory = memory
+        self.media = media
         self.trusted = trusted
         self.job_commands = job_commands
         self.store = store
@@ -243,16 +250,33 @@ class TurnRunner:
         # User messages are written with the turn's first step (or its end), not before: until then
         # the inbox row is still pending, so a crash loses nothing and a rerun writes them once.
         present = {(m.turn_id, m.role) for m in window}
+        notes: list[str] = []  # what the user is told about their files (too big, unreadable ...)
+        usable = False
         for pending in batch:
             pending_turn = f"in{pending.inbox_id}"
             if (pending_turn, "user") not in present:
                 meta = user_meta(pending.message, time.time(), budget=initial_note(self.limits))
+                if self.media is not None and pending.message.attachments:
+                    with traced("take_in_media", attributes={"gateway.attachments": len(pending.message.attachments)}):
+                        intake = self.media.take_in(pending.message, session_id=session_id,
+                                                    owner_user_id=pending.user_id, turn_id=pending_turn)
+                    meta["attachments"] = [ref.to_dict() for ref in intake.refs]
+                    notes += intake.notes
+                    usable = usable or intake.usable
+                else:
+                    usable = True
                 text = self.redact(pending.message.text)  # a pasted secret never reaches the model
                 if self.memory is not None and pending is last:  # stored with it: replays render the same bytes
                     meta = self.memory.annotate(meta, key=key, query=text, window=window)
                 unwritten.append(NewMessage(pending_turn, "user", text,
                                             {"meta": meta, "platform_message_id": pending.message.message_id}))
                 window.append(StoredMessage(0, pending_turn, "user", text, None, None, None, meta))
+            else:
+                usable = True  # resumed: the stored message was usable when it was taken in
+        if not usable:  # nothing but files that could not be used: say why, no model call
+            told = "\n".join(dict.fromkeys(notes))
+            unwritten.append(NewMessage(turn_id, "assistant", told, {"meta": {"stop_reason": "media"}}))
+            return finish("done", notice + told, session_id, "media")
 
         def record(msg: dict[str, Any], usage: Usage | None, meta: dict[str, Any] | None) -> None:
             fields = {"tool_calls": msg.get("tool_calls"), "tool_call_id": msg.get("tool_call_id"), "meta": meta}
@@ -281,7 +305,14 @@ class TurnRunner:
         # its failure only means the plain window is sent).
         projection = self.compressor.project(session_id=session_id, system_prompt=system_prompt,
                                              tools=agent.tools.schemas(), summary=opened.summary, window=window,
-                                             model=agent.model)
+                                             model=agent.model,
+                                             images=self.media.policy(agent.model.model) if self.media else None)
+        history = projection.history
+        model = agent.model
+        if self.media is not None:
+            with traced("read_images"):
+                history = self.media.resolve(history)  # reads the blobs of the images sent, and only those
+            model = self.media.model(agent.model)
         stream = None
         if self.streams is not None:
             stream = self.streams.open(address=message.address, idempotency_key=reply_key,
@@ -296,7 +327,7 @@ class TurnRunner:
             state.on_plan = progress.show
         token = CURRENT_MESSAGE.set(message)
         try:
-            outcome = run_turn(system_prompt=system_prompt, history=projection.history, model=agent.model,
+            outcome = run_turn(system_prompt=system_prompt, history=history, model=model,
                                tools=agent.tools, bridge=self.bridge, limits=self.limits, record=record,
                                should_stop=should_stop, on_text=stream.on_text if stream is not None else None,
                                context=RunContext(session_id=session_id, turn_id=turn_id,
@@ -329,7 +360,10 @@ class TurnRunner:
         if outcome.stop_reason not in ("stop", "length"):
             log.info("turn %s stopped by %s after %d model calls ($%.4f)", turn_id, outcome.stop_reason,
                      outcome.steps, outcome.cost_usd)
-        reply = notice + (outcome.reply.strip() or "(no answer)")
+        if getattr(model, "fell_back", False):
+            notes.append(NO_VISION_NOTE)
+        told = "".join(f"{line}\n" for line in dict.fromkeys(notes))
+        reply = notice + (told + "\n" if told else "") + (outcome.reply.strip() or "(no answer)")
         if self.memory is not None:  # a "remember ..." too long to store: said with the reply
             reply += self.memory.refusal_notice([self.redact(p.message.text) for p in batch])
         status = finish("done", reply, session_id, outcome.stop_reason)

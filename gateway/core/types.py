@@ -75,6 +75,8 @@ class Attachment:
         width, height: pixels, when the platform says (photos, stickers, videos).
         sha256: the blob's digest when the bytes are already stored (a web chat upload), else ``None``.
         duration_s: seconds of audio/video, when the platform says.
+        thumbnail_id: platform reference of a still picture of it (Telegram's thumbnail of a video,
+            animation or sticker), shown to the model when the file itself is no image it can take.
     """
 
     kind: str
@@ -87,6 +89,7 @@ class Attachment:
     height: int | None = None
     sha256: str | None = None
     duration_s: float | None = None
+    thumbnail_id: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attachment:

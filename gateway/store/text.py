@@ -68,7 +68,8 @@ def _storable_attachment(a: Attachment) -> Attachment:
     size = a.size if isinstance(a.size, int) and not isinstance(a.size, bool) and a.size >= 0 else None
     return dataclasses.replace(a, kind=storable_text(a.kind)[:32], file_id=storable_text(a.file_id),
                                name=file_name(a.name), mime_type=_clean(a.mime_type, MAX_NAME_CHARS),
-                               url=_clean(a.url), sha256=_clean(a.sha256), size=size)
+                               url=_clean(a.url), sha256=_clean(a.sha256), size=size,
+                               thumbnail_id=_clean(a.thumbnail_id))
 
 
 def storable_inbound(message: InboundMessage) -> InboundMessage:
