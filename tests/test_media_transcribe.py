@@ -82,7 +82,7 @@ def test_an_api_failure_is_a_sentence_for_the_user(fake, reply, said):
     with pytest.raises(TranscriptionError) as raised:
         transcriber(fake).transcribe(samples.ogg_opus(), kind="voice")
     assert said in raised.value.user_message
-    assert raised.value.user_message.startswith("The voice message could not be transcribed")
+    assert raised.value.user_message.startswith("it could not be transcribed: the transcription service ")
 
 
 def test_a_wrong_key_is_named_by_its_setting_never_shown(fake):

@@ -39,9 +39,11 @@ from gateway.delivery.typing import TypingIndicators
 from gateway.inbound.access import admin_pages_on, is_admin
 from gateway.inbound.receive import Inbound
 from gateway.inbound.receivers import hold_receiver
+from gateway.media.contents import ContentReader
 from gateway.media.index import MediaIndex
 from gateway.media.service import MediaService
 from gateway.media.store import open_blob_store
+from gateway.media.transcribe import build_transcriber
 from gateway.memory.build import build_memory
 from gateway.memory.commands import MemoryCommands
 from gateway.memory.store import move_user_entries
@@ -64,7 +66,7 @@ from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import Store
 from gateway.tools.approvals import ApprovalPolicy
 from gateway.tools.approvals_store import Approvals
-from gateway.tools.catalog import build_catalog, expand_toolset, mcp_specs
+from gateway.tools.catalog import build_catalog, build_workspace, expand_toolset, mcp_specs
 
 log = logging.getLogger("gateway")
 T = TypeVar("T")
@@ -101,7 +103,11 @@ class Gateway:
         self.blobs = open_blob_store(config.media, self.engine)
         self.media = MediaService(config.media, vision=config.llm.vision, blobs=self.blobs,
                                   index=MediaIndex(self.engine, self.blobs), adapters=self.adapters,
-                                  run_async=self._run_on_loop)
+                                  run_async=self._run_on_loop,
+                                  reader=ContentReader(  # voice, audio, documents; originals into the workspace
+                                      transcriber=build_transcriber(config.llm, config.secret),
+                                      workspace=build_workspace(config) if config.tools.workspace != "off" else None,
+                                      max_tokens=config.media.document_max_tokens))
         for adapter in adapters:  # channels that take uploads themselves (the web chat)
             if callable(getattr(adapter, "bind_blobs", None)):
                 adapter.bind_blobs(self.blobs, config.media)  # type: ignore[attr-defined]

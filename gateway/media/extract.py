@@ -84,9 +84,10 @@ class Extracted:
         text: the text, at most ``max_tokens`` (estimated); ``""`` when not ``ok``.
         detail: facts worth showing with it (``"12 pages"``, ``"2 sheets"``, ``"windows-1252"``), or ``""``.
         cut: what was left out (``"pages 9-40 (about 21,000 tokens)"``), or ``""`` when nothing was.
-        problem: why nothing was read, as a sentence for the user and the model (encrypted,
-            corrupt, too large unpacked, no text layer), or ``""``; empty for ``other`` too
-            (an unreadable type is not a problem: its name, type and size are shown).
+        problem: why nothing was read, as a clause that completes "I could not use "x.pdf": …"
+            for the user and the model (encrypted, corrupt, too large unpacked, no text layer),
+            or ``""``; empty for ``other`` too (an unreadable type is not a problem: its name,
+            type and size are shown).
     """
 
     format: str
@@ -280,14 +281,13 @@ def extract(data: bytes, *, name: str | None = None, mime: str | None = None, ma
         return _text(data, fmt, max_tokens)
     except Exception as exc:  # a reader's bug or an input it chokes on: one note, never a crash
         log.warning("could not read a %s document (%d bytes): %s: %s", fmt, len(data), type(exc).__name__, exc)
-        return Extracted(fmt, False, problem=f"The {FORMAT_NAMES.get(fmt, 'file')} could not be read: it seems "
-                                             "damaged or incomplete.")
+        return Extracted(fmt, False, problem="it seems damaged or incomplete")
 
 
 def _text(data: bytes, fmt: str, max_tokens: int) -> Extracted:
     decoded = decode_text(data)
     if decoded is None:
-        return Extracted(fmt, False, problem="The file is not text in any encoding that could be recognised.")
+        return Extracted(fmt, False, problem="it is not text in any encoding that could be recognised")
     text, encoding = decoded
     title = ""
     if fmt == "html":
@@ -305,15 +305,14 @@ def _pdf(data: bytes, max_tokens: int) -> Extracted:
     from pypdf.errors import DependencyError, PdfReadError
 
     if b"%PDF-" not in data[:1024]:
-        return Extracted("pdf", False, problem="The PDF could not be read: it has no PDF header (damaged, or not a "
-                                               "PDF).")
+        return Extracted("pdf", False, problem="it has no PDF header (damaged, or not a PDF)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             reader = PdfReader(io.BytesIO(data), strict=False)
         except (PdfReadError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             log.info("unreadable PDF (%d bytes): %s", len(data), exc)
-            return Extracted("pdf", False, problem="The PDF could not be read: it seems damaged or incomplete.")
+            return Extracted("pdf", False, problem="it seems damaged or incomplete")
         if reader.is_encrypted:
             try:  # permissions-only encryption opens with the empty password
                 opened = reader.decrypt("")
@@ -321,8 +320,8 @@ def _pdf(data: bytes, max_tokens: int) -> Extracted:
                 log.info("encrypted PDF not opened: %s", exc)
                 opened = PasswordType.NOT_DECRYPTED
             if opened == PasswordType.NOT_DECRYPTED:
-                return Extracted("pdf", False, problem="The PDF is password-protected (encrypted): its text cannot "
-                                                       "be read. Send a copy without a password to have it read.")
+                return Extracted("pdf", False, problem="the PDF is password-protected (encrypted), so its text cannot "
+                                                       "be read; send a copy without a password")
         total = len(reader.pages)
         found_text = [False]
 
@@ -340,8 +339,8 @@ def _pdf(data: bytes, max_tokens: int) -> Extracted:
     detail = f"{total} page{'s' if total != 1 else ''}"
     if not found_text[0]:
         return Extracted("pdf", False, detail=detail,
-                         problem="The PDF has no text layer (a scan or only images): its text cannot be read "
-                                 "without OCR.")
+                         problem="the PDF has no text layer (a scan, or only images), so its text cannot be read "
+                                 "without OCR")
     return Extracted("pdf", True, text, detail, cut)
 
 
@@ -351,21 +350,21 @@ def _check_zip(data: bytes, what: str) -> str:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             members = archive.infolist()
     except (zipfile.BadZipFile, ValueError, OSError):
-        return f"The {what} could not be read: it seems damaged or incomplete."
+        return "it seems damaged or incomplete"
     unpacked = sum(m.file_size for m in members)
     if len(members) > MAX_ZIP_MEMBERS or unpacked > MAX_UNCOMPRESSED_BYTES:
-        return (f"The {what} was not opened: it would unpack to {unpacked / 1e6:,.0f} MB in {len(members):,} parts, "
-                f"more than the {MAX_UNCOMPRESSED_BYTES // (1024 * 1024)} MB allowed.")
+        return (f"the {what} was not opened: it would unpack to {unpacked / 1e6:,.0f} MB in {len(members):,} parts, "
+                f"more than the {MAX_UNCOMPRESSED_BYTES // (1024 * 1024)} MB allowed")
     return ""
 
 
 def _office_problem(data: bytes, fmt: str) -> str:
     what = FORMAT_NAMES[fmt]
     if data.startswith(_OLE):
-        return (f"The {what} is password-protected (encrypted) or in the old binary format (.doc/.xls): its text "
-                "cannot be read. Send a copy without a password, saved as .docx/.xlsx.")
+        return (f"the {what} is password-protected (encrypted) or in the old .doc/.xls format, so its text cannot "
+                "be read; send a copy without a password, saved as .docx/.xlsx")
     if not data.startswith(b"PK"):
-        return f"The {what} could not be read: it is not a valid .{fmt} file (damaged or another format)."
+        return f"it is not a valid .{fmt} file (damaged, or another format)"
     return _check_zip(data, what)
 
 

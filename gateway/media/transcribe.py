@@ -15,9 +15,12 @@ retries) and raises ``TranscriptionError`` with a sentence for the user on every
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import openai
+
+from gateway.core.config import LlmConfig
 
 log = logging.getLogger("gateway.media.transcribe")
 
@@ -38,8 +41,9 @@ _MIME_FORMATS = {
 
 
 class TranscriptionError(Exception):
-    """A transcription that did not happen. ``user_message`` says why, for the chat (no secret,
-    no internal detail); ``str(exc)`` is for the log."""
+    """A transcription that did not happen. ``user_message`` says why as a clause that completes
+    "I could not use your voice message: …" (no secret, no internal detail); ``str(exc)`` is for
+    the log."""
 
     def __init__(self, message: str, user_message: str) -> None:
         super().__init__(message)
@@ -122,13 +126,13 @@ class Transcriber:
         if len(data) > self.max_bytes:
             raise TranscriptionError(
                 f"{what} of {len(data)} bytes over the {self.max_bytes}-byte limit",
-                f"The {what} is {len(data) / 2**20:.1f} MB, more than the {self.max_bytes / 2**20:.0f} MB the "
-                "transcription service takes, so it was not transcribed.")
+                f"it is {len(data) / 2**20:.1f} MB, more than the {self.max_bytes / 2**20:.0f} MB the transcription "
+                "service takes, so it was not transcribed")
         fmt = audio_format(data, mime, name)
         if fmt is None:
             raise TranscriptionError(f"{what} in an unsupported format (mime {mime!r})",
-                                     f"The {what} is in a format the transcription service does not take "
-                                     f"({mime or 'unknown type'}; it takes {', '.join(SUPPORTED_FORMATS)}).")
+                                     f"its format ({mime or 'unknown type'}) is not one the transcription service "
+                                     f"takes ({', '.join(SUPPORTED_FORMATS)})")
         upload = f"{'voice' if kind == 'voice' else 'audio'}.{fmt}"
         extra = {"language": self.language} if self.language else {}
         try:
@@ -148,14 +152,24 @@ class Transcriber:
             else:
                 said = f"answered {status}" + (f": {detail}" if detail else "")
             raise TranscriptionError(f"HTTP {status}: {detail}",
-                                     f"The {what} could not be transcribed: the transcription service {said}.") \
-                from None
+                                     f"it could not be transcribed: the transcription service {said}") from None
         except openai.APIError as exc:  # connection errors and timeouts, after the retries
             log.warning("transcription of a %s failed: %s", what, type(exc).__name__)
-            raise TranscriptionError(type(exc).__name__, f"The {what} could not be transcribed: the transcription "
-                                                         "service could not be reached.") from None
+            raise TranscriptionError(type(exc).__name__, "it could not be transcribed: the transcription service "
+                                                         "could not be reached") from None
         text = getattr(result, "text", result if isinstance(result, str) else "")
         return Transcript(str(text).strip(), self.model, upload)
+
+
+def build_transcriber(llm: LlmConfig, secret: Callable[[str], str | None]) -> Transcriber | None:
+    """The transcriber ``[llm]`` asks for (``transcription_*``, falling back to the chat endpoint
+    and key), or ``None`` when ``transcription_model`` is empty. ``secret`` reads a variable."""
+    if not llm.transcription_model:
+        return None
+    return Transcriber(base_url=llm.transcription_base_url or llm.base_url,
+                       api_key=secret(llm.transcription_api_key_env or llm.api_key_env),
+                       model=llm.transcription_model, language=llm.transcription_language,
+                       timeout_s=llm.timeout_s, max_retries=llm.max_retries)
 
 
 def _api_message(exc: openai.APIStatusError) -> str:
