@@ -34,17 +34,18 @@ from telegram import (
 from telegram.error import BadRequest, ChatMigrated, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
 
 from adapters.telegram.format import Chunk, chunk_text, format_reply
-from adapters.telegram.inbound import BotIdentity, Ignored, callback_to_inbound, to_inbound
+from adapters.telegram.inbound import CLOUD_DOWNLOAD_LIMIT, BotIdentity, Ignored, callback_to_inbound, to_inbound
 from adapters.telegram.request import AiohttpRequest
 from adapters.telegram.wire import update_id_of, update_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.core.errors import CredentialRejected
+from gateway.core.errors import CredentialRejected, DownloadFailed, FileTooBig
 from gateway.core.ports import BeforePart, InboundSink, PartSent
-from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
+from gateway.core.types import Attachment, ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
 
 log = logging.getLogger("adapters.telegram")
 
 WEBHOOK_PATH = "/telegram/webhook"
+DOWNLOAD_READ_TIMEOUT_S = 60.0
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
 PRIVACY_WARNING = (
     "telegram privacy mode is on for @%s (getMe: can_read_all_group_messages is false): in groups "
@@ -89,6 +90,8 @@ class TelegramAdapter:
         webhook_url: when set, registered with ``setWebhook`` at start.
         poll_timeout_s: long-poll ``timeout`` of ``getUpdates``.
         menu: the native command menus per audience (``CommandMenu``; default: help and stop).
+        max_download_bytes: the largest file ``getFile`` serves (cloud Bot API: 20 MB; a local
+            Bot API server: 2,000 MB).
     """
 
     platform = "telegram"
@@ -96,8 +99,9 @@ class TelegramAdapter:
 
     def __init__(self, *, token: str, base_url: str = "https://api.telegram.org", mode: str = "polling",
                  webhook_secret: str | None = None, webhook_url: str | None = None, poll_timeout_s: int = 30,
-                 menu: CommandMenu | None = None) -> None:
+                 menu: CommandMenu | None = None, max_download_bytes: int = CLOUD_DOWNLOAD_LIMIT) -> None:
         root = base_url.rstrip("/")
+        self.max_download_bytes = max_download_bytes
         self.bot = Bot(
             token,
             base_url=f"{root}/bot",
@@ -376,6 +380,39 @@ class TelegramAdapter:
         except TelegramError as exc:
             return DeliveryResult(False, retryable=True, error=f"network: {exc}")
         return DeliveryResult(True, (message_id,))
+
+    # -- files -------------------------------------------------------------------------------
+    def download_limit(self, attachment: Attachment) -> int | None:
+        """Bot API ``getFile``: at most 20 MB on the cloud API (``max_download_bytes``)."""
+        return self.max_download_bytes
+
+    async def download(self, message: InboundMessage, attachment: Attachment, max_bytes: int) -> tuple[bytes, str]:
+        """``getFile`` then ``GET {base_url}/file/bot<token>/<file_path>`` (the file path is valid
+        for an hour, so it is asked for at download time). The size the update declared is
+        checked first; ``getFile`` answers 400 "Bad Request: file is too big" above the limit.
+
+        Raises:
+            FileTooBig: above ``max_bytes`` or the Bot API's limit. DownloadFailed: anything else.
+        """
+        limit = min(max_bytes, self.max_download_bytes)
+        who = "Telegram bots" if self.max_download_bytes <= max_bytes else "this gateway"
+        if attachment.size is not None and attachment.size > limit:
+            raise FileTooBig(attachment.size, limit, who)
+        try:
+            file = await self.bot.get_file(attachment.file_id)
+            if file.file_size is not None and file.file_size > limit:
+                raise FileTooBig(file.file_size, limit, who)
+            data = bytes(await file.download_as_bytearray(read_timeout=DOWNLOAD_READ_TIMEOUT_S))
+        except BadRequest as exc:
+            if "too big" in exc.message.lower():
+                raise FileTooBig(attachment.size, self.max_download_bytes, "Telegram bots") from None
+            raise DownloadFailed(f"Telegram did not hand over the file ({exc.message})") from None
+        except (NetworkError, TelegramError) as exc:
+            raise DownloadFailed(f"Telegram did not hand over the file ({type(exc).__name__})",
+                                 retryable=True) from None
+        if len(data) > limit:
+            raise FileTooBig(len(data), limit, who)
+        return data, attachment.mime_type or "application/octet-stream"
 
     async def send_typing(self, address: ChatAddress) -> None:
         try:

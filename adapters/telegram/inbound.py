@@ -11,10 +11,11 @@ Rules (PLATFORMS.md §1.2, Telegram Bot API "Message"/"MessageEntity"):
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 
-from telegram import Message, MessageEntity, Update
+from telegram import Message, MessageEntity, PhotoSize, Update
 
 from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
 
@@ -46,20 +47,64 @@ def _utf16_to_index(text: str, utf16_offset: int) -> int:
     return len(text)
 
 
+MODEL_IMAGE_SIDE = 2048
+"""Photos are sent in several sizes: the smallest whose longest side reaches this (the model's
+limit, ``media.image_max_side`` by default) is taken, else the largest."""
+CLOUD_DOWNLOAD_LIMIT = 20_000_000
+"""Bot API ``getFile``: "bots can download files of up to 20 MB in size" (cloud API)."""
+_PICTURE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif", "image/bmp", "image/tiff")
+
+
+def _seconds(value: object) -> float | None:
+    """A duration as seconds (PTB gives ``int`` or ``timedelta``)."""
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _best_photo(sizes: tuple[PhotoSize, ...]) -> PhotoSize:
+    fits = [p for p in sizes if (p.file_size or 0) <= CLOUD_DOWNLOAD_LIMIT] or list(sizes)
+    ordered = sorted(fits, key=lambda p: (p.width * p.height, p.file_size or 0))
+    return next((p for p in ordered if max(p.width, p.height) >= MODEL_IMAGE_SIDE), ordered[-1])
+
+
 def _attachments(message: Message) -> tuple[Attachment, ...]:
+    """Telegram Bot API "Message": ``photo`` (sizes), ``document``, ``animation`` (also set as
+    ``document``, taken once), ``voice`` (OGG/Opus), ``audio``, ``video``, ``video_note``, ``sticker``."""
     found: list[Attachment] = []
     if message.photo:
-        largest = max(message.photo, key=lambda p: (p.file_size or 0, p.width * p.height))
-        found.append(Attachment("image", largest.file_id, None, "image/jpeg", largest.file_size))
-    if message.document:
+        photo = _best_photo(message.photo)
+        found.append(Attachment("image", photo.file_id, None, "image/jpeg", photo.file_size,
+                                width=photo.width, height=photo.height))
+    if message.animation:
+        a = message.animation
+        found.append(Attachment("animation", a.file_id, a.file_name, a.mime_type, a.file_size, width=a.width,
+                                height=a.height, duration_s=_seconds(a.duration),
+                                thumbnail_id=a.thumbnail.file_id if a.thumbnail else None))
+    elif message.document:
         d = message.document
-        found.append(Attachment("document", d.file_id, d.file_name, d.mime_type, d.file_size))
-    for kind, media in (("audio", message.voice), ("audio", message.audio), ("video", message.video)):
+        kind = "image" if (d.mime_type or "").lower() in _PICTURE_TYPES else "document"
+        found.append(Attachment(kind, d.file_id, d.file_name, d.mime_type, d.file_size))
+    if message.voice:
+        v = message.voice
+        found.append(Attachment("voice", v.file_id, None, v.mime_type or "audio/ogg", v.file_size,
+                                duration_s=_seconds(v.duration)))
+    if message.audio:
+        au = message.audio
+        found.append(Attachment("audio", au.file_id, au.file_name, au.mime_type, au.file_size,
+                                duration_s=_seconds(au.duration)))
+    for media in (message.video, message.video_note):
         if media is not None:
-            found.append(Attachment(kind, media.file_id, getattr(media, "file_name", None),
-                                    getattr(media, "mime_type", None), media.file_size))
+            found.append(Attachment("video", media.file_id, getattr(media, "file_name", None),
+                                    getattr(media, "mime_type", None) or "video/mp4", media.file_size,
+                                    duration_s=_seconds(media.duration),
+                                    thumbnail_id=media.thumbnail.file_id if media.thumbnail else None))
     if message.sticker:
-        found.append(Attachment("image", message.sticker.file_id, None, "image/webp", message.sticker.file_size))
+        st = message.sticker
+        mime = "application/x-tgsticker" if st.is_animated else "video/webm" if st.is_video else "image/webp"
+        found.append(Attachment("sticker", st.file_id, st.emoji and f"sticker {st.emoji}", mime, st.file_size,
+                                width=st.width, height=st.height,
+                                thumbnail_id=st.thumbnail.file_id if st.thumbnail else None))
     return tuple(found)
 
 
@@ -132,6 +177,7 @@ def to_inbound(update: Update, bot: BotIdentity) -> InboundMessage | Ignored:
         attachments=attachments,
         received_at=message.date.timestamp() if message.date else 0.0,
         event_id=str(update.update_id),
+        media_group_id=message.media_group_id,
     )
 
 

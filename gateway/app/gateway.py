@@ -211,6 +211,7 @@ class Gateway:
             lease_s=config.bus.lease_s, sweep_interval_s=config.bus.sweep_interval_s,
             busy_policy=config.bus.busy_policy,
             on_turn_start=self.typing.start, on_turn_end=self.typing.end, on_replies=self.delivery.wake,
+            album_wait_s=config.media.album_wait_s,
         )
         self.inbound = Inbound(config=config, store=self.store, directory=self.directory, approvals=self.approvals,
                                runner=self.runner, bus=self.bus, metrics=self.metrics, redact=self.redact,

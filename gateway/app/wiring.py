@@ -25,7 +25,8 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
         secret = config.require_secret(tg.webhook_secret_env, "telegram webhook mode") if tg.mode == "webhook" else None
         adapters.append(TelegramAdapter(token=token, base_url=tg.base_url, mode=tg.mode, webhook_secret=secret,
                                         webhook_url=tg.webhook_url, poll_timeout_s=tg.poll_timeout_s,
-                                        menu=_telegram_menu(config)))
+                                        menu=_telegram_menu(config),
+                                        max_download_bytes=int(tg.max_download_mb * 1_000_000)))
     if config.slack.enabled:
         from adapters.slack.adapter import SlackAdapter
 

@@ -202,6 +202,11 @@ class Store:
             ).all()
         return [PendingInbound(row.id, session_key, InboundMessage.from_dict(row.payload)) for row in rows]
 
+    def pending_batch(self, session_key: str, limit: int) -> list[PendingInbound]:
+        """The oldest ``limit`` pending rows of ``session_key`` with their users (as a lane's batch)."""
+        with read_tx(self.engine) as conn:
+            return self._batch(conn, session_key, limit)[0]
+
     def keys_waiting(self, now: float, limit: int = 100) -> list[str]:
         """Session keys with pending inbox rows whose lane is not leased (or the lease expired)."""
         with read_tx(self.engine) as conn:

@@ -21,6 +21,8 @@ bytes are audio; answers come from ``script_transcription(...)`` (FIFO), else
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import email.parser
 import email.policy
 import hashlib
@@ -291,7 +293,108 @@ def validate_chat_request(body: Any) -> None:
                            f"messages[{i}].tool_calls", "empty_array")
         if msg["role"] == "assistant" and msg.get("tool_calls"):
             _validate_tool_calls(i, msg["tool_calls"])
+        if isinstance(msg.get("content"), list):
+            _validate_content_parts(i, msg["role"], msg["content"])
     _validate_tool_sequence(messages)
+
+
+IMAGE_FORMATS = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff", "image/gif": b"GIF8",
+                 "image/webp": b"RIFF"}
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+"""OpenAI "Images and vision": PNG, JPEG, WEBP, non-animated GIF; up to 20 MB per image."""
+_DATA_URL = re.compile(r"data:([^;,]*);base64,(.*)", re.DOTALL)
+
+
+def _validate_content_parts(i: int, role: str, parts: list[Any]) -> None:
+    """Content parts as the real API checks them: ``text`` parts carry a string ``text``;
+    ``image_url`` parts only in user messages, with ``image_url.url`` an http(s) URL or a base64
+    data URL of a supported image type whose bytes are that type, at most 20 MB, and ``detail`` in
+    ``auto``/``low``/``high``."""
+    if not parts:
+        raise _Invalid(f"Invalid 'messages[{i}].content': empty array. Expected an array with minimum length 1, "
+                       "but got an empty array instead.", f"messages[{i}].content", "empty_array")
+    for j, part in enumerate(parts):
+        where = f"messages[{i}].content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise _missing(f"{where}.text")
+            continue
+        if kind != "image_url":
+            raise _Invalid(f"Invalid value: '{kind}'. Supported values are: 'text', 'image_url', 'input_audio', "
+                           "'refusal', 'audio', and 'file'.", f"{where}.type", "invalid_value")
+        if role != "user":
+            raise _Invalid(f"Invalid '{where}': Image URLs are only allowed for messages with role 'user', but "
+                           f"this message with role '{role}' contains an image URL.", where, "invalid_value")
+        image = part.get("image_url")
+        url = image.get("url") if isinstance(image, dict) else None
+        if not isinstance(url, str):
+            raise _missing(f"{where}.image_url.url")
+        if image.get("detail", "auto") not in ("auto", "low", "high"):
+            raise _Invalid(f"Invalid value: '{image.get('detail')}'. Supported values are: 'auto', 'low', and 'high'.",
+                           f"{where}.image_url.detail", "invalid_value")
+        if url.startswith(("http://", "https://")):
+            continue
+        match = _DATA_URL.fullmatch(url)
+        if match is None:
+            raise _Invalid(f"Invalid '{where}.image_url.url'. Expected a base64-encoded data URL with an image MIME "
+                           "type (e.g. 'data:image/png;base64,aW1nIGJ5dGVzIGhlcmU='), but got a value without the "
+                           "'data:' prefix.", f"{where}.image_url.url", "invalid_value")
+        mime, payload = match.group(1).lower(), match.group(2)
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise _Invalid(f"Invalid '{where}.image_url.url'. Expected a base64-encoded data URL with an image MIME "
+                           "type, but got invalid base64 data.", f"{where}.image_url.url", "invalid_value") from None
+        if mime not in IMAGE_FORMATS:
+            raise _Invalid("You uploaded an unsupported image. Please make sure your image has of one the following "
+                           "formats: ['png', 'jpeg', 'gif', 'webp'].", f"{where}.image_url.url",
+                           "invalid_image_format")
+        if len(data) > MAX_IMAGE_BYTES:
+            raise _Invalid(f"Invalid '{where}.image_url.url': image exceeds the maximum size of 20 MB.",
+                           f"{where}.image_url.url", "image_too_large")
+        if not data.startswith(IMAGE_FORMATS[mime]) or (mime == "image/webp" and data[8:12] != b"WEBP"):
+            raise _Invalid("The image data you provided does not represent a valid image. Please check your input "
+                           "and try again with one of the supported image formats: ['image/jpeg', 'image/png', "
+                           "'image/gif', 'image/webp'].", f"{where}.image_url.url", "invalid_image")
+
+
+def _has_images(body: dict[str, Any]) -> bool:
+    return any(isinstance(m.get("content"), list) and any(isinstance(p, dict) and p.get("type") == "image_url"
+                                                          for p in m["content"]) for m in body["messages"])
+
+
+IMAGE_TOKEN_CHARS = 765 * 4
+"""An image counts 765 tokens in ``usage`` (OpenAI's tile formula for 1024 x 768 at high detail),
+whatever the length of its base64 data URL."""
+
+
+def _image_digests(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with each image URL replaced by its digest padded to ``IMAGE_TOKEN_CHARS`` (the
+    emulated prompt cache still tells two images apart; usage counts images as tokens, not base64)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    parts = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "image_url":
+            url = str((part.get("image_url") or {}).get("url"))
+            digest = hashlib.sha256(url.encode()).hexdigest()
+            part = {"type": "image_url", "image": digest.ljust(IMAGE_TOKEN_CHARS, ".")}
+        parts.append(part)
+    return {**message, "content": parts}
+
+
+def image_parts(request: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """``(mime type, bytes)`` of every data-URL image in a recorded request's messages, in order."""
+    found = []
+    for message in request["json"]["messages"]:
+        for part in message.get("content") if isinstance(message.get("content"), list) else ():
+            if part.get("type") == "image_url":
+                match = _DATA_URL.fullmatch(part["image_url"]["url"])
+                if match:
+                    found.append((match.group(1), base64.b64decode(match.group(2))))
+    return found
 
 
 def _validate_tool_calls(i: int, calls: Any) -> None:
@@ -393,6 +496,9 @@ class FakeOpenAI(ThreadedServer):
         self.api_key = api_key
         self.models = list(models)
         self.responder: Callable[[dict[str, Any]], Reply | str | None] | None = None
+        self.vision_models: set[str] | None = None
+        """Models that take image parts (``None``: every model); a request with images to another
+        model gets OpenAI's 400 "Invalid content type. image_url is only supported by certain models."."""
         self.on_request: Callable[[dict[str, Any]], None] | None = None
         """Called with each valid chat request's body as it arrives, before it is answered (on the
         server's loop: keep it short), e.g. to look at the gateway while the model is mid-request."""
@@ -531,6 +637,9 @@ class FakeOpenAI(ThreadedServer):
         if reply is None:
             try:
                 validate_chat_request(body)
+                if self.vision_models is not None and body["model"] not in self.vision_models and _has_images(body):
+                    raise _Invalid("Invalid content type. image_url is only supported by certain models.",
+                                   "messages", "invalid_value")
             except _Invalid as exc:
                 reply = exc.reply
         if reply is not None:
@@ -688,7 +797,7 @@ class FakeOpenAI(ThreadedServer):
     def _account(self, body: dict[str, Any]) -> tuple[int, int]:
         """Returns (prompt_tokens, cached_tokens) and remembers this prompt's block prefixes."""
         serialized = (_canon(body["tools"]) if body.get("tools") else "") + "".join(
-            _canon(m) for m in body["messages"])
+            _canon(_image_digests(m)) for m in body["messages"])
         h = hashlib.blake2b(digest_size=16)
         digests: list[bytes] = []
         for end in range(_CACHE_BLOCK_CHARS, len(serialized) + 1, _CACHE_BLOCK_CHARS):

@@ -372,6 +372,8 @@ class FakeTelegram(ThreadedServer):
         self.token, self.bot_id, self.username, self.first_name = token, bot_id, username, first_name
         self.forum_chats: set[int] = set()
         self.files: dict[str, bytes] = {}
+        self.download_limit = 20 * 1024 * 1024
+        """getFile's limit: "bots can download files of up to 20 MB" (cloud Bot API)."""
         self.webhook_url: str = ""
         self.webhook_secret: str | None = None
         self.commands: dict[str, list[dict[str, Any]]] = {}
@@ -583,7 +585,7 @@ class FakeTelegram(ThreadedServer):
         if (error := self._token_error(request.match_info["token"])) is not None:
             return error.response()
         data = self.files.get(request.match_info["file_path"].removeprefix("files/"))
-        if data is None:
+        if data is None or len(data) > self.download_limit:
             return ApiError(404, "Not Found").response()
         return web.Response(body=data, content_type="application/octet-stream")
 
@@ -907,9 +909,19 @@ class FakeTelegram(ThreadedServer):
         return self._media("document", params, files)
 
     def _get_file(self, params: JSON, files: list[JSON]) -> JSON:
+        """Bot API getFile: a file the bot may download (``files``) gets a ``file_path``; an unknown
+        id is 400 "Bad Request: invalid file_id"; above ``download_limit`` (20 MB on the cloud Bot
+        API) 400 "Bad Request: file is too big"."""
         file_id = str(params.get("file_id") or "")
-        if not file_id:
+        data = self.files.get(file_id)
+        if not file_id or data is None:
             raise _bad("invalid file_id")
-        data = self.files.setdefault(file_id, b"fake file content for " + file_id.encode())
+        if len(data) > self.download_limit:
+            raise _bad("file is too big")
         return {"file_id": file_id, "file_unique_id": f"U{file_id}"[:32], "file_size": len(data),
                 "file_path": f"files/{file_id}"}
+
+    def add_file(self, file_id: str, data: bytes) -> str:
+        """Makes ``data`` downloadable as ``file_id`` (what a user's upload is on Telegram's side)."""
+        self.files[file_id] = data
+        return file_id
