@@ -74,8 +74,9 @@ def transcript_of(ref: MediaRef) -> str | None:
 
 
 def fenced(label: str, body: str, tag: str) -> str:
-    """``body`` between ``----- begin <label> <tag> -----`` and ``----- end <label> <tag> -----``."""
-    return f"----- begin {label} {tag} -----\n{body}\n----- end {label} {tag} -----"
+    """``body`` (trailing white space dropped) between ``----- begin <label> <tag> -----`` and
+    ``----- end <label> <tag> -----``."""
+    return f"----- begin {label} {tag} -----\n{body.rstrip()}\n----- end {label} {tag} -----"
 
 
 class ContentReader:
