@@ -115,3 +115,19 @@ def test_safe_file_name(name, safe):
 def test_safe_file_name_keeps_the_extension_when_cut():
     cut = safe_file_name("é" * 200 + ".pdf")
     assert cut.endswith(".pdf") and len(cut.encode()) <= 120
+
+
+def test_secrets_in_a_document_or_a_transcript_never_reach_the_model(fake_openai):
+    from agent.redact import Redactor
+
+    redact = Redactor(["hunter2-deploy-secret"])
+    data = b"DEPLOY_TOKEN=hunter2-deploy-secret\nregion=eu\n"
+    reader = ContentReader(transcriber=Transcriber(base_url=f"{fake_openai.url}/v1", api_key="sk-test",
+                                                   model="whisper-1", max_retries=0), workspace=None, redact=redact)
+    got = reader.read(ref_for(data, name=".env"), data, session_id="s")
+    assert "hunter2" not in got.ref.text and "DEPLOY_TOKEN=***" in got.ref.text
+    fake_openai.reset()
+    fake_openai.script_transcription("the password is hunter2-deploy-secret")
+    voice = samples.ogg_opus()
+    heard = reader.read(ref_for(voice, "voice", None, "audio/ogg"), voice, session_id="s")
+    assert "hunter2" not in heard.ref.text and "hunter2" not in (heard.transcript or "")

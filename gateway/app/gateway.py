@@ -101,20 +101,20 @@ class Gateway:
                 adapter.bind_conversations(TranscriptReader(self.engine, self.run_db))  # type: ignore[attr-defined]
         self.store = Store(self.engine)
         self.blobs = open_blob_store(config.media, self.engine)
+        self.redact = Redactor(config.secret_values())
         self.media = MediaService(config.media, vision=config.llm.vision, blobs=self.blobs,
                                   index=MediaIndex(self.engine, self.blobs), adapters=self.adapters,
                                   run_async=self._run_on_loop,
                                   reader=ContentReader(  # voice, audio, documents; originals into the workspace
                                       transcriber=build_transcriber(config.llm, config.secret),
                                       workspace=build_workspace(config) if config.tools.workspace != "off" else None,
-                                      max_tokens=config.media.document_max_tokens))
+                                      max_tokens=config.media.document_max_tokens, redact=self.redact))
         for adapter in adapters:  # channels that take uploads themselves (the web chat)
             if callable(getattr(adapter, "bind_blobs", None)):
                 adapter.bind_blobs(self.blobs, config.media)  # type: ignore[attr-defined]
         self.jobs = JobStore(self.engine)
         self.bridge = AsyncBridge()
         self.metrics = GatewayMetrics()
-        self.redact = Redactor(config.secret_values())
         self.mcp = McpClients(mcp_specs(config), self.bridge)
         self.tools = build_catalog(config, self.bridge)
         self.skills = SkillLibrary(config.skills.dirs()) if config.skills.enabled else None

@@ -271,7 +271,8 @@ class TurnRunner:
                     usable = True
                 text = self.redact(pending.message.text)  # a pasted secret never reaches the model
                 if self.memory is not None and pending is last:  # stored with it: replays render the same bytes
-                    meta = self.memory.annotate(meta, key=key, query=text, window=window)
+                    spoken = " ".join(w for ref in refs_of(meta) if (w := transcript_of(ref)))  # a voice note's words
+                    meta = self.memory.annotate(meta, key=key, query=text or spoken, window=window)
                 unwritten.append(NewMessage(pending_turn, "user", text,
                                             {"meta": meta, "platform_message_id": pending.message.message_id}))
                 window.append(StoredMessage(0, pending_turn, "user", text, None, None, None, meta))
