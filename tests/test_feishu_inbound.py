@@ -113,9 +113,9 @@ def test_command_after_mention() -> None:
 
 
 @pytest.mark.parametrize(("message_type", "content", "kind", "name"), [
-    ("audio", {"file_key": "file_a", "duration": 3000}, "audio", None),
+    ("audio", {"file_key": "file_a", "duration": 3000}, "voice", None),
     ("media", {"file_key": "file_v", "image_key": "img_v", "file_name": "clip.mp4"}, "video", "clip.mp4"),
-    ("sticker", {"file_key": "file_s"}, "image", None),
+    ("sticker", {"file_key": "file_s"}, "sticker", None),
 ])
 def test_media_types_become_attachments(message_type: str, content: dict, kind: str, name: str | None) -> None:
     result = to_inbound(_text_event("", chat_type="p2p", message_type=message_type, content=content), BOT)

@@ -182,6 +182,7 @@ async def test_a_model_that_refuses_images_gets_the_text_and_the_user_a_note(tmp
         fake_telegram.inject(photo_update(5560006, 61, [("dog-photo", 800, 600, 20_000)], caption="again?"))
         await wait_until(lambda: len(replies_to(fake_telegram, 5560006)) == 2, what="second reply")
         assert [r["status"] for r in fake_openai.requests] == [400, 200, 200]
+        assert "This model cannot see images" in replies_to(fake_telegram, 5560006)[-1].params["text"]
     finally:
         fake_openai.vision_models = None
 
@@ -218,3 +219,36 @@ async def test_a_session_with_50_images_loads_without_reading_a_blob(tmp_path, f
     assert gateway.blobs.reads - reads == 4
     assert "picture 0" in str(last)  # older pictures are still described in words
 
+
+
+async def test_forget_files_deletes_the_users_files_and_later_turns_say_so(tmp_path, fake_telegram, fake_openai,
+                                                                          running):
+    fake_openai.reset()
+    fake_openai.responder = lambda request: oa.text("seen")
+    fake_telegram.add_file("private-photo", jpeg(400, 300))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    fake_telegram.inject(photo_update(5560008, 70, [("private-photo", 400, 300, 9000)], caption="keep this?"))
+    await wait_until(lambda: len(replies_to(fake_telegram, 5560008)) == 1, what="the photo's reply")
+
+    def command(text: str, message_id: int) -> dict[str, Any]:
+        return {"message": {"message_id": message_id, "date": int(time.time()), "text": text,
+                            "entities": [{"type": "bot_command", "offset": 0, "length": len(text)}],
+                            "from": {"id": 5560008, "is_bot": False, "first_name": "Alice"},
+                            "chat": {"id": 5560008, "type": "private", "first_name": "Alice"}}}
+
+    fake_telegram.inject(command("/files", 71))
+    await wait_until(lambda: len(replies_to(fake_telegram, 5560008)) == 2, what="/files")
+    assert replies_to(fake_telegram, 5560008)[-1].params["text"].startswith("I keep 1 file you sent")
+    fake_telegram.inject(command("/forget_files", 72))
+    await wait_until(lambda: len(replies_to(fake_telegram, 5560008)) == 3, what="/forget_files")
+    assert replies_to(fake_telegram, 5560008)[-1].params["text"].startswith("Deleted 1 stored file you sent")
+    with gateway.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(AttachmentRow)).scalar() == 0
+    assert [p for p in (tmp_path / "media").rglob("*") if p.is_file()] == []
+
+    fake_telegram.inject({"message": {"message_id": 73, "date": int(time.time()), "text": "what was in it?",
+                                      "from": {"id": 5560008, "is_bot": False, "first_name": "Alice"},
+                                      "chat": {"id": 5560008, "type": "private", "first_name": "Alice"}}})
+    await wait_until(lambda: len(replies_to(fake_telegram, 5560008)) == 4, what="the next turn")
+    last = requests_of(fake_openai, "what was in it?")[-1]
+    assert oa.image_parts({"json": last}) == [] and "this image is no longer stored" in str(last)

@@ -29,6 +29,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 import lark_oapi as lark
 from aiohttp import web
@@ -54,9 +55,9 @@ from adapters.feishu.long_connection import LongConnection
 from adapters.feishu.token import TenantToken
 from adapters.feishu.wire import event_id_of, event_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.core.errors import CredentialRejected
+from gateway.core.errors import CredentialRejected, DownloadFailed, FileTooBig
 from gateway.core.ports import BeforePart, InboundSink, PartSent
-from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
 
 log = logging.getLogger("adapters.feishu")
 
@@ -65,6 +66,9 @@ TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 APP_SECRET_INVALID = 10014
 """Feishu auth/v3 tenant_access_token/internal: ``{"code": 10014, "msg": "app secret invalid"}``."""
 BOT_INFO_PATH = "/open-apis/bot/v3/info"
+RESOURCE_PATH = "/open-apis/im/v1/messages/{message_id}/resources/{key}"
+RESOURCE_LIMIT = 100_000_000
+"""Feishu "Get resources in a message": files up to 100 MB."""
 TOKEN_INVALID_CODES = frozenset({99991663, 99991661})
 """Feishu: tenant_access_token invalid/expired (99991663) or missing (99991661), with HTTP 400 or 200."""
 RATE_LIMIT_CODES = frozenset({99991400, 230020, 11232})
@@ -547,6 +551,47 @@ class FeishuAdapter:
             return DeliveryResult(False, ids, retryable=True, retry_after=retry_after, error=error)
         retryable = status is None or status >= 500 or response.code in TOKEN_INVALID_CODES
         return DeliveryResult(False, ids, retryable=retryable, error=error)
+
+    # -- files -------------------------------------------------------------------------------
+    def download_limit(self, attachment: Attachment) -> int | None:
+        """Feishu message resources: files up to 100 MB."""
+        return RESOURCE_LIMIT
+
+    async def download(self, message: InboundMessage, attachment: Attachment, max_bytes: int) -> tuple[bytes, str]:
+        """``GET /open-apis/im/v1/messages/{message_id}/resources/{file_key}?type=image|file`` with the
+        tenant token (the image API serves only images the bot uploaded itself, so users' images
+        come from their message): ``type=image`` for images in image and post messages, ``file``
+        for files, audio and video. An error answer is JSON ``{"code", "msg"}``.
+
+        Raises:
+            FileTooBig: above ``max_bytes``. DownloadFailed: Feishu refused it or did not answer.
+        """
+        limit = min(max_bytes, RESOURCE_LIMIT)
+        if attachment.size is not None and attachment.size > limit:
+            raise FileTooBig(attachment.size, limit, "Feishu" if limit == RESOURCE_LIMIT else "this gateway")
+        kind = "image" if attachment.kind in ("image", "sticker") else "file"
+        path = RESOURCE_PATH.format(message_id=quote(message.message_id, safe=""),
+                                    key=quote(attachment.file_id, safe=""))
+
+        def invoke(option: lark.RequestOption) -> Awaitable[Any]:
+            request = (lark.BaseRequest.builder().http_method(lark.HttpMethod.GET).uri(path)
+                       .queries([("type", kind)]).token_types({lark.AccessTokenType.TENANT}).build())
+            return self.client.arequest(request, option)
+
+        try:
+            response = await self._call(invoke)
+        except Exception as exc:  # lark raises plain exceptions for network failures
+            raise DownloadFailed(f"Feishu did not answer ({type(exc).__name__})", retryable=True) from None
+        raw = response.raw
+        content_type = str((raw.headers or {}).get("Content-Type") or (raw.headers or {}).get("content-type") or "")
+        if raw.status_code != 200 or content_type.startswith("application/json"):
+            data = self._json(response, "message resource")
+            raise DownloadFailed(f"Feishu did not hand over the file ({data.get('code')}: {data.get('msg')})",
+                                 retryable=raw.status_code >= 500)
+        body = bytes(raw.content or b"")
+        if len(body) > limit:
+            raise FileTooBig(len(body), limit, "this gateway")
+        return body, attachment.mime_type or content_type.split(";")[0] or "application/octet-stream"
 
     async def send_typing(self, address: ChatAddress) -> None:
         """Puts ``typing_emoji`` on the chat's newest stored message, once per message (Feishu open

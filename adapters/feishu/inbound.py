@@ -21,6 +21,7 @@ Attachments carry the resource key as ``file_id``; download it later with
 from __future__ import annotations
 
 import json
+import mimetypes
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -139,6 +140,11 @@ def flatten_post(content: Mapping[str, Any], by_key: Mapping[str, Mention], bot_
     return "\n".join(line for line in lines if line)
 
 
+def _seconds(ms: Any) -> float | None:
+    """Feishu durations are milliseconds."""
+    return ms / 1000 if isinstance(ms, int | float) and not isinstance(ms, bool) else None
+
+
 def _content_text(message_type: str, content: Mapping[str, Any], by_key: Mapping[str, Mention], bot_open_id: str,
                   attachments: list[Attachment]) -> str | None:
     """Text and attachments of one message; ``None`` for an unsupported type."""
@@ -150,16 +156,23 @@ def _content_text(message_type: str, content: Mapping[str, Any], by_key: Mapping
         attachments.append(Attachment("image", str(content.get("image_key") or "")))
         return ""
     if message_type == "file":
-        attachments.append(Attachment("document", str(content.get("file_key") or ""), content.get("file_name")))
+        name = content.get("file_name")
+        mime = mimetypes.guess_type(str(name))[0] if name else None
+        kind = "image" if mime in ("image/jpeg", "image/png", "image/gif", "image/webp") else "document"
+        attachments.append(Attachment(kind, str(content.get("file_key") or ""), name, mime))
         return ""
-    if message_type == "audio":
-        attachments.append(Attachment("audio", str(content.get("file_key") or "")))
+    if message_type == "audio":  # a voice message recorded in the client (Opus)
+        attachments.append(Attachment("voice", str(content.get("file_key") or ""), None, "audio/opus",
+                                      duration_s=_seconds(content.get("duration"))))
         return ""
-    if message_type == "media":
-        attachments.append(Attachment("video", str(content.get("file_key") or ""), content.get("file_name")))
+    if message_type == "media":  # a video, with its cover image
+        cover = content.get("image_key")
+        attachments.append(Attachment("video", str(content.get("file_key") or ""), content.get("file_name"),
+                                      "video/mp4", duration_s=_seconds(content.get("duration")),
+                                      thumbnail_id=str(cover) if cover else None))
         return ""
-    if message_type == "sticker":
-        attachments.append(Attachment("image", str(content.get("file_key") or ""), None, "image/sticker"))
+    if message_type == "sticker":  # Feishu's resource API does not serve stickers: described only
+        attachments.append(Attachment("sticker", str(content.get("file_key") or "")))
         return ""
     return None
 

@@ -34,6 +34,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
+from yarl import URL
 
 from adapters.slack.format import format_reply
 from adapters.slack.inbound import (
@@ -47,9 +48,9 @@ from adapters.slack.inbound import (
 )
 from adapters.slack.wire import envelope_problem, event_id_of, interaction_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.core.errors import CredentialRejected
-from gateway.core.ports import BeforePart, InboundSink, PartSent
-from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+from gateway.core.errors import CredentialRejected, DownloadFailed
+from gateway.core.ports import BeforePart, Fetch, InboundSink, PartSent
+from gateway.core.types import Attachment, ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
 
 log = logging.getLogger("adapters.slack")
 
@@ -203,6 +204,10 @@ class SlackAdapter:
         self.mode = mode
         self.client = AsyncWebClient(token=bot_token, base_url=api_url, timeout=timeout_s,
                                      logger=logging.getLogger("adapters.slack.sdk"))
+        self._bot_token = bot_token
+        api = URL(api_url)
+        self._api_origin = (api.scheme, api.host, api.port)
+        self._fetch: Fetch | None = None
         self._signing_secret = signing_secret or ""
         self._app_token = app_token
         self._allow_bots = allow_bots
@@ -454,6 +459,46 @@ class SlackAdapter:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return DeliveryResult(False, retryable=True, error=f"network: {type(exc).__name__}")
         return DeliveryResult(True, (ts,))
+
+    # -- files -------------------------------------------------------------------------------
+    def bind_fetch(self, fetch: Fetch) -> None:
+        """Where file URLs are downloaded (the gateway's guarded fetcher)."""
+        self._fetch = fetch
+
+    def download_limit(self, attachment: Attachment) -> int | None:
+        """Slack sets no download limit below the gateway's (uploads go up to 1 GB)."""
+        return None
+
+    def _token_host(self, url: URL) -> bool:
+        """Hosts that may see the bot token: Slack's own (``files.slack.com``) and the API origin
+        configured (``slack.api_url``)."""
+        host = (url.host or "").lower()
+        return (url.scheme, url.host, url.port) == self._api_origin or (
+            url.scheme == "https" and (host == "slack.com" or host.endswith(".slack.com")))
+
+    async def download(self, message: InboundMessage, attachment: Attachment, max_bytes: int) -> tuple[bytes, str]:
+        """``GET url_private_download`` with ``Authorization: Bearer <bot token>`` (Slack
+        "Downloading files"; needs the ``files:read`` scope). Without a valid token Slack answers
+        200 with its HTML sign-in page: an HTML body is refused, never passed on as the file.
+
+        Raises:
+            FileTooBig: longer than ``max_bytes``. DownloadFailed: no URL, a URL off Slack, the
+            sign-in page, an HTTP or network error.
+        """
+        if not attachment.url:
+            raise DownloadFailed("Slack gave no download address for the file")
+        if self._fetch is None:
+            raise DownloadFailed("file downloads are not set up")
+        url = URL(attachment.url)
+        if not self._token_host(url):
+            raise DownloadFailed("the file's address is not on Slack")
+        data, content_type = await self._fetch(str(url), headers={"Authorization": f"Bearer {self._bot_token}"},
+                                               max_bytes=max_bytes,
+                                               trusted=(url.scheme, url.host, url.port) == self._api_origin)
+        if content_type.startswith("text/html") and not (attachment.mime_type or "").startswith("text/html"):
+            raise DownloadFailed("Slack sent its sign-in page instead of the file (the app needs the "
+                                 "files:read scope; reinstall it after adding the scope)")
+        return data, attachment.mime_type or content_type
 
     async def send_typing(self, address: ChatAddress) -> None:
         """Adds ``typing_reaction`` once to the newest user message of ``address`` seen by this

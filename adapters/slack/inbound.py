@@ -66,12 +66,23 @@ def users_to_resolve(envelope: dict[str, Any], bot: BotIdentity) -> set[str]:
 
 
 def _attachment(file: dict[str, Any]) -> Attachment:
+    """A Slack file object (``files`` of a message event): ``url_private_download`` is where the
+    bytes are (it needs the bot token); a voice clip (``subtype: "slack_audio"``) is ``voice``; a
+    GIF is an ``animation``."""
     mime = str(file.get("mimetype") or "") or None
     major = (mime or "").split("/", 1)[0]
     kind = major if major in ("image", "audio", "video") else "document"
+    if mime == "image/gif":
+        kind = "animation"
+    if file.get("subtype") == "slack_audio" or file.get("media_display_type") == "audio":
+        kind = "voice"
     size = file.get("size")
+    url = file.get("url_private_download") or file.get("url_private")
+    width, height = file.get("original_w"), file.get("original_h")
     return Attachment(kind, str(file.get("id") or ""), file.get("name") or file.get("title"), mime,
-                      int(size) if isinstance(size, int) else None)
+                      int(size) if isinstance(size, int) else None, url=str(url) if url else None,
+                      width=width if isinstance(width, int) else None,
+                      height=height if isinstance(height, int) else None)
 
 
 def _unescape(text: str) -> str:

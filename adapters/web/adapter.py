@@ -29,6 +29,7 @@ import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 from aiohttp import web
 from itsdangerous import BadSignature, Signer
@@ -36,7 +37,8 @@ from itsdangerous import BadSignature, Signer
 from adapters.web.format import markdown_html, plain_html
 from adapters.web.inbound import TENANT, WebInputError, client_id_of, message_from_post
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.core.ports import BeforePart, ConversationReader, InboundSink, PartSent
+from gateway.core.errors import BlobMissing
+from gateway.core.ports import BeforePart, BlobStore, ConversationReader, InboundSink, PartSent
 from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
 
 log = logging.getLogger("adapters.web")
@@ -71,10 +73,25 @@ class WebAdapter:
 
     def __init__(self, *, secret: str, cookie_secure: bool = False) -> None:
         self._signer = Signer(secret, salt="gateway-web-user")
+        self._tickets = Signer(secret, salt="gateway-web-file")
+        self._blobs: BlobStore | None = None
+        self._upload_max = 20_000_000
         self._cookie_secure = cookie_secure
         self._sink: InboundSink | None = None
         self._reader: ConversationReader | None = None
         self._listeners: dict[str, set[asyncio.Queue[dict[str, Any] | None]]] = {}
+
+    def bind_blobs(self, blobs: BlobStore, media: Any) -> None:
+        """Where uploads are stored (the gateway's blob store) and their limit (``media.upload_max_mb``)."""
+        self._blobs = blobs
+        self._upload_max = int(media.upload_max_mb * 1_000_000)
+
+    def ticket(self, user_id: str, sha256: str) -> str:
+        """Proof that ``user_id`` may use blob ``sha256`` (they uploaded it, or it is in their chat)."""
+        return self._tickets.get_signature(f"{user_id}:{sha256}").decode()
+
+    def _ticket_ok(self, user_id: str, sha256: str, ticket: str) -> bool:
+        return self._tickets.verify_signature(f"{user_id}:{sha256}".encode(), header_bytes(ticket))
 
     def bind_conversations(self, reader: ConversationReader) -> None:
         """Gives the adapter the transcript reader its pages show (called by the gateway)."""
@@ -86,7 +103,8 @@ class WebAdapter:
                 web.get("/web/chat.css", self._static("chat.css", "text/css")),
                 web.get("/web/icon.svg", self._static("icon.svg", "image/svg+xml")),
                 web.get("/favicon.ico", self._favicon),
-                web.post("/web/messages", self._post), web.get("/web/events", self._events)]
+                web.post("/web/messages", self._post), web.get("/web/events", self._events),
+                web.post("/web/files", self._upload), web.get("/web/files/{sha256}", self._file)]
 
     def user_of(self, request: web.Request) -> str | None:
         """The browser's user id from its signed cookie, or ``None`` (no cookie, bad signature)."""
@@ -134,7 +152,7 @@ class WebAdapter:
         except (UnreadableBody, UnicodeDecodeError):
             return _error(400, "the request body is not JSON")
         try:
-            message = message_from_post(body, user_id)
+            message = message_from_post(body, user_id, check=self._ticket_ok)
         except WebInputError as exc:
             return _error(400, str(exc))
         try:
@@ -143,6 +161,65 @@ class WebAdapter:
             log.exception("web message from %s not stored", user_id)
             return _error(503, "the message was not stored; send it again")
         return web.json_response({"ok": True, "stored": stored})
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        """``POST /web/files``: the body is the file (``Content-Type`` its type, ``X-File-Name`` its
+        URL-encoded name), at most ``media.upload_max_mb``; answers ``{"ok", "file": {"sha256",
+        "ticket", "name", "mime_type", "size"}}`` for ``POST /web/messages``' ``files``. Stored in
+        the blob store at once; the message then goes through the same inbox as text."""
+        if request.headers.get("X-Requested-With") != REQUESTED_WITH:
+            return _error(403, f"X-Requested-With must be {REQUESTED_WITH!r} (send files from the chat page)")
+        user_id = self.user_of(request)
+        if user_id is None:
+            return _error(401, "no web identity: reload the page")
+        if self._blobs is None:
+            return _error(503, "file uploads are not available")
+        limit = self._upload_max
+        if request.content_length is not None and request.content_length > limit:
+            return _error(413, f"the file is too big ({request.content_length / 1e6:.1f} MB); "
+                               f"the web chat takes files up to {limit / 1e6:g} MB")
+        data = bytearray()
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            data += chunk
+            if len(data) > limit:
+                return _error(413, f"the file is too big; the web chat takes files up to {limit / 1e6:g} MB")
+        if not data:
+            return _error(400, "the file is empty")
+        mime = (request.content_type or "application/octet-stream").lower()
+        if mime in ("application/x-www-form-urlencoded", "multipart/form-data"):
+            mime = "application/octet-stream"
+        name = unquote(request.headers.get("X-File-Name", ""))[:255] or None
+        ref = await asyncio.to_thread(self._blobs.put, bytes(data), mime)
+        return web.json_response({"ok": True, "file": {"sha256": ref.sha256, "ticket": self.ticket(user_id, ref.sha256),
+                                                       "name": name, "mime_type": mime, "size": ref.size}})
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        """``GET /web/files/<sha256>?t=<ticket>``: a blob of this browser's conversation (an upload or
+        the rendition of an image in it), for inline images; anything else is 404."""
+        user_id = self.user_of(request)
+        sha = request.match_info["sha256"]
+        if user_id is None or self._blobs is None or not self._ticket_ok(user_id, sha, request.query.get("t", "")):
+            return _error(404, "no such file")
+        try:
+            data = await asyncio.to_thread(self._blobs.get, sha)
+        except BlobMissing:
+            return _error(404, "the file is no longer stored")
+        kind = _image_type(data)
+        return web.Response(body=data, content_type=kind or "application/octet-stream",
+                            headers={"Cache-Control": "private, max-age=86400", "X-Content-Type-Options": "nosniff",
+                                     "Content-Security-Policy": "default-src 'none'",
+                                     **({} if kind else {"Content-Disposition": "attachment"})})
+
+    def _files_of(self, user_id: str, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """What the page shows of a row's files: name, kind, size and, for images, a URL of the rendition."""
+        out = []
+        for ref in row.get("attachments") or ():
+            image = (ref.get("image") or {}).get("sha256")
+            entry = {"name": ref.get("name"), "kind": ref.get("kind"), "size": ref.get("size")}
+            if image:
+                entry["url"] = f"/web/files/{image}?t={quote(self.ticket(user_id, image))}"
+            out.append(entry)
+        return out
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         user_id = self.user_of(request)
@@ -179,7 +256,8 @@ class WebAdapter:
                         if row["platform"] == "web" and row["message_id"]:
                             row = {**row, "message_id": client_id_of(row["message_id"])}  # the page's id
                         html = markdown_html(row["text"]) if row["role"] == "assistant" else plain_html(row["text"])
-                        await _emit(response, {**row, "type": "row", "html": html, "session": session_id})
+                        await _emit(response, {**row, "type": "row", "html": html, "session": session_id,
+                                               "attachments": self._files_of(user_id, row)})
                         after = max(after, row["id"])
                         if row["role"] == "assistant":
                             answered.append(row["text"].strip())
@@ -264,6 +342,19 @@ class WebAdapter:
 
 async def _emit(response: web.StreamResponse, event: dict[str, Any]) -> None:
     await response.write(f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode())
+
+
+def _image_type(data: bytes) -> str | None:
+    """The image type of ``data`` by its magic number (only images are shown inline)."""
+    if data[:3] == b"\xff\xd8\xff":
+        return "image/jpeg"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "image/png"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    return None
 
 
 def _error(status: int, text: str) -> web.Response:

@@ -39,7 +39,9 @@ from gateway.delivery.typing import TypingIndicators
 from gateway.inbound.access import admin_pages_on, is_admin
 from gateway.inbound.receive import Inbound
 from gateway.inbound.receivers import hold_receiver
+from gateway.media.commands import MediaCommands
 from gateway.media.contents import ContentReader
+from gateway.media.fetch import GuardedFetch
 from gateway.media.index import MediaIndex
 from gateway.media.service import MediaService
 from gateway.media.store import open_blob_store
@@ -71,6 +73,7 @@ from gateway.tools.catalog import build_catalog, build_workspace, expand_toolset
 log = logging.getLogger("gateway")
 T = TypeVar("T")
 
+MEDIA_EXPIRY_INTERVAL_S = 3600.0
 SEND_GRACE_S = 5.0
 """A send still in flight at the stop deadline gets this long to finish (a send cut mid-call is
 recorded ``unconfirmed`` and never repeated, so it may be lost)."""
@@ -112,6 +115,8 @@ class Gateway:
         for adapter in adapters:  # channels that take uploads themselves (the web chat)
             if callable(getattr(adapter, "bind_blobs", None)):
                 adapter.bind_blobs(self.blobs, config.media)  # type: ignore[attr-defined]
+            if callable(getattr(adapter, "bind_fetch", None)):  # adapters handed file URLs (Slack)
+                adapter.bind_fetch(GuardedFetch())  # type: ignore[attr-defined]
         self.jobs = JobStore(self.engine)
         self.bridge = AsyncBridge()
         self.metrics = GatewayMetrics()
@@ -204,7 +209,8 @@ class Gateway:
             )
         self.runner.job_commands = first_answer(
             [JobCommands(jobs=self.jobs, planner=self.planner, service=self.pushes).handle]
-            + ([MemoryCommands(self.memory).handle] if self.memory is not None else []))
+            + ([MemoryCommands(self.memory).handle] if self.memory is not None else [])
+            + [MediaCommands(self.media.index, self.directory, config.media.retention_days).handle])
         self.bus = SessionBus(
             store=self.store, run_turn=timed(self.metrics, self.runner.run), workers=self._workers,
             instance_id=self.instance_id,
@@ -218,6 +224,7 @@ class Gateway:
                                run_db=self.run_db, model_name=lambda: self.agent_spec.model,
                                wake_delivery=self.delivery.wake)
         self._receivers: list[asyncio.Task[None]] = []
+        self._media_expiry: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.started = False
@@ -251,6 +258,18 @@ class Gateway:
             future.cancel()
             raise TimeoutError(f"no result within {timeout:g} s") from None
 
+    async def _expire_media(self, older_than_s: float) -> None:
+        """Deletes files past ``media.retention_days`` at start and every hour (every instance may:
+        a second deletion finds nothing)."""
+        while True:
+            try:
+                gone = await self.run_db(self.media.index.expire, older_than_s)
+                if gone.files:
+                    log.info("media retention: deleted %d file use(s), %d blob(s)", gone.files, gone.blobs)
+            except Exception:
+                log.exception("media retention sweep failed; trying again in an hour")
+            await asyncio.sleep(MEDIA_EXPIRY_INTERVAL_S)
+
     def _wake_delivery(self) -> None:
         """Thread-safe ``delivery.wake`` (worker threads queue approval prompts)."""
         if self._loop is not None:
@@ -281,6 +300,8 @@ class Gateway:
             self.runner.spec = self.agent_spec
         self.streams.bind(asyncio.get_running_loop())
         await self.bus.start()
+        if self.config.media.retention_days:
+            self._media_expiry = asyncio.create_task(self._expire_media(self.config.media.retention_days * 86400))
         await self.delivery.start()
         if self.pushes is not None:
             await self.pushes.start()
@@ -354,6 +375,8 @@ class Gateway:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._media_expiry is not None:
+            self._media_expiry.cancel()
         await self.bus.stop()
         finished = not self.unfinished_turns
         # Turns the deadline cut keep their threads; ``gateway run`` exits without waiting for them.

@@ -265,6 +265,8 @@ class TurnRunner:
                                                     owner_user_id=pending.user_id, turn_id=pending_turn)
                     meta["attachments"] = [ref.to_dict() for ref in intake.refs]
                     notes += intake.notes
+                    if intake.images and not self.media.sees_images(self.spec.model):
+                        notes.append(NO_VISION_NOTE)  # llm.vision off, or the endpoint refused images before
                     usable = usable or intake.usable
                     read += intake.read
                 else:

@@ -108,7 +108,8 @@ class ConversationReader(Protocol):
         message) and its user and assistant messages with id > ``after_id``, oldest first, at most
         ``limit``. Each entry: ``id`` (int), ``role`` (``user`` | ``assistant``), ``text`` (markdown
         as written), ``platform`` (where the turn came from, or ``None``), ``message_id`` (the platform's id
-        of a user message, else ``None``), ``created_at`` (epoch s)."""
+        of a user message, else ``None``), ``created_at`` (epoch s), ``attachments`` (the row's stored
+        file references, ``gateway.core.types.MediaRef`` dicts; never bytes)."""
         ...
 
 
@@ -148,3 +149,22 @@ class MediaAdapter(Protocol):
 def can_download(adapter: object) -> bool:
     """Whether ``adapter`` has the optional ``download`` capability."""
     return callable(getattr(adapter, "download", None))
+
+
+class Fetch(Protocol):
+    """Downloads a file URL a platform handed over (``gateway.media.fetch.GuardedFetch``), for
+    adapters that receive a URL instead of calling an SDK (Slack ``url_private_download``)."""
+
+    async def __call__(self, url: str, *, headers: dict[str, str], max_bytes: int,
+                       trusted: bool) -> tuple[bytes, str]:
+        """``(body, content type)`` of ``GET url``.
+
+        ``trusted``: ``url`` is on the platform API host the operator configured (connected to
+        as it is); otherwise every hop is checked by the outbound address guard. Redirects to
+        another origin are always checked and lose ``Authorization``.
+
+        Raises:
+            gateway.core.errors.FileTooBig: the body is longer than ``max_bytes``.
+            gateway.core.errors.DownloadFailed: refused address, HTTP error, network failure.
+        """
+        ...

@@ -142,3 +142,9 @@ def _encode(image: Image.Image, max_side: int, max_bytes: int) -> Rendition:
         if side <= 256:
             raise MediaError("the image could not be made small enough for the model")
         side = int(side * 0.75)
+
+
+def thumbnail(data: bytes, side: int = 256) -> Rendition:
+    """A small preview of an image (admin transcript): the longest side ``side`` pixels, JPEG (PNG
+    with transparency). Raises ``MediaError`` like ``prepare_image``."""
+    return prepare_image(data, side, 200_000)

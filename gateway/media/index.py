@@ -38,7 +38,8 @@ class Use:
 
 @dataclass(frozen=True, slots=True)
 class Forgotten:
-    """What a deletion removed: ``files`` uses (attachment rows), ``blobs`` deleted, their ``bytes``."""
+    """What a deletion removed: ``files`` (the files as sent, renditions not counted), ``blobs``
+    deleted (renditions included), their ``bytes``."""
 
     files: int
     blobs: int
@@ -100,7 +101,7 @@ class MediaIndex:
     @retry_locked
     def _delete_rows(self, where: Any) -> tuple[int, list[str], int]:
         with write_tx(self.engine) as conn:
-            found = conn.execute(select(_rows.c.sha256, _rows.c.size).where(where)).all()
+            found = conn.execute(select(_rows.c.sha256, _rows.c.size, _rows.c.role).where(where)).all()
             if not found:
                 return 0, [], 0
             conn.execute(delete(_rows).where(where))
@@ -108,7 +109,7 @@ class MediaIndex:
             still = {r[0] for r in conn.execute(select(_rows.c.sha256).where(_rows.c.sha256.in_(shas)).distinct())}
         gone = [s for s in shas if s not in still]
         sizes = {r.sha256: int(r.size) for r in found}
-        return len(found), gone, sum(sizes[s] for s in gone)
+        return sum(1 for r in found if r.role != "rendition"), gone, sum(sizes[s] for s in gone)
 
     def _forget(self, where: Any) -> Forgotten:
         files, unreferenced, size = self._delete_rows(where)

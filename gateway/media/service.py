@@ -56,7 +56,11 @@ RunAsync = Callable[[Coroutine[Any, Any, Any], float], Any]
 DOWNLOAD_TIMEOUT_S = 120.0
 PICTURE_KINDS = frozenset({"image", "sticker", "animation"})
 _DECODABLE = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp", "image/bmp", "image/tiff"})
-UNSUPPORTED_IMAGES = re.compile(r"image|vision|multi-?modal|content type|content part", re.IGNORECASE)
+UNSUPPORTED_IMAGES = re.compile(
+    r"image_url is only supported|only supported by certain models|invalid content type|not (a )?multi-?modal"
+    r"|(does not|doesn't|do not|cannot|can't) (support|accept|process|handle) (image|vision|multi)"
+    r"|(image|vision|multimodal)[a-z ]{0,20} (is|are) not (supported|enabled|available)|unsupported content"
+    r"|no vision", re.IGNORECASE)
 """What a 4xx answer says when the model takes no images (OpenAI: "Invalid content type. image_url
 is only supported by certain models."; vLLM/llama.cpp/Ollama: "... is not a multimodal model",
 "image input is not supported")."""
@@ -147,8 +151,6 @@ class MediaService:
             self.index.record(uses, session_id=session_id, owner_user_id=owner_user_id, turn_id=turn_id)
         intake.usable = bool(message.text.strip()) or any(r.note is None for r in intake.refs) \
             or message.command is not None
-        if intake.images and not self.sees_images():
-            intake.notes.append(NO_VISION_NOTE)
         return intake
 
     def _one(self, message: InboundMessage, attachment: Attachment, uses: list[Use], session_id: str,

@@ -35,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--turn", help="only this turn (e.g. in42)")
     export.add_argument("--all", action="store_true", help="every turn, not only the failed ones")
     export.add_argument("--out", help="write to this file (default: stdout)")
+    remove = session_actions.add_parser("delete", help="delete a session: its transcript, summaries and files")
+    remove.add_argument("id", help="the session id (or its first characters, as /sessions shows)")
 
 
 def run_skills_command(config: GatewayConfig, args: argparse.Namespace) -> int:
@@ -216,7 +218,8 @@ def _rate(results: list) -> str:
 
 
 def run_sessions_command(config: GatewayConfig, args: argparse.Namespace) -> int:
-    """``gateway sessions export ID --as-eval``: writes the eval file; returns the exit status."""
+    """``gateway sessions export ID --as-eval`` (writes the eval file) or ``gateway sessions delete ID``
+    (the session with its transcript and files); returns the exit status."""
     from gateway.skills.eval_export import FILL_IN, export_cases
     from gateway.skills.sessions_export import find_sessions
     from gateway.store.db import create_db_engine, upgrade
@@ -230,6 +233,14 @@ def run_sessions_command(config: GatewayConfig, args: argparse.Namespace) -> int
             print(f"no session {args.id!r}" if not found else f"{args.id!r} matches {len(found)} sessions; "
                   "give more of the id", file=sys.stderr)
             return 1
+        if args.action == "delete":
+            from gateway.media.index import MediaIndex
+            from gateway.media.store import open_blob_store
+
+            Store(engine).delete_session(found[0])
+            gone = MediaIndex(engine, open_blob_store(config.media, engine)).forget_session(found[0])
+            print(f"deleted session {found[0]} and {gone.files} stored file(s)")
+            return 0
         transcript = Store(engine).transcript(found[0])
     finally:
         engine.dispose()

@@ -463,6 +463,18 @@ class Store:
         rows = conn.execute(q.WINDOW, {"b_session": session_id, "b_after": after_id, "b_limit": limit}).all()
         return [StoredMessage(*row) for row in reversed(rows)]
 
+    @retry_locked
+    def delete_session(self, session_id: str) -> bool:
+        """Deletes a session: its transcript, summaries, chat addresses and row; a lane whose current
+        session it was starts a fresh one with its next message. Its files are deleted by the
+        caller (``gateway.media.index.MediaIndex.forget_session``). Returns whether it existed."""
+        with write_tx(self.engine) as conn:
+            conn.execute(delete(_messages).where(_messages.c.session_id == session_id))
+            conn.execute(delete(_summaries).where(_summaries.c.session_id == session_id))
+            conn.execute(delete(_addresses).where(_addresses.c.session_id == session_id))
+            conn.execute(update(_lanes).where(_lanes.c.session_id == session_id).values(session_id=None))
+            return bool(conn.execute(delete(_sessions).where(_sessions.c.id == session_id)).rowcount)
+
     def transcript(self, session_id: str) -> list[StoredMessage]:
         """The whole transcript, oldest first (for tests and admin views, not the hot path)."""
         return self.load_window(session_id, 1_000_000)

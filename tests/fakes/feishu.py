@@ -208,6 +208,7 @@ class FakeFeishu(ThreadedServer):
         self.token_ttl = 7200
         self.invalid_token_status = 400
         self.resources: dict[str, bytes] = {}
+        self._resource_of: dict[str, tuple[str, str]] = {}  # key -> (message id, type)
         self.users: dict[str, str] = {"ou_fakealice00000000000000000000001": "Alice",
                                       "ou_fakebob000000000000000000000001": "Bob"}
         self.event_deliveries: list[tuple[int, float]] = []
@@ -717,13 +718,41 @@ class FakeFeishu(ThreadedServer):
             raise ApiError(400, 231003, "The reaction does not exist")
         return {"reaction_id": reaction["reaction_id"], "reaction_type": {"emoji_type": reaction["emoji_type"]}}
 
+    def add_resource(self, message_id: str, key: str, data: bytes, kind: str = "image") -> str:
+        """Makes ``data`` the resource ``key`` (an ``image_key`` or ``file_key``) of the user's message
+        ``message_id``; ``kind`` is the ``type`` it must be fetched with (``image`` | ``file``)."""
+        self.resources[key] = data
+        self._resource_of[key] = (message_id, kind)
+        return key
+
     async def _resource(self, request: web.Request) -> web.StreamResponse:
-        data = self.resources.get(request.match_info["key"])
-        self._record(Call(time.monotonic(), "resource", "GET", request.path, dict(request.query), None,
-                          code=0 if data is not None else 234003))
-        if data is None:
-            return ApiError(400, 234003, "File not in msg.").response()
-        return web.Response(body=data, content_type="application/octet-stream")
+        """``GET /open-apis/im/v1/messages/{message_id}/resources/{file_key}?type=image|file``: the
+        tenant token is required; ``type`` must be ``image`` for images and ``file`` for files,
+        audio and video (else 234001 "Invalid request param."); a key not in that message is
+        234003 "File not in msg."; the body is the file (``Content-Type`` as Feishu serves it)."""
+        auth = request.headers.get("Authorization", "")
+        token = auth[7:] if auth.startswith("Bearer ") else ""
+        key, message_id = request.match_info["key"], request.match_info["message_id"]
+        call = Call(time.monotonic(), "resource", "GET", request.path, dict(request.query), None, token=token)
+        with self._lock:
+            expiry = self._tokens.get(token)
+        data = self.resources.get(key)
+        owner, kind = self._resource_of.get(key, (message_id, "image" if key.startswith("img_") else "file"))
+        error: ApiError | None = None
+        if expiry is None or expiry < time.time():
+            error = ApiError(self.invalid_token_status, INVALID_TOKEN,
+                             "Invalid access token for authorization. Please make a request with token attached.")
+        elif request.query.get("type") not in ("image", "file") or request.query.get("type") != kind:
+            error = ApiError(400, 234001, "Invalid request param.")
+        elif data is None or owner != message_id:
+            error = ApiError(400, 234003, "File not in msg.")
+        call.code = error.code if error else 0
+        self._record(call)
+        if error is not None:
+            return error.response()
+        content_type = "image/png" if data.startswith(b"\x89PNG") else "image/jpeg" if data.startswith(b"\xff\xd8") \
+            else "application/octet-stream"
+        return web.Response(body=data, content_type=content_type)
 
 
 async def _interactive(fake: FakeFeishu, events_url: str, encrypt: bool) -> None:

@@ -301,6 +301,8 @@ def validate_chat_request(body: Any) -> None:
 IMAGE_FORMATS = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff", "image/gif": b"GIF8",
                  "image/webp": b"RIFF"}
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
+MAX_REQUEST_BYTES = 50 * 1024 * 1024
+"""Largest request body taken (OpenAI: images up to 50 MB in total per request); larger ones get 413."""
 """OpenAI "Images and vision": PNG, JPEG, WEBP, non-animated GIF; up to 20 MB per image."""
 _DATA_URL = re.compile(r"data:([^;,]*);base64,(.*)", re.DOTALL)
 
@@ -585,7 +587,7 @@ class FakeOpenAI(ThreadedServer):
     # ---- HTTP
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)  # the endpoints answer their own limits
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/embeddings", self._embeddings)

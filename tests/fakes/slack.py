@@ -125,6 +125,12 @@ class FakeSlack(ThreadedServer):
                  users: dict[str, str] | None = None, port: int = 0) -> None:
         super().__init__(port)
         self.bot_token, self.app_token, self.signing_secret = bot_token, app_token, signing_secret
+        self.hosted_files: dict[str, bytes] = {}
+        """Users' uploads served on their private URLs (``add_file``)."""
+        self.files_read_scope = True
+        """Whether the bot token has ``files:read``; without it private file URLs answer the sign-in page."""
+        self.file_requests: list[JSON] = []
+        """Requests to private file URLs: ``{"path", "authorization"}``."""
         self.team_id, self.bot_user_id, self.bot_id, self.api_app_id = team_id, bot_user_id, bot_id, api_app_id
         self.users = dict(users or {"U0ALICE001": "Alice", "U0BOB00001": "Bob"})
         self.channels: dict[str, dict[str, JSON]] = {}  # channel -> ts -> message
@@ -323,7 +329,32 @@ class FakeSlack(ThreadedServer):
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._handle_method)
         app.router.add_get("/link", self._handle_socket)
+        app.router.add_get("/files-pri/{team_file}/{rest:.+}", self._handle_file)
         return app
+
+    SIGN_IN_PAGE = ("<!DOCTYPE html><html lang=\"en-US\"><head><meta charset=\"utf-8\"><title>Slack</title></head>"
+                    "<body><h1>Sign in to your workspace</h1><form action=\"/signin\"></form></body></html>")
+
+    def add_file(self, file_id: str, data: bytes, mimetype: str, name: str) -> JSON:
+        """Hosts ``data`` as a user's upload and returns its Slack file object (``files`` of a
+        message event): ``url_private`` / ``url_private_download`` on ``/files-pri/<team>-<id>/``."""
+        self.hosted_files[file_id] = data
+        base = f"{self.url}/files-pri/{self.team_id}-{file_id}"
+        return {"id": file_id, "created": int(time.time()), "name": name, "title": name, "mimetype": mimetype,
+                "filetype": name.rsplit(".", 1)[-1], "size": len(data), "mode": "hosted", "is_external": False,
+                "url_private": f"{base}/{name}", "url_private_download": f"{base}/download/{name}"}
+
+    async def _handle_file(self, request: web.Request) -> web.StreamResponse:
+        """A private file URL (Slack "Downloading files": ``url_private``/``url_private_download``
+        need ``Authorization: Bearer <token>``). Without a valid token Slack does not answer 401 but
+        200 with its HTML sign-in page."""
+        self.file_requests.append({"path": request.path, "authorization": request.headers.get("Authorization")})
+        header = request.headers.get("Authorization", "")
+        file_id = request.match_info["team_file"].removeprefix(f"{self.team_id}-")
+        data = self.hosted_files.get(file_id)
+        if header != f"Bearer {self.bot_token}" or data is None or not self.files_read_scope:
+            return web.Response(text=self.SIGN_IN_PAGE, content_type="text/html", charset="utf-8")
+        return web.Response(body=data, content_type="application/octet-stream")
 
     def remember(self, event: JSON) -> None:
         """Remembers an event's channel and (user) message, as Slack knows what users posted, so
