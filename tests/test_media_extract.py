@@ -159,6 +159,8 @@ def test_other_types_are_not_read_and_not_called_a_problem():
 
 def test_the_bytes_decide_over_the_name():
     assert sniff(samples.pdf(["x"]), "notes.txt", "text/plain") == "pdf"
+    assert sniff(b"How to spot a PDF: it starts with %PDF-1.7\n", "notes.txt") == "text"
+    assert sniff(b"junk before the header\n%PDF-1.4\n...", "scan.pdf") == "pdf"
     assert sniff(samples.docx(["x"]), "file.bin") == "docx"
     assert sniff(samples.xlsx({"S": [[1]]}), None, "application/octet-stream") == "xlsx"
 

@@ -139,9 +139,9 @@ def sniff(data: bytes, name: str | None = None, mime: str | None = None) -> str:
     """
     ext = extension(name)
     mime = (mime or "").split(";", 1)[0].strip().lower()
-    head = data[:1024]
-    if b"%PDF-" in head:
-        return "pdf"
+    named_pdf = ext == "pdf" or mime == "application/pdf"
+    if data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"%PDF-") or (named_pdf and b"%PDF-" in data[:1024]):
+        return "pdf"  # PDF 1.7 7.5.2: the header may follow other bytes within the first 1024
     if data.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as archive:
@@ -155,7 +155,7 @@ def sniff(data: bytes, name: str | None = None, mime: str | None = None) -> str:
         return "other"
     if data.startswith(_OLE):
         return ext if ext in ("docx", "xlsx") else "other"
-    if ext == "pdf" or mime == "application/pdf":
+    if named_pdf:
         return "pdf"  # named a PDF but without the header: the reader says it is damaged
     if ext in ("docx", "xlsx"):
         return ext
