@@ -4,6 +4,7 @@ OpenAI validates image content parts as the real API does."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import time
 from typing import Any
@@ -252,3 +253,28 @@ async def test_forget_files_deletes_the_users_files_and_later_turns_say_so(tmp_p
     await wait_until(lambda: len(replies_to(fake_telegram, 5560008)) == 4, what="the next turn")
     last = requests_of(fake_openai, "what was in it?")[-1]
     assert oa.image_parts({"json": last}) == [] and "this image is no longer stored" in str(last)
+
+
+async def test_deleting_a_session_deletes_its_files(tmp_path, fake_telegram, fake_openai, running, monkeypatch,
+                                                    capsys):
+    from gateway.app.cli import main
+
+    fake_openai.reset()
+    fake_openai.responder = lambda request: oa.text("ok")
+    fake_telegram.add_file("session-photo", jpeg(300, 200))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    fake_telegram.inject(photo_update(5560009, 80, [("session-photo", 300, 200, 5000)], caption="hold this"))
+    await wait_until(lambda: len(replies_to(fake_telegram, 5560009)) == 1, what="the reply")
+    with gateway.engine.connect() as conn:
+        session_id = conn.execute(select(MessageRow.session_id).where(MessageRow.role == "user")).scalar()
+    assert [p for p in (tmp_path / "media").rglob("*") if p.is_file()]
+
+    monkeypatch.setenv("GATEWAY__DATABASE__URL", f"sqlite:///{tmp_path / 'gateway.db'}")
+    monkeypatch.setenv("GATEWAY__MEDIA__DIRECTORY", str(tmp_path / "media"))
+    assert await asyncio.to_thread(main, ["sessions", "delete", session_id[:10]]) == 0
+    assert "deleted 1 stored file(s)" in capsys.readouterr().out
+    with gateway.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(MessageRow)
+                            .where(MessageRow.session_id == session_id)).scalar() == 0
+        assert conn.execute(select(func.count()).select_from(AttachmentRow)).scalar() == 0
+    assert [p for p in (tmp_path / "media").rglob("*") if p.is_file()] == []

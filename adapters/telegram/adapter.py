@@ -92,6 +92,8 @@ class TelegramAdapter:
         menu: the native command menus per audience (``CommandMenu``; default: help and stop).
         max_download_bytes: the largest file ``getFile`` serves (cloud Bot API: 20 MB; a local
             Bot API server: 2,000 MB).
+        local_mode: ``base_url`` is a local Bot API server run with ``--local`` (PTB reads files
+            from the path ``getFile`` returns).
     """
 
     platform = "telegram"
@@ -99,7 +101,8 @@ class TelegramAdapter:
 
     def __init__(self, *, token: str, base_url: str = "https://api.telegram.org", mode: str = "polling",
                  webhook_secret: str | None = None, webhook_url: str | None = None, poll_timeout_s: int = 30,
-                 menu: CommandMenu | None = None, max_download_bytes: int = CLOUD_DOWNLOAD_LIMIT) -> None:
+                 menu: CommandMenu | None = None, max_download_bytes: int = CLOUD_DOWNLOAD_LIMIT,
+                 local_mode: bool = False) -> None:
         root = base_url.rstrip("/")
         self.max_download_bytes = max_download_bytes
         self.bot = Bot(
@@ -108,6 +111,7 @@ class TelegramAdapter:
             base_file_url=f"{root}/file/bot",
             request=AiohttpRequest(connection_limit=32, read_timeout=15.0),
             get_updates_request=AiohttpRequest(connection_limit=2),
+            local_mode=local_mode,
         )
         self.mode = mode
         self._webhook_secret = webhook_secret

@@ -26,7 +26,7 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
         adapters.append(TelegramAdapter(token=token, base_url=tg.base_url, mode=tg.mode, webhook_secret=secret,
                                         webhook_url=tg.webhook_url, poll_timeout_s=tg.poll_timeout_s,
                                         menu=_telegram_menu(config),
-                                        max_download_bytes=int(tg.max_download_mb * 1_000_000)))
+                                        max_download_bytes=tg.download_limit_bytes(), local_mode=tg.local_mode))
     if config.slack.enabled:
         from adapters.slack.adapter import SlackAdapter
 

@@ -35,7 +35,7 @@ from gateway.core.window import WindowPolicy
 from gateway.delivery.progress import PlanMessage, plan_key, resumed_state
 from gateway.delivery.streaming import StreamHub
 from gateway.media.contents import transcript_of
-from gateway.media.render import refs_of
+from gateway.media.render import has_images, refs_of
 from gateway.media.service import NO_VISION_NOTE, note_line
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.telemetry import span as traced
@@ -323,8 +323,9 @@ class TurnRunner:
         history = projection.history
         model = agent.model
         if self.media is not None:
-            with traced("read_images"):
-                history = self.media.resolve(history)  # reads the blobs of the images sent, and only those
+            if has_images(history):
+                with traced("read_images"):
+                    history = self.media.resolve(history)  # reads the blobs of the images sent, and only those
             model = self.media.model(agent.model)
         stream = None
         if self.streams is not None:

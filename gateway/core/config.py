@@ -370,9 +370,17 @@ class TelegramConfig(_Section):
     """Public URL Telegram posts to (webhook mode); ``None`` leaves the webhook as set elsewhere."""
     webhook_secret_env: str = "TELEGRAM_WEBHOOK_SECRET"
     poll_timeout_s: int = 30
-    max_download_mb: float = 20.0
-    """Largest file the Bot API lets the bot download (``getFile``): 20 MB on Telegram's cloud API;
-    set 2000 with a local Bot API server (``base_url``)."""
+    max_download_mb: float | None = None
+    """Largest file the Bot API lets the bot download (``getFile``); default 20 MB (Telegram's cloud
+    API), 2000 MB with ``local_mode``."""
+    local_mode: bool = False
+    """``base_url`` is a local Bot API server started with ``--local``: files up to 2000 MB, read
+    from the path ``getFile`` returns (the gateway must see that server's files directory)."""
+
+    def download_limit_bytes(self) -> int:
+        """``max_download_mb`` in bytes, or the Bot API's limit for the mode."""
+        mb = self.max_download_mb if self.max_download_mb is not None else (2000.0 if self.local_mode else 20.0)
+        return int(mb * 1_000_000)
 
 
 class SlackConfig(_Section):

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+from sqlalchemy import Engine
 
 from agent.skills import SkillLibrary, parse_skill, problems
 from agent.skills.skill import NAME_RULE, SKILL_FILE, SkillError
@@ -217,9 +220,11 @@ def _rate(results: list) -> str:
     return f"{passed}/{len(results)} passed ({100 * passed / len(results):.0f}%)" if results else "no runs"
 
 
-def run_sessions_command(config: GatewayConfig, args: argparse.Namespace) -> int:
+def run_sessions_command(config: GatewayConfig, args: argparse.Namespace,
+                         on_delete: Callable[[Engine, str], None] | None = None) -> int:
     """``gateway sessions export ID --as-eval`` (writes the eval file) or ``gateway sessions delete ID``
-    (the session with its transcript and files); returns the exit status."""
+    (the session with its transcript; ``on_delete(engine, session_id)`` then deletes what other
+    capabilities keep of it: its files); returns the exit status."""
     from gateway.skills.eval_export import FILL_IN, export_cases
     from gateway.skills.sessions_export import find_sessions
     from gateway.store.db import create_db_engine, upgrade
@@ -233,13 +238,11 @@ def run_sessions_command(config: GatewayConfig, args: argparse.Namespace) -> int
             print(f"no session {args.id!r}" if not found else f"{args.id!r} matches {len(found)} sessions; "
                   "give more of the id", file=sys.stderr)
             return 1
-        if args.action == "delete":
-            from gateway.media.index import MediaIndex
-            from gateway.media.store import open_blob_store
-
+        if args.action == "delete":  # the files go too: gateway.app.cli passes the media cleanup in
             Store(engine).delete_session(found[0])
-            gone = MediaIndex(engine, open_blob_store(config.media, engine)).forget_session(found[0])
-            print(f"deleted session {found[0]} and {gone.files} stored file(s)")
+            if on_delete is not None:
+                on_delete(engine, found[0])
+            print(f"deleted session {found[0]}")
             return 0
         transcript = Store(engine).transcript(found[0])
     finally:
