@@ -45,10 +45,12 @@ from gateway.inbound.access import admin_pages_on, is_admin
 from gateway.inbound.receive import Inbound
 from gateway.inbound.receivers import hold_receiver
 from gateway.media.commands import MediaCommands
+from gateway.media.contents import ContentReader
 from gateway.media.fetch import GuardedFetch
 from gateway.media.index import MediaIndex
 from gateway.media.service import MediaService
 from gateway.media.store import open_blob_store
+from gateway.media.transcribe import build_transcriber
 from gateway.memory.build import build_memory
 from gateway.memory.commands import MemoryCommands
 from gateway.memory.store import move_user_entries
@@ -112,9 +114,14 @@ class Gateway:
                 adapter.bind_chat_left(self._chat_left)  # type: ignore[attr-defined]
         self.store = Store(self.engine)
         self.blobs = open_blob_store(config.media, self.engine)
+        self.redact = Redactor(config.secret_values())
         self.media = MediaService(config.media, vision=config.llm.vision, blobs=self.blobs,
                                   index=MediaIndex(self.engine, self.blobs), adapters=self.adapters,
-                                  run_async=self._run_on_loop)
+                                  run_async=self._run_on_loop,
+                                  reader=ContentReader(  # voice, audio, documents; originals into the workspace
+                                      transcriber=build_transcriber(config.llm, config.secret),
+                                      workspace=build_workspace(config) if config.tools.workspace != "off" else None,
+                                      max_tokens=config.media.document_max_tokens, redact=self.redact))
         for adapter in adapters:  # channels that take uploads themselves (the web chat)
             if callable(getattr(adapter, "bind_blobs", None)):
                 adapter.bind_blobs(self.blobs, config.media)  # type: ignore[attr-defined]
@@ -123,7 +130,6 @@ class Gateway:
         self.jobs = JobStore(self.engine)
         self.bridge = AsyncBridge()
         self.metrics = GatewayMetrics()
-        self.redact = Redactor(config.secret_values())
         self.mcp = McpClients(mcp_specs(config), self.bridge)
         self.tools = build_catalog(config, self.bridge)
         self.skills = SkillLibrary(config.skills.dirs()) if config.skills.enabled else None

@@ -37,8 +37,9 @@ from gateway.core.window import WindowPolicy
 from gateway.delivery.files import OutboxFiles, transcript_refs
 from gateway.delivery.progress import PlanMessage, plan_key, resumed_state
 from gateway.delivery.streaming import StreamHub
-from gateway.media.render import has_images
-from gateway.media.service import NO_VISION_NOTE
+from gateway.media.contents import transcript_of
+from gateway.media.render import has_images, refs_of
+from gateway.media.service import NO_VISION_NOTE, note_line
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.telemetry import span as traced
 from gateway.sessions.commands import LANE_COMMANDS, CommandContext, CommandHandler, Commands
@@ -279,6 +280,7 @@ class TurnRunner:
         present = {(m.turn_id, m.role) for m in window}
         notes: list[str] = []  # what the user is told about their files (too big, unreadable ...)
         usable = False
+        read = 0  # files whose contents were read (transcribed, extracted) in this run
         for pending in batch:
             pending_turn = f"in{pending.inbox_id}"
             if (pending_turn, "user") not in present:
@@ -295,17 +297,25 @@ class TurnRunner:
                     if intake.images and not self.media.sees_images(self.spec.model):
                         notes.append(NO_VISION_NOTE)  # llm.vision off, or the endpoint refused images before
                     usable = usable or intake.usable
+                    read += intake.read
                 else:
                     usable = True
                 text = self.redact(pending.message.text)  # a pasted secret never reaches the model
                 if self.memory is not None and pending is last:  # stored with it: replays render the same bytes
-                    meta = self.memory.annotate(meta, key=key, query=text, window=window)
+                    spoken = " ".join(w for ref in refs_of(meta) if (w := transcript_of(ref)))  # a voice note's words
+                    meta = self.memory.annotate(meta, key=key, query=text or spoken, window=window)
                 unwritten.append(NewMessage(pending_turn, "user", text,
                                             {"meta": meta, "platform_message_id": pending.message.message_id}))
                 window.append(StoredMessage(0, pending_turn, "user", text, None, None, None, meta,
                                             pending.message.message_id))
             else:
                 usable = True  # resumed: the stored message was usable when it was taken in
+                stored = next((m for m in window if m.turn_id == pending_turn and m.role == "user"), None)
+                notes += [note_line(ref) for ref in refs_of(stored.meta if stored else None) if ref.note]
+        if read:  # a transcription is a paid call: stored now, a run after a crash reuses it
+            self.store.append_messages(session_id, list(unwritten))
+            unwritten.clear()
+        heard = self._heard(batch, window) if self.media is not None and self.media.config.show_transcript else ""
         if not usable:  # nothing but files that could not be used: say why, no model call
             told = "\n".join(dict.fromkeys(notes))
             unwritten.append(NewMessage(turn_id, "assistant", told, {"meta": {"stop_reason": "media"}}))
@@ -408,7 +418,7 @@ class TurnRunner:
             notes.append(NO_VISION_NOTE)
         told = "".join(f"{line}\n" for line in dict.fromkeys(notes))
         answer = outcome.reply.strip() or ("" if sends_files else "(no answer)")  # files alone are an answer
-        reply = notice + (told + "\n" if told else "") + answer
+        reply = notice + heard + (told + "\n" if told else "") + answer
         if self.memory is not None:  # a "remember ..." too long to store: said with the reply
             reply += self.memory.refusal_notice([self.redact(p.message.text) for p in batch])
         status = finish("done", reply, session_id, outcome.stop_reason)
@@ -421,6 +431,20 @@ class TurnRunner:
         if self.files is None or session_id is None:
             return []
         return self.files.for_turn(session_id, turn_id)
+
+    @staticmethod
+    def _heard(batch: Sequence[PendingInbound], window: list[StoredMessage]) -> str:
+        """``> 🎤 …`` lines quoting what was heard in the batch's voice notes (``media.show_transcript``),
+        read from the stored messages (the same words on a run after a crash), or ``""``."""
+        turns = {f"in{p.inbox_id}" for p in batch}
+        lines = []
+        for row in window:
+            if row.role == "user" and row.turn_id in turns:
+                for ref in refs_of(row.meta):
+                    words = transcript_of(ref)
+                    if words:
+                        lines.append("> 🎤 " + "\n> ".join(words.splitlines()))
+        return "\n>\n".join(lines) + "\n\n" if lines else ""
 
     def _approver(self, last: PendingInbound, turn_id: str) -> ChatApprover | None:
         if self.approvals is None:

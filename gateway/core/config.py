@@ -65,6 +65,17 @@ class LlmConfig(RoutesMixin):
     vision: bool = True
     """The model takes images (user-message ``image_url`` content parts). ``False``: images are
     described in words only and the user is told the model cannot see them."""
+    transcription_model: str = "whisper-1"
+    """Speech to text for voice notes and audio files (``POST /v1/audio/transcriptions``):
+    ``whisper-1``, ``gpt-4o-mini-transcribe``, ``gpt-4o-transcribe``, or a local server's model
+    name; ``""`` turns transcription off (voice notes then get a note saying so)."""
+    transcription_base_url: str | None = None
+    """Endpoint of the transcription API (a local faster-whisper or whisper.cpp server,
+    ``http://127.0.0.1:8000/v1``); ``None``: ``base_url``."""
+    transcription_api_key_env: str | None = None
+    """Variable holding its key; ``None``: ``api_key_env`` (local servers take any key)."""
+    transcription_language: str | None = None
+    """ISO-639-1 code (``"en"``, ``"de"``) telling the model the spoken language; ``None``: detected."""
 
     @model_validator(mode="after")
     def _check_window(self) -> LlmConfig:
@@ -363,6 +374,11 @@ class MediaConfig(_Section):
     long after the first item so the whole album is answered at once."""
     upload_max_mb: float = Field(default=20.0, gt=0)
     """Largest file the web chat accepts per upload, in MB."""
+    document_max_tokens: int = Field(default=8000, ge=200)
+    """Most tokens (estimated) of one document's text or one transcript shown to the model; the
+    rest is cut with a note saying what was left out (the original is in the workspace)."""
+    show_transcript: bool = False
+    """Start the reply to a voice note with what was heard (``> 🎤 …``), so the user can check it."""
 
     def max_bytes(self, kind: str) -> int:
         """The gateway's own limit for a file of ``kind``, in bytes (``document``'s for unknown kinds)."""
@@ -595,6 +611,8 @@ class GatewayConfig(BaseSettings):
             names.append(self.memory.embeddings_key_env)
         if self.search.engine != "searxng":
             names.append(self.search.api_key_env)
+        if self.llm.transcription_api_key_env:
+            names.append(self.llm.transcription_api_key_env)
         names += [env for server in self.mcp.servers.values() for env in server.headers_env.values()]
         return [value for name in names if (value := self.secret(name))]
 

@@ -42,6 +42,7 @@ from gateway.core.config import MediaConfig
 from gateway.core.errors import BlobMissing, DownloadFailed, FileTooBig, MediaError
 from gateway.core.ports import BlobStore, can_download
 from gateway.core.types import Attachment, InboundMessage, MediaRef
+from gateway.media.contents import ContentReader, wants
 from gateway.media.images import Rendition, is_image_type, prepare_image, sniff
 from gateway.media.index import MediaIndex, Use
 from gateway.media.render import ImagePolicy, has_images, quoted, resolve_images, strip_images
@@ -77,6 +78,11 @@ class Intake:
     usable: bool = True
     images: int = 0
     """Images the model can be shown (renditions made)."""
+    transcripts: list[str] = field(default_factory=list)
+    """What was heard in the message's voice notes and audio files (``media.show_transcript``)."""
+    read: int = 0
+    """Files whose contents were read (transcribed, extracted): the turn stores the message at once
+    so that a run after a crash reuses them instead of calling the transcription API again."""
 
 
 class MediaService:
@@ -88,11 +94,15 @@ class MediaService:
         blobs: the blob store; ``index``: the ``attachments`` table.
         adapters: platform name -> adapter (those with ``download`` are asked for the bytes).
         run_async: runs an adapter coroutine on the main loop (``None``: downloads are refused).
+        reader: transcribes voice and audio, extracts documents' text, saves originals into the
+            session's workspace (``gateway.media.contents``; ``None``: described in words only).
     """
 
     def __init__(self, config: MediaConfig, *, vision: bool, blobs: BlobStore, index: MediaIndex,
-                 adapters: Mapping[str, object], run_async: RunAsync | None = None) -> None:
+                 adapters: Mapping[str, object], run_async: RunAsync | None = None,
+                 reader: ContentReader | None = None) -> None:
         self.config = config
+        self.reader = reader
         self.vision = vision
         self.blobs = blobs
         self.index = index
@@ -131,10 +141,10 @@ class MediaService:
         intake = Intake()
         uses: list[Use] = []
         for attachment in message.attachments:
-            ref, note = self._one(message, attachment, uses)
+            ref, note = self._one(message, attachment, uses, session_id, intake)
             intake.refs.append(ref)
             if note:
-                intake.notes.append(f"⚠️ I could not use {quoted(ref.name) if ref.name else 'the ' + ref.kind}: {note}.")
+                intake.notes.append(note_line(replace(ref, note=note)))
             if ref.image:
                 intake.images += 1
         if uses:
@@ -143,7 +153,8 @@ class MediaService:
             or message.command is not None
         return intake
 
-    def _one(self, message: InboundMessage, attachment: Attachment, uses: list[Use]) -> tuple[MediaRef, str | None]:
+    def _one(self, message: InboundMessage, attachment: Attachment, uses: list[Use], session_id: str,
+             intake: Intake) -> tuple[MediaRef, str | None]:
         name = file_name(attachment.name)
         ref = MediaRef(attachment.kind, attachment.mime_type or "application/octet-stream", attachment.size or 0,
                        None, name)
@@ -160,7 +171,13 @@ class MediaService:
         uses.append(Use(stored.sha256, attachment.kind, mime, len(data), name))
         ref = replace(ref, mime_type=mime, size=len(data), sha256=stored.sha256)
         if attachment.kind not in PICTURE_KINDS and not is_image_type(mime):
-            return ref, None
+            if self.reader is None or not wants(ref):
+                return ref, None
+            reading = self.reader.read(ref, data, session_id=session_id)
+            intake.read += 1
+            if reading.transcript is not None:
+                intake.transcripts.append(reading.transcript)
+            return reading.ref, reading.notice
         if sniff(data) in _DECODABLE:
             try:
                 rendition = prepare_image(data, self.config.image_max_side, self.config.image_max_bytes)
@@ -228,6 +245,19 @@ class MediaService:
                       or (is_image_type(found) != is_image_type(mime))):
             mime = found  # what the bytes are beats what was declared
         return data, (mime or "application/octet-stream").split(";")[0].strip()
+
+
+def note_line(ref: MediaRef) -> str:
+    """What the user is told about a file that could not be used (``ref.note``): ``⚠️ I could not
+    use "big.zip": too big (30.0 MB); ...``; the same line again when a turn runs after a crash."""
+    return f"⚠️ I could not use {_label(ref)}: {ref.note}."
+
+
+def _label(ref: MediaRef) -> str:
+    """How a note names a file: its quoted name, else ``your voice message``, ``the audio``..."""
+    if ref.name:
+        return quoted(ref.name)
+    return "your voice message" if ref.kind == "voice" else f"the {ref.kind}"
 
 
 class VisionFallback:
