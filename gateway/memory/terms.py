@@ -84,7 +84,8 @@ CJK_STOPWORDS = frozenset(_CJK_STOPWORD_LIST.split())
 """Chinese (simplified and traditional) and Japanese words that carry no topic: pronouns
 ("我", "私"), particles ("的", "了", "吗", "の", "は"), the copula ("是", "です"), question words
 ("什么", "哪", "何"), degree words ("很" very, "最" most), and the verbs the English list has
-("记住" remember, "叫" called, "请" please). Kept small: a character dropped here is dropped inside every word too."""
+("记住" remember, "叫" called, "请" please). Kept small: a word listed here is cut out of every
+longer word that holds it too (both the query and the entry, so they still meet)."""
 CJK_WORDS = frozenset({"用户", "用戶", "ユーザー"})
 """Words cut out of a run and kept whole: "the user", as a model writes about them in an entry
 ("用户住在杭州"), is a word like English "user", neither glued to the next character ("户住") nor
@@ -108,10 +109,10 @@ def normalize(text: str) -> str:
 
 
 def index_text(text: str) -> str:
-    """What the full-text index holds for an entry (``memories.search_text``): the normalised
-    text with every CJK character standing alone (``"我喜欢喝乌龙茶 3月"`` -> ``"我 喜 欢 喝 乌 龙
-    茶  3 月 "``), the rest unchanged for the engine to tokenize and stem its way. Stop words stay:
-    they are dropped from queries, so the index need not change when the list does."""
+    """What the full-text index holds for an entry (``memories.search_text``): the NFKC text with
+    spaces around every CJK character (``"乌龙茶 3月"`` -> ``" 乌  龙  茶  3 月 "``), the rest
+    unchanged for the engine to tokenize and stem its way. Stop words stay: they are dropped from
+    queries, so the index need not change when the list does."""
     return _CJK_CHAR.sub(lambda m: f" {m.group()} ", unicodedata.normalize("NFKC", text))
 
 
