@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 CONFIG ?= $(firstword $(wildcard gateway.toml))
 PYTEST_ARGS ?=
 
-.PHONY: run test chat doctor demo lint typecheck bench clean
+.PHONY: run test chat doctor demo lint typecheck bench image clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ demo: $(STAMP)  ## fake Telegram + fake model on loopback, and a gateway pointed
 
 bench: $(STAMP)  ## the benchmark suite against the loopback fakes (prints JSON; BENCH_ARGS=--short)
 	$(BIN)/python -m bench.suite $(BENCH_ARGS)
+
+image:  ## build the container image with podman, no registry needed (deploy/image.sh; root, podman + mmdebstrap)
+	deploy/image.sh build
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

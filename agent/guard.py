@@ -60,6 +60,9 @@ def provenance_of(messages: list[dict[str, Any]], inherited: Provenance | None =
     task text was written by a model, so only the parent's trusted text counts as a person's."""
     def text(message: dict[str, Any]) -> str:
         content = message.get("content")
+        if isinstance(content, list):  # content parts: the text parts are the words (images are not)
+            return "\n".join(str(p.get("text") or "") for p in content
+                             if isinstance(p, dict) and p.get("type") == "text")
         return content if isinstance(content, str) else ""
 
     untrusted = "\n".join(text(m) for m in messages if m["role"] == "tool")

@@ -17,6 +17,10 @@ from typing import Any
 BYTES_PER_TOKEN = 4
 MESSAGE_OVERHEAD = 4
 """Tokens the chat format adds per message (role markers, separators)."""
+IMAGE_TOKENS = 1_445
+"""Tokens counted per ``image_url`` content part, whatever its URL's length (a base64 data URL is
+not text the model reads): OpenAI's tile formula for an image within 2048 px at ``detail: high``
+costs at most 85 + 170 x 8 = 1,445 tokens (768 x 2048 px, 8 tiles of 512 px)."""
 
 
 def text_tokens(text: str) -> int:
@@ -30,7 +34,14 @@ def json_tokens(obj: Any) -> int:
 
 
 def message_tokens(message: dict[str, Any]) -> int:
-    """Estimated tokens of one chat message (wire shape) including its per-message overhead."""
+    """Estimated tokens of one chat message (wire shape) including its per-message overhead; each
+    image content part counts ``IMAGE_TOKENS``."""
+    content = message.get("content")
+    if isinstance(content, list):
+        images = sum(1 for part in content if isinstance(part, dict) and part.get("type") == "image_url")
+        if images:
+            rest = [part for part in content if not (isinstance(part, dict) and part.get("type") == "image_url")]
+            return json_tokens({**message, "content": rest}) + MESSAGE_OVERHEAD + IMAGE_TOKENS * images
     return json_tokens(message) + MESSAGE_OVERHEAD
 
 

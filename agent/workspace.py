@@ -15,6 +15,7 @@ import errno
 import os
 import re
 import stat
+import unicodedata
 from pathlib import Path
 from typing import Literal
 
@@ -30,6 +31,30 @@ LADDER: dict[str, tuple[str, ...]] = {
 }
 """Tools offered at each rung of the permission ladder."""
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_-]")
+_UNSAFE_NAME = re.compile(r"[^\w.+\- ()\[\],@=#]")
+MAX_NAME_BYTES = 120
+"""Longest file name ``safe_file_name`` returns, in UTF-8 bytes (file systems allow 255)."""
+
+
+def safe_file_name(name: str | None, fallback: str = "file") -> str:
+    """A name that is one plain file in one folder whatever the sender called it: the last path
+    component only (``../../etc/passwd`` -> ``passwd``), Unicode normalised (NFC), control and
+    format characters dropped, anything but letters, digits, spaces and ``. + - ( ) [ ] , @ = #``
+    replaced by ``_``, no leading dot or dash (no hidden file, no shell option), at most
+    ``MAX_NAME_BYTES`` bytes with the extension kept; ``fallback`` when nothing is left."""
+    base = unicodedata.normalize("NFC", (name or "").replace("\\", "/").rsplit("/", 1)[-1])
+    base = "".join(ch for ch in base if unicodedata.category(ch)[0] != "C")
+    base = _UNSAFE_NAME.sub("_", " ".join(base.split())).lstrip(".-_ ")
+    if not base or base in (".", ".."):
+        base = fallback
+    if len(base.encode()) > MAX_NAME_BYTES:
+        stem, dot, ext = base.rpartition(".")
+        ext = ext if dot and len(ext) <= 10 else ""
+        stem = stem if ext else base
+        room = MAX_NAME_BYTES - len(ext.encode()) - (1 if ext else 0)
+        stem = stem.encode()[:room].decode(errors="ignore").rstrip()
+        base = f"{stem}.{ext}" if ext else stem
+    return base
 
 
 class WorkspaceError(PermissionError):
@@ -110,6 +135,44 @@ class Workspace:
             raise
         finally:
             os.close(fd)
+
+    def save_file(self, session_id: str, folder: str, name: str, data: bytes) -> str:
+        """Stores ``data`` as ``folder/<safe name>`` in the session's workspace (an upload the
+        user sent, for ``read_file`` and the shell); returns its path relative to the workspace.
+
+        ``name`` goes through ``safe_file_name``. A file of that name with the same bytes is
+        reused; with other bytes the new one is called ``name (2).ext``, ``name (3).ext``...
+        Never overwrites, never follows a symlink (``open_inside`` with ``O_EXCL``).
+
+        Raises:
+            WorkspaceError: ``folder`` leads outside the workspace.
+            OSError: the file system's own errors (disk full, permissions).
+        """
+        safe = safe_file_name(name)
+        stem, dot, ext = safe.rpartition(".")
+        if not dot or not stem:
+            stem, ext = safe, ""
+        for attempt in range(1, 1000):
+            candidate = safe if attempt == 1 else f"{stem} ({attempt})" + (f".{ext}" if ext else "")
+            relative = f"{folder.strip('/')}/{candidate}"
+            try:
+                fd = self.open_inside(session_id, relative, os.O_WRONLY | os.O_CREAT | os.O_EXCL, make_dirs=True)
+            except FileExistsError:
+                if self._same_bytes(session_id, relative, data):
+                    return relative
+                continue
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            return relative
+        raise FileExistsError(f"{folder}/{safe}: too many files of that name")
+
+    def _same_bytes(self, session_id: str, relative: str, data: bytes) -> bool:
+        try:
+            fd = self.open_inside(session_id, relative, os.O_RDONLY)
+        except OSError:
+            return False
+        with os.fdopen(fd, "rb") as handle:
+            return stat.S_ISREG(os.fstat(handle.fileno()).st_mode) and handle.read(len(data) + 1) == data
 
     # -- the tools' functions (ctx first; the model never sees it) -------------------------------
     def read_file(self, ctx: RunContext, path: str) -> str:

@@ -62,6 +62,8 @@ browser_enabled = false
 sweep_interval_s = 1.0
 [memory]
 promote = false  # the turn path only: memory proposals are one extra, off-path model call per turn
+[media]
+directory = "{workdir / 'media'}"
 [delivery]
 backoff_base_s = 0.05
 [telegram]
@@ -112,8 +114,12 @@ async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> N
 
 
 def last_user_line(request: dict[str, Any]) -> str:
-    """The newest user message's last line (the token a benchmark sent; the gateway prefixes meta)."""
-    return next(m["content"] for m in reversed(request["messages"]) if m["role"] == "user").splitlines()[-1]
+    """The newest user message's last line (the token a benchmark sent; the gateway prefixes meta);
+    of its text part when it has content parts (an image turn)."""
+    content = next(m["content"] for m in reversed(request["messages"]) if m["role"] == "user")
+    if isinstance(content, list):
+        content = next(p["text"] for p in content if p.get("type") == "text")
+    return str(content).splitlines()[-1]
 
 
 def replies(telegram: FakeTelegram) -> list[Any]:

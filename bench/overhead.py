@@ -4,6 +4,12 @@ Overhead = (model request arrival - webhook post) + (Bot API ``sendMessage`` arr
 reply), with an instant fake model: everything the gateway adds on the way in and on the way
 out (dedupe/inbox write, lane lease, session load, transcript and outbox writes, delivery). The
 floor is the same HTTP in/out through ``bench.relay`` (no database), measured in the same run.
+
+``run_image_overhead``: the same measure for turns that carry a photo (a 1280 x 960 JPEG, as
+Telegram's largest photo size, served by the fake Bot API), beside text turns in the same run,
+and the two costs an image should add and no more: the download (``getFile`` + the file URL, timed
+alone against the same fake) and the re-encode (``gateway.media.images.prepare_image``, timed in
+this process). ``python -m bench.overhead --images``.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import itertools
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +45,10 @@ class _Stamps:
 
 
 async def _drive(url: str, rig_: Rig, tag: str, messages: int, rate: float, chats: int,
-                 stamps: _Stamps, timeout: float) -> dict[str, Any]:
-    """Posts ``messages`` at ``rate``/s round-robin over ``chats`` DMs; returns the latency figures."""
+                 stamps: _Stamps, timeout: float,
+                 make: Callable[[int, int, str], dict[str, Any]] = update) -> dict[str, Any]:
+    """Posts ``messages`` at ``rate``/s round-robin over ``chats`` DMs (each update built by ``make``);
+    returns the latency figures."""
     posted: dict[str, float] = {}
     start_ids = len(rig_.model.requests), len(rig_.telegram.calls("sendMessage"))
     async with aiohttp.ClientSession() as http:
@@ -49,7 +58,7 @@ async def _drive(url: str, rig_: Rig, tag: str, messages: int, rate: float, chat
             await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
             token = f"{tag}-{i:05d}"
             posted[token] = time.time()
-            body = update(CHAT_BASE + i % chats, next(_MESSAGE_IDS), token)
+            body = make(CHAT_BASE + i % chats, next(_MESSAGE_IDS), token)
             tasks.append(asyncio.create_task(post(http, url, body)))
         await asyncio.gather(*tasks)
         done = await wait_for(lambda: len(rig_.telegram.calls("sendMessage")) - start_ids[1] >= messages, timeout)
@@ -107,3 +116,101 @@ async def _wait_up(url: str, timeout: float = 15) -> None:
                 pass
             await asyncio.sleep(0.05)
     raise TimeoutError(f"{url} did not come up")
+
+
+def photo_jpeg(width: int = 1280, height: int = 960) -> bytes:
+    """A photo-like JPEG (noise compresses like a real photo does, unlike a flat colour)."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    noise = Image.effect_noise((width // 4, height // 4), 60).resize((width, height), Image.Resampling.BICUBIC)
+    Image.merge("RGB", (noise, noise.rotate(90, expand=False), noise.transpose(Image.Transpose.FLIP_LEFT_RIGHT))
+                ).save(out, "JPEG", quality=85)
+    return out.getvalue()
+
+
+def photo_update(chat: int, message_id: int, caption: str, file_id: str, size: int) -> dict[str, Any]:
+    body = update(chat, message_id, caption)
+    message = body["message"]
+    del message["text"]
+    message["caption"] = caption
+    message["photo"] = [{"file_id": file_id, "file_unique_id": file_id[-32:], "width": 1280, "height": 960,
+                         "file_size": size}]
+    return body
+
+
+async def _drive_photos(url: str, rig_: Rig, tag: str, messages: int, rate: float, chats: int,
+                        stamps: _Stamps, timeout: float, photo: bytes, first_chat: int = 0) -> dict[str, Any]:
+    """Like ``_drive`` with a distinct photo file per message (each is downloaded and re-encoded)."""
+    ids = itertools.count()
+
+    def with_photo(chat: int, message_id: int, text: str) -> dict[str, Any]:
+        file_id = f"bench-photo-{tag}-{next(ids):06d}"
+        rig_.telegram.add_file(file_id, photo)
+        return photo_update(chat + first_chat, message_id, text, file_id, len(photo))
+
+    return await _drive(url, rig_, tag, messages, rate, chats, stamps, timeout, with_photo)
+
+
+async def _time_downloads(rig_: Rig, photo: bytes, runs: int) -> list[float]:
+    """``getFile`` + ``GET /file/bot<token>/<path>`` against the same fake, as the adapter does."""
+    took = []
+    async with aiohttp.ClientSession() as http:
+        for i in range(runs):
+            file_id = rig_.telegram.add_file(f"bench-dl-{i:05d}", photo)
+            start = time.perf_counter()
+            async with http.post(f"{rig_.telegram.url}/bot{TOKEN}/getFile", json={"file_id": file_id}) as resp:
+                path = (await resp.json())["result"]["file_path"]
+            async with http.get(f"{rig_.telegram.url}/file/bot{TOKEN}/{path}") as resp:
+                await resp.read()
+            took.append(time.perf_counter() - start)
+    return took
+
+
+def run_image_overhead(workdir: Path, *, messages: int = 200, rate: float = 10.0,
+                       warmup: int = 10) -> dict[str, Any]:
+    """Text turns and photo turns at the same rate in one gateway, and what a photo should add:
+    the download and the re-encode, each timed alone. Returns the figures (ms).
+
+    Each photo turn is the first of its chat (``chats`` new chats per run), so a request carries
+    exactly one image: later turns of a chat also resend its recent images (``media.history_images``),
+    which costs request size, not gateway work."""
+    from gateway.media.images import prepare_image
+
+    stamps = _Stamps()
+    photo = photo_jpeg()
+    encode = []
+    for _ in range(max(20, messages // 5)):
+        start = time.perf_counter()
+        prepare_image(photo)
+        encode.append(time.perf_counter() - start)
+    with rig(workdir) as r:
+        r.model.responder = stamps.responder
+        asyncio.run(_drive(r.webhook, r, "warm", warmup, rate, warmup, stamps, 30))
+        asyncio.run(_drive_photos(r.webhook, r, "pwarm", warmup, rate, warmup, stamps, 30, photo,
+                                  first_chat=2 * messages))
+        text = asyncio.run(_drive(r.webhook, r, "text", messages, rate, messages, stamps, 60 + messages / rate))
+        photos = asyncio.run(_drive_photos(r.webhook, r, "photo", messages, rate, messages, stamps,
+                                           60 + messages / rate, photo, first_chat=messages))
+        download = asyncio.run(_time_downloads(r, photo, max(20, messages // 5)))
+    p50 = {"download_ms": ms(percentile(download, 0.5)), "reencode_ms": ms(percentile(encode, 0.5))}
+    return {"rate_per_s": rate, "messages": messages, "photo_bytes": len(photo), "text": text, "photo": photos,
+            "added_by_image_p50_ms": round(photos["overhead"]["p50_ms"] - text["overhead"]["p50_ms"], 2),
+            "download_plus_reencode_p50_ms": round(p50["download_ms"] + p50["reencode_ms"], 2), **p50}
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", action="store_true", help="text turns beside photo turns")
+    parser.add_argument("--messages", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=10.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = run_image_overhead if args.images else run_overhead
+        print(json.dumps(run(Path(tmp), messages=args.messages, rate=args.rate), indent=2))

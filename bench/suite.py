@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.overhead import run_overhead
+from bench.overhead import run_image_overhead, run_overhead
 from bench.prompt import run_long_conversation
 from bench.restart import run_restart
 from bench.storage import run_load_time, run_rss
@@ -34,6 +34,7 @@ from bench.throughput import run_throughput
 
 FULL: dict[str, Callable[[Path], Any]] = {
     "overhead": lambda d: run_overhead(d, messages=1000, rate=50.0, chats=50),
+    "image_overhead": lambda d: run_image_overhead(d, messages=100, rate=2.0),
     "throughput": lambda d: [run_throughput(d / "c100", conversations=100, rounds=3, latency_s=2.0),
                              run_throughput(d / "c500", conversations=500, rounds=3, latency_s=2.0)],
     "rss": lambda d: run_rss(d, stored=10_000, active=500),

@@ -111,6 +111,7 @@ def gateway_config(tmp_path: Path, fake_openai: FakeOpenAI, fake_telegram: FakeT
         "delivery": {"backoff_base_s": 0.05},
         "approvals": {"require_for": []},  # tests of approvals turn them on
         "memory": {"promote": False},  # no extra model call per turn; tests of memory write-back turn it on
+        "media": {"directory": str(tmp_path / "media"), "album_wait_s": 0.5},
     }
     if fake_telegram is not None:
         overrides["telegram"] = {"enabled": True, "token_env": "GATEWAY_TEST_TELEGRAM_TOKEN",

@@ -5,6 +5,7 @@ connection, and replies come back through the open API with the tenant token han
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import re
@@ -12,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from PIL import Image
 from sqlalchemy import func, select
 
 from gateway.core.errors import ConfigError
@@ -145,11 +147,16 @@ async def test_post_with_mentions_shows_display_names_to_the_model(tmp_path, fak
         [{"tag": "img", "image_key": "img_v3_post_1"}]]}
     event = fake_feishu.text_event("", chat_id=GROUP, chat_type="group", mention_bot=True, mentions=[(BOB, "Bob")],
                                    message_type="post", content=content)
+    picture = io.BytesIO()
+    Image.new("RGB", (64, 48), (9, 9, 9)).save(picture, "PNG")
+    fake_feishu.add_resource(event["event"]["message"]["message_id"], "img_v3_post_1", picture.getvalue())
     assert (await fake_feishu.post_event(url(gateway), event))[0] == 200
     await fake_feishu.wait_for_call("reply", lambda c: event["event"]["message"]["message_id"] in c.path)
-    seen = model_inputs(fake_openai)[0]
+    text_part, image_part = fake_openai.requests[0]["json"]["messages"][-1]["content"]
+    seen = text_part["text"]
     assert seen.endswith("Review\nask @Bob about [the PR](https://example.com/pr/1)")
-    assert "[attached image" in seen and "Gateway" not in seen.split("]")[-1]
+    assert "[image unnamed (image/png" in seen and "Gateway" not in seen.split("]")[-1]
+    assert image_part["type"] == "image_url"  # the post's embedded image, from the message's resources
 
 
 async def test_topic_thread_reply_and_follow_up_without_mention(tmp_path, fake_feishu, fake_openai, running):

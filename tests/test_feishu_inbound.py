@@ -113,9 +113,9 @@ def test_command_after_mention() -> None:
 
 
 @pytest.mark.parametrize(("message_type", "content", "kind", "name"), [
-    ("audio", {"file_key": "file_a", "duration": 3000}, "audio", None),
+    ("audio", {"file_key": "file_a", "duration": 3000}, "voice", None),
     ("media", {"file_key": "file_v", "image_key": "img_v", "file_name": "clip.mp4"}, "video", "clip.mp4"),
-    ("sticker", {"file_key": "file_s"}, "image", None),
+    ("sticker", {"file_key": "file_s"}, "sticker", None),
 ])
 def test_media_types_become_attachments(message_type: str, content: dict, kind: str, name: str | None) -> None:
     result = to_inbound(_text_event("", chat_type="p2p", message_type=message_type, content=content), BOT)
@@ -161,3 +161,13 @@ def test_dm_in_a_thread_replies_in_the_thread() -> None:
     assert not isinstance(result, Ignored)
     assert result.chat_type == "dm" and result.address.thread_id == "omt_dm1"
     assert result.reply_to_id == result.message_id and result.addressed
+
+
+def test_a_reply_names_its_parent_and_group_chatter_is_context_only_on_request() -> None:
+    topic = to_inbound(_body("topic_thread_reply.json"), BOT)
+    assert topic.quoted is not None and topic.quoted.message_id == "om_fake0000000000000000000000top01"
+    assert topic.quoted.text is None and not topic.context_only
+    chatter = _body("group_no_mention.json")
+    assert to_inbound(chatter, BOT) == Ignored("not_addressed")
+    kept = to_inbound(chatter, BOT, ambient=True)
+    assert kept.context_only and not kept.addressed

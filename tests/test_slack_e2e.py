@@ -5,8 +5,12 @@ the right channel and thread, and retries, duplicates and forged requests produc
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import logging
 from typing import Any
+
+from PIL import Image
 
 from gateway.app.gateway import Gateway
 from tests.conftest import FIXTURES, fixture, gateway_config, start_gateway
@@ -63,14 +67,20 @@ async def test_dm_is_answered_in_the_dm(tmp_path, fake_slack, fake_openai, runni
     await fake_slack.wait_for_call("reactions.remove", lambda c: c.params["timestamp"] == "1735689600.000100")
     assert fake_slack.reactions[(DM, "1735689600.000100")] == set()
 
-    # A file shared in the DM: the model is told about the attachment, in the same conversation.
+    # A file shared in the DM: the model gets the image (downloaded with the bot token), in the
+    # same conversation.
     fake_openai.script(oa.text("It shows the architecture."))
-    assert (await fake_slack.post_event(events_url(gateway), raw("dm_file_share.json"))).status == 200
+    share = json.loads(raw("dm_file_share.json"))
+    picture = io.BytesIO()
+    Image.new("RGB", (1200, 800), (10, 120, 200)).save(picture, "PNG")
+    share["event"]["files"] = [fake_slack.add_file("F0FAKEIMG1", picture.getvalue(), "image/png", "architecture.png")]
+    assert (await fake_slack.post_event(events_url(gateway), share)).status == 200
     await wait_until(lambda: len(posts(fake_slack, since, DM)) == 2, what="reply to the file")
     file_turn = fake_openai.requests[-1]["json"]["messages"]
     assert [m["role"] for m in file_turn] == ["system", "user", "assistant", "user"]
-    assert "[attached image: name=architecture.png, mime_type=image/png, size=48213]" in file_turn[-1]["content"]
-    assert file_turn[-1]["content"].endswith("What does this diagram show?")
+    text = file_turn[-1]["content"][0]["text"]
+    assert '[image "architecture.png" (image/png, ' in text and text.endswith("What does this diagram show?")
+    assert len(oa.image_parts(fake_openai.requests[-1])) == 1
 
 
 async def test_channel_mention_starts_a_thread_and_the_thread_continues(tmp_path, fake_slack, fake_openai, running):

@@ -147,3 +147,17 @@ def test_plain_text(markup: str, plain: str) -> None:
 def test_slash_command_text_sets_the_command() -> None:
     result = to_inbound(edited("dm_message.json", text="/help me"), BOT)
     assert isinstance(result, InboundMessage) and result.command == "help"
+
+
+def test_thread_replies_name_their_parent_and_channel_chatter_is_context_only_on_request() -> None:
+    reply = to_inbound(envelope("thread_app_mention.json"), BOT)
+    event = envelope("thread_app_mention.json")["event"]
+    assert reply.quoted is not None and reply.quoted.message_id == f"{event['channel']}:{event['thread_ts']}"
+    assert reply.quoted.text is None and not reply.opens_thread  # read from Slack when the turn needs it
+    top = to_inbound(envelope("channel_app_mention.json"), BOT)
+    assert top.quoted is None and top.opens_thread and top.address.thread_id == envelope(
+        "channel_app_mention.json")["event"]["ts"]
+    chatter = envelope("channel_message_no_mention.json")
+    assert to_inbound(chatter, BOT) == Ignored("not_addressed")
+    kept = to_inbound(chatter, BOT, ambient=True)
+    assert kept.context_only and not kept.addressed and kept.address.thread_id is None

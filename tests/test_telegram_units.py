@@ -101,3 +101,49 @@ def test_hard_split_never_breaks_a_surrogate_pair():
 
 def test_whitespace_only_reply_sends_nothing():
     assert format_reply("   \n\n ") == []
+
+
+def _update(name: str) -> dict:
+    return json.loads((FIXTURES / "telegram" / name).read_text())
+
+
+def test_a_reply_carries_what_it_replies_to_but_a_forum_topics_root_is_not_a_reply():
+    reply = to_inbound(Update.de_json(_update("supergroup_reply_to_bot.json"), None), BOT)
+    assert reply.quoted is not None and reply.quoted.from_bot and not reply.quoted.partial
+    original = _update("supergroup_reply_to_bot.json")["message"]["reply_to_message"]
+    assert reply.quoted.message_id == f"{original['chat']['id']}:{original['message_id']}"
+    assert reply.quoted.text == original["text"]
+    topic = to_inbound(Update.de_json(_update("forum_topic_mention.json"), None), BOT)
+    assert topic.quoted is None  # every topic message "replies" to the topic's creation message
+
+    quoted = _update("group_mention.json")
+    quoted["message"]["reply_to_message"] = {
+        "message_id": 2100, "from": {"id": 5550003, "is_bot": False, "first_name": "Carol"},
+        "chat": quoted["message"]["chat"], "date": 1735689600, "caption": "the Q3 chart",
+        "document": {"file_id": "BQAC-doc", "file_unique_id": "d1", "file_name": "q3.pdf",
+                     "mime_type": "application/pdf", "file_size": 5000}}
+    quoted["message"]["quote"] = {"text": "Q3", "position": 4, "is_manual": True}
+    result = to_inbound(Update.de_json(quoted, None), BOT)
+    assert (result.quoted.text, result.quoted.author, result.quoted.partial) == ("Q3", "Carol", True)
+    assert [a.file_id for a in result.quoted.attachments] == ["BQAC-doc"]
+
+
+def test_unaddressed_group_messages_become_context_only_when_group_context_is_on():
+    plain = Update.de_json(_update("group_no_mention.json"), None)
+    assert to_inbound(plain, BOT) == Ignored("not_addressed")
+    kept = to_inbound(plain, BOT, ambient=True)
+    assert kept.context_only and not kept.addressed and kept.text
+    mention = to_inbound(Update.de_json(_update("group_mention.json"), None), BOT, ambient=True)
+    assert mention.addressed and not mention.context_only
+
+
+def test_a_quote_of_another_chats_message_is_a_partial_reply():
+    update = _update("group_mention.json")
+    update["message"]["external_reply"] = {
+        "origin": {"type": "user", "date": 1735680000, "sender_user": {"id": 5550009, "is_bot": False,
+                                                                         "first_name": "Erin"}},
+        "chat": {"id": -1009999, "title": "Other chat", "type": "supergroup"}, "message_id": 12}
+    update["message"]["quote"] = {"text": "ship it friday", "position": 0}
+    quoted = to_inbound(Update.de_json(update, None), BOT).quoted
+    assert (quoted.message_id, quoted.text, quoted.author, quoted.partial) == (
+        "-1009999:12", "ship it friday", "Erin", True)

@@ -28,8 +28,18 @@ class WebClient:
             assert response.status == 200
             return await response.text()
 
-    async def say(self, text: str, name: str = "", message_id: str | None = None) -> aiohttp.ClientResponse:
-        body = {"id": message_id or uuid.uuid4().hex, "text": text, "name": name}
+    async def upload(self, data: bytes, content_type: str, name: str) -> tuple[int, dict[str, Any]]:
+        """``POST /web/files`` as the page's attach button and drop zone do: ``(status, answer)``."""
+        async with self.http.post(f"{self.base}/web/files", data=data,
+                                  headers={"X-Requested-With": "gateway-web", "Content-Type": content_type,
+                                           "X-File-Name": name}) as response:
+            return response.status, await response.json()
+
+    async def say(self, text: str, name: str = "", message_id: str | None = None,
+                  files: list[dict[str, Any]] | None = None) -> aiohttp.ClientResponse:
+        body: dict[str, Any] = {"id": message_id or uuid.uuid4().hex, "text": text, "name": name}
+        if files is not None:
+            body["files"] = files
         async with self.http.post(f"{self.base}/web/messages", json=body,
                                   headers={"X-Requested-With": "gateway-web"}) as response:
             await response.read()

@@ -23,23 +23,31 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
+import io
 import json
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 import lark_oapi as lark
 from aiohttp import web
 from lark_oapi.api.contact.v3 import GetUserRequest
 from lark_oapi.api.im.v1 import (
+    CreateFileRequest,
+    CreateFileRequestBody,
+    CreateImageRequest,
+    CreateImageRequestBody,
     CreateMessageReactionRequest,
     CreateMessageReactionRequestBody,
     CreateMessageRequest,
     CreateMessageRequestBody,
     DeleteMessageReactionRequest,
     Emoji,
+    GetMessageRequest,
+    ListMessageRequest,
     PatchMessageRequest,
     PatchMessageRequestBody,
     ReplyMessageRequest,
@@ -47,30 +55,49 @@ from lark_oapi.api.im.v1 import (
 )
 from lark_oapi.core.utils import AESCipher
 
+from adapters.feishu import history
 from adapters.feishu.cards import action_to_inbound, card_parts
-from adapters.feishu.format import Part, format_plain, format_reply
+from adapters.feishu.files import as_image, attachment_problem, file_type
+from adapters.feishu.format import POST_LIMIT_BYTES, Part, format_plain, format_reply
 from adapters.feishu.inbound import Ignored, to_inbound
 from adapters.feishu.long_connection import LongConnection
 from adapters.feishu.token import TenantToken
 from adapters.feishu.wire import event_id_of, event_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.core.errors import CredentialRejected
-from gateway.core.ports import BeforePart, InboundSink, PartSent
-from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
+from gateway.core.errors import ContextUnavailable, CredentialRejected, DownloadFailed, FileTooBig
+from gateway.core.ports import BeforePart, ChatLeft, FileReader, InboundSink, PartSent
+from gateway.core.types import (
+    Attachment,
+    ChatAddress,
+    ContextMessage,
+    DeliveryResult,
+    InboundMessage,
+    OutboundAttachment,
+    OutboundMessage,
+    Sender,
+    ThreadHistory,
+)
 
 log = logging.getLogger("adapters.feishu")
 
 WEBHOOK_PATH = "/feishu/events"
+BOT_REMOVED_EVENT = "im.chat.member.bot.deleted_v1"
+"""Feishu: the bot was removed from a group (``event.chat_id``)."""
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 APP_SECRET_INVALID = 10014
 """Feishu auth/v3 tenant_access_token/internal: ``{"code": 10014, "msg": "app secret invalid"}``."""
 BOT_INFO_PATH = "/open-apis/bot/v3/info"
+RESOURCE_PATH = "/open-apis/im/v1/messages/{message_id}/resources/{key}"
+RESOURCE_LIMIT = 100_000_000
+"""Feishu "Get resources in a message": files up to 100 MB."""
 TOKEN_INVALID_CODES = frozenset({99991663, 99991661})
 """Feishu: tenant_access_token invalid/expired (99991663) or missing (99991661), with HTTP 400 or 200."""
 RATE_LIMIT_CODES = frozenset({99991400, 230020, 11232})
 """Feishu: app frequency limit (99991400, HTTP 429), per-chat limit (230020), message-service limit (11232)."""
 SCOPE_MISSING_CODES = frozenset({99991672, 99991679})
 """Feishu: the app (or token) lacks a required permission scope."""
+NO_PERMISSION = 230027
+"""Feishu im/v1: "Lack of necessary permissions" (e.g. reading a chat the bot may not read)."""
 NAME_LOOKUP_TIMEOUT_S = 1.0
 """Longest wait for a sender's name before the event is stored anyway (the 3 s ack budget)."""
 NAME_CACHE_S = 3600.0
@@ -79,6 +106,8 @@ WS_STORE_TIMEOUT_S = 10.0
 """How long a long-connection event waits for the inbox write before it is nacked (re-pushed)."""
 RECALLED_CODE = 230011
 """Feishu: the message was recalled (a preview card the user or an admin took back)."""
+IMAGE_ROW_BYTES = 200
+"""Room an image element takes in a ``post`` beside its caption."""
 
 
 class FeishuApiError(Exception):
@@ -96,6 +125,13 @@ def _uuid(message: OutboundMessage, index: int) -> str:
     digest = hashlib.sha256(
         f"{message.address.chat_id}|{message.reply_to_id}|{message.idempotency_key}".encode()).hexdigest()[:12]
     return f"{message.idempotency_key[:32]}-{digest}:p{index}"
+
+
+def _with_image(caption: Part, image: Part) -> Part:
+    """A ``post`` showing the uploaded image above its caption (the caption's own post part)."""
+    post = json.loads(caption.content)
+    post["zh_cn"]["content"].insert(0, [{"tag": "img", "image_key": json.loads(image.content)["image_key"]}])
+    return Part("post", json.dumps(post, ensure_ascii=False))
 
 
 def _header(headers: dict[str, str] | None, name: str) -> str | None:
@@ -123,6 +159,11 @@ class FeishuAdapter:
             read scope, otherwise the sender stays its open_id).
         ws_connect_timeout_s, ws_backoff_initial_s, ws_backoff_max_s: long connection: the bound on
             one connect attempt and the retry delays after failed ones (``LongConnection``).
+        group_context: hand group messages outside threads that do not mention the bot to the sink
+            as ``context_only`` (some chat keeps group context); otherwise they are ignored here.
+
+    Also a ``ContextReader``: ``read_message`` (``GET /open-apis/im/v1/messages/{id}``) and
+    ``read_thread`` (the thread's message list), with the tenant token (``adapters.feishu.history``).
 
     Raises:
         ValueError: ``domain`` is not accepted by lark-oapi.
@@ -136,7 +177,7 @@ class FeishuAdapter:
                  encrypt_key: str | None = None, mode: str = "webhook", domain: str = lark.FEISHU_DOMAIN,
                  timeout_s: float = 10.0, typing_emoji: str | None = "Typing", resolve_names: bool = True,
                  ws_connect_timeout_s: float = 10.0, ws_backoff_initial_s: float = 1.0,
-                 ws_backoff_max_s: float = 60.0) -> None:
+                 ws_backoff_max_s: float = 60.0, group_context: bool = False) -> None:
         # lark-oapi prints to stdout through its own handler, past the gateway's secret redaction
         # (gateway.ops.logs): its records go through the root logger instead.
         logging.getLogger("Lark").handlers.clear()
@@ -150,11 +191,14 @@ class FeishuAdapter:
                        .timeout(timeout_s).enable_set_token(True).log_level(lark.LogLevel.WARNING).build())
         self.tokens = TenantToken(self._fetch_token)
         self.typing_emoji = typing_emoji
+        self._files: FileReader | None = None
         self.bot_open_id = ""
         self.resolve_names = resolve_names
+        self._group_context = group_context
         self._names: dict[str, tuple[str, float]] = {}  # open_id -> (name, monotonic expiry)
         self._names_refused_until = 0.0
         self._sink: InboundSink | None = None
+        self._chat_left: ChatLeft | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_inbound: OrderedDict[ChatAddress, str] = OrderedDict()
         self._typing: dict[ChatAddress, list[tuple[str, str]]] = {}  # address -> [(message_id, reaction_id)]
@@ -168,6 +212,10 @@ class FeishuAdapter:
     # -- lifecycle ---------------------------------------------------------------------------
     def routes(self) -> list[web.RouteDef]:
         return [web.post(WEBHOOK_PATH, self._handle_webhook)] if self.mode == "webhook" else []
+
+    def bind_chat_left(self, callback: ChatLeft) -> None:
+        """``callback`` learns of each chat the bot was removed from (``im.chat.member.bot.deleted_v1``)."""
+        self._chat_left = callback
 
     async def start(self, sink: InboundSink) -> None:
         """Fetches a tenant token and the bot's open_id (``GET /open-apis/bot/v3/info``, needed for
@@ -276,9 +324,18 @@ class FeishuAdapter:
         if problem is not None:
             log.warning("feishu event %s malformed (%s); acknowledged and dropped", event_id_of(body), problem)
             return
+        found = body.get("header")
+        header: dict[str, Any] = found if isinstance(found, dict) else {}
+        if header.get("event_type") == BOT_REMOVED_EVENT:  # the bot was removed from a chat
+            found = body.get("event")
+            event: dict[str, Any] = found if isinstance(found, dict) else {}
+            if self._chat_left is not None and isinstance(event.get("chat_id"), str) and event["chat_id"]:
+                tenant = str(header.get("tenant_key") or "")
+                await self._chat_left(ChatAddress("feishu", tenant, event["chat_id"]))
+            return
         try:
             press = action_to_inbound(body, self.bot_open_id)
-            result = press if press is not None else to_inbound(body, self.bot_open_id)
+            result = press if press is not None else to_inbound(body, self.bot_open_id, ambient=self._group_context)
         except Exception as exc:
             log.warning("feishu event %s could not be read (%s); acknowledged and dropped", event_id_of(body),
                         type(exc).__name__)
@@ -330,6 +387,91 @@ class FeishuAdapter:
         if len(self._names) > 4096:
             self._names.pop(next(iter(self._names)))
         return name
+
+    # -- context (gateway.core.ports.ContextReader) ------------------------------------------------
+    async def read_message(self, message: InboundMessage) -> ContextMessage | None:
+        """The message ``message`` replies to (``message.quoted``: the event's ``parent_id``), read
+        with ``GET /open-apis/im/v1/messages/{message_id}``; ``None`` when Feishu no longer has it
+        (recalled or deleted).
+
+        Raises:
+            ContextUnavailable: Feishu refused (a missing permission, rate limit, ...).
+        """
+        if message.quoted is None:
+            return None
+        quoted_id = message.quoted.message_id
+
+        def invoke(option: lark.RequestOption) -> Awaitable[Any]:
+            return self.client.im.v1.message.aget(GetMessageRequest.builder().message_id(quoted_id).build(), option)
+
+        response = await self._read(invoke, "message")
+        if response is None or response.data is None or not response.data.items:
+            return None
+        item = next((i for i in response.data.items if i.message_id == quoted_id), response.data.items[0])
+        names = await self._names_of([history.sender_open_id(item)])
+        return history.context_message(item, bot_open_id=self.bot_open_id, app_id=self.app_id, names=names)
+
+    async def read_thread(self, message: InboundMessage, limit: int) -> ThreadHistory:
+        """The messages of ``message``'s thread (a topic) posted before it, the newest ``limit``,
+        oldest first (the thread's first message, when within them), with their senders' names.
+        Reads the thread's message list newest first, ``PAGE_SIZE`` a page, at most ``MAX_PAGES``.
+
+        Raises:
+            ContextUnavailable: Feishu refused (a missing permission, rate limit, ...).
+        """
+        thread_id = message.address.thread_id
+        if not thread_id or limit <= 0:
+            return ThreadHistory()
+        sent_ms = message.received_at * 1000
+        items: list[Any] = []
+        token: str | None = None
+        more = False
+        for _ in range(history.MAX_PAGES):
+            def invoke(option: lark.RequestOption, token: str | None = token) -> Awaitable[Any]:
+                builder = (ListMessageRequest.builder().container_id_type("thread").container_id(thread_id)
+                           .sort_type("ByCreateTimeDesc").page_size(history.PAGE_SIZE))
+                if token:
+                    builder = builder.page_token(token)
+                return self.client.im.v1.message.alist(builder.build(), option)
+
+            response = await self._read(invoke, "thread")
+            data = response.data if response is not None else None
+            if data is None:
+                break
+            items += [i for i in data.items or () if i.message_id != message.message_id
+                      and (not sent_ms or int(i.create_time or 0) <= sent_ms)]
+            token = data.page_token or None
+            more = bool(data.has_more) and token is not None
+            if len(items) > limit or not more:
+                break
+        names = await self._names_of([history.sender_open_id(i) for i in items])
+        found = [m for m in (history.context_message(i, bot_open_id=self.bot_open_id, app_id=self.app_id,
+                                                     names=names) for i in items) if m is not None]
+        kept = found[:limit][::-1]
+        return ThreadHistory(tuple(kept), max(len(found) - limit, 0), more)
+
+    async def _read(self, invoke: Callable[[lark.RequestOption], Awaitable[Any]], what: str) -> Any:
+        """One read call with the tenant token; Feishu's refusals become ``ContextUnavailable``."""
+        try:
+            response = await self._call(invoke)
+        except FeishuApiError as exc:
+            raise ContextUnavailable(f"tenant token: code {exc.code}") from None
+        except Exception as exc:
+            raise ContextUnavailable(f"network: {type(exc).__name__}") from None
+        if response.code == 0:
+            return response
+        if response.code in SCOPE_MISSING_CODES or response.code == NO_PERMISSION:
+            raise ContextUnavailable(f"Feishu answered {response.code}: the app lacks a permission to read "
+                                     f"{what} messages ({response.msg})")
+        if response.code == RECALLED_CODE:
+            return None
+        raise ContextUnavailable(f"Feishu answered code {response.code}: {response.msg}")
+
+    async def _names_of(self, open_ids: list[str]) -> dict[str, str]:
+        """Display names of these users (``_display_name``, cached), looked up concurrently."""
+        wanted = sorted({oid for oid in open_ids if oid})
+        found = await asyncio.gather(*(self._display_name(oid) for oid in wanted))
+        return {oid: name for oid, name in zip(wanted, found, strict=True) if name}
 
     def _remember(self, message: InboundMessage) -> None:
         """The newest stored message per chat: the typing reaction goes on it."""
@@ -427,39 +569,74 @@ class FeishuAdapter:
         future.result(WS_STORE_TIMEOUT_S)
 
     # -- outbound ----------------------------------------------------------------------------
+    def bind_files(self, reader: FileReader) -> None:
+        """Where the bytes of outbound files come from (the gateway's blob store)."""
+        self._files = reader
+
+    def attachment_problem(self, attachment: OutboundAttachment) -> str | None:
+        """See ``FileSendingAdapter``; ``adapters.feishu.files`` has the rules."""
+        return attachment_problem(attachment)
+
+    def _parts(self, message: OutboundMessage) -> list[Part | tuple[OutboundAttachment, Part | None]]:
+        """Text parts, then per attachment the file with its caption: an image's caption in the
+        same ``post`` as the image when it fits one post, else (and for other files) the caption
+        as ``post`` parts right before the file."""
+        if message.editable or message.edit_id or message.buttons:
+            parts: list[Part | tuple[OutboundAttachment, Part | None]] = list(
+                card_parts(message.text, message.format, message.buttons, self._button_context(message)))
+        elif message.format == "markdown":
+            parts = list(format_reply(message.text))
+        else:
+            parts = list(format_plain(message.text))
+        for attachment in message.attachments:
+            caption = format_reply(attachment.caption, POST_LIMIT_BYTES - IMAGE_ROW_BYTES) \
+                if attachment.caption.strip() else []
+            if len(caption) == 1 and as_image(attachment):
+                parts.append((attachment, caption[0]))
+                continue
+            parts += caption if len(caption) <= 1 else format_reply(attachment.caption)
+            parts.append((attachment, None))
+        return parts
+
     async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
                    before_part: BeforePart | None = None) -> DeliveryResult:
         """Sends the reply as ``post`` parts (``text`` for plain format), in order; as shared
         interactive cards (``adapters.feishu.cards``) when it will be edited (``editable``), edits a
-        card (``edit_id``) or carries command ``buttons`` (on its last card).
+        card (``edit_id``) or carries command ``buttons`` (on its last card). Then each attachment:
+        uploaded (``POST /open-apis/im/v1/images`` with ``image_type=message``, or
+        ``/open-apis/im/v1/files`` with its ``file_type``; ``adapters.feishu.files``), then sent as
+        an ``image`` (a ``post`` with the image and its caption) or ``file`` message.
 
         Feishu open API im/v1 messages: a reply (``POST /messages/{reply_to_id}/reply``) when
         ``reply_to_id`` is set, with ``reply_in_thread`` when the address is a thread (every part then
         goes into the thread); otherwise ``POST /messages?receive_id_type=chat_id``. Each part carries
-        ``uuid`` = idempotency key + part index, so Feishu drops a retried duplicate; parts below
-        ``resume_from`` are skipped. With ``edit_id`` (a streamed preview or plan card), part 1 is a
+        ``uuid`` = idempotency key + part index, so Feishu drops a retried duplicate (an upload
+        repeated after a crash only leaves an unused key behind); parts below ``resume_from`` are
+        skipped. With ``edit_id`` (a streamed preview or plan card), part 1 is a
         ``PATCH /messages/{edit_id}`` of that card (repeating it is harmless); a card that was recalled
         (230011) is replaced by a new message. Rate limits (HTTP 429, 99991400, 230020, 11232), 5xx
         and network errors are retryable (``retry_after`` from ``x-ogw-ratelimit-reset``); other codes
         are not.
         """
         address = message.address
-        if message.editable or message.edit_id or message.buttons:
-            parts = card_parts(message.text, message.format, message.buttons, self._button_context(message))
-        elif message.format == "markdown":
-            parts = format_reply(message.text)
-        else:
-            parts = format_plain(message.text)
+        parts = self._parts(message)
         ids: list[str] = []
-        for index, part in enumerate(parts):
+        for index, entry in enumerate(parts):
             if index < message.resume_from:
                 continue
             target = message.reply_to_id if index == 0 or address.thread_id else None
-            if before_part is not None:
-                await before_part(index)
-            sender = self._sender(address, part, target, _uuid(message, index))
-            patched = index == 0 and message.edit_id is not None
             try:
+                if isinstance(entry, tuple):
+                    uploaded = await self._upload(entry[0])
+                    if isinstance(uploaded, DeliveryResult):
+                        return dataclasses.replace(uploaded, platform_message_ids=tuple(ids))
+                    part = uploaded if entry[1] is None else _with_image(entry[1], uploaded)
+                else:
+                    part = entry
+                if before_part is not None:
+                    await before_part(index)
+                sender = self._sender(address, part, target, _uuid(message, index))
+                patched = index == 0 and message.edit_id is not None and not isinstance(entry, tuple)
                 if patched:
                     assert message.edit_id is not None
                     response = await self._call(self._patcher(message.edit_id, part.content))
@@ -481,6 +658,32 @@ class FeishuAdapter:
                 await on_part(ids[-1])  # recorded before the next part: a crash never repeats it
         await self._clear_typing(address)
         return DeliveryResult(True, tuple(ids))
+
+    async def _upload(self, attachment: OutboundAttachment) -> Part | DeliveryResult:
+        """Uploads the file (image API or file API) and returns the message part that shows it,
+        or the failure (nothing was sent)."""
+        data = await self._files.read(attachment.sha256) if self._files is not None else None
+        if data is None:
+            return DeliveryResult(False, error=f"file {attachment.name} is no longer stored")
+        image = as_image(attachment)
+
+        def invoke(option: lark.RequestOption) -> Awaitable[Any]:  # lark empties the request: one per attempt
+            if image:
+                image_body = CreateImageRequestBody.builder().image_type("message").image(io.BytesIO(data)).build()
+                return self.client.im.v1.image.acreate(CreateImageRequest.builder().request_body(image_body)
+                                                       .build(), option)
+            file_body = (CreateFileRequestBody.builder().file_type(file_type(attachment))
+                         .file_name(attachment.name).file(io.BytesIO(data)).build())
+            return self.client.im.v1.file.acreate(CreateFileRequest.builder().request_body(file_body).build(),
+                                                  option)
+
+        response = await self._call(invoke)
+        key = getattr(response.data, "image_key" if image else "file_key", None) if response.data else None
+        if response.code != 0 or not key:
+            return self._failure(response, ())
+        if image:
+            return Part("image", json.dumps({"image_key": key}))
+        return Part("file", json.dumps({"file_key": key}))
 
     def _button_context(self, message: OutboundMessage) -> dict[str, Any]:
         """What a button press must bring back to be answered where the card is: the thread and
@@ -547,6 +750,47 @@ class FeishuAdapter:
             return DeliveryResult(False, ids, retryable=True, retry_after=retry_after, error=error)
         retryable = status is None or status >= 500 or response.code in TOKEN_INVALID_CODES
         return DeliveryResult(False, ids, retryable=retryable, error=error)
+
+    # -- files -------------------------------------------------------------------------------
+    def download_limit(self, attachment: Attachment) -> int | None:
+        """Feishu message resources: files up to 100 MB."""
+        return RESOURCE_LIMIT
+
+    async def download(self, message: InboundMessage, attachment: Attachment, max_bytes: int) -> tuple[bytes, str]:
+        """``GET /open-apis/im/v1/messages/{message_id}/resources/{file_key}?type=image|file`` with the
+        tenant token (the image API serves only images the bot uploaded itself, so users' images
+        come from their message): ``type=image`` for images in image and post messages, ``file``
+        for files, audio and video. An error answer is JSON ``{"code", "msg"}``.
+
+        Raises:
+            FileTooBig: above ``max_bytes``. DownloadFailed: Feishu refused it or did not answer.
+        """
+        limit = min(max_bytes, RESOURCE_LIMIT)
+        if attachment.size is not None and attachment.size > limit:
+            raise FileTooBig(attachment.size, limit, "Feishu" if limit == RESOURCE_LIMIT else "this gateway")
+        kind = "image" if attachment.kind in ("image", "sticker") else "file"
+        path = RESOURCE_PATH.format(message_id=quote(message.message_id, safe=""),
+                                    key=quote(attachment.file_id, safe=""))
+
+        def invoke(option: lark.RequestOption) -> Awaitable[Any]:
+            request = (lark.BaseRequest.builder().http_method(lark.HttpMethod.GET).uri(path)
+                       .queries([("type", kind)]).token_types({lark.AccessTokenType.TENANT}).build())
+            return self.client.arequest(request, option)
+
+        try:
+            response = await self._call(invoke)
+        except Exception as exc:  # lark raises plain exceptions for network failures
+            raise DownloadFailed(f"Feishu did not answer ({type(exc).__name__})", retryable=True) from None
+        raw = response.raw
+        content_type = str((raw.headers or {}).get("Content-Type") or (raw.headers or {}).get("content-type") or "")
+        if raw.status_code != 200 or content_type.startswith("application/json"):
+            data = self._json(response, "message resource")
+            raise DownloadFailed(f"Feishu did not hand over the file ({data.get('code')}: {data.get('msg')})",
+                                 retryable=raw.status_code >= 500)
+        body = bytes(raw.content or b"")
+        if len(body) > limit:
+            raise FileTooBig(len(body), limit, "this gateway")
+        return body, attachment.mime_type or content_type.split(";")[0] or "application/octet-stream"
 
     async def send_typing(self, address: ChatAddress) -> None:
         """Puts ``typing_emoji`` on the chat's newest stored message, once per message (Feishu open

@@ -12,7 +12,12 @@ Rules (PLATFORMS.md §3.2; Feishu open platform: im/v1 message receive_v1 event 
 - ``chat_type`` ``p2p`` is a DM; in groups the bot answers only when mentioned, except inside a thread
   (``thread_id``, topics) whose conversation the bot is already part of (``addressed=False``);
 - ``sender_type`` other than ``user`` (apps, bots, the bot itself) is ignored;
-- the dedupe id is ``message_id`` (Feishu re-pushes a message under a new ``event_id`` after reconnects).
+- the dedupe id is ``message_id`` (Feishu re-pushes a message under a new ``event_id`` after reconnects);
+- a reply names the message it replies to (``parent_id``) as ``quoted``, id only: the adapter reads it
+  (``GET /open-apis/im/v1/messages/{message_id}``) when the turn needs it;
+- with ``ambient`` (group context configured), a group message outside threads that does not
+  mention the bot becomes a ``context_only`` message instead of being ignored (Feishu delivers those
+  only to apps with the "read all group messages" permission).
 
 Attachments carry the resource key as ``file_id``; download it later with
 ``GET /open-apis/im/v1/messages/{message_id}/resources/{file_id}?type=image|file``.
@@ -21,12 +26,13 @@ Attachments carry the resource key as ``file_id``; download it later with
 from __future__ import annotations
 
 import json
+import mimetypes
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, ContextMessage, InboundMessage, Sender
 
 RECEIVE_EVENT = "im.message.receive_v1"
 _PLACEHOLDER = re.compile(r"@_user_\d+|@_all")
@@ -139,6 +145,11 @@ def flatten_post(content: Mapping[str, Any], by_key: Mapping[str, Mention], bot_
     return "\n".join(line for line in lines if line)
 
 
+def _seconds(ms: Any) -> float | None:
+    """Feishu durations are milliseconds."""
+    return ms / 1000 if isinstance(ms, int | float) and not isinstance(ms, bool) else None
+
+
 def _content_text(message_type: str, content: Mapping[str, Any], by_key: Mapping[str, Mention], bot_open_id: str,
                   attachments: list[Attachment]) -> str | None:
     """Text and attachments of one message; ``None`` for an unsupported type."""
@@ -150,16 +161,23 @@ def _content_text(message_type: str, content: Mapping[str, Any], by_key: Mapping
         attachments.append(Attachment("image", str(content.get("image_key") or "")))
         return ""
     if message_type == "file":
-        attachments.append(Attachment("file", str(content.get("file_key") or ""), content.get("file_name")))
+        name = content.get("file_name")
+        mime = mimetypes.guess_type(str(name))[0] if name else None
+        kind = "image" if mime in ("image/jpeg", "image/png", "image/gif", "image/webp") else "document"
+        attachments.append(Attachment(kind, str(content.get("file_key") or ""), name, mime))
         return ""
-    if message_type == "audio":
-        attachments.append(Attachment("audio", str(content.get("file_key") or "")))
+    if message_type == "audio":  # a voice message recorded in the client (Opus)
+        attachments.append(Attachment("voice", str(content.get("file_key") or ""), None, "audio/opus",
+                                      duration_s=_seconds(content.get("duration"))))
         return ""
-    if message_type == "media":
-        attachments.append(Attachment("video", str(content.get("file_key") or ""), content.get("file_name")))
+    if message_type == "media":  # a video, with its cover image
+        cover = content.get("image_key")
+        attachments.append(Attachment("video", str(content.get("file_key") or ""), content.get("file_name"),
+                                      "video/mp4", duration_s=_seconds(content.get("duration")),
+                                      thumbnail_id=str(cover) if cover else None))
         return ""
-    if message_type == "sticker":
-        attachments.append(Attachment("image", str(content.get("file_key") or ""), None, "image/sticker"))
+    if message_type == "sticker":  # Feishu's resource API does not serve stickers: described only
+        attachments.append(Attachment("sticker", str(content.get("file_key") or "")))
         return ""
     return None
 
@@ -172,12 +190,14 @@ def _command(text: str) -> str | None:
     return name.lower() or None
 
 
-def to_inbound(body: Mapping[str, Any], bot_open_id: str) -> InboundMessage | Ignored:
+def to_inbound(body: Mapping[str, Any], bot_open_id: str, *, ambient: bool = False) -> InboundMessage | Ignored:
     """Normalizes one decrypted schema 2.0 event body (``{"schema", "header", "event"}``).
 
     Args:
         body: the event as Feishu sends it (webhook after decryption, or a long-connection payload).
         bot_open_id: the bot's own ``open_id`` (``GET /open-apis/bot/v3/info``).
+        ambient: return a group message outside threads that does not mention the bot as a
+            ``context_only`` message (kept as group context) instead of ``Ignored("not_addressed")``.
 
     Returns:
         The message, or ``Ignored(reason)``. Pure: no I/O, no clock (time comes from the event).
@@ -217,7 +237,7 @@ def to_inbound(body: Mapping[str, Any], bot_open_id: str) -> InboundMessage | Ig
     is_dm = message.get("chat_type") == "p2p"
     thread_id = str(message.get("thread_id") or "") or None
     mentioned = any(m.open_id == bot_open_id for m in mentions) if bot_open_id else False
-    if not is_dm and not mentioned and thread_id is None:
+    if not is_dm and not mentioned and thread_id is None and not ambient:
         return Ignored("not_addressed")
 
     tenant = str(header.get("tenant_key") or sender.get("tenant_key") or "")
@@ -239,4 +259,6 @@ def to_inbound(body: Mapping[str, Any], bot_open_id: str) -> InboundMessage | Ig
         received_at=received_at,
         event_id=str(header.get("event_id") or "") or None,
         addressed=is_dm or mentioned,
+        quoted=ContextMessage(parent_id) if (parent_id := str(message.get("parent_id") or "")) else None,
+        context_only=not is_dm and not mentioned and thread_id is None,
     )

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from gateway.core.ports import InboundSink
-from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
+from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundAttachment, OutboundMessage, Sender
 
 
 class LocalAdapter:
@@ -76,9 +76,19 @@ class LocalAdapter:
         if self._task is not None:
             self._task.cancel()
 
+    def bind_files(self, reader: object) -> None:
+        """Files are shown by name only: the terminal needs no bytes."""
+
+    def attachment_problem(self, attachment: OutboundAttachment) -> str | None:
+        return None
+
     async def send(self, message: OutboundMessage, on_part: object = None, before_part: object = None
                    ) -> DeliveryResult:
-        self._write(f"agent> {message.text}")
+        if message.text:
+            self._write(f"agent> {message.text}")
+        for attachment in message.attachments:  # the terminal shows what was sent, not the bytes
+            caption = f": {attachment.caption}" if attachment.caption else ""
+            self._write(f"agent> [file {attachment.name}, {attachment.mime_type}, {attachment.size} bytes{caption}]")
         self.waiting.set()
         return DeliveryResult(True, (uuid.uuid4().hex,))
 

@@ -34,7 +34,10 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
+from yarl import URL
 
+from adapters.slack import history
+from adapters.slack.files import UploadFailed, attachment_problem, upload_bytes
 from adapters.slack.format import format_reply
 from adapters.slack.inbound import (
     ACTION_PREFIX,
@@ -47,15 +50,26 @@ from adapters.slack.inbound import (
 )
 from adapters.slack.wire import envelope_problem, event_id_of, interaction_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.core.errors import CredentialRejected
-from gateway.core.ports import BeforePart, InboundSink, PartSent
-from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+from gateway.core.errors import ContextUnavailable, CredentialRejected, DownloadFailed
+from gateway.core.ports import BeforePart, ChatLeft, Fetch, FileReader, InboundSink, PartSent
+from gateway.core.types import (
+    Attachment,
+    ChatAddress,
+    ContextMessage,
+    DeliveryResult,
+    InboundMessage,
+    OutboundAttachment,
+    OutboundMessage,
+    ThreadHistory,
+)
 
 log = logging.getLogger("adapters.slack")
 
 EVENTS_PATH = "/slack/events"
 SIGNATURE_WINDOW_S = 300  # Slack request signing: reject timestamps more than 5 minutes away
 RETRYABLE_ERRORS = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+LEFT_EVENTS = frozenset({"channel_left", "group_left"})
+"""Slack events telling the app its bot user left (was removed from) a channel or private channel."""
 NAME_TTL_S = 3600.0
 NAME_LOOKUP_TIMEOUT_S = 1.5  # users.info runs inside Slack's 3-second ack budget
 _MAX_REMEMBERED = 5000
@@ -148,6 +162,10 @@ def _failure(exc: SlackApiError, sent: list[str]) -> DeliveryResult:
     return DeliveryResult(False, tuple(sent), error=f"slack error: {code}")
 
 
+class _FileGone(Exception):
+    """An attachment's bytes are no longer in the blob store (a permanent failure)."""
+
+
 class _UnusedTokenNotice(logging.Filter):
     """Drops Bolt's start-up warning that ``$SLACK_BOT_TOKEN`` is unused: ``AsyncApp`` reads that
     variable by itself, and the adapter passes its own client (pointed at ``api_url``) instead."""
@@ -187,6 +205,11 @@ class SlackAdapter:
         socket_ping_interval_s: Socket Mode: seconds between the SDK's pings and checks of the
             connection, so also the longest time a silently dropped socket goes unnoticed before
             the SDK reconnects (Bolt's default is 10; a ``disconnect`` frame reconnects at once).
+        group_context: hand top-level channel messages that do not mention the bot to the sink as
+            ``context_only`` (some chat keeps group context); otherwise they are ignored here.
+
+    Also a ``ContextReader``: ``read_message`` (a thread's parent) and ``read_thread`` read
+    ``conversations.replies`` with the bot token (``adapters.slack.history``).
     """
 
     platform = "slack"
@@ -195,7 +218,8 @@ class SlackAdapter:
 
     def __init__(self, *, bot_token: str, signing_secret: str | None = None, app_token: str | None = None,
                  mode: str = "events", api_url: str = "https://slack.com/api/", allow_bots: bool = False,
-                 typing_reaction: str = "eyes", timeout_s: int = 15, socket_ping_interval_s: float = 5.0) -> None:
+                 typing_reaction: str = "eyes", timeout_s: int = 15, socket_ping_interval_s: float = 5.0,
+                 group_context: bool = False) -> None:
         if mode == "events" and not signing_secret:
             raise ValueError("Slack events mode needs a signing secret")
         if mode == "socket" and not app_token:
@@ -203,17 +227,24 @@ class SlackAdapter:
         self.mode = mode
         self.client = AsyncWebClient(token=bot_token, base_url=api_url, timeout=timeout_s,
                                      logger=logging.getLogger("adapters.slack.sdk"))
+        self._bot_token = bot_token
+        api = URL(api_url)
+        self._api_origin = (api.scheme, api.host, api.port)
+        self._fetch: Fetch | None = None
         self._signing_secret = signing_secret or ""
         self._app_token = app_token
         self._allow_bots = allow_bots
+        self._group_context = group_context
         self._typing_reaction = typing_reaction
         self._socket_ping_interval = socket_ping_interval_s
         self._sink: InboundSink | None = None
+        self._chat_left: ChatLeft | None = None
         self._identity: BotIdentity | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._names: dict[str, tuple[str, float]] = {}
         self._last_seen: OrderedDict[ChatAddress, str] = OrderedDict()  # newest user message ts per chat
         self._reacted: dict[ChatAddress, str] = {}
+        self._files: FileReader | None = None
         self.app = self._build_app()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -229,7 +260,16 @@ class SlackAdapter:
             await self._receive(body)
 
         async def on_other_event(body: dict[str, Any]) -> None:
-            log.debug("slack event %s ignored", (body.get("event") or {}).get("type"))
+            found = body.get("event")
+            event: dict[str, Any] = found if isinstance(found, dict) else {}
+            left = event.get("type") in LEFT_EVENTS or (
+                event.get("type") == "member_left_channel" and self._identity is not None
+                and event.get("user") == self._identity.user_id)
+            if left and self._chat_left is not None and isinstance(event.get("channel"), str):
+                team = str(body.get("team_id") or (self._identity.team_id if self._identity else ""))
+                await self._chat_left(ChatAddress("slack", team, event["channel"]))
+                return
+            log.debug("slack event %s ignored", event.get("type"))
 
         async def on_button(ack: Any, body: dict[str, Any]) -> None:
             await ack()  # Slack needs the ack within 3 s; the press is stored right after
@@ -252,6 +292,11 @@ class SlackAdapter:
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post(EVENTS_PATH, self._handle_events)] if self.mode == "events" else []
+
+    def bind_chat_left(self, callback: ChatLeft) -> None:
+        """``callback`` learns of each channel the bot was removed from (``channel_left``,
+        ``group_left``, or ``member_left_channel`` naming the bot user)."""
+        self._chat_left = callback
 
     async def start(self, sink: InboundSink) -> None:
         """Reads the app identity (``auth.test``) and remembers ``sink``. Events API requests are
@@ -344,7 +389,7 @@ class SlackAdapter:
         if self._identity is None or self._sink is None:
             raise RuntimeError("slack adapter not started")
         try:
-            result = to_inbound(body, self._identity, allow_bots=self._allow_bots)
+            result = to_inbound(body, self._identity, allow_bots=self._allow_bots, ambient=self._group_context)
             wanted = users_to_resolve(body, self._identity) if isinstance(result, InboundMessage) else set()
         except Exception as exc:  # authentic but not understood: asking again would fail the same way
             log.warning("slack event %s could not be read (%s); acknowledged and dropped", event_id_of(body) or "?",
@@ -355,11 +400,81 @@ class SlackAdapter:
             return
         if wanted:
             names = await self._display_names(wanted)
-            named = to_inbound(body, self._identity, names, allow_bots=self._allow_bots)
+            named = to_inbound(body, self._identity, names, allow_bots=self._allow_bots, ambient=self._group_context)
             result = named if isinstance(named, InboundMessage) else result
         stored = await self._sink(result)
         if stored:
             self._remember(result.address, result.message_id.rsplit(":", 1)[-1])
+
+    # -- context (gateway.core.ports.ContextReader) ------------------------------------------------
+    async def read_message(self, message: InboundMessage) -> ContextMessage | None:
+        """The parent of ``message``'s thread (``message.quoted``), read with ``conversations.replies``
+        (its first message is the parent); ``None`` when Slack no longer has it.
+
+        Raises:
+            ContextUnavailable: Slack refused (``missing_scope`` naming the scope, ``ratelimited``...).
+        """
+        if self._identity is None or message.quoted is None:
+            return None
+        channel, _, ts = message.quoted.message_id.rpartition(":")
+        answer = await self._replies(channel=channel, ts=ts, limit=1, inclusive=True, latest=ts)
+        found = [m for m in answer.get("messages") or () if isinstance(m, dict) and str(m.get("ts")) == ts]
+        if not found:
+            return None
+        names = await self._display_names(history.authors(found, self._identity))
+        return history.context_message(found[0], channel, self._identity, names)
+
+    async def read_thread(self, message: InboundMessage, limit: int) -> ThreadHistory:
+        """The messages of ``message``'s thread posted before it: the parent and the newest replies,
+        ``limit`` in all, oldest first, with their authors' names (``users.info``, cached). Reads
+        ``conversations.replies`` page by page (``PAGE_LIMIT``, at most ``MAX_PAGES``).
+
+        Raises:
+            ContextUnavailable: Slack refused (``missing_scope`` naming the scope, ``thread_not_found``,
+                ``ratelimited``...).
+        """
+        thread_ts = message.address.thread_id
+        if self._identity is None or not thread_ts:
+            return ThreadHistory()
+        channel, before = message.address.chat_id, message.message_id.rpartition(":")[2]
+        raw: list[dict[str, Any]] = []
+        cursor: str | None = None
+        more = False
+        for page in range(history.MAX_PAGES):
+            try:
+                answer = await self._replies(channel=channel, ts=thread_ts, latest=before, inclusive=False,
+                                             limit=history.PAGE_LIMIT, cursor=cursor)
+            except ContextUnavailable as exc:
+                if not page:
+                    raise
+                log.info("slack thread %s: page %d not read (%s); showing the pages read", thread_ts, page + 1, exc)
+                more = True
+                break
+            raw += [m for m in answer.get("messages") or () if isinstance(m, dict)
+                    and str(m.get("ts") or "") != before]
+            cursor = str((answer.get("response_metadata") or {}).get("next_cursor") or "") or None
+            more = bool(answer.get("has_more")) and cursor is not None
+            if not more:
+                break
+        names = await self._display_names(history.authors(raw, self._identity))
+        found = [m for m in (history.context_message(r, channel, self._identity, names) for r in raw) if m]
+        kept, left_out = history.keep_newest(found, f"{channel}:{thread_ts}", limit)
+        return ThreadHistory(tuple(kept), left_out, more)
+
+    async def _replies(self, **params: Any) -> dict[str, Any]:
+        """One ``conversations.replies`` call; Slack's refusals become ``ContextUnavailable``."""
+        try:
+            response = await self.client.conversations_replies(**params)
+        except SlackApiError as exc:
+            data = exc.response.data if exc.response is not None and isinstance(exc.response.data, dict) else {}
+            code = str(data.get("error") or "unknown error")
+            if code == "missing_scope":
+                raise ContextUnavailable(f"Slack answered missing_scope: the bot token needs {data.get('needed')} "
+                                         f"(it has {data.get('provided') or 'none'})") from None
+            raise ContextUnavailable(f"Slack answered {code}") from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ContextUnavailable(f"network: {type(exc).__name__}") from None
+        return response.data if isinstance(response.data, dict) else {}
 
     def _remember(self, address: ChatAddress, ts: str) -> None:
         self._last_seen[address] = ts
@@ -396,42 +511,93 @@ class SlackAdapter:
         return names
 
     # -- outbound ----------------------------------------------------------------------------
+    def bind_files(self, reader: FileReader) -> None:
+        """Where the bytes of outbound files come from (the gateway's blob store)."""
+        self._files = reader
+
+    def attachment_problem(self, attachment: OutboundAttachment) -> str | None:
+        """See ``FileSendingAdapter``; ``adapters.slack.files`` has the rules."""
+        return attachment_problem(attachment)
+
+    @staticmethod
+    def _parts(message: OutboundMessage) -> list[str | tuple[OutboundAttachment, str | None]]:
+        """Text chunks, then per attachment the file with its caption as the upload's comment (a
+        caption longer than one chunk goes first as text parts)."""
+        parts: list[str | tuple[OutboundAttachment, str | None]] = list(format_reply(message.text, message.format))
+        for attachment in message.attachments:
+            caption = format_reply(attachment.caption) if attachment.caption.strip() else []
+            if len(caption) > 1:
+                parts += caption
+                caption = []
+            parts.append((attachment, caption[0] if caption else None))
+        return parts
+
     async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
                    before_part: BeforePart | None = None) -> DeliveryResult:
         """Posts the reply as one or more ``chat.postMessage`` calls (mrkdwn, ≤ 3,900 characters
         each; Slack Web API: chat.postMessage, text ≤ 40,000 characters, ≤ 4,000 advised) in
-        ``thread_ts`` when the address has a thread. Parts already sent (``resume_from``) are
-        skipped, and each part but the last is reported to ``on_part`` (its ``ts``) before the next
-        is sent, so a retried or resumed delivery never repeats a part; ``before_part`` runs right
-        before each part's API call. With ``edit_id`` (a streamed preview's ``ts``), part 1 is a
-        ``chat.update`` of that message instead of a new post."""
+        ``thread_ts`` when the address has a thread, then each attachment with files upload v2
+        (``_send_file``) into the same thread. Parts already sent (``resume_from``) are
+        skipped, and each part but the last is reported to ``on_part`` (its ``ts``; a file's id)
+        before the next is sent, so a retried or resumed delivery never repeats a part;
+        ``before_part`` runs right before the call that makes each part visible. With ``edit_id``
+        (a streamed preview's ``ts``), part 1 is a ``chat.update`` of that message instead of a new
+        post."""
         address = message.address
         ids: list[str] = []
-        chunks = format_reply(message.text, message.format)
-        for index, chunk in enumerate(chunks):
+        parts = self._parts(message)
+        for index, part in enumerate(parts):
             if index < message.resume_from:
                 continue
-            kwargs: dict[str, Any] = {"channel": address.chat_id, "text": chunk, "mrkdwn": True}
-            if message.buttons and index == len(chunks) - 1:
-                kwargs["blocks"] = command_blocks(chunk, message.buttons)
-            if address.thread_id:
-                kwargs["thread_ts"] = address.thread_id
-            if before_part is not None:
-                await before_part(index)
             try:
-                if index == 0 and message.edit_id:
-                    response = await self._update_or_post(message.edit_id, kwargs)
+                if isinstance(part, tuple):
+                    ids.append(await self._send_file(address, part[0], part[1], index, before_part))
                 else:
-                    response = await self.client.chat_postMessage(**kwargs)
+                    kwargs: dict[str, Any] = {"channel": address.chat_id, "text": part, "mrkdwn": True}
+                    if message.buttons and index == len(parts) - 1:
+                        kwargs["blocks"] = command_blocks(part, message.buttons)
+                    if address.thread_id:
+                        kwargs["thread_ts"] = address.thread_id
+                    if before_part is not None:
+                        await before_part(index)
+                    if index == 0 and message.edit_id:
+                        response = await self._update_or_post(message.edit_id, kwargs)
+                    else:
+                        response = await self.client.chat_postMessage(**kwargs)
+                    ids.append(str(response.get("ts") or ""))
             except SlackApiError as exc:
                 return _failure(exc, ids)
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            except _FileGone as exc:
+                return DeliveryResult(False, tuple(ids), error=str(exc))
+            except (aiohttp.ClientError, TimeoutError, OSError, UploadFailed) as exc:
                 return DeliveryResult(False, tuple(ids), retryable=True, error=f"network: {type(exc).__name__}")
-            ids.append(str(response.get("ts") or ""))
-            if on_part is not None and index < len(chunks) - 1:
+            if on_part is not None and index < len(parts) - 1:
                 await on_part(ids[-1])  # recorded before the next part: a crash never repeats it
         await self._clear_typing(address)
         return DeliveryResult(True, tuple(ids))
+
+    async def _send_file(self, address: ChatAddress, attachment: OutboundAttachment, comment: str | None,
+                         index: int, before_part: BeforePart | None) -> str:
+        """One file through files upload v2 (Slack Web API): ``files.getUploadURLExternal``
+        (name, length), the bytes POSTed to the returned URL, then ``files.completeUploadExternal``
+        with ``channel_id`` (and ``thread_ts``: into the thread) and the caption as
+        ``initial_comment``. Only the completion shares the file, so ``before_part`` runs right
+        before it: a crash during the upload leaves nothing visible and the part is redone.
+        Returns the file's id."""
+        data = await self._files.read(attachment.sha256) if self._files is not None else None
+        if data is None:
+            raise _FileGone(f"file {attachment.name} is no longer stored")
+        reserved = await self.client.files_getUploadURLExternal(filename=attachment.name, length=len(data))
+        file_id, upload_url = str(reserved.get("file_id") or ""), str(reserved.get("upload_url") or "")
+        await upload_bytes(upload_url, data)
+        if before_part is not None:
+            await before_part(index)
+        extra: dict[str, Any] = {"thread_ts": address.thread_id} if address.thread_id else {}
+        if comment:
+            extra["initial_comment"] = comment
+        await self.client.files_completeUploadExternal(files=[{"id": file_id, "title": attachment.name}],
+                                                       channel_id=address.chat_id, **extra)
+        return file_id
 
     async def _update_or_post(self, ts: str, kwargs: dict[str, Any]) -> Any:
         """chat.update of the preview ``ts``; a preview that is gone (deleted) is replaced by a post."""
@@ -454,6 +620,46 @@ class SlackAdapter:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return DeliveryResult(False, retryable=True, error=f"network: {type(exc).__name__}")
         return DeliveryResult(True, (ts,))
+
+    # -- files -------------------------------------------------------------------------------
+    def bind_fetch(self, fetch: Fetch) -> None:
+        """Where file URLs are downloaded (the gateway's guarded fetcher)."""
+        self._fetch = fetch
+
+    def download_limit(self, attachment: Attachment) -> int | None:
+        """Slack sets no download limit below the gateway's (uploads go up to 1 GB)."""
+        return None
+
+    def _token_host(self, url: URL) -> bool:
+        """Hosts that may see the bot token: Slack's own (``files.slack.com``) and the API origin
+        configured (``slack.api_url``)."""
+        host = (url.host or "").lower()
+        return (url.scheme, url.host, url.port) == self._api_origin or (
+            url.scheme == "https" and (host == "slack.com" or host.endswith(".slack.com")))
+
+    async def download(self, message: InboundMessage, attachment: Attachment, max_bytes: int) -> tuple[bytes, str]:
+        """``GET url_private_download`` with ``Authorization: Bearer <bot token>`` (Slack
+        "Downloading files"; needs the ``files:read`` scope). Without a valid token Slack answers
+        200 with its HTML sign-in page: an HTML body is refused, never passed on as the file.
+
+        Raises:
+            FileTooBig: longer than ``max_bytes``. DownloadFailed: no URL, a URL off Slack, the
+            sign-in page, an HTTP or network error.
+        """
+        if not attachment.url:
+            raise DownloadFailed("Slack gave no download address for the file")
+        if self._fetch is None:
+            raise DownloadFailed("file downloads are not set up")
+        url = URL(attachment.url)
+        if not self._token_host(url):
+            raise DownloadFailed("the file's address is not on Slack")
+        data, content_type = await self._fetch(str(url), headers={"Authorization": f"Bearer {self._bot_token}"},
+                                               max_bytes=max_bytes,
+                                               trusted=(url.scheme, url.host, url.port) == self._api_origin)
+        if content_type.startswith("text/html") and not (attachment.mime_type or "").startswith("text/html"):
+            raise DownloadFailed("Slack sent its sign-in page instead of the file (the app needs the "
+                                 "files:read scope; reinstall it after adding the scope)")
+        return data, attachment.mime_type or content_type
 
     async def send_typing(self, address: ChatAddress) -> None:
         """Adds ``typing_reaction`` once to the newest user message of ``address`` seen by this

@@ -14,7 +14,11 @@ Rules (PLATFORMS.md §2.2, Slack Events API: ``message.im``, ``message.channels`
   own messages (user id or bot id) are ignored in every channel type, other bots by default;
 - Slack markup is turned into plain text: the bot's mention removed, ``<@U…>`` replaced by the
   display names the caller resolved, ``<#C…|name>``, ``<!here>``, ``<url|label>`` made readable,
-  ``&amp; &lt; &gt;`` unescaped (Slack: "Formatting text for app surfaces").
+  ``&amp; &lt; &gt;`` unescaped (Slack: "Formatting text for app surfaces");
+- a thread reply names its thread's parent as ``quoted`` (id only: Slack events do not carry the
+  parent's text; the adapter reads it with ``conversations.replies`` when the turn needs it);
+- with ``ambient`` (group context configured), a top-level channel message that does not mention
+  the bot becomes a ``context_only`` message instead of being ignored.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, ContextMessage, InboundMessage, Sender
 
 NEW_TEXT_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
 """Message subtypes that carry new user text (PLATFORMS.md §2.2)."""
@@ -66,12 +70,23 @@ def users_to_resolve(envelope: dict[str, Any], bot: BotIdentity) -> set[str]:
 
 
 def _attachment(file: dict[str, Any]) -> Attachment:
+    """A Slack file object (``files`` of a message event): ``url_private_download`` is where the
+    bytes are (it needs the bot token); a voice clip (``subtype: "slack_audio"``) is ``voice``; a
+    GIF is an ``animation``."""
     mime = str(file.get("mimetype") or "") or None
     major = (mime or "").split("/", 1)[0]
-    kind = major if major in ("image", "audio", "video") else "file"
+    kind = major if major in ("image", "audio", "video") else "document"
+    if mime == "image/gif":
+        kind = "animation"
+    if file.get("subtype") == "slack_audio" or file.get("media_display_type") == "audio":
+        kind = "voice"
     size = file.get("size")
+    url = file.get("url_private_download") or file.get("url_private")
+    width, height = file.get("original_w"), file.get("original_h")
     return Attachment(kind, str(file.get("id") or ""), file.get("name") or file.get("title"), mime,
-                      int(size) if isinstance(size, int) else None)
+                      int(size) if isinstance(size, int) else None, url=str(url) if url else None,
+                      width=width if isinstance(width, int) else None,
+                      height=height if isinstance(height, int) else None)
 
 
 def _unescape(text: str) -> str:
@@ -108,7 +123,7 @@ def plain_text(text: str, bot_user_id: str, names: Mapping[str, str]) -> str:
 
 
 def to_inbound(envelope: dict[str, Any], bot: BotIdentity, names: Mapping[str, str] | None = None, *,
-               allow_bots: bool = False) -> InboundMessage | Ignored:
+               allow_bots: bool = False, ambient: bool = False) -> InboundMessage | Ignored:
     """Normalizes one ``event_callback`` envelope. Pure: no I/O, no clock (``received_at`` is the
     message's own ``ts``).
 
@@ -118,6 +133,8 @@ def to_inbound(envelope: dict[str, Any], bot: BotIdentity, names: Mapping[str, s
         names: display names by user id, for the author and mentioned users (see
             ``users_to_resolve``); missing names fall back to the id.
         allow_bots: take messages from other bots (never from this one).
+        ambient: return a top-level channel message that does not mention the bot as a
+            ``context_only`` message (kept as group context) instead of ``Ignored("not_addressed")``.
     """
     names = names or {}
     if envelope.get("type") != "event_callback" or not isinstance(envelope.get("event"), dict):
@@ -152,6 +169,8 @@ def to_inbound(envelope: dict[str, Any], bot: BotIdentity, names: Mapping[str, s
         thread_id = thread_ts  # a DM thread keeps the DM session; replies go into that thread
     elif addressed:
         thread_id = ts  # a top-level mention starts a thread rooted at itself
+    elif ambient:
+        thread_id = None  # channel chatter: at most group context
     else:
         return Ignored("not_addressed")
 
@@ -179,6 +198,9 @@ def to_inbound(envelope: dict[str, Any], bot: BotIdentity, names: Mapping[str, s
         received_at=received_at,
         event_id=str(envelope["event_id"]) if envelope.get("event_id") else None,
         addressed=addressed,
+        quoted=ContextMessage(f"{channel}:{thread_ts}") if thread_ts and thread_ts != ts else None,
+        context_only=not is_dm and not thread_ts and not addressed,
+        opens_thread=not is_dm and not thread_ts and addressed,
     )
 
 

@@ -27,30 +27,55 @@ from telegram import (
     BotCommandScopeChat,
     InlineKeyboardButton,
     InlineKeyboardMarkup,
+    InputFile,
     MessageEntity,
     ReplyParameters,
     Update,
 )
 from telegram.error import BadRequest, ChatMigrated, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
 
+from adapters.telegram.files import (
+    CAPTION_LIMIT,
+    DOCUMENT_MAX_BYTES,
+    as_photo,
+    attachment_problem,
+)
 from adapters.telegram.format import Chunk, chunk_text, format_reply
-from adapters.telegram.inbound import BotIdentity, Ignored, callback_to_inbound, to_inbound
+from adapters.telegram.inbound import CLOUD_DOWNLOAD_LIMIT, BotIdentity, Ignored, callback_to_inbound, to_inbound
 from adapters.telegram.request import AiohttpRequest
 from adapters.telegram.wire import update_id_of, update_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.core.errors import CredentialRejected
-from gateway.core.ports import BeforePart, InboundSink, PartSent
-from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
+from gateway.core.errors import CredentialRejected, DownloadFailed, FileTooBig
+from gateway.core.ports import BeforePart, ChatLeft, FileReader, InboundSink, PartSent
+from gateway.core.types import (
+    Attachment,
+    ChatAddress,
+    DeliveryResult,
+    InboundMessage,
+    OutboundAttachment,
+    OutboundMessage,
+)
 
 log = logging.getLogger("adapters.telegram")
 
 WEBHOOK_PATH = "/telegram/webhook"
-ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
+DOWNLOAD_READ_TIMEOUT_S = 60.0
+FILE_READ_TIMEOUT_S = 60.0
+"""Seconds to wait for Telegram's answer to an upload (it stores the file before answering)."""
+PHOTO_REFUSALS = ("PHOTO_INVALID_DIMENSIONS", "PHOTO_SAVE_FILE_INVALID")
+ALLOWED_UPDATES = ["message", "edited_message", "callback_query", "my_chat_member"]
+GONE_STATUSES = frozenset({"left", "kicked"})
+"""ChatMember statuses of a bot no longer in the chat (Bot API ``my_chat_member``)."""
 PRIVACY_WARNING = (
     "telegram privacy mode is on for @%s (getMe: can_read_all_group_messages is false): in groups "
     "Telegram delivers only /commands and replies to the bot, so plain messages that @mention it may "
     "never arrive. Turn it off with @BotFather /setprivacy (then remove and re-add the bot to each "
     "group) or make the bot a group admin"
+)
+GROUP_CONTEXT_PRIVACY_WARNING = (
+    "telegram privacy mode is on for @%s: group context (sessions.group_context_messages) stays empty, "
+    "because Telegram does not deliver group messages that are not addressed to the bot. Turn privacy "
+    "mode off with @BotFather /setprivacy (then remove and re-add the bot to each group)"
 )
 
 
@@ -89,6 +114,14 @@ class TelegramAdapter:
         webhook_url: when set, registered with ``setWebhook`` at start.
         poll_timeout_s: long-poll ``timeout`` of ``getUpdates``.
         menu: the native command menus per audience (``CommandMenu``; default: help and stop).
+        group_context: hand group messages not addressed to the bot to the sink as
+            ``context_only`` (some chat keeps group context); otherwise they are ignored here.
+        max_download_bytes: the largest file ``getFile`` serves (cloud Bot API: 20 MB; a local
+            Bot API server: 2,000 MB).
+        local_mode: ``base_url`` is a local Bot API server run with ``--local`` (PTB reads files
+            from the path ``getFile`` returns).
+        max_upload_bytes: largest file the bot may send (Bot API: 50 MB; 2,000 MB through a local
+            Bot API server).
     """
 
     platform = "telegram"
@@ -96,21 +129,29 @@ class TelegramAdapter:
 
     def __init__(self, *, token: str, base_url: str = "https://api.telegram.org", mode: str = "polling",
                  webhook_secret: str | None = None, webhook_url: str | None = None, poll_timeout_s: int = 30,
-                 menu: CommandMenu | None = None) -> None:
+                 menu: CommandMenu | None = None, group_context: bool = False,
+                 max_download_bytes: int = CLOUD_DOWNLOAD_LIMIT, local_mode: bool = False,
+                 max_upload_bytes: int = DOCUMENT_MAX_BYTES) -> None:
         root = base_url.rstrip("/")
+        self._group_context = group_context
+        self.max_download_bytes = max_download_bytes
         self.bot = Bot(
             token,
             base_url=f"{root}/bot",
             base_file_url=f"{root}/file/bot",
             request=AiohttpRequest(connection_limit=32, read_timeout=15.0),
             get_updates_request=AiohttpRequest(connection_limit=2),
+            local_mode=local_mode,
         )
         self.mode = mode
+        self._files: FileReader | None = None
+        self._max_file_bytes = max_upload_bytes
         self._webhook_secret = webhook_secret
         self._webhook_url = webhook_url
         self._poll_timeout = poll_timeout_s
         self._menu = menu or CommandMenu()
         self._sink: InboundSink | None = None
+        self._chat_left: ChatLeft | None = None
         self._identity: BotIdentity | None = None
         self._poller: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -140,6 +181,8 @@ class TelegramAdapter:
         log.info("telegram bot @%s (%s) starting in %s mode", me.username, me.id, self.mode)
         if not me.can_read_all_group_messages:
             log.warning(PRIVACY_WARNING, me.username)
+            if self._group_context:
+                log.warning(GROUP_CONTEXT_PRIVACY_WARNING, me.username)
         await self._set_menus()
         if self.mode == "webhook" and self._webhook_url:
             await self.bot.set_webhook(self._webhook_url, secret_token=self._webhook_secret,
@@ -192,6 +235,10 @@ class TelegramAdapter:
             me = await self.bot.get_me()
         return f"bot @{me.username} (id {me.id})"
 
+    def bind_chat_left(self, callback: ChatLeft) -> None:
+        """``callback`` learns of each group the bot was removed from (``my_chat_member``)."""
+        self._chat_left = callback
+
     # -- inbound -----------------------------------------------------------------------------
     async def _poll(self) -> None:
         offset: int | None = None
@@ -233,6 +280,13 @@ class TelegramAdapter:
         An update the translation still cannot read is logged once at WARNING and dropped: asking
         for it again would fail the same way. Raises only when storing failed."""
         assert self._identity is not None and self._sink is not None
+        member = update.my_chat_member
+        if member is not None:  # the bot's own membership changed (Bot API: ChatMemberUpdated)
+            now = member.new_chat_member
+            gone = now.status in GONE_STATUSES and now.user.id == self._identity.id
+            if gone and member.chat.type != "private" and self._chat_left is not None:
+                await self._chat_left(ChatAddress("telegram", str(self._identity.id), str(member.chat.id)))
+            return
         try:
             if update.callback_query is not None:
                 try:
@@ -241,7 +295,7 @@ class TelegramAdapter:
                     log.warning("answerCallbackQuery failed: %s", exc)
                 result = callback_to_inbound(update, self._identity)
             else:
-                result = to_inbound(update, self._identity)
+                result = to_inbound(update, self._identity, ambient=self._group_context)
         except Exception as exc:
             log.warning("telegram update %s could not be read (%s); acknowledged and dropped", update.update_id,
                         type(exc).__name__)
@@ -282,29 +336,59 @@ class TelegramAdapter:
         return web.json_response({"ok": True})
 
     # -- outbound ----------------------------------------------------------------------------
+    def bind_files(self, reader: FileReader) -> None:
+        """Where the bytes of outbound files come from (the gateway's blob store)."""
+        self._files = reader
+
+    def attachment_problem(self, attachment: OutboundAttachment) -> str | None:
+        """See ``FileSendingAdapter``; ``adapters.telegram.files`` has the rules."""
+        return attachment_problem(attachment, self._max_file_bytes)
+
+    def _parts(self, message: OutboundMessage) -> list[Chunk | tuple[OutboundAttachment, Chunk | None]]:
+        """The reply's parts in order: text chunks, then per attachment its caption (as text parts
+        first when it does not fit a caption's 1024 units) and the file with the caption."""
+        if message.format == "markdown":
+            parts: list[Chunk | tuple[OutboundAttachment, Chunk | None]] = list(format_reply(message.text))
+        else:
+            parts = [c for c in chunk_text(message.text, []) if c.text.strip()]
+        for attachment in message.attachments:
+            caption = format_reply(attachment.caption, CAPTION_LIMIT) if attachment.caption.strip() else []
+            if len(caption) > 1:
+                parts += format_reply(attachment.caption)
+                caption = []
+            parts.append((attachment, caption[0] if caption else None))
+        return parts
+
     async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
                    before_part: BeforePart | None = None) -> DeliveryResult:
         """Sends the reply as one or more sendMessage calls (text + entities, ≤ 4096 UTF-16 units
-        each), quoting ``reply_to_id`` on the first. Parts already sent (``resume_from``) are
-        skipped, so a retried delivery never repeats a part. With ``edit_id`` (a streamed
-        preview), part 1 is an editMessageText of that message instead of a new message."""
-        if message.format == "markdown":
-            chunks = format_reply(message.text)
-        else:
-            chunks = [c for c in chunk_text(message.text, []) if c.text.strip()]
+        each), quoting ``reply_to_id`` on the first, then each attachment as a multipart
+        ``sendPhoto`` (a picture within the photo rules, ``adapters.telegram.files``) or
+        ``sendDocument`` with its caption. Parts already sent (``resume_from``) are skipped, so a
+        retried delivery never repeats a part. With ``edit_id`` (a streamed preview), part 1 is an
+        editMessageText of that message instead of a new message."""
+        parts = self._parts(message)
         ids: list[str] = []
-        for index, chunk in enumerate(chunks):
+        for index, part in enumerate(parts):
             if index < message.resume_from:
                 continue
             quote = message.reply_to_id if index == 0 else None
+            markup = _keyboard(message.buttons) if index == len(parts) - 1 else None
+            data = None
+            if isinstance(part, tuple):
+                data = await self._files.read(part[0].sha256) if self._files is not None else None
+                if data is None:
+                    return DeliveryResult(False, tuple(ids), error=f"file {part[0].name} is no longer stored")
             if before_part is not None:
                 await before_part(index)
             try:
-                if index == 0 and message.edit_id:
-                    sent_id = await self._edit_chunk(message.address, message.edit_id, chunk, quote)
+                if isinstance(part, tuple):
+                    assert data is not None
+                    sent_id = await self._send_file(message.address, part[0], data, part[1], quote, markup)
+                elif index == 0 and message.edit_id:
+                    sent_id = await self._edit_chunk(message.address, message.edit_id, part, quote)
                 else:
-                    markup = _keyboard(message.buttons) if index == len(chunks) - 1 else None
-                    sent_id = await self._send_chunk(message.address, chunk, quote, markup)
+                    sent_id = await self._send_chunk(message.address, part, quote, markup)
             except RetryAfter as exc:
                 return DeliveryResult(False, tuple(ids), retryable=True, retry_after=_retry_after(exc),
                                       error="telegram flood control")
@@ -315,11 +399,44 @@ class TelegramAdapter:
             except BadRequest as exc:
                 return DeliveryResult(False, tuple(ids), error=f"bad request: {exc.message}")
             except (NetworkError, TelegramError) as exc:
-                return DeliveryResult(False, tuple(ids), retryable=True, error=f"network: {exc}")
+                # HTTP 413 (an upload over the Bot API's limit) fails the same way every time.
+                too_big = "entity too large" in str(exc).lower()
+                return DeliveryResult(False, tuple(ids), retryable=not too_big, error=f"network: {exc}")
             ids.append(sent_id)
-            if on_part is not None and index < len(chunks) - 1:
+            if on_part is not None and index < len(parts) - 1:
                 await on_part(sent_id)  # recorded before the next part: a crash never repeats it
         return DeliveryResult(True, tuple(ids))
+
+    async def _send_file(self, address: ChatAddress, attachment: OutboundAttachment, data: bytes,
+                         caption: Chunk | None, quote: str | None, markup: InlineKeyboardMarkup | None) -> str:
+        """One multipart upload: ``sendPhoto`` when the picture keeps Telegram's photo rules, else
+        ``sendDocument``; a photo Telegram still refuses (``PHOTO_INVALID_DIMENSIONS``,
+        ``PHOTO_SAVE_FILE_INVALID``: nothing was sent) goes again as a document."""
+        kwargs: dict[str, object] = {"chat_id": int(address.chat_id), "read_timeout": FILE_READ_TIMEOUT_S}
+        if caption is not None:
+            kwargs["caption"] = caption.text
+            if caption.entities:
+                kwargs["caption_entities"] = [MessageEntity(e.type, e.offset, e.length, url=e.url, language=e.language)
+                                              for e in caption.entities]
+        if markup is not None:
+            kwargs["reply_markup"] = markup
+        if address.thread_id:
+            kwargs["message_thread_id"] = int(address.thread_id)
+        if quote:
+            kwargs["reply_parameters"] = ReplyParameters(int(quote), allow_sending_without_reply=True)
+        if as_photo(attachment):
+            try:
+                sent = await self.bot.send_photo(photo=InputFile(data, filename=attachment.name),
+                                                 **kwargs)  # type: ignore[arg-type]
+                return str(sent.message_id)
+            except BadRequest as exc:
+                if not any(code in exc.message.upper() for code in PHOTO_REFUSALS):
+                    raise
+                log.warning("telegram refused %s as a photo (%s); sending it as a document", attachment.name,
+                            exc.message)
+        sent = await self.bot.send_document(document=InputFile(data, filename=attachment.name),
+                                            **kwargs)  # type: ignore[arg-type]
+        return str(sent.message_id)
 
     async def _send_chunk(self, address: ChatAddress, chunk: Chunk, quote: str | None,
                           markup: InlineKeyboardMarkup | None = None) -> str:
@@ -376,6 +493,39 @@ class TelegramAdapter:
         except TelegramError as exc:
             return DeliveryResult(False, retryable=True, error=f"network: {exc}")
         return DeliveryResult(True, (message_id,))
+
+    # -- files -------------------------------------------------------------------------------
+    def download_limit(self, attachment: Attachment) -> int | None:
+        """Bot API ``getFile``: at most 20 MB on the cloud API (``max_download_bytes``)."""
+        return self.max_download_bytes
+
+    async def download(self, message: InboundMessage, attachment: Attachment, max_bytes: int) -> tuple[bytes, str]:
+        """``getFile`` then ``GET {base_url}/file/bot<token>/<file_path>`` (the file path is valid
+        for an hour, so it is asked for at download time). The size the update declared is
+        checked first; ``getFile`` answers 400 "Bad Request: file is too big" above the limit.
+
+        Raises:
+            FileTooBig: above ``max_bytes`` or the Bot API's limit. DownloadFailed: anything else.
+        """
+        limit = min(max_bytes, self.max_download_bytes)
+        who = "Telegram bots" if self.max_download_bytes <= max_bytes else "this gateway"
+        if attachment.size is not None and attachment.size > limit:
+            raise FileTooBig(attachment.size, limit, who)
+        try:
+            file = await self.bot.get_file(attachment.file_id)
+            if file.file_size is not None and file.file_size > limit:
+                raise FileTooBig(file.file_size, limit, who)
+            data = bytes(await file.download_as_bytearray(read_timeout=DOWNLOAD_READ_TIMEOUT_S))
+        except BadRequest as exc:
+            if "too big" in exc.message.lower():
+                raise FileTooBig(attachment.size, self.max_download_bytes, "Telegram bots") from None
+            raise DownloadFailed(f"Telegram did not hand over the file ({exc.message})") from None
+        except (NetworkError, TelegramError) as exc:
+            raise DownloadFailed(f"Telegram did not hand over the file ({type(exc).__name__})",
+                                 retryable=True) from None
+        if len(data) > limit:
+            raise FileTooBig(len(data), limit, who)
+        return data, attachment.mime_type or "application/octet-stream"
 
     async def send_typing(self, address: ChatAddress) -> None:
         try:

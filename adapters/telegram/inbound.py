@@ -6,17 +6,25 @@ Rules (PLATFORMS.md §1.2, Telegram Bot API "Message"/"MessageEntity"):
 - in groups the bot answers only when addressed: an ``@username`` mention, ``/cmd@username``,
   a bare ``/cmd``, or a reply to one of the bot's own messages;
 - entity offsets and lengths are UTF-16 code units;
-- edited messages, messages from bots (the bot itself included) and service messages are ignored.
+- edited messages, messages from bots (the bot itself included) and service messages are ignored;
+- a reply carries what it replies to (``quoted``): ``reply_to_message`` (its text or caption and its
+  media), or only the part the user selected when the message has a ``quote`` (Bot API 7.0 TextQuote;
+  also for a reply to another chat's message, ``external_reply``); in a forum topic the topic's
+  creation message, which every topic message "replies" to, is not a reply;
+- with ``ambient`` (group context configured), a group message not addressed to the bot becomes a
+  ``context_only`` message instead of being ignored (Telegram delivers those only with privacy mode
+  off).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 
-from telegram import Message, MessageEntity, Update
+from telegram import Message, MessageEntity, PhotoSize, Update, User
 
-from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, ContextMessage, InboundMessage, Sender
 
 _SPACES = re.compile(r"[ \t]{2,}")
 
@@ -46,25 +54,104 @@ def _utf16_to_index(text: str, utf16_offset: int) -> int:
     return len(text)
 
 
+MODEL_IMAGE_SIDE = 2048
+"""Photos are sent in several sizes: the smallest whose longest side reaches this (the model's
+limit, ``media.image_max_side`` by default) is taken, else the largest."""
+CLOUD_DOWNLOAD_LIMIT = 20_000_000
+"""Bot API ``getFile``: "bots can download files of up to 20 MB in size" (cloud API)."""
+_PICTURE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif", "image/bmp", "image/tiff")
+
+
+def _seconds(value: object) -> float | None:
+    """A duration as seconds (PTB gives ``int`` or ``timedelta``)."""
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _best_photo(sizes: tuple[PhotoSize, ...]) -> PhotoSize:
+    fits = [p for p in sizes if (p.file_size or 0) <= CLOUD_DOWNLOAD_LIMIT] or list(sizes)
+    ordered = sorted(fits, key=lambda p: (p.width * p.height, p.file_size or 0))
+    return next((p for p in ordered if max(p.width, p.height) >= MODEL_IMAGE_SIDE), ordered[-1])
+
+
 def _attachments(message: Message) -> tuple[Attachment, ...]:
+    """Telegram Bot API "Message": ``photo`` (sizes), ``document``, ``animation`` (also set as
+    ``document``, taken once), ``voice`` (OGG/Opus), ``audio``, ``video``, ``video_note``, ``sticker``."""
     found: list[Attachment] = []
     if message.photo:
-        largest = max(message.photo, key=lambda p: (p.file_size or 0, p.width * p.height))
-        found.append(Attachment("image", largest.file_id, None, "image/jpeg", largest.file_size))
-    if message.document:
+        photo = _best_photo(message.photo)
+        found.append(Attachment("image", photo.file_id, None, "image/jpeg", photo.file_size,
+                                width=photo.width, height=photo.height))
+    if message.animation:
+        a = message.animation
+        found.append(Attachment("animation", a.file_id, a.file_name, a.mime_type, a.file_size, width=a.width,
+                                height=a.height, duration_s=_seconds(a.duration),
+                                thumbnail_id=a.thumbnail.file_id if a.thumbnail else None))
+    elif message.document:
         d = message.document
-        found.append(Attachment("file", d.file_id, d.file_name, d.mime_type, d.file_size))
-    for kind, media in (("audio", message.voice), ("audio", message.audio), ("video", message.video)):
+        kind = "image" if (d.mime_type or "").lower() in _PICTURE_TYPES else "document"
+        found.append(Attachment(kind, d.file_id, d.file_name, d.mime_type, d.file_size))
+    if message.voice:
+        v = message.voice
+        found.append(Attachment("voice", v.file_id, None, v.mime_type or "audio/ogg", v.file_size,
+                                duration_s=_seconds(v.duration)))
+    if message.audio:
+        au = message.audio
+        found.append(Attachment("audio", au.file_id, au.file_name, au.mime_type, au.file_size,
+                                duration_s=_seconds(au.duration)))
+    for media in (message.video, message.video_note):
         if media is not None:
-            found.append(Attachment(kind, media.file_id, getattr(media, "file_name", None),
-                                    getattr(media, "mime_type", None), media.file_size))
+            found.append(Attachment("video", media.file_id, getattr(media, "file_name", None),
+                                    getattr(media, "mime_type", None) or "video/mp4", media.file_size,
+                                    duration_s=_seconds(media.duration),
+                                    thumbnail_id=media.thumbnail.file_id if media.thumbnail else None))
     if message.sticker:
-        found.append(Attachment("image", message.sticker.file_id, None, "image/webp", message.sticker.file_size))
+        st = message.sticker
+        mime = "application/x-tgsticker" if st.is_animated else "video/webm" if st.is_video else "image/webp"
+        found.append(Attachment("sticker", st.file_id, st.emoji and f"sticker {st.emoji}", mime, st.file_size,
+                                width=st.width, height=st.height,
+                                thumbnail_id=st.thumbnail.file_id if st.thumbnail else None))
     return tuple(found)
 
 
-def to_inbound(update: Update, bot: BotIdentity) -> InboundMessage | Ignored:
-    """Normalizes one update. Pure: no I/O, no clock other than the message's own date."""
+def _name(user: User | None) -> str:
+    return " ".join(p for p in (user.first_name, user.last_name) if p) if user is not None else ""
+
+
+def _quoted(message: Message, bot: BotIdentity) -> ContextMessage | None:
+    """What ``message`` replies to, or ``None``. Telegram Bot API "Message": ``reply_to_message``
+    (for replies in the same chat), ``external_reply`` (a message of another chat or topic), and
+    ``quote`` (TextQuote: the part of the replied-to message the user selected)."""
+    reply, quote = message.reply_to_message, message.quote
+    if reply is not None and (reply.forum_topic_created is not None or (
+            message.is_topic_message and reply.message_id == message.message_thread_id)):
+        reply = None  # a forum topic's messages all "reply" to the topic's creation message
+    if reply is not None:
+        author = reply.from_user
+        text = reply.text if reply.text is not None else (reply.caption or "")
+        name = _name(author) or (reply.sender_chat.title or "" if reply.sender_chat is not None else "")
+        return ContextMessage(
+            f"{reply.chat.id}:{reply.message_id}", quote.text if quote is not None else text, name,
+            reply.date.timestamp() if reply.date else 0.0, _attachments(reply),
+            from_bot=author is not None and author.id == bot.id, partial=quote is not None)
+    external = message.external_reply
+    if quote is not None and external is not None:  # the quoted message is in another chat
+        origin = external.origin
+        name = _name(getattr(origin, "sender_user", None)) or getattr(origin, "sender_user_name", None) or ""
+        chat = getattr(origin, "chat", None) or getattr(origin, "sender_chat", None)
+        name = name or (chat.title or "" if chat is not None else "")
+        where = external.chat.id if external.chat is not None else "external"
+        return ContextMessage(f"{where}:{external.message_id or 0}", quote.text, name,
+                              origin.date.timestamp() if origin.date else 0.0, partial=True)
+    return None
+
+
+def to_inbound(update: Update, bot: BotIdentity, *, ambient: bool = False) -> InboundMessage | Ignored:
+    """Normalizes one update. Pure: no I/O, no clock other than the message's own date.
+
+    ``ambient``: a group message not addressed to the bot is returned as a ``context_only``
+    message (kept as group context) instead of ``Ignored("not_addressed")``."""
     if update.edited_message is not None or update.edited_channel_post is not None:
         return Ignored("edited_message")
     message = update.message
@@ -108,7 +195,7 @@ def to_inbound(update: Update, bot: BotIdentity) -> InboundMessage | Ignored:
         addressed = True
 
     is_dm = chat.type == "private"
-    if not is_dm and not addressed:
+    if not is_dm and not addressed and not ambient:
         return Ignored("not_addressed")
 
     for start, end in sorted(mention_spans, reverse=True):
@@ -132,6 +219,10 @@ def to_inbound(update: Update, bot: BotIdentity) -> InboundMessage | Ignored:
         attachments=attachments,
         received_at=message.date.timestamp() if message.date else 0.0,
         event_id=str(update.update_id),
+        addressed=is_dm or addressed,
+        quoted=_quoted(message, bot),
+        context_only=not is_dm and not addressed,
+        media_group_id=message.media_group_id,
     )
 
 

@@ -6,7 +6,8 @@ later, on every delivery attempt. ``update_problem`` refuses it at the door inst
 
 Telegram Bot API types (https://core.telegram.org/bots/api#available-types): ``Update``,
 ``Message``, ``Chat``, ``User``, ``MessageEntity`` (offsets and lengths in UTF-16 units),
-``PhotoSize``/``Document``/``Audio``/``Voice``/``Video``/``Sticker``, ``CallbackQuery``. Ids of
+``PhotoSize``/``Document``/``Audio``/``Voice``/``Video``/``Sticker``, ``TextQuote`` (the quoted
+part of a reply), ``CallbackQuery``. Ids of
 users and chats "have at most 52 significant bits"; dates are Unix time.
 """
 
@@ -73,6 +74,13 @@ class PhotoSize(File):
     height: Annotated[int, Field(ge=0)]
 
 
+class TextQuote(WireModel):
+    text: Text
+    entities: list[Entity] | None = None
+    position: Units
+    is_manual: bool | None = None
+
+
 class Message(WireModel):
     message_id: TelegramId
     date: UnixTime
@@ -85,6 +93,8 @@ class Message(WireModel):
     entities: list[Entity] | None = None
     caption_entities: list[Entity] | None = None
     reply_to_message: Message | None = None
+    quote: TextQuote | None = None
+    external_reply: dict[str, Any] | None = None
     edit_date: UnixTime | None = None
     photo: list[PhotoSize] | None = None
     document: File | None = None
@@ -102,6 +112,21 @@ class CallbackQuery(WireModel):
     chat_instance: Text | None = None
 
 
+class ChatMember(WireModel):
+    status: Word
+    user: User
+
+
+class ChatMemberUpdated(WireModel):
+    """The bot's own membership changed (added, promoted, removed): Bot API ``ChatMemberUpdated``."""
+
+    chat: Chat
+    from_: User = Field(alias="from")
+    date: UnixTime
+    old_chat_member: ChatMember
+    new_chat_member: ChatMember
+
+
 class Update(WireModel):
     """The update kinds the gateway subscribes to (``allowed_updates``) or may be sent."""
 
@@ -111,6 +136,7 @@ class Update(WireModel):
     channel_post: Message | None = None
     edited_channel_post: Message | None = None
     callback_query: CallbackQuery | None = None
+    my_chat_member: ChatMemberUpdated | None = None
 
 
 def update_id_of(data: Any) -> int | None:

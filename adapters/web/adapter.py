@@ -29,15 +29,18 @@ import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote, urlencode
 
 from aiohttp import web
 from itsdangerous import BadSignature, Signer
 
-from adapters.web.format import markdown_html, plain_html
+from adapters.web.format import INLINE_IMAGE_TYPES, attachment_html, markdown_html, plain_html
 from adapters.web.inbound import TENANT, WebInputError, client_id_of, message_from_post
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.core.ports import BeforePart, ConversationReader, InboundSink, PartSent
-from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
+from gateway.core.errors import BlobMissing
+from gateway.core.files import MB, human_size
+from gateway.core.ports import BeforePart, BlobStore, ConversationReader, FileReader, InboundSink, PartSent
+from gateway.core.types import ChatAddress, DeliveryResult, OutboundAttachment, OutboundMessage
 
 log = logging.getLogger("adapters.web")
 
@@ -52,6 +55,9 @@ HEARTBEAT_S = 15.0
 MAX_STREAMS_PER_USER = 8
 """Open event streams one web user may hold (tabs, devices); a further one gets 429 (the page
 retries it, so it comes in once another tab closes)."""
+MAX_FILE_BYTES = 100 * MB
+"""Largest file the agent may send into the web chat (served from the blob store)."""
+SENT_FILE_PATH = "/web/files/{sha256}/{name}"
 STATIC = Path(__file__).with_name("static")
 CSP = ("default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
        "frame-ancestors 'none'; form-action 'self'")
@@ -71,10 +77,27 @@ class WebAdapter:
 
     def __init__(self, *, secret: str, cookie_secure: bool = False) -> None:
         self._signer = Signer(secret, salt="gateway-web-user")
+        self._tickets = Signer(secret, salt="gateway-web-file")
+        self._blobs: BlobStore | None = None
+        self._upload_max = 20_000_000
+        self._file_signer = Signer(secret, salt="gateway-web-sent-file")
+        self._files: FileReader | None = None
         self._cookie_secure = cookie_secure
         self._sink: InboundSink | None = None
         self._reader: ConversationReader | None = None
         self._listeners: dict[str, set[asyncio.Queue[dict[str, Any] | None]]] = {}
+
+    def bind_blobs(self, blobs: BlobStore, media: Any) -> None:
+        """Where uploads are stored (the gateway's blob store) and their limit (``media.upload_max_mb``)."""
+        self._blobs = blobs
+        self._upload_max = int(media.upload_max_mb * 1_000_000)
+
+    def ticket(self, user_id: str, sha256: str) -> str:
+        """Proof that ``user_id`` may use blob ``sha256`` (they uploaded it, or it is in their chat)."""
+        return self._tickets.get_signature(f"{user_id}:{sha256}").decode()
+
+    def _ticket_ok(self, user_id: str, sha256: str, ticket: str) -> bool:
+        return self._tickets.verify_signature(f"{user_id}:{sha256}".encode(), header_bytes(ticket))
 
     def bind_conversations(self, reader: ConversationReader) -> None:
         """Gives the adapter the transcript reader its pages show (called by the gateway)."""
@@ -86,7 +109,9 @@ class WebAdapter:
                 web.get("/web/chat.css", self._static("chat.css", "text/css")),
                 web.get("/web/icon.svg", self._static("icon.svg", "image/svg+xml")),
                 web.get("/favicon.ico", self._favicon),
-                web.post("/web/messages", self._post), web.get("/web/events", self._events)]
+                web.post("/web/messages", self._post), web.get("/web/events", self._events),
+                web.post("/web/files", self._upload), web.get("/web/files/{sha256}", self._file),
+                web.get(SENT_FILE_PATH, self._sent_file)]
 
     def user_of(self, request: web.Request) -> str | None:
         """The browser's user id from its signed cookie, or ``None`` (no cookie, bad signature)."""
@@ -101,6 +126,53 @@ class WebAdapter:
     def cookie_for(self, user_id: str) -> str:
         """The signed cookie value of ``user_id``."""
         return self._signer.sign(user_id).decode()
+
+    def bind_files(self, reader: FileReader) -> None:
+        """Where the bytes of files the agent sent come from (the gateway's blob store)."""
+        self._files = reader
+
+    def attachment_problem(self, attachment: OutboundAttachment) -> str | None:
+        """See ``FileSendingAdapter``: the web chat serves files of up to ``MAX_FILE_BYTES``."""
+        if attachment.size <= 0:
+            return f"{attachment.name} is empty; there is nothing to show."
+        if attachment.size > MAX_FILE_BYTES:
+            return (f"the web chat takes files up to {human_size(MAX_FILE_BYTES)}; {attachment.name} is "
+                    f"{human_size(attachment.size)}.")
+        return None
+
+    def file_url(self, user_id: str, attachment: dict[str, Any]) -> str:
+        """The address of a file the agent sent to ``user_id``: signed for that user, its bytes'
+        digest, type and name, so it opens only in that user's browser (their cookie) and a changed
+        type or name is refused."""
+        sha, mime, name = str(attachment["sha256"]), str(attachment.get("mime_type") or ""), \
+            str(attachment.get("name") or "file")
+        signature = self._file_signer.get_signature(_file_claim(user_id, sha, mime, name)).decode()
+        return f"/web/files/{sha}/{quote(name, safe='')}?" + urlencode({"type": mime, "sig": signature})
+
+    async def _sent_file(self, request: web.Request) -> web.StreamResponse:
+        """``GET /web/files/{sha256}/{name}?type=&sig=``: a file the agent sent to this browser's user.
+        Images of a raster type are shown inline, everything else is a download; the body is never
+        sniffed into something else (``nosniff``, a sandboxing CSP)."""
+        user_id = self.user_of(request)
+        if user_id is None:
+            return _error(401, "no web identity: reload the page")
+        sha, name = request.match_info["sha256"], request.match_info["name"]
+        mime = request.query.get("type", "")
+        claim = _file_claim(user_id, sha, mime, name)
+        if not self._file_signer.verify_signature(claim, request.query.get("sig", "").encode()):
+            return _error(403, "this file link is not yours")
+        data = await self._files.read(sha) if self._files is not None else None
+        if data is None:
+            return _error(404, "this file is no longer stored")
+        inline = mime in INLINE_IMAGE_TYPES
+        disposition = "inline" if inline else "attachment"
+        headers = {"Content-Disposition": f"{disposition}; filename*=UTF-8''{quote(name, safe='')}",
+                   "X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'; sandbox",
+                   "Cache-Control": "private, max-age=3600", "Referrer-Policy": "no-referrer"}
+        return web.Response(body=data, content_type=mime if inline else "application/octet-stream", headers=headers)
+
+    def _files_html(self, user_id: str, attachments: list[dict[str, Any]]) -> str:
+        return "".join(attachment_html(a, self.file_url(user_id, a)) for a in attachments if a.get("sha256"))
 
     async def _page(self, request: web.Request) -> web.Response:
         response = web.Response(body=(STATIC / "chat.html").read_bytes(), content_type="text/html",
@@ -134,7 +206,7 @@ class WebAdapter:
         except (UnreadableBody, UnicodeDecodeError):
             return _error(400, "the request body is not JSON")
         try:
-            message = message_from_post(body, user_id)
+            message = message_from_post(body, user_id, check=self._ticket_ok)
         except WebInputError as exc:
             return _error(400, str(exc))
         try:
@@ -143,6 +215,65 @@ class WebAdapter:
             log.exception("web message from %s not stored", user_id)
             return _error(503, "the message was not stored; send it again")
         return web.json_response({"ok": True, "stored": stored})
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        """``POST /web/files``: the body is the file (``Content-Type`` its type, ``X-File-Name`` its
+        URL-encoded name), at most ``media.upload_max_mb``; answers ``{"ok", "file": {"sha256",
+        "ticket", "name", "mime_type", "size"}}`` for ``POST /web/messages``' ``files``. Stored in
+        the blob store at once; the message then goes through the same inbox as text."""
+        if request.headers.get("X-Requested-With") != REQUESTED_WITH:
+            return _error(403, f"X-Requested-With must be {REQUESTED_WITH!r} (send files from the chat page)")
+        user_id = self.user_of(request)
+        if user_id is None:
+            return _error(401, "no web identity: reload the page")
+        if self._blobs is None:
+            return _error(503, "file uploads are not available")
+        limit = self._upload_max
+        if request.content_length is not None and request.content_length > limit:
+            return _error(413, f"the file is too big ({request.content_length / 1e6:.1f} MB); "
+                               f"the web chat takes files up to {limit / 1e6:g} MB")
+        data = bytearray()
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            data += chunk
+            if len(data) > limit:
+                return _error(413, f"the file is too big; the web chat takes files up to {limit / 1e6:g} MB")
+        if not data:
+            return _error(400, "the file is empty")
+        mime = (request.content_type or "application/octet-stream").lower()
+        if mime in ("application/x-www-form-urlencoded", "multipart/form-data"):
+            mime = "application/octet-stream"
+        name = unquote(request.headers.get("X-File-Name", ""))[:255] or None
+        ref = await asyncio.to_thread(self._blobs.put, bytes(data), mime)
+        return web.json_response({"ok": True, "file": {"sha256": ref.sha256, "ticket": self.ticket(user_id, ref.sha256),
+                                                       "name": name, "mime_type": mime, "size": ref.size}})
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        """``GET /web/files/<sha256>?t=<ticket>``: a blob of this browser's conversation (an upload or
+        the rendition of an image in it), for inline images; anything else is 404."""
+        user_id = self.user_of(request)
+        sha = request.match_info["sha256"]
+        if user_id is None or self._blobs is None or not self._ticket_ok(user_id, sha, request.query.get("t", "")):
+            return _error(404, "no such file")
+        try:
+            data = await asyncio.to_thread(self._blobs.get, sha)
+        except BlobMissing:
+            return _error(404, "the file is no longer stored")
+        kind = _image_type(data)
+        return web.Response(body=data, content_type=kind or "application/octet-stream",
+                            headers={"Cache-Control": "private, max-age=86400", "X-Content-Type-Options": "nosniff",
+                                     "Content-Security-Policy": "default-src 'none'",
+                                     **({} if kind else {"Content-Disposition": "attachment"})})
+
+    def _files_of(self, user_id: str, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """What the page shows of a row's files: name, kind, size and, for images, a URL of the rendition."""
+        out = []
+        for ref in row.get("attachments") or ():
+            image = (ref.get("image") or {}).get("sha256")
+            entry = {"name": ref.get("name"), "kind": ref.get("kind"), "size": ref.get("size")}
+            if image:
+                entry["url"] = f"/web/files/{image}?t={quote(self.ticket(user_id, image))}"
+            out.append(entry)
+        return out
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         user_id = self.user_of(request)
@@ -179,7 +310,11 @@ class WebAdapter:
                         if row["platform"] == "web" and row["message_id"]:
                             row = {**row, "message_id": client_id_of(row["message_id"])}  # the page's id
                         html = markdown_html(row["text"]) if row["role"] == "assistant" else plain_html(row["text"])
-                        await _emit(response, {**row, "type": "row", "html": html, "session": session_id})
+                        if row["role"] == "assistant" and row.get("attachments"):  # the files the agent sent
+                            html += self._files_html(user_id, row["attachments"])
+                        await _emit(response, {**row, "type": "row", "html": html, "session": session_id,
+                                               "attachments": self._files_of(user_id, row)
+                                               if row["role"] == "user" else []})
                         after = max(after, row["id"])
                         if row["role"] == "assistant":
                             answered.append(row["text"].strip())
@@ -235,14 +370,16 @@ class WebAdapter:
 
     async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
                    before_part: BeforePart | None = None) -> DeliveryResult:
-        """Shows the reply on the chat's open pages (one part; a page opened later finds a turn's
-        reply in the transcript). Part 1 of a reply with ``edit_id`` replaces that preview."""
+        """Shows the reply on the chat's open pages (one part, the agent's files inline or as
+        downloads under the text; a page opened later finds a turn's reply in the transcript). Part
+        1 of a reply with ``edit_id`` replaces that preview."""
         if message.resume_from > 0:
             return DeliveryResult(True)
         if before_part is not None:
             await before_part(0)
         message_id = message.edit_id or uuid.uuid4().hex
         html = plain_html(message.text) if message.format == "plain" else markdown_html(message.text)
+        html += self._files_html(message.address.chat_id, [a.to_dict() for a in message.attachments])
         self._publish(message.address.chat_id, {"type": "reply", "id": message_id, "text": message.text,
                                                 "html": html})
         if on_part is not None:
@@ -264,6 +401,23 @@ class WebAdapter:
 
 async def _emit(response: web.StreamResponse, event: dict[str, Any]) -> None:
     await response.write(f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode())
+
+
+def _file_claim(user_id: str, sha256: str, mime: str, name: str) -> str:
+    return "\n".join((user_id, sha256, mime, name))
+
+
+def _image_type(data: bytes) -> str | None:
+    """The image type of ``data`` by its magic number (only images are shown inline)."""
+    if data[:3] == b"\xff\xd8\xff":
+        return "image/jpeg"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "image/png"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    return None
 
 
 def _error(status: int, text: str) -> web.Response:

@@ -11,6 +11,8 @@ import html
 
 from markdown_it import MarkdownIt
 
+from gateway.core.files import human_size
+
 _markdown = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable("table").enable("strikethrough") \
     .disable("image")
 
@@ -23,3 +25,26 @@ def markdown_html(text: str) -> str:
 def plain_html(text: str) -> str:
     """HTML for plain text (user messages, previews): escaped; the page keeps line breaks."""
     return html.escape(text)
+
+
+INLINE_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+"""Raster formats the page shows inline; anything else (SVG included: it can carry script) is a download."""
+
+
+def attachment_html(attachment: dict[str, object], url: str) -> str:
+    """HTML for one file the agent sent: an inline image (PNG, JPEG, GIF, WebP) opening full size,
+    or a download link with the file's name and size; the caption (markdown) under it. Every value
+    is escaped; ``url`` is the file's signed address on this server."""
+    name = str(attachment.get("name") or "file")
+    caption = str(attachment.get("caption") or "")
+    href = html.escape(url, quote=True)
+    label = html.escape(name)
+    below = f'<figcaption>{markdown_html(caption)}</figcaption>' if caption.strip() else ""
+    if attachment.get("kind") == "image" and attachment.get("mime_type") in INLINE_IMAGE_TYPES:
+        return (f'<figure class="sent-file image"><a href="{href}" target="_blank" rel="noopener">'
+                f'<img src="{href}" alt="{html.escape(name, quote=True)}" loading="lazy"></a>{below}</figure>')
+    size = attachment.get("size")
+    shown = f" <small>({human_size(size)})</small>" if isinstance(size, int) else ""
+    return (f'<figure class="sent-file document"><a href="{href}" download="{html.escape(name, quote=True)}">'
+            f'📎 {label}</a>{shown}{below}</figure>')
+

@@ -72,7 +72,8 @@ class AdminQueries:
         each message has ``role``, ``content``, ``calls`` (``[{"id", "name", "arguments"}]``,
         arguments pretty-printed), ``tool_call_id``, ``tool_name`` (for a tool result: the called
         tool's name), token counts (``cached_tokens`` too), ``answered_by`` (``provider:model`` of a
-        routed answer, else ``None``) and ``created_at``.
+        routed answer, else ``None``), ``files`` (the message's file references; an assistant
+        message's are the files it sent) and ``created_at``.
         """
         with read_tx(self.engine) as conn:
             row = conn.execute(select(_sessions).where(_sessions.c.id == session_id)).first()
@@ -103,7 +104,8 @@ class AdminQueries:
                                      "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
                                      "cached_tokens": int(meta.get("cached_tokens") or 0),
                                      "answered_by": f"{meta['provider']}:{meta.get('model')}"
-                                     if meta.get("provider") else None, "created_at": r.created_at})
+                                     if meta.get("provider") else None, "created_at": r.created_at,
+                                     "files": _files(meta)})
             turn["prompt_tokens"] += r.prompt_tokens or 0
             turn["completion_tokens"] += r.completion_tokens or 0
             turn["cached_tokens"] += int(meta.get("cached_tokens") or 0)
@@ -146,3 +148,20 @@ def _pretty(arguments: str) -> str:
         return json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
     except (TypeError, ValueError):
         return str(arguments)
+
+
+def _files(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """A message's file references as the session page lists them: kind, quoted name, type, size,
+    why it could not be used, and the sha256 of an image's rendition for its thumbnail."""
+    from gateway.media.render import human_size, quoted
+
+    out = []
+    for ref in meta.get("attachments", ()) if isinstance(meta.get("attachments"), list) else ():
+        if not isinstance(ref, dict):
+            continue
+        image = ref.get("image")
+        image = image if isinstance(image, dict) else {}
+        out.append({"kind": ref.get("kind"), "name": quoted(ref.get("name")), "mime_type": ref.get("mime_type"),
+                    "size": human_size(int(ref.get("size") or 0)), "note": ref.get("note"),
+                    "thumb": image.get("sha256"), "sha256": ref.get("sha256")})
+    return out

@@ -40,7 +40,8 @@ TEMPLATES = Path(__file__).with_name("templates")
 FLASH_COOKIE = "gw_admin_flash"
 CHECK_TIMEOUT_S = 5.0
 DECIDED_BY = "web-admin"
-CSP = "default-src 'none'; style-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+       "base-uri 'none'")
 OFF_TEXT = ("The admin pages are off: no admin password is configured. Set the environment variable "
             "{env} (named by web.admin_password_env) and restart the gateway.")
 
@@ -95,6 +96,7 @@ class AdminSite:
             web.get("/admin/approvals", self._page(self._approvals)),
             web.post("/admin/approvals/{approval_id}/{op:approve|deny}", self._action(self._approval_action)),
             web.get("/admin/health", self._page(self._health)),
+            web.get("/admin/files/{sha256}", self._thumbnail),
         ]
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -195,6 +197,21 @@ class AdminSite:
         for turn in session["turns"]:
             turn["cost"], turn["cost_estimated"] = self._cost(turn)
         return "session.html", {"session": session, "model": self.gateway.config.llm.model}
+
+    async def _thumbnail(self, request: web.Request) -> web.StreamResponse:
+        """A 256 px preview of an image blob in a transcript (logged-in admins only)."""
+        if not await self._logged_in(request):
+            return web.Response(status=403, text="Not logged in: open /admin/login first.")
+        from gateway.core.errors import BlobMissing, MediaError
+        from gateway.media.images import thumbnail
+
+        try:
+            data = await asyncio.to_thread(self.gateway.blobs.get, request.match_info["sha256"])
+            small = await asyncio.to_thread(thumbnail, data)
+        except (BlobMissing, MediaError):
+            raise web.HTTPNotFound(text="No image with that address is stored.") from None
+        return web.Response(body=small.data, content_type=small.mime_type,
+                            headers={"Cache-Control": "private, max-age=3600", "X-Content-Type-Options": "nosniff"})
 
     async def _users(self, request: web.Request) -> tuple[str, dict[str, Any]]:
         query = request.query.get("q", "")

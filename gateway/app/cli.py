@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.core.config import GatewayConfig, load_config
 from gateway.core.errors import ConfigError
@@ -144,6 +144,18 @@ def _approve(config: GatewayConfig, code: str) -> int:
 CONFIG_HELP = "TOML config file (default: $GATEWAY_CONFIG, else built-in defaults)"
 
 
+def _delete_session_files(config: GatewayConfig) -> Callable[[Any, str], None]:
+    """Deletes a deleted session's files (``gateway sessions delete``): blobs nobody else uses."""
+    def delete(engine: Any, session_id: str) -> None:
+        from gateway.media.index import MediaIndex
+        from gateway.media.store import open_blob_store
+
+        gone = MediaIndex(engine, open_blob_store(config.media, engine)).forget_session(session_id)
+        print(f"deleted {gone.files} stored file(s) of it ({gone.blobs} blob(s))")
+
+    return delete
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``gateway`` argument parser. ``--config PATH`` is accepted before or after any
     (sub)command: ``gateway --config F run`` and ``gateway run --config F`` are the same."""
@@ -234,5 +246,5 @@ def _command(config: GatewayConfig, args: argparse.Namespace) -> int:
     elif args.command == "sessions":
         from gateway.skills.cli import run_sessions_command
 
-        return run_sessions_command(config, args)
+        return run_sessions_command(config, args, on_delete=_delete_session_files(config))
     return 0

@@ -7,12 +7,13 @@ a worker pool for turns, a small pool for the main loop's database calls, and th
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -29,17 +30,27 @@ from agent.routing import HealthBoard, HealthSettings, RoutedModel
 from agent.skills import SkillLibrary, load_skill_tool, with_catalogue
 from agent.tools import ToolRegistry
 from gateway.admin.views import admin_routes
+from gateway.bus.conversation import ConversationContext
 from gateway.bus.lanes import SessionBus
 from gateway.bus.turns import TurnRunner
 from gateway.core.config import GatewayConfig
-from gateway.core.ports import Adapter
-from gateway.core.types import InboundMessage
+from gateway.core.ports import Adapter, can_send_files
+from gateway.core.types import ChatAddress, InboundMessage
+from gateway.delivery.files import BlobFiles, OutboxFiles
 from gateway.delivery.outbox import Delivery
+from gateway.delivery.send_file import send_file_tool
 from gateway.delivery.streaming import StreamHub
 from gateway.delivery.typing import TypingIndicators
 from gateway.inbound.access import admin_pages_on, is_admin
 from gateway.inbound.receive import Inbound
 from gateway.inbound.receivers import hold_receiver
+from gateway.media.commands import MediaCommands
+from gateway.media.contents import ContentReader
+from gateway.media.fetch import GuardedFetch
+from gateway.media.index import MediaIndex
+from gateway.media.service import MediaService
+from gateway.media.store import open_blob_store
+from gateway.media.transcribe import build_transcriber
 from gateway.memory.build import build_memory
 from gateway.memory.commands import MemoryCommands
 from gateway.memory.store import move_user_entries
@@ -57,20 +68,24 @@ from gateway.scheduler.tool import schedule_report_tool
 from gateway.sessions.commands import Commands, first_answer
 from gateway.sessions.conversations import TranscriptReader
 from gateway.sessions.directory import Directory
+from gateway.sessions.group_context import GroupContextStore
 from gateway.sessions.resets import ResetPolicy
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import Store
 from gateway.tools.approvals import ApprovalPolicy
 from gateway.tools.approvals_store import Approvals
-from gateway.tools.catalog import build_catalog, expand_toolset, mcp_specs
+from gateway.tools.catalog import build_catalog, build_workspace, expand_toolset, mcp_specs
 
 log = logging.getLogger("gateway")
 T = TypeVar("T")
 
+MEDIA_EXPIRY_INTERVAL_S = 3600.0
 SEND_GRACE_S = 5.0
 """A send still in flight at the stop deadline gets this long to finish (a send cut mid-call is
 recorded ``unconfirmed`` and never repeated, so it may be lost)."""
 
+GROUP_CONTEXT_SWEEP_S = 600.0
+"""How often kept group messages past ``sessions.group_context_hours`` are deleted."""
 
 
 class Gateway:
@@ -95,11 +110,26 @@ class Gateway:
         for adapter in adapters:  # channels that show the conversation themselves (the web chat)
             if callable(getattr(adapter, "bind_conversations", None)):
                 adapter.bind_conversations(TranscriptReader(self.engine, self.run_db))  # type: ignore[attr-defined]
+            if callable(getattr(adapter, "bind_chat_left", None)):  # the bot was removed: forget the chat
+                adapter.bind_chat_left(self._chat_left)  # type: ignore[attr-defined]
         self.store = Store(self.engine)
+        self.blobs = open_blob_store(config.media, self.engine)
+        self.redact = Redactor(config.secret_values())
+        self.media = MediaService(config.media, vision=config.llm.vision, blobs=self.blobs,
+                                  index=MediaIndex(self.engine, self.blobs), adapters=self.adapters,
+                                  run_async=self._run_on_loop,
+                                  reader=ContentReader(  # voice, audio, documents; originals into the workspace
+                                      transcriber=build_transcriber(config.llm, config.secret),
+                                      workspace=build_workspace(config) if config.tools.workspace != "off" else None,
+                                      max_tokens=config.media.document_max_tokens, redact=self.redact))
+        for adapter in adapters:  # channels that take uploads themselves (the web chat)
+            if callable(getattr(adapter, "bind_blobs", None)):
+                adapter.bind_blobs(self.blobs, config.media)  # type: ignore[attr-defined]
+            if callable(getattr(adapter, "bind_fetch", None)):  # adapters handed file URLs (Slack)
+                adapter.bind_fetch(GuardedFetch())  # type: ignore[attr-defined]
         self.jobs = JobStore(self.engine)
         self.bridge = AsyncBridge()
         self.metrics = GatewayMetrics()
-        self.redact = Redactor(config.secret_values())
         self.mcp = McpClients(mcp_specs(config), self.bridge)
         self.tools = build_catalog(config, self.bridge)
         self.skills = SkillLibrary(config.skills.dirs()) if config.skills.enabled else None
@@ -107,6 +137,14 @@ class Gateway:
             self.tools.add(load_skill_tool(self.skills))
         if config.skills.plan:
             self.tools.add(update_plan_tool())
+        # Files back (send_file): bytes in the blob store, the call recorded, the reply carries them.
+        self.outbox_files = OutboxFiles(self.engine)
+        for adapter in adapters:
+            if can_send_files(adapter):
+                adapter.bind_files(BlobFiles(self.blobs))  # type: ignore[attr-defined]
+        if config.tools.workspace != "off":  # chat turns and scheduled reports alike
+            self.tools.add(send_file_tool(workspace=build_workspace(config), blobs=self.blobs,
+                                          files=self.outbox_files, adapters=lambda: self.adapters))
         push_tools = ToolRegistry()  # a push's "default" toolset: the chat tools minus chat-only ones
         for tool in self.tools.tools.values():
             push_tools.add(tool)
@@ -163,6 +201,10 @@ class Gateway:
                                 dangerous_shell=tuple(re.compile(p) for p in config.approvals.dangerous_shell_patterns),
                                 timeout_s=config.approvals.timeout_s,
                                 admin_reachable=bool(config.access.admins) or admin_pages_on(config))
+        # Conversation context: replied-to messages, threads read from the platform, group context.
+        self.group_context = GroupContextStore(self.engine)
+        self.conversation = ConversationContext(adapters=self.adapters, sessions=sessions,
+                                                group_context=self.group_context, redact=self.redact)
         self.runner = TurnRunner(
             approvals=self.approvals, policy=policy, redact=self.redact, wake=self._wake_delivery,
             store=self.store, agents=self.agents, spec=self.agent_spec, bridge=self.bridge,
@@ -176,7 +218,8 @@ class Gateway:
             if sessions.idle_reset_minutes or sessions.daily_reset_hour is not None else None,
             window=config.llm.window_policy(config.llm.route_window()),
             metrics=self.metrics, memory=self.memory,
-            trusted=lambda message, user_id: self.inbound.trusted(message),
+            trusted=lambda message, user_id: self.inbound.trusted(message), media=self.media,
+            conversation=self.conversation, files=self.outbox_files,
         )
         self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
@@ -198,19 +241,22 @@ class Gateway:
             )
         self.runner.job_commands = first_answer(
             [JobCommands(jobs=self.jobs, planner=self.planner, service=self.pushes).handle]
-            + ([MemoryCommands(self.memory).handle] if self.memory is not None else []))
+            + ([MemoryCommands(self.memory).handle] if self.memory is not None else [])
+            + [MediaCommands(self.media.index, self.directory, config.media.retention_days).handle])
         self.bus = SessionBus(
             store=self.store, run_turn=timed(self.metrics, self.runner.run), workers=self._workers,
             instance_id=self.instance_id,
             lease_s=config.bus.lease_s, sweep_interval_s=config.bus.sweep_interval_s,
             busy_policy=config.bus.busy_policy,
             on_turn_start=self.typing.start, on_turn_end=self.typing.end, on_replies=self.delivery.wake,
+            album_wait_s=config.media.album_wait_s,
         )
         self.inbound = Inbound(config=config, store=self.store, directory=self.directory, approvals=self.approvals,
                                runner=self.runner, bus=self.bus, metrics=self.metrics, redact=self.redact,
                                run_db=self.run_db, model_name=lambda: self.agent_spec.model,
-                               wake_delivery=self.delivery.wake)
+                               wake_delivery=self.delivery.wake, group_context=self.group_context)
         self._receivers: list[asyncio.Task[None]] = []
+        self._housekeeping: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.started = False
@@ -241,6 +287,31 @@ class Gateway:
         """Runs a blocking store call off the main loop (on the small DB pool)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._db_pool, functools.partial(fn, *args))
+
+    def _run_on_loop(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        """Runs ``coro`` on the main loop from a worker thread and waits at most ``timeout`` s
+        (adapter downloads: their clients live on the main loop). Raises ``TimeoutError``."""
+        if self._loop is None or self._loop.is_closed():
+            coro.close()
+            raise TimeoutError("the gateway is not running")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"no result within {timeout:g} s") from None
+
+    async def _expire_media(self, older_than_s: float) -> None:
+        """Deletes files past ``media.retention_days`` at start and every hour (every instance may:
+        a second deletion finds nothing)."""
+        while True:
+            try:
+                gone = await self.run_db(self.media.index.expire, older_than_s)
+                if gone.files:
+                    log.info("media retention: deleted %d file use(s), %d blob(s)", gone.files, gone.blobs)
+            except Exception:
+                log.exception("media retention sweep failed; trying again in an hour")
+            await asyncio.sleep(MEDIA_EXPIRY_INTERVAL_S)
 
     def _wake_delivery(self) -> None:
         """Thread-safe ``delivery.wake`` (worker threads queue approval prompts)."""
@@ -275,7 +346,12 @@ class Gateway:
             self.agent_spec = dataclasses.replace(self.agent_spec, toolset=tuple(self.tools.tools))
             self.runner.spec = self.agent_spec
         self.streams.bind(asyncio.get_running_loop())
+        self.conversation.bind(asyncio.get_running_loop())
+        self._housekeeping.append(asyncio.create_task(self._expire_group_context()))
         await self.bus.start()
+        if self.config.media.retention_days:
+            self._housekeeping.append(asyncio.create_task(
+                self._expire_media(self.config.media.retention_days * 86400)))
         await self.delivery.start()
         if self.pushes is not None:
             await self.pushes.start()
@@ -350,6 +426,9 @@ class Gateway:
             await self._runner.cleanup()
             self._runner = None
         await self.bus.stop()
+        for task in self._housekeeping:
+            task.cancel()
+        await asyncio.gather(*self._housekeeping, return_exceptions=True)
         finished = not self.unfinished_turns
         # Turns the deadline cut keep their threads; ``gateway run`` exits without waiting for them.
         await loop.run_in_executor(None, functools.partial(self._workers.shutdown, wait=finished,
@@ -360,6 +439,35 @@ class Gateway:
         await self.instance.release()  # last: nothing of ours holds a lease now
         self._db_pool.shutdown(wait=True)
         self.engine.dispose()
+
+    async def _chat_left(self, address: ChatAddress) -> None:
+        """The bot is no longer in ``address``'s chat: what was kept of it as group context is
+        deleted at once (``ChatLeft``; never raises)."""
+        try:
+            deleted = await self.run_db(self.group_context.forget_chat, address.platform, address.tenant,
+                                        address.chat_id)
+        except Exception as exc:  # retention deletes it later anyway
+            log.warning("%s: group context of chat %s not deleted (%s)", address.platform, address.chat_id,
+                        type(exc).__name__)
+            return
+        log.info("%s: the bot left chat %s; %d kept group message(s) deleted", address.platform, address.chat_id,
+                 deleted)
+
+    async def _expire_group_context(self) -> None:
+        """Deletes kept group messages older than ``sessions.group_context_hours``, in every chat,
+        every ``GROUP_CONTEXT_SWEEP_S`` (a chat's own are also trimmed whenever it gets one); with
+        group context off everywhere, everything kept earlier."""
+        sessions = self.config.sessions
+        max_age_s = sessions.group_context_hours * 3600 if sessions.most_group_context() > 0 else 0.0
+        while True:
+            try:
+                deleted = await self.run_db(functools.partial(self.group_context.prune, max_age_s=max_age_s))
+                if deleted:
+                    log.info("group context: %d message(s) older than %s h deleted", deleted,
+                             self.config.sessions.group_context_hours)
+            except Exception as exc:  # the database is away: next round
+                log.warning("group context expiry failed (%s); retrying later", type(exc).__name__)
+            await asyncio.sleep(GROUP_CONTEXT_SWEEP_S)
 
     async def receive(self, message: InboundMessage) -> bool:
         """The adapters' sink (``Inbound.receive``)."""

@@ -25,7 +25,10 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
         secret = config.require_secret(tg.webhook_secret_env, "telegram webhook mode") if tg.mode == "webhook" else None
         adapters.append(TelegramAdapter(token=token, base_url=tg.base_url, mode=tg.mode, webhook_secret=secret,
                                         webhook_url=tg.webhook_url, poll_timeout_s=tg.poll_timeout_s,
-                                        menu=_telegram_menu(config)))
+                                        menu=_telegram_menu(config),
+                                        group_context=config.sessions.group_context_on("telegram"),
+                                        max_download_bytes=tg.download_limit_bytes(), local_mode=tg.local_mode,
+                                        max_upload_bytes=tg.upload_limit_bytes()))
     if config.slack.enabled:
         from adapters.slack.adapter import SlackAdapter
 
@@ -35,7 +38,8 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
         signing_secret = config.require_secret(sl.signing_secret_env, "slack events mode") if events else None
         app_token = config.require_secret(sl.app_token_env, "slack socket mode") if socket else None
         adapters.append(SlackAdapter(bot_token=bot_token, signing_secret=signing_secret, app_token=app_token,
-                                     mode=sl.mode, api_url=sl.api_url))
+                                     mode=sl.mode, api_url=sl.api_url,
+                                     group_context=config.sessions.group_context_on("slack")))
     if config.feishu.enabled:
         from adapters.feishu.adapter import FeishuAdapter
 
@@ -50,7 +54,8 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
         try:
             adapters.append(FeishuAdapter(app_id=app_id, app_secret=app_secret, verification_token=verification_token,
                                           encrypt_key=config.secret(fs.encrypt_key_env), mode=fs.mode,
-                                          domain=fs.domain))
+                                          domain=fs.domain,
+                                          group_context=config.sessions.group_context_on("feishu")))
         except ValueError as exc:  # lark-oapi rejects the domain (https only, http for loopback)
             raise ConfigError(f"feishu.domain is invalid: {exc}") from None
     if config.web.enabled:

@@ -40,6 +40,7 @@ from agent.model import ChatModel, ModelError, ModelReply, OnText, Usage
 from agent.tokens import message_tokens, request_tokens, text_tokens
 from gateway.bus.context import render_history, render_user
 from gateway.core.window import WindowPolicy
+from gateway.media.render import ImagePolicy
 from gateway.store.sql import Store, StoredMessage, Summary
 
 log = logging.getLogger("gateway.bus.compression")
@@ -101,9 +102,13 @@ class Compressor:
             loaded window before it is summarised.
         retry_after_s: after a failed summary call, the session's next try waits this long (in
             this process), so a failing or slow endpoint does not cost every turn an extra call.
+        images: which images go along as content parts (``gateway.media.render.ImagePolicy``);
+            ``None``: files are described in words only.
     """
 
-    def __init__(self, store: Store, policy: WindowPolicy, row_limit: int, retry_after_s: float = 300.0) -> None:
+    def __init__(self, store: Store, policy: WindowPolicy, row_limit: int, retry_after_s: float = 300.0,
+                 images: ImagePolicy | None = None) -> None:
+        self.images = images
         self.store = store
         self.policy = policy
         self.row_limit = row_limit
@@ -113,22 +118,24 @@ class Compressor:
 
     def project(self, *, session_id: str, system_prompt: str, tools: list[dict[str, Any]],
                 summary: Summary | None, window: list[StoredMessage], model: ChatModel,
-                window_tokens: int | None = None) -> Projection:
+                window_tokens: int | None = None, images: ImagePolicy | None = None) -> Projection:
         """The history to send for this turn, fitted into the window (see the module doc).
 
         ``window``: the rows after ``summary``'s cut, oldest first, ending with the new user
-        message(s). ``window_tokens`` forces a compression for that window (a model refused the
-        request as too long: ``FitOnOverflow``), whatever the estimate says and even within the
-        wait after a failed summary. Never raises for a failed summary call (the plain window is
-        sent instead); raises only on database faults.
+        message(s); ``images``: this turn's image policy (default: the one given at construction).
+        ``window_tokens`` forces a compression for that window (a model refused the request as too
+        long: ``FitOnOverflow``), whatever the estimate says and even within the wait after a
+        failed summary. Never raises for a failed summary call (the plain window is sent instead);
+        raises only on database faults.
         """
+        images = images if images is not None else self.images
         forced = window_tokens is not None
         policy = self.policy if window_tokens is None else \
             dataclasses.replace(self.policy, context_window_tokens=window_tokens)
         fixed = message_tokens({"role": "system", "content": system_prompt}) + request_tokens([], tools)
         summary_text = summary.text if summary is not None else None
         turns = split_turns(window)
-        costs = [request_tokens(render_history(turn)) for turn in turns]
+        costs = [request_tokens(render_history(turn, images)) for turn in turns]
 
         def total(text: str | None, first: int) -> int:
             return fixed + (message_tokens(summary_message(text)) if text else 0) + sum(costs[first:])
@@ -136,7 +143,7 @@ class Compressor:
         first = 0
         rows = sum(len(t) for t in turns)
         if not forced and total(summary_text, 0) < policy.compress_at and rows < self.row_limit * policy.threshold:
-            return self._projection(summary_text, turns, 0, total(summary_text, 0), compressed=False)
+            return self._projection(summary_text, turns, 0, total(summary_text, 0), False, images)
 
         keep = self._keep_from(turns, costs, fixed, policy)
         compressed = False
@@ -157,7 +164,7 @@ class Compressor:
         protected = protected_from(turns)
         while first < protected and total(summary_text, first) > policy.compress_at:
             first += 1  # drop the oldest turn (already summarised, or lost to a failed summary)
-        return self._projection(summary_text, turns, first, total(summary_text, first), compressed)
+        return self._projection(summary_text, turns, first, total(summary_text, first), compressed, images)
 
     def _may_try(self, session_id: str) -> bool:
         with self._lock:
@@ -213,8 +220,8 @@ class Compressor:
 
     @staticmethod
     def _projection(summary: str | None, turns: list[list[StoredMessage]], first: int, tokens: int,
-                    compressed: bool) -> Projection:
-        history = render_history([row for turn in turns[first:] for row in turn])
+                    compressed: bool, images: ImagePolicy | None = None) -> Projection:
+        history = render_history([row for turn in turns[first:] for row in turn], images)
         if summary:
             history.insert(0, summary_message(summary))
         return Projection(history, tokens, summary, compressed)

@@ -15,6 +15,7 @@ their leases are renewed until ``stop``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -29,6 +30,8 @@ log = logging.getLogger("gateway.bus.lanes")
 
 MERGE_LIMIT = 20
 """Most messages answered together by one merged turn."""
+ALBUM_LIMIT = 10
+"""Telegram albums (``sendMediaGroup``) hold 2-10 items."""
 
 
 class SessionBus:
@@ -41,12 +44,17 @@ class SessionBus:
             message cancels the running turn; then like ``queue``).
         on_turn_start / on_turn_end: called on the main loop with the chat address (typing).
         on_replies: called on the main loop after a turn queued replies (wakes delivery).
+        album_wait_s: a batch starting with an album item (``media_group_id``) waits until this
+            long after that item was sent, then takes every pending item of the album into one
+            turn (``media.album_wait_s``; the platform delivers an album as one message per item).
     """
 
     def __init__(self, *, store: Store, run_turn: Callable[[Sequence[PendingInbound], int], str],
                  workers: ThreadPoolExecutor, instance_id: str, lease_s: float, sweep_interval_s: float,
                  busy_policy: str, on_turn_start: Callable[[ChatAddress], None],
-                 on_turn_end: Callable[[ChatAddress], None], on_replies: Callable[[], None]) -> None:
+                 on_turn_end: Callable[[ChatAddress], None], on_replies: Callable[[], None],
+                 album_wait_s: float = 0.0) -> None:
+        self.album_wait_s = album_wait_s
         self.store = store
         self._run_turn = run_turn
         self._workers = workers
@@ -140,6 +148,7 @@ class SessionBus:
         released = waiting = False
         try:
             while batch:
+                batch = self._with_album(key, batch)
                 address = batch[-1].message.address
                 self._call_main(self._on_turn_start, address)
                 try:
@@ -166,6 +175,20 @@ class SessionBus:
                 waiting = self.store.release_lane(key, self.instance_id)
         if waiting:
             self._call_main(self.kick, key)
+
+    def _with_album(self, key: str, batch: list[PendingInbound]) -> list[PendingInbound]:
+        """``batch``, or, when it starts with an album item, every pending item of that album (after
+        waiting ``album_wait_s`` from the item's send time for the rest to arrive)."""
+        group = batch[0].message.media_group_id
+        if not group or self.album_wait_s <= 0:
+            return batch
+        # + 1 s: platforms date messages in whole seconds (Telegram ``date``).
+        wait = batch[0].message.received_at + 1.0 + self.album_wait_s - time.time()
+        if wait > 0:
+            self._stopping.wait(min(wait, self.album_wait_s + 1.0))
+        rows = self.store.pending_batch(key, ALBUM_LIMIT + len(batch))
+        album = list(itertools.takewhile(lambda p: p.message.media_group_id == group, rows))
+        return album if album and album[0].inbox_id == batch[0].inbox_id else batch
 
     def _call_main(self, fn: Callable[..., None], *args: object) -> None:
         assert self._loop is not None

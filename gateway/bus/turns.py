@@ -8,6 +8,7 @@ resumed after a crash finds its user message already in the transcript and conti
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -26,14 +27,19 @@ from agent.context import RunContext
 from agent.loop import run_turn
 from agent.model import ModelError, Usage
 from agent.tracing import end_agent, invoke_agent
-from gateway.bus.compression import Compressor, FitOnOverflow
+from gateway.bus.compression import Compressor, FitOnOverflow, Projection
 from gateway.bus.context import user_meta
+from gateway.bus.conversation import ConversationContext
 from gateway.core.errors import TurnInterrupted
 from gateway.core.session_keys import is_dm_key
-from gateway.core.types import CURRENT_MESSAGE, InboundMessage, OutboundMessage
+from gateway.core.types import CURRENT_MESSAGE, InboundMessage, OutboundAttachment, OutboundMessage
 from gateway.core.window import WindowPolicy
+from gateway.delivery.files import OutboxFiles, transcript_refs
 from gateway.delivery.progress import PlanMessage, plan_key, resumed_state
 from gateway.delivery.streaming import StreamHub
+from gateway.media.contents import transcript_of
+from gateway.media.render import has_images, refs_of
+from gateway.media.service import NO_VISION_NOTE, note_line
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.telemetry import span as traced
 from gateway.sessions.commands import LANE_COMMANDS, CommandContext, CommandHandler, Commands
@@ -43,6 +49,7 @@ from gateway.tools.approvals import ApprovalPolicy, ChatApprover
 from gateway.tools.approvals_store import Approvals
 
 if TYPE_CHECKING:
+    from gateway.media.service import MediaService
     from gateway.memory.service import MemoryService
 
 log = logging.getLogger("gateway.bus.turns")
@@ -59,6 +66,17 @@ GAVE_UP_TEXT = "⚠️ Sorry, something went wrong while answering this message,
 
 TRANSIENT = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
 """Database faults that pass: a turn failing with one is retried without limit (nothing is lost)."""
+
+
+def _name_files(unwritten: list[NewMessage], files: Sequence[OutboundAttachment]) -> None:
+    """Adds the reply's files to the meta of the turn's final assistant message (not yet written:
+    it is written with the reply), so the web chat and the admin transcript show them."""
+    for index in range(len(unwritten) - 1, -1, -1):
+        entry = unwritten[index]
+        if entry.role == "assistant" and not entry.fields.get("tool_calls"):
+            meta = {**(entry.fields.get("meta") or {}), "attachments": transcript_refs(files)}
+            unwritten[index] = dataclasses.replace(entry, fields={**entry.fields, "meta": meta})
+            return
 
 
 def reply_key_for(last: PendingInbound) -> str:
@@ -95,6 +113,13 @@ class TurnRunner:
         trusted: ``(message, user id) -> bool``: may the turn's requester approve their own calls
             of tools that need approval (open access: admins and approved users only; otherwise an
             admin decides). Asked on the worker thread.
+        conversation: adds what each user message replies to, its thread's earlier messages and the
+            group's recent ones to that message's meta before the turn (``None``: none).
+        media: the files of messages (``gateway.media``): downloaded and stored before the user
+            message is written, images sent as content parts (``None``: files described by the
+            platform's announcement only).
+        files: the files ``send_file`` recorded (``gateway.delivery.files``): a turn's reply
+            carries those of its turn (``None``: replies carry no files).
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
@@ -106,8 +131,13 @@ class TurnRunner:
                  approvals: Approvals | None = None, policy: ApprovalPolicy | None = None,
                  redact: Callable[[str], str] = lambda text: text, wake: Callable[[], None] = lambda: None,
                  memory: MemoryService | None = None,
-                 trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True) -> None:
+                 trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True,
+                 conversation: ConversationContext | None = None, media: MediaService | None = None,
+                 files: OutboxFiles | None = None) -> None:
         self.memory = memory
+        self.conversation = conversation
+        self.media = media
+        self.files = files
         self.trusted = trusted
         self.job_commands = job_commands
         self.store = store
@@ -204,8 +234,12 @@ class TurnRunner:
         plan: list[PlanMessage] = []  # the turn's progress message, once opened
 
         def finish(status: str, text: str | None, session_id: str | None, stop_reason: str = "none") -> str:
+            files = self._files_for(session_id, turn_id) if text is not None else []
+            if files:  # the files send_file recorded go with the reply; the transcript names them
+                _name_files(unwritten, files)
             replies = [] if text is None else [
-                OutboundMessage(message.address, text, idempotency_key=reply_key, reply_to_id=message.reply_to_id)
+                OutboundMessage(message.address, text, idempotency_key=reply_key, reply_to_id=message.reply_to_id,
+                                attachments=tuple(files))
             ]
             shown = plan[0].final() if plan and text is not None else None
             replies = [shown, *replies] if shown is not None else replies  # the plan's last state first
@@ -239,20 +273,53 @@ class TurnRunner:
             opened = self.store.open_session(key, self.prompt, self.history_window, owner)
             notice = f"({self.reset.describe()}: this is a new conversation; the last one is in /sessions.)\n\n"
         session_id, system_prompt, window = opened.session_id, opened.system_prompt, list(opened.window)
+        fresh = not window and opened.summary is None  # nothing before this turn: a thread never seen
         span.set_attribute("gen_ai.conversation.id", session_id)
         # User messages are written with the turn's first step (or its end), not before: until then
         # the inbox row is still pending, so a crash loses nothing and a rerun writes them once.
         present = {(m.turn_id, m.role) for m in window}
+        notes: list[str] = []  # what the user is told about their files (too big, unreadable ...)
+        usable = False
+        read = 0  # files whose contents were read (transcribed, extracted) in this run
         for pending in batch:
             pending_turn = f"in{pending.inbox_id}"
             if (pending_turn, "user") not in present:
                 meta = user_meta(pending.message, time.time(), budget=initial_note(self.limits))
+                if self.conversation is not None:  # stored with it: fetched once, replayed byte for byte
+                    meta = self.conversation.annotate(meta, pending.message, window=window, fresh=fresh)
+                    fresh = False  # a merged batch's later messages: their thread is in this one's meta
+                if self.media is not None and pending.message.attachments:
+                    with traced("take_in_media", attributes={"gateway.attachments": len(pending.message.attachments)}):
+                        intake = self.media.take_in(pending.message, session_id=session_id,
+                                                    owner_user_id=pending.user_id, turn_id=pending_turn)
+                    meta["attachments"] = [ref.to_dict() for ref in intake.refs]
+                    notes += intake.notes
+                    if intake.images and not self.media.sees_images(self.spec.model):
+                        notes.append(NO_VISION_NOTE)  # llm.vision off, or the endpoint refused images before
+                    usable = usable or intake.usable
+                    read += intake.read
+                else:
+                    usable = True
                 text = self.redact(pending.message.text)  # a pasted secret never reaches the model
                 if self.memory is not None and pending is last:  # stored with it: replays render the same bytes
-                    meta = self.memory.annotate(meta, key=key, query=text, window=window)
+                    spoken = " ".join(w for ref in refs_of(meta) if (w := transcript_of(ref)))  # a voice note's words
+                    meta = self.memory.annotate(meta, key=key, query=text or spoken, window=window)
                 unwritten.append(NewMessage(pending_turn, "user", text,
                                             {"meta": meta, "platform_message_id": pending.message.message_id}))
-                window.append(StoredMessage(0, pending_turn, "user", text, None, None, None, meta))
+                window.append(StoredMessage(0, pending_turn, "user", text, None, None, None, meta,
+                                            pending.message.message_id))
+            else:
+                usable = True  # resumed: the stored message was usable when it was taken in
+                stored = next((m for m in window if m.turn_id == pending_turn and m.role == "user"), None)
+                notes += [note_line(ref) for ref in refs_of(stored.meta if stored else None) if ref.note]
+        if read:  # a transcription is a paid call: stored now, a run after a crash reuses it
+            self.store.append_messages(session_id, list(unwritten))
+            unwritten.clear()
+        heard = self._heard(batch, window) if self.media is not None and self.media.config.show_transcript else ""
+        if not usable:  # nothing but files that could not be used: say why, no model call
+            told = "\n".join(dict.fromkeys(notes))
+            unwritten.append(NewMessage(turn_id, "assistant", told, {"meta": {"stop_reason": "media"}}))
+            return finish("done", notice + told, session_id, "media")
 
         def record(msg: dict[str, Any], usage: Usage | None, meta: dict[str, Any] | None) -> None:
             fields = {"tool_calls": msg.get("tool_calls"), "tool_call_id": msg.get("tool_call_id"), "meta": meta}
@@ -281,12 +348,24 @@ class TurnRunner:
         # its failure only means the plain window is sent).
         projection = self.compressor.project(session_id=session_id, system_prompt=system_prompt,
                                              tools=agent.tools.schemas(), summary=opened.summary, window=window,
-                                             model=agent.model)
+                                             model=agent.model,
+                                             images=self.media.policy(agent.model.model) if self.media else None)
+
+        def with_images(fitted: Projection) -> Projection:
+            """``fitted`` with its image placeholders read from the blob store (only those sent)."""
+            if self.media is None or not has_images(fitted.history):
+                return fitted
+            with traced("read_images"):
+                return dataclasses.replace(fitted, history=self.media.resolve(fitted.history))
+
+        projection = with_images(projection)
+        inner = self.media.model(agent.model) if self.media is not None else agent.model
         # A model that refuses the request as too long gets it compressed for its window, once per call.
-        model = FitOnOverflow(agent.model, projection.history, projection.tokens,
-                              lambda tokens: self.compressor.project(
+        model = FitOnOverflow(inner, projection.history, projection.tokens,
+                              lambda tokens: with_images(self.compressor.project(
                                   session_id=session_id, system_prompt=system_prompt, tools=agent.tools.schemas(),
-                                  summary=opened.summary, window=window, model=agent.model, window_tokens=tokens))
+                                  summary=opened.summary, window=window, model=agent.model, window_tokens=tokens,
+                                  images=self.media.policy(agent.model.model) if self.media else None)))
         stream = None
         if self.streams is not None:
             stream = self.streams.open(address=message.address, idempotency_key=reply_key,
@@ -334,13 +413,38 @@ class TurnRunner:
         if outcome.stop_reason not in ("stop", "length"):
             log.info("turn %s stopped by %s after %d model calls ($%.4f)", turn_id, outcome.stop_reason,
                      outcome.steps, outcome.cost_usd)
-        reply = notice + (outcome.reply.strip() or "(no answer)")
+        sends_files = bool(self._files_for(session_id, turn_id))
+        if getattr(model, "fell_back", False):
+            notes.append(NO_VISION_NOTE)
+        told = "".join(f"{line}\n" for line in dict.fromkeys(notes))
+        answer = outcome.reply.strip() or ("" if sends_files else "(no answer)")  # files alone are an answer
+        reply = notice + heard + (told + "\n" if told else "") + answer
         if self.memory is not None:  # a "remember ..." too long to store: said with the reply
             reply += self.memory.refusal_notice([self.redact(p.message.text) for p in batch])
         status = finish("done", reply, session_id, outcome.stop_reason)
         if self.memory is not None:
             self.memory.after_turn(key=key, session_id=session_id, turn_ids=[f"in{p.inbox_id}" for p in batch])
         return status
+
+    def _files_for(self, session_id: str | None, turn_id: str) -> list[OutboundAttachment]:
+        """The files ``send_file`` recorded during the turn (none without a session or file store)."""
+        if self.files is None or session_id is None:
+            return []
+        return self.files.for_turn(session_id, turn_id)
+
+    @staticmethod
+    def _heard(batch: Sequence[PendingInbound], window: list[StoredMessage]) -> str:
+        """``> 🎤 …`` lines quoting what was heard in the batch's voice notes (``media.show_transcript``),
+        read from the stored messages (the same words on a run after a crash), or ``""``."""
+        turns = {f"in{p.inbox_id}" for p in batch}
+        lines = []
+        for row in window:
+            if row.role == "user" and row.turn_id in turns:
+                for ref in refs_of(row.meta):
+                    words = transcript_of(ref)
+                    if words:
+                        lines.append("> 🎤 " + "\n> ".join(words.splitlines()))
+        return "\n>\n".join(lines) + "\n\n" if lines else ""
 
     def _approver(self, last: PendingInbound, turn_id: str) -> ChatApprover | None:
         if self.approvals is None:

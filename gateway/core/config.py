@@ -62,6 +62,20 @@ class LlmConfig(RoutesMixin):
     """Older turns are summarised once the estimated request reaches this share of the window."""
     compress_keep_ratio: float = 0.35
     """Share of the window kept as verbatim recent turns after a summary."""
+    vision: bool = True
+    """The model takes images (user-message ``image_url`` content parts). ``False``: images are
+    described in words only and the user is told the model cannot see them."""
+    transcription_model: str = "whisper-1"
+    """Speech to text for voice notes and audio files (``POST /v1/audio/transcriptions``):
+    ``whisper-1``, ``gpt-4o-mini-transcribe``, ``gpt-4o-transcribe``, or a local server's model
+    name; ``""`` turns transcription off (voice notes then get a note saying so)."""
+    transcription_base_url: str | None = None
+    """Endpoint of the transcription API (a local faster-whisper or whisper.cpp server,
+    ``http://127.0.0.1:8000/v1``); ``None``: ``base_url``."""
+    transcription_api_key_env: str | None = None
+    """Variable holding its key; ``None``: ``api_key_env`` (local servers take any key)."""
+    transcription_language: str | None = None
+    """ISO-639-1 code (``"en"``, ``"de"``) telling the model the spoken language; ``None``: detected."""
 
     @model_validator(mode="after")
     def _check_window(self) -> LlmConfig:
@@ -329,16 +343,77 @@ class MemoryConfig(_Section):
     """Embedding cosine at or below which an entry counts as unrelated."""
 
 
+MB = 1_000_000
+
+
+class MediaConfig(_Section):
+    """Files that come with messages (issue 19): where their bytes are kept and the limits."""
+
+    store: Literal["files", "database"] = "files"
+    """``files``: content-addressed files under ``directory`` (one instance, or several sharing
+    that directory); ``database``: the ``blobs`` table (several instances, nothing else shared)."""
+    directory: str = "./data/media"
+    """Root of the ``files`` store: ``<sha256[:2]>/<sha256[2:4]>/<sha256>``."""
+    retention_days: float | None = 90.0
+    """Files older than this are deleted (the transcript keeps their name, type and size);
+    ``None``: kept as long as their session."""
+    max_mb: dict[str, float] = Field(default_factory=lambda: {
+        "image": 20.0, "sticker": 5.0, "animation": 20.0, "audio": 25.0, "voice": 25.0, "video": 50.0,
+        "document": 50.0})
+    """Largest file taken per kind, in MB (10^6 bytes); the platform's own limit applies too (the
+    smaller one wins). Audio and voice: the transcription API takes 25 MB."""
+    image_max_side: int = Field(default=2048, ge=64)
+    """Images are scaled down to this longest side (pixels) before they go to the model."""
+    image_max_bytes: int = Field(default=3_500_000, ge=50_000)
+    """Largest re-encoded image sent to the model (bytes, before base64); quality steps down to fit."""
+    history_images: int = Field(default=4, ge=0)
+    """Images of earlier turns still sent as pixels (the newest ones); older ones are described in
+    words. The images of the turn being answered are always sent."""
+    album_wait_s: float = Field(default=1.5, ge=0)
+    """An album (Telegram ``media_group_id``) arrives as one message per item: its turn waits this
+    long after the first item so the whole album is answered at once."""
+    upload_max_mb: float = Field(default=20.0, gt=0)
+    """Largest file the web chat accepts per upload, in MB."""
+    document_max_tokens: int = Field(default=8000, ge=200)
+    """Most tokens (estimated) of one document's text or one transcript shown to the model; the
+    rest is cut with a note saying what was left out (the original is in the workspace)."""
+    show_transcript: bool = False
+    """Start the reply to a voice note with what was heard (``> 🎤 …``), so the user can check it."""
+
+    def max_bytes(self, kind: str) -> int:
+        """The gateway's own limit for a file of ``kind``, in bytes (``document``'s for unknown kinds)."""
+        return int(self.max_mb.get(kind, self.max_mb.get("document", 50.0)) * MB)
+
+
 class TelegramConfig(_Section):
     enabled: bool = False
     token_env: str = "TELEGRAM_BOT_TOKEN"
     mode: Literal["polling", "webhook"] = "polling"
     base_url: str = "https://api.telegram.org"
     """Bot API root; the SDK calls ``{base_url}/bot{token}/{method}``."""
+    max_upload_mb: float | None = None
+    """Largest file the agent may send (``send_file``); default 50 MB (Telegram's cloud Bot API),
+    2000 MB with ``local_mode``."""
     webhook_url: str | None = None
     """Public URL Telegram posts to (webhook mode); ``None`` leaves the webhook as set elsewhere."""
     webhook_secret_env: str = "TELEGRAM_WEBHOOK_SECRET"
     poll_timeout_s: int = 30
+    max_download_mb: float | None = None
+    """Largest file the Bot API lets the bot download (``getFile``); default 20 MB (Telegram's cloud
+    API), 2000 MB with ``local_mode``."""
+    local_mode: bool = False
+    """``base_url`` is a local Bot API server started with ``--local``: files up to 2000 MB, read
+    from the path ``getFile`` returns (the gateway must see that server's files directory)."""
+
+    def download_limit_bytes(self) -> int:
+        """``max_download_mb`` in bytes, or the Bot API's limit for the mode."""
+        mb = self.max_download_mb if self.max_download_mb is not None else (2000.0 if self.local_mode else 20.0)
+        return int(mb * 1_000_000)
+
+    def upload_limit_bytes(self) -> int:
+        """``max_upload_mb`` in bytes, or the Bot API's limit for the mode (sendDocument: 50 MB)."""
+        mb = self.max_upload_mb if self.max_upload_mb is not None else (2000.0 if self.local_mode else 50.0)
+        return int(mb * 1_000_000)
 
 
 class SlackConfig(_Section):
@@ -401,6 +476,48 @@ class SessionsConfig(_Section):
     daily_reset_hour: int | None = None
     """Start a fresh conversation after this hour each day (in ``reset_timezone``)."""
     reset_timezone: str = "UTC"
+    quote_max_chars: int = Field(default=1000, ge=50)
+    """Longest text of a replied-to message shown with a reply (and of each earlier message shown as
+    context); a longer one keeps its head and says how much was cut."""
+    thread_context_messages: int = Field(default=50, ge=0, le=1000)
+    """Slack, Feishu: when the bot is mentioned in a thread it is not part of yet, this many of the
+    thread's earlier messages are read and shown (the parent and the newest kept); 0: never read."""
+    context_max_tokens: int = Field(default=2000, ge=100)
+    """Most tokens (estimated) that the earlier messages shown with one message take (a thread's, or
+    the group's); the oldest are left out first (a thread's parent stays)."""
+    group_context_messages: int = Field(default=0, ge=0, le=200)
+    """Group context: the last this-many group messages not addressed to the bot are kept and shown
+    when it is mentioned there (0: off, nothing kept). Per chat: ``group_context_chats``."""
+    group_context_hours: float = Field(default=24.0, gt=0)
+    """Group messages kept as context are deleted after this many hours (and never shown older)."""
+    group_context_chats: dict[str, int] = Field(default_factory=dict)
+    """Per-chat ``group_context_messages`` overriding the default: ``{"telegram:-1001234567890" = 20,
+    "slack:C0123" = 0}`` (entries ``platform:chat_id``, as in ``access.allowed_chats``)."""
+
+    def group_context_for(self, platform: str, chat_id: str) -> int:
+        """How many unaddressed messages of this chat are kept and shown (0: none)."""
+        return self.group_context_chats.get(f"{platform}:{chat_id}", self.group_context_messages)
+
+    def group_context_on(self, platform: str) -> bool:
+        """Whether any chat of ``platform`` may keep group context (adapters then hand over
+        unaddressed group messages)."""
+        return self.group_context_messages > 0 or any(
+            n > 0 for entry, n in self.group_context_chats.items() if entry.partition(":")[0] == platform)
+
+    def most_group_context(self) -> int:
+        """The largest per-chat count configured (how many rows retention may keep per chat)."""
+        return max([self.group_context_messages, *self.group_context_chats.values()])
+
+    @field_validator("group_context_chats")
+    @classmethod
+    def _check_chats(cls, value: dict[str, int]) -> dict[str, int]:
+        for entry, count in value.items():
+            platform, _, chat = entry.partition(":")
+            if not platform or not chat:
+                raise ValueError(f"{entry!r}: entries are 'platform:chat_id' (e.g. 'telegram:-1001234567890')")
+            if not 0 <= count <= 200:
+                raise ValueError(f"{entry!r}: between 0 and 200 messages")
+        return value
 
 
 class TelemetryConfig(_Section):
@@ -443,6 +560,7 @@ class GatewayConfig(BaseSettings):
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    media: MediaConfig = Field(default_factory=MediaConfig)
     telegram: TelegramConfig = Field(default_factory=TelegramConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)
     feishu: FeishuConfig = Field(default_factory=FeishuConfig)
@@ -493,6 +611,8 @@ class GatewayConfig(BaseSettings):
             names.append(self.memory.embeddings_key_env)
         if self.search.engine != "searxng":
             names.append(self.search.api_key_env)
+        if self.llm.transcription_api_key_env:
+            names.append(self.llm.transcription_api_key_env)
         names += [env for server in self.mcp.servers.values() for env in server.headers_env.values()]
         return [value for name in names if (value := self.secret(name))]
 

@@ -30,3 +30,44 @@ class CredentialRejected(GatewayError):
 class TurnInterrupted(GatewayError):
     """A turn stopped at a step boundary because the gateway is stopping: its inbox rows stay
     pending and it resumes from the transcript at the next start (nothing was sent for it)."""
+
+
+class ContextUnavailable(GatewayError):
+    """A platform would not give the earlier messages a turn wanted to show (a missing scope, a
+    thread or message that is gone, a rate limit); ``str(exc)`` says why in plain words and never
+    holds a secret. Raised by ``ContextReader`` methods; the turn goes on without that context."""
+
+
+class MediaError(GatewayError):
+    """A file that came with a message cannot be used; ``user_message`` says why in plain words
+    (shown to the user and noted for the model), never a secret or a URL with a token.
+
+    Raised by ``MediaAdapter.download`` and the media pipeline (``gateway.media``).
+    """
+
+    def __init__(self, user_message: str) -> None:
+        super().__init__(user_message)
+        self.user_message = user_message
+
+
+class FileTooBig(MediaError):
+    """The file is larger than a limit: ``limit`` bytes, set by ``who`` (``Telegram bots``,
+    ``this gateway``); ``size`` is the file's size when known."""
+
+    def __init__(self, size: int | None, limit: int, who: str) -> None:
+        shown = f"{size / 1e6:.1f} MB" if size is not None else "larger than the limit"
+        super().__init__(f"too big ({shown}); {who} can take files up to {limit / 1e6:g} MB")
+        self.size, self.limit, self.who = size, limit, who
+
+
+class DownloadFailed(MediaError):
+    """The platform did not hand over the file (expired, refused, not a file but a sign-in page,
+    unreachable). ``retryable``: a later try may succeed (network, 5xx)."""
+
+    def __init__(self, user_message: str, retryable: bool = False) -> None:
+        super().__init__(user_message)
+        self.retryable = retryable
+
+
+class BlobMissing(GatewayError):
+    """A blob the transcript refers to is not in the store (deleted by retention or by the user)."""

@@ -7,7 +7,17 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage
+from gateway.core.types import (
+    Attachment,
+    BlobRef,
+    ChatAddress,
+    ContextMessage,
+    DeliveryResult,
+    InboundMessage,
+    OutboundAttachment,
+    OutboundMessage,
+    ThreadHistory,
+)
 
 PartSent = Callable[[str], Awaitable[None]]
 """Called by ``Adapter.send`` with each part's platform message id as soon as it is delivered."""
@@ -15,6 +25,11 @@ PartSent = Callable[[str], Awaitable[None]]
 BeforePart = Callable[[int], Awaitable[None]]
 """Called by ``Adapter.send`` with a part's index right before that part's API call. It raises
 (and the adapter must let it propagate) when the reply may no longer be sent by us."""
+
+ChatLeft = Callable[[ChatAddress], Awaitable[None]]
+"""Told by an adapter that the bot is no longer in a chat (removed, or the chat is gone): the
+gateway forgets what it kept of that chat (group context). Adapters that can tell offer
+``bind_chat_left(callback)``; the callback never raises."""
 
 InboundSink = Callable[[InboundMessage], Awaitable[bool]]
 """Stores a normalized message durably; returns ``False`` for a duplicate. Raises if storing failed
@@ -37,6 +52,68 @@ class EditingAdapter(Protocol):
 def can_edit(adapter: object) -> bool:
     """Whether ``adapter`` has the optional ``edit`` capability."""
     return callable(getattr(adapter, "edit", None))
+
+
+class ContextReader(Protocol):
+    """Optional capability: read earlier messages from the platform, so a turn can show the model
+    what a message replies to and the thread it was posted in (``gateway.bus.conversation``).
+
+    Both run on the main loop, called from a turn's worker thread; the gateway bounds them in time
+    and goes on without the context when they fail. Texts come back as the platform's plain text
+    (mentions readable, the bot's own removed), with author names where the platform gives them.
+    """
+
+    async def read_message(self, message: InboundMessage) -> ContextMessage | None:
+        """``message.quoted`` read in full (its ``text`` was ``None``: the event named it only), or
+        ``None`` when the platform no longer has it.
+
+        Raises:
+            ContextUnavailable: the platform refused (missing scope, rate limit, ...).
+        """
+        ...
+
+    async def read_thread(self, message: InboundMessage, limit: int) -> ThreadHistory:
+        """The messages posted in ``message``'s thread before it (the thread's parent included),
+        oldest first, at most ``limit`` of them (the parent and the newest are kept).
+
+        Raises:
+            ContextUnavailable: the platform refused (missing scope, rate limit, ...).
+        """
+        ...
+
+
+def can_read_context(adapter: object) -> bool:
+    """Whether ``adapter`` has the optional ``ContextReader`` capability."""
+    return callable(getattr(adapter, "read_message", None)) and callable(getattr(adapter, "read_thread", None))
+
+
+class FileReader(Protocol):
+    """Reads the bytes of an outbound file by its ``sha256`` (the gateway's blob store), for
+    adapters that upload files (``bind_files``)."""
+
+    async def read(self, sha256: str) -> bytes | None:
+        """The blob's bytes, or ``None`` when the store no longer has it (retention)."""
+        ...
+
+
+class FileSendingAdapter(Protocol):
+    """Optional capability: deliver ``OutboundMessage.attachments`` (the ``send_file`` tool).
+
+    ``bind_files(reader)`` is called by the gateway before ``start``; ``send`` then delivers each
+    attachment as one part after the text parts. ``attachment_problem`` is asked when the tool is
+    called, so the model learns at once that a file cannot go to this platform (and why)."""
+
+    def bind_files(self, reader: FileReader) -> None: ...
+
+    def attachment_problem(self, attachment: OutboundAttachment) -> str | None:
+        """``None`` when this platform can take the file, else one sentence naming the platform's
+        limit (e.g. "Telegram bots can send files up to 50 MB; report.zip is 63.2 MB."). Pure."""
+        ...
+
+
+def can_send_files(adapter: object) -> bool:
+    """Whether ``adapter`` has the optional file-sending capability."""
+    return callable(getattr(adapter, "attachment_problem", None)) and callable(getattr(adapter, "bind_files", None))
 
 
 class Adapter(Protocol):
@@ -101,5 +178,64 @@ class ConversationReader(Protocol):
         message) and its user and assistant messages with id > ``after_id``, oldest first, at most
         ``limit``. Each entry: ``id`` (int), ``role`` (``user`` | ``assistant``), ``text`` (markdown
         as written), ``platform`` (where the turn came from, or ``None``), ``message_id`` (the platform's id
-        of a user message, else ``None``), ``created_at`` (epoch s)."""
+        of a user message, else ``None``), ``created_at`` (epoch s), ``attachments`` (the row's stored
+        file references, ``gateway.core.types.MediaRef`` dicts; never bytes; an assistant message's are
+        the files it sent: ``{"kind", "name", "mime_type", "size", "sha256", "caption"?}``)."""
+        ...
+
+
+class BlobStore(Protocol):
+    """Content-addressed bytes shared by every instance (``gateway.media.store`` implements it:
+    files under ``media.directory`` or the ``blobs`` table). Synchronous: call it from a worker
+    thread, or through ``asyncio.to_thread`` on the main loop.
+    """
+
+    def put(self, data: bytes, mime_type: str) -> BlobRef:
+        """Stores ``data`` (idempotent: equal bytes are stored once) and returns its reference."""
+        ...
+
+    def get(self, ref: BlobRef | str) -> bytes:
+        """The bytes of ``ref`` (a ``BlobRef`` or its sha256). Raises ``BlobMissing``."""
+        ...
+
+
+class MediaAdapter(Protocol):
+    """Optional capability: download the bytes of an attachment (``can_download``)."""
+
+    def download_limit(self, attachment: Attachment) -> int | None:
+        """Most bytes the platform lets a bot download for this attachment (Telegram cloud Bot
+        API: 20 MB), or ``None`` when it sets no limit below the gateway's own."""
+        ...
+
+    async def download(self, message: InboundMessage, attachment: Attachment, max_bytes: int) -> tuple[bytes, str]:
+        """``(bytes, mime type as served)`` of ``attachment`` of ``message``, at most ``max_bytes``.
+
+        Raises:
+            gateway.core.errors.FileTooBig: the platform says or the body shows it is larger.
+            gateway.core.errors.DownloadFailed: anything else (with a plain-words reason).
+        """
+        ...
+
+
+def can_download(adapter: object) -> bool:
+    """Whether ``adapter`` has the optional ``download`` capability."""
+    return callable(getattr(adapter, "download", None))
+
+
+class Fetch(Protocol):
+    """Downloads a file URL a platform handed over (``gateway.media.fetch.GuardedFetch``), for
+    adapters that receive a URL instead of calling an SDK (Slack ``url_private_download``)."""
+
+    async def __call__(self, url: str, *, headers: dict[str, str], max_bytes: int,
+                       trusted: bool) -> tuple[bytes, str]:
+        """``(body, content type)`` of ``GET url``.
+
+        ``trusted``: ``url`` is on the platform API host the operator configured (connected to
+        as it is); otherwise every hop is checked by the outbound address guard. Redirects to
+        another origin are always checked and lose ``Authorization``.
+
+        Raises:
+            gateway.core.errors.FileTooBig: the body is longer than ``max_bytes``.
+            gateway.core.errors.DownloadFailed: refused address, HTTP error, network failure.
+        """
         ...

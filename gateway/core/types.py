@@ -48,11 +48,35 @@ class Sender:
     is_bot: bool = False
 
 
+AttachmentKind = Literal["image", "audio", "voice", "video", "document", "sticker", "animation"]
+ATTACHMENT_KINDS: tuple[str, ...] = ("image", "audio", "voice", "video", "document", "sticker", "animation")
+"""What a file is for the gateway: ``image`` (a photo or picture), ``audio`` (a music/audio file),
+``voice`` (a recorded voice note: Telegram OGG/Opus, Feishu ``audio``), ``video``, ``document`` (any
+other file), ``sticker``, ``animation`` (GIF or a soundless MP4 that platforms show as a GIF)."""
+
+_LEGACY_KINDS = {"file": "document"}
+
+
 @dataclass(frozen=True, slots=True)
 class Attachment:
-    """A file that came with a message: ``kind`` is ``image`` | ``file`` | ``audio`` | ``video``.
+    """A file that came with a message, as the platform announced it (nothing downloaded yet).
 
-    ``file_id`` is the platform's handle to download it later; nothing is downloaded on receipt.
+    Attributes:
+        kind: one of ``ATTACHMENT_KINDS``.
+        file_id: the platform reference the adapter downloads by: Telegram ``file_id``, Slack
+            file id, Feishu ``image_key``/``file_key``, web chat: the blob's sha256.
+        name: the file name as the sender's client gave it (data, never instructions: shown
+            quoted, control characters removed), or ``None``.
+        mime_type: the MIME type the platform declared (checked against the bytes later), or ``None``.
+        size: bytes as the platform declared them, or ``None`` when it does not say (checked again
+            while downloading).
+        url: where the bytes are when the platform gives a URL (Slack ``url_private_download``),
+            else ``None`` (the adapter resolves ``file_id``).
+        width, height: pixels, when the platform says (photos, stickers, videos).
+        sha256: the blob's digest when the bytes are already stored (a web chat upload), else ``None``.
+        duration_s: seconds of audio/video, when the platform says.
+        thumbnail_id: platform reference of a still picture of it (Telegram's thumbnail of a video,
+            animation or sticker), shown to the model when the file itself is no image it can take.
     """
 
     kind: str
@@ -60,6 +84,126 @@ class Attachment:
     name: str | None = None
     mime_type: str | None = None
     size: int | None = None
+    url: str | None = None
+    width: int | None = None
+    height: int | None = None
+    sha256: str | None = None
+    duration_s: float | None = None
+    thumbnail_id: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Attachment:
+        """Reads ``asdict`` output (inbox payloads), also of rows stored before a field existed
+        (the old kind ``file`` reads as ``document``)."""
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        fields["kind"] = _LEGACY_KINDS.get(str(fields.get("kind")), str(fields.get("kind")))
+        return cls(**fields)
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    """Bytes in the blob store (``gateway.media.store``), addressed by content.
+
+    Attributes:
+        sha256: lowercase hex SHA-256 of the bytes (the address: equal bytes, one blob).
+        size: bytes.
+        mime_type: what the bytes are (``image/jpeg``...), as checked when stored.
+    """
+
+    sha256: str
+    size: int
+    mime_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class MediaRef:
+    """What the transcript keeps of an attachment: a reference, never the bytes
+    (``messages.meta["attachments"]``, one dict per file; ``to_dict``/``from_dict``).
+
+    Attributes:
+        sha256: the original file's blob (``None`` when it was never stored: too big, download
+            failed, unsupported), so ``note`` says why.
+        kind: one of ``ATTACHMENT_KINDS``.
+        mime_type: of the original (``application/octet-stream`` when unknown).
+        size: bytes of the original (the platform's figure when it was never downloaded).
+        name: the cleaned file name, or ``None``.
+        image: for an image sent to the model, its rendition (re-encoded to the model's limits):
+            ``{"sha256", "mime_type", "size", "width", "height"}``; the model gets exactly these
+            bytes on every request, so a replayed turn sends the same bytes (prompt cache).
+        note: a plain-words line for the model when the file could not be used (``"too big:
+            30.0 MB, Telegram bots can download at most 20 MB"``), else ``None``.
+        text: text taken from the file (a transcript, a document's text; filled in by extractors),
+            else ``None``.
+    """
+
+    kind: str
+    mime_type: str
+    size: int
+    sha256: str | None = None
+    name: str | None = None
+    image: dict[str, Any] | None = None
+    note: str | None = None
+    text: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON stored in ``messages.meta["attachments"]`` (``None`` fields left out)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MediaRef:
+        """Reads ``to_dict`` output, and the older ``{"kind", "name", "mime_type", "size"}`` notes."""
+        return cls(kind=_LEGACY_KINDS.get(str(data.get("kind")), str(data.get("kind") or "document")),
+                   mime_type=str(data.get("mime_type") or "application/octet-stream"),
+                   size=int(data.get("size") or 0), sha256=data.get("sha256"), name=data.get("name"),
+                   image=data.get("image"), note=data.get("note"), text=data.get("text"))
+
+
+@dataclass(frozen=True, slots=True)
+class ContextMessage:
+    """An earlier message shown to the model for context, never a turn of its own: what a message
+    replies to, an earlier message of its thread, or a group message not addressed to the bot.
+
+    Attributes:
+        message_id: the platform's id of that message, in the form ``InboundMessage.message_id``
+            uses (Telegram ``"<chat_id>:<message_id>"``, Slack ``"<channel>:<ts>"``, Feishu ``om_…``).
+        text: its text (captions included); ``None`` when the event named the message but did not
+            carry it (Slack thread parent, Feishu ``parent_id``): ``ContextReader.read_message``
+            reads it then.
+        author: display name of who wrote it (``""`` when unknown).
+        sent_at: epoch seconds (``0.0`` when unknown).
+        attachments: its files (the reference to fetch them, as on ``InboundMessage``).
+        from_bot: this bot wrote it.
+        partial: only this part of the message was quoted (Telegram ``quote``).
+    """
+
+    message_id: str
+    text: str | None = None
+    author: str = ""
+    sent_at: float = 0.0
+    attachments: tuple[Attachment, ...] = ()
+    from_bot: bool = False
+    partial: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ContextMessage:
+        return cls(message_id=data["message_id"], text=data.get("text"), author=data.get("author", ""),
+                   sent_at=data.get("sent_at", 0.0),
+                   attachments=tuple(Attachment(**a) for a in data.get("attachments", ())),
+                   from_bot=data.get("from_bot", False), partial=data.get("partial", False))
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadHistory:
+    """Earlier messages of a thread as the platform returned them (``ContextReader.read_thread``):
+    ``messages`` oldest first; ``omitted``: messages read but left out by the count cap; ``unread``:
+    the thread holds messages that were not read at all (beyond the pages read, or a page refused)."""
+
+    messages: tuple[ContextMessage, ...] = ()
+    omitted: int = 0
+    unread: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +225,16 @@ class InboundMessage:
         event_id: the platform's delivery/event id (Telegram ``update_id``), when it has one.
         addressed: ``False`` for a group/thread message that did not mention the bot: the gateway
             takes it only when its session already exists (a thread the bot is part of).
+        quoted: the message this one replies to (Telegram ``reply_to_message`` / ``quote``, Slack
+            thread parent, Feishu ``parent_id``), or ``None``; its ``text`` is ``None`` when only
+            the id came with the event.
+        context_only: a group message not for the bot and outside any thread it follows (adapters
+            hand these over only when group context is configured): never a turn, only kept as
+            group context (``sessions.group_context_messages``).
+        opens_thread: the message is top level and its reply opens a thread under it (Slack
+            channel mentions): its group context is the chat's top-level messages, not the thread's.
+        media_group_id: the album this message belongs to (Telegram ``media_group_id``: an album
+            arrives as one message per item); messages of one album are answered by one turn.
     """
 
     address: ChatAddress
@@ -94,6 +248,10 @@ class InboundMessage:
     received_at: float = field(default_factory=time.time)
     event_id: str | None = None
     addressed: bool = True
+    quoted: ContextMessage | None = None
+    context_only: bool = False
+    opens_thread: bool = False
+    media_group_id: str | None = None
 
     @property
     def platform(self) -> str:
@@ -113,11 +271,50 @@ class InboundMessage:
             text=data["text"],
             reply_to_id=data.get("reply_to_id"),
             command=data.get("command"),
-            attachments=tuple(Attachment(**a) for a in data.get("attachments", ())),
+            attachments=tuple(Attachment.from_dict(a) for a in data.get("attachments", ())),
+            media_group_id=data.get("media_group_id"),
             received_at=data.get("received_at", 0.0),
             event_id=data.get("event_id"),
             addressed=data.get("addressed", True),
+            quoted=ContextMessage.from_dict(data["quoted"]) if data.get("quoted") else None,
+            context_only=data.get("context_only", False),
+            opens_thread=data.get("opens_thread", False),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundAttachment:
+    """A file the agent sends with a reply (``send_file``), by reference: the bytes are a blob
+    (content-addressed by ``sha256``) read when the reply is delivered, so a retry after a crash
+    sends the same bytes even if the workspace file changed or was deleted.
+
+    Attributes:
+        kind: ``image`` (a PNG, JPEG, WebP or GIF the gateway could read) or ``document``.
+        name: file name shown to the user (no folders), at most 255 characters.
+        mime_type: e.g. ``image/png``, ``text/csv``.
+        size: bytes.
+        sha256: hex digest of the bytes: the blob's key.
+        caption: text shown with the file (markdown), may be empty.
+        width, height: pixels, for images (``None`` otherwise): Telegram's photo rules need them.
+    """
+
+    kind: Literal["image", "document"]
+    name: str
+    mime_type: str
+    size: int
+    sha256: str
+    caption: str = ""
+    width: int | None = None
+    height: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OutboundAttachment:
+        return cls(kind=data["kind"], name=data["name"], mime_type=data["mime_type"], size=int(data["size"]),
+                   sha256=data["sha256"], caption=data.get("caption") or "", width=data.get("width"),
+                   height=data.get("height"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +342,9 @@ class OutboundMessage:
     editable: bool = False
     """The message will be edited later (a streamed preview, the plan message): an adapter that can
     edit only some kinds of message sends one of those (Feishu: a shared interactive card)."""
+    attachments: tuple[OutboundAttachment, ...] = ()
+    """Files sent after the text, in order, each as its own part (one platform message, counted in
+    ``resume_from`` like a text part); ``text`` may then be empty."""
 
 
 @dataclass(frozen=True, slots=True)

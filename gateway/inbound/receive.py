@@ -35,6 +35,7 @@ from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.telemetry import span as traced
 from gateway.sessions.commands import CONTROL_COMMANDS, CommandContext, control_reply
 from gateway.sessions.directory import Directory, Identity
+from gateway.sessions.group_context import GroupContextStore
 from gateway.store.sql import Store
 from gateway.store.text import storable_inbound
 from gateway.tools.approvals import decide_reply
@@ -64,7 +65,8 @@ class Inbound:
     def __init__(self, *, config: GatewayConfig, store: Store, directory: Directory, approvals: Approvals,
                  runner: TurnRunner, bus: SessionBus, metrics: GatewayMetrics, redact: Redactor,
                  run_db: Callable[..., Awaitable[Any]], model_name: Callable[[], str],
-                 wake_delivery: Callable[[], None]) -> None:
+                 wake_delivery: Callable[[], None], group_context: GroupContextStore | None = None) -> None:
+        self.group_context = group_context
         self.config = config
         self.store = store
         self.directory = directory
@@ -107,6 +109,7 @@ class Inbound:
         identity = self.directory.identify(message)
         key = session_key_for(message, identity.user_id, self.config.sessions.group_scope)
         if not message.addressed and not self.store.lane_exists(key):
+            self._keep_as_context(message)  # a thread the bot is not part of: group context at most
             return identity, key, "unaddressed", None
         decision = decide(message, identity.approved, self.config.access)
         if decision != "allow" or message.command in CONTROL_COMMANDS:
@@ -115,11 +118,32 @@ class Inbound:
         return identity, key, decision, self.store.insert_inbound(message, key, cancel=cancel,
                                                                   user_id=identity.user_id)
 
+    def _keep_as_context(self, message: InboundMessage) -> None:
+        """Keeps a group message not addressed to the bot as its chat's group context, when that chat
+        has group context on and the access rules would let its sender talk to the bot (allowlist:
+        a listed chat, a listed user or an admin). Blocking (DB pool)."""
+        sessions = self.config.sessions
+        keep = sessions.group_context_for(message.platform, message.address.chat_id)
+        if self.group_context is None or message.chat_type == "dm" or keep <= 0:
+            return
+        if decide(message, False, self.config.access) != "allow":
+            return
+        self.group_context.record(message, keep=keep, max_age_s=sessions.group_context_hours * 3600)
+
     async def _receive(self, message: InboundMessage) -> bool:
         message = storable_inbound(message)  # every string, not only the text: ids, names, tenant
         redacted = self.redact(message.text)  # a pasted secret is never stored, not even in the inbox
         if redacted != message.text:
             message = dataclasses.replace(message, text=redacted)
+        if message.quoted is not None and message.quoted.text:  # what it quotes is stored with it too
+            quoted = self.redact(message.quoted.text)
+            if quoted != message.quoted.text:
+                message = dataclasses.replace(message, quoted=dataclasses.replace(message.quoted, text=quoted))
+        if message.context_only:  # never a turn: at most kept as the chat's group context
+            if self.config.sessions.group_context_for(message.platform, message.address.chat_id) > 0:
+                await self.run_db(self._keep_as_context, message)
+            self._drop(message)
+            return False
         identity, key, decision, stored = await self.run_db(self._admit, message)
         if decision == "unaddressed":
             self._drop(message)

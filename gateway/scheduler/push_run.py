@@ -3,7 +3,8 @@
 The agent answers the job's prompt in the run's own session (fresh per run, tied to the job by
 its key ``job:<id>``; a run taken over after a crash resumes that session's transcript), with the
 turn runner's model, limits and system prompt. The answer is queued in the outbox for the job's
-target in the same transaction that moves the run to ``delivering``. No session lane is held: a
+target in the same transaction that moves the run to ``delivering``, with the files the run sent
+with ``send_file`` from its own workspace (the run session's folder). No session lane is held: a
 push into a chat whose session is busy is delivered anyway (the outbox keeps only per-chat order).
 """
 
@@ -22,6 +23,7 @@ from agent.tools import ToolRegistry
 from gateway.bus.context import render_history
 from gateway.bus.turns import TurnRunner
 from gateway.core.types import OutboundMessage
+from gateway.delivery.files import REPLY_TARGET, transcript_refs
 from gateway.delivery.progress import resumed_state
 from gateway.scheduler.planner import job_schedule, local_time
 from gateway.scheduler.store import Job, JobStore, RunClaim
@@ -75,15 +77,20 @@ class PushRunner:
             row_id = self.turns.store.append_message(session_id, turn_id, "user", content, meta=meta)
             window.append(StoredMessage(row_id, turn_id, "user", content, None, None, None, meta))
 
+        final: list[int] = []  # the row id of the latest answer without tool calls
+
         def record(msg: dict[str, Any], usage: Usage | None, meta: dict[str, Any] | None) -> None:
-            self.turns.store.append_message(
+            row_id = self.turns.store.append_message(
                 session_id, turn_id, msg["role"], msg.get("content"),
                 tool_calls=msg.get("tool_calls"), tool_call_id=msg.get("tool_call_id"), meta=meta,
                 prompt_tokens=usage.prompt_tokens if usage else None,
                 completion_tokens=usage.completion_tokens if usage else None,
             )
+            if msg["role"] == "assistant" and not msg.get("tool_calls"):
+                final[:] = [row_id]
 
         model = self.turns.agents.get(self.turns.spec).model
+        target = REPLY_TARGET.set(job.target)  # send_file posts into the report's chat
         try:
             outcome = run_turn(system_prompt=self.jobs.session_prompt(session_id), history=render_history(window),
                                model=model, tools=tools, bridge=self.turns.bridge,
@@ -94,11 +101,16 @@ class PushRunner:
         except ModelError as exc:
             log.warning("push run %s of job %s failed: %s", claim.run_id, job.id, exc)
             return self._fail(claim, exc.user_message, once)
+        finally:
+            REPLY_TARGET.reset(target)
         if outcome.stop_reason == "cancelled":
             log.warning("push run %s of job %s: claim lost; another instance runs it", claim.run_id, job.id)
             return "lost"
-        text = outcome.reply.strip() or "(no answer)"
-        reply = OutboundMessage(job.target, text, idempotency_key=f"push:{claim.run_id}")
+        files = self.turns.files.for_turn(session_id, turn_id) if self.turns.files is not None else []
+        text = outcome.reply.strip() or ("" if files else "(no answer)")
+        if files and final:  # the report's answer names the files it carries (admin transcript)
+            self.turns.store.add_meta(final[0], {"attachments": transcript_refs(files)})
+        reply = OutboundMessage(job.target, text, idempotency_key=f"push:{claim.run_id}", attachments=tuple(files))
         if not self.jobs.finish_run(claim, reply=reply, disable_job=once):
             return "lost"
         log.info("push run %s of job %s: answer queued for %s", claim.run_id, job.id, job.target.platform)

@@ -32,6 +32,7 @@ HELP = (
     "/jobs - your scheduled reports; /run ID - fire one now; /unschedule ID - remove one\n"
     "/approve ID, /deny ID - allow or refuse an action I asked about\n"
     "/memory - what I remember about you (/memory export: all of it as JSON); /forget ID - delete an entry\n"
+    "/files - how many files you sent I keep; /forget_files - delete them all\n"
     "/help - this message"
 )
 
@@ -52,6 +53,8 @@ MENU: tuple[tuple[str, str, frozenset[str]], ...] = (
     ("deny", "Refuse an action: /deny ID", frozenset({"dm", "group"})),
     ("memory", "What I remember (about you, or this group)", frozenset({"dm", "group"})),
     ("forget", "Delete a memory entry: /forget ID", frozenset({"dm", "group"})),
+    ("files", "The files of yours I keep", frozenset({"dm", "group"})),
+    ("forget_files", "Delete every file you sent me", frozenset({"dm", "group"})),
     ("approve_user", "Approve a pairing code: /approve_user CODE", frozenset({"admin"})),
     ("help", "What this bot can do", frozenset({"dm", "group"})),
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import Engine, and_, select
+from sqlalchemy import Engine, Text, and_, cast, or_, select
 
 from gateway.store.db import read_tx
 from gateway.store.models import IdentityRow, InboxRow, LaneRow, MessageRow, table
@@ -57,17 +57,23 @@ class TranscriptReader:
                 return None, []
             rows = conn.execute(
                 select(_messages.c.id, _messages.c.turn_id, _messages.c.role, _messages.c.content,
-                       _messages.c.created_at, _messages.c.platform_message_id)
+                       _messages.c.created_at, _messages.c.platform_message_id, _messages.c.meta)
                 .where(_messages.c.session_id == session_id, _messages.c.id > after_id,
-                       _messages.c.role.in_(("user", "assistant")), _messages.c.content.is_not(None),
-                       _messages.c.content != "")  # not an assistant message that only called tools
+                       _messages.c.role.in_(("user", "assistant")),
+                       # not an assistant message that only called tools (an answer that is only files is shown)
+                       or_(and_(_messages.c.content.is_not(None), _messages.c.content != ""),
+                           _messages.c.role == "user",
+                           cast(_messages.c.meta, Text).contains('"attachments"')))
                 .order_by(_messages.c.id).limit(limit)).all()
             inbox_ids = {inbox_id_of(r.turn_id) for r in rows} - {None}
             platforms = dict(conn.execute(select(_inbox.c.id, _inbox.c.platform)
                                           .where(_inbox.c.id.in_(inbox_ids))).all()) if inbox_ids else {}
         return str(session_id), [
-            {"id": int(r.id), "role": r.role, "text": r.content, "platform": platforms.get(inbox_id_of(r.turn_id)),
-             "message_id": r.platform_message_id, "created_at": float(r.created_at)} for r in rows]
+            {"id": int(r.id), "role": r.role, "text": r.content or "",
+             "platform": platforms.get(inbox_id_of(r.turn_id)),
+             "message_id": r.platform_message_id, "created_at": float(r.created_at),
+             "attachments": [a for a in (r.meta or {}).get("attachments", ()) if isinstance(a, dict)]}
+            for r in rows if r.content or (r.meta or {}).get("attachments")]
 
 
 def inbox_id_of(turn_id: str | None) -> int | None:

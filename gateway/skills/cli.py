@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+from sqlalchemy import Engine
 
 from agent.skills import SkillLibrary, parse_skill, problems
 from agent.skills.skill import NAME_RULE, SKILL_FILE, SkillError
@@ -35,6 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--turn", help="only this turn (e.g. in42)")
     export.add_argument("--all", action="store_true", help="every turn, not only the failed ones")
     export.add_argument("--out", help="write to this file (default: stdout)")
+    remove = session_actions.add_parser("delete", help="delete a session: its transcript, summaries and files")
+    remove.add_argument("id", help="the session id (or its first characters, as /sessions shows)")
 
 
 def run_skills_command(config: GatewayConfig, args: argparse.Namespace) -> int:
@@ -215,8 +220,11 @@ def _rate(results: list) -> str:
     return f"{passed}/{len(results)} passed ({100 * passed / len(results):.0f}%)" if results else "no runs"
 
 
-def run_sessions_command(config: GatewayConfig, args: argparse.Namespace) -> int:
-    """``gateway sessions export ID --as-eval``: writes the eval file; returns the exit status."""
+def run_sessions_command(config: GatewayConfig, args: argparse.Namespace,
+                         on_delete: Callable[[Engine, str], None] | None = None) -> int:
+    """``gateway sessions export ID --as-eval`` (writes the eval file) or ``gateway sessions delete ID``
+    (the session with its transcript; ``on_delete(engine, session_id)`` then deletes what other
+    capabilities keep of it: its files); returns the exit status."""
     from gateway.skills.eval_export import FILL_IN, export_cases
     from gateway.skills.sessions_export import find_sessions
     from gateway.store.db import create_db_engine, upgrade
@@ -230,6 +238,12 @@ def run_sessions_command(config: GatewayConfig, args: argparse.Namespace) -> int
             print(f"no session {args.id!r}" if not found else f"{args.id!r} matches {len(found)} sessions; "
                   "give more of the id", file=sys.stderr)
             return 1
+        if args.action == "delete":  # the files go too: gateway.app.cli passes the media cleanup in
+            Store(engine).delete_session(found[0])
+            if on_delete is not None:
+                on_delete(engine, found[0])
+            print(f"deleted session {found[0]}")
+            return 0
         transcript = Store(engine).transcript(found[0])
     finally:
         engine.dispose()

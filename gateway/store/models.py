@@ -8,7 +8,21 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import DDL, JSON, Boolean, Float, Index, Integer, String, Table, Text, UniqueConstraint, event
+from sqlalchemy import (
+    DDL,
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    event,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -134,6 +148,31 @@ class OutboxRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float)
     sent_at: Mapped[float | None] = mapped_column(Float)
+    attachments: Mapped[list[Any] | None] = mapped_column(JSON)
+    """Files sent after the text, in order (``OutboundAttachment.to_dict`` each; bytes in the blob store)."""
+
+
+class OutboxFileRow(Base):
+    """A file the agent sent with ``send_file`` (``gateway.delivery.send_file``): recorded when the
+    tool runs (its bytes already in the blob store), attached to the turn's reply when the turn
+    finishes. One row per tool call: a call run again after a crash finds its row."""
+
+    __tablename__ = "outbox_files"
+    __table_args__ = (UniqueConstraint("session_id", "turn_id", "call_id", name="uq_outbox_files_call"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(String(32))
+    turn_id: Mapped[str] = mapped_column(String(64))
+    call_id: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(255))
+    mime_type: Mapped[str] = mapped_column(String(255))
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    caption: Mapped[str] = mapped_column(Text, default="")
+    width: Mapped[int | None] = mapped_column(Integer)
+    height: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 class UserRow(Base):
@@ -391,6 +430,78 @@ class InstanceRow(Base):
     """The process's start time in clock ticks after boot (``/proc/PID/stat``): tells a reused pid."""
     started_at: Mapped[float] = mapped_column(Float)
     heartbeat_at: Mapped[float] = mapped_column(Float)
+
+
+class GroupMessageRow(Base):
+    """A group message not addressed to the bot, kept as group context (``gateway.sessions.group_context``)
+    for chats with ``sessions.group_context_messages`` on: cleaned and redacted like the inbox, at
+    most that many per chat, deleted after ``sessions.group_context_hours``."""
+
+    __tablename__ = "group_messages"
+    __table_args__ = (
+        UniqueConstraint("platform", "tenant", "platform_message_id", name="uq_group_messages_platform_message"),
+        Index("ix_group_messages_chat", "platform", "tenant", "chat_id", "received_at"),
+        Index("ix_group_messages_stored_at", "stored_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    platform: Mapped[str] = mapped_column(String(32))
+    tenant: Mapped[str] = mapped_column(String(128))
+    chat_id: Mapped[str] = mapped_column(String(255))
+    thread_id: Mapped[str | None] = mapped_column(String(255))
+    """The thread or forum topic it was posted in (``None``: the chat's top level)."""
+    platform_message_id: Mapped[str] = mapped_column(String(255))
+    author: Mapped[str] = mapped_column(String(255))
+    text: Mapped[str] = mapped_column(Text)
+    attachments: Mapped[list[Any]] = mapped_column(JSON)
+    received_at: Mapped[float] = mapped_column(Float)
+    """The platform's time of the message (orders the context)."""
+    stored_at: Mapped[float] = mapped_column(Float)
+    """When the gateway kept it (retention counts from here)."""
+
+
+class BlobRow(Base):
+    """Content-addressed bytes (``gateway.media.store.DatabaseBlobStore``, ``media.store =
+    "database"``). PostgreSQL stores ``data`` (``bytea``) out of line in its TOAST table, uncompressed
+    (migration ``0801`` sets ``STORAGE EXTERNAL``: images and archives are compressed already), so
+    reading rows of this table never drags the bytes along; one value may be up to 1 GB, the
+    gateway's limits keep them far below."""
+
+    __tablename__ = "blobs"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    mime_type: Mapped[str] = mapped_column(String(255))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class AttachmentRow(Base):
+    """Who uses a blob (``gateway.media.index``): one row per file of a message in a session (and
+    one per rendition sent to the model). A blob is deleted once no row refers to it: retention,
+    ``/forget_files`` and deleting a session remove rows, then the unreferenced blobs."""
+
+    __tablename__ = "attachments"
+    __table_args__ = (
+        Index("ix_attachments_session", "session_id"),
+        Index("ix_attachments_owner", "owner_user_id"),
+        Index("ix_attachments_sha256", "sha256"),
+        Index("ix_attachments_created", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    session_id: Mapped[str | None] = mapped_column(String(32))
+    owner_user_id: Mapped[str | None] = mapped_column(String(32))
+    """The user who sent the file (``users.id``); ``None`` for files the gateway made itself."""
+    turn_id: Mapped[str | None] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16), default="original")
+    """``original`` (as received) | ``rendition`` (re-encoded for the model) | ``outbound`` (sent by the bot)."""
+    kind: Mapped[str] = mapped_column(String(16))
+    mime_type: Mapped[str] = mapped_column(String(255))
+    size: Mapped[int] = mapped_column(BigInteger)
+    name: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 # The FTS5 index is not a SQLAlchemy table: dropping ``memories`` (tests reset with drop_all) drops it too.

@@ -92,7 +92,7 @@ LATEST_SUMMARY = (
 
 WINDOW = (
     select(_messages.c.id, _messages.c.turn_id, _messages.c.role, _messages.c.content, _messages.c.tool_calls,
-           _messages.c.tool_call_id, _messages.c.name, _messages.c.meta)
+           _messages.c.tool_call_id, _messages.c.name, _messages.c.meta, _messages.c.platform_message_id)
     .where(_messages.c.session_id == bindparam("b_session"), _messages.c.id > bindparam("b_after"))
     .order_by(_messages.c.id.desc())
     .limit(bindparam("b_limit"))
@@ -149,7 +149,8 @@ _earlier = _outbox.alias("earlier")
 DUE_OUTBOX = (
     select(_outbox.c.id, _outbox.c.attempts, _outbox.c.idempotency_key, _outbox.c.address, _outbox.c.text,
            _outbox.c.reply_to_id, _outbox.c.platform_message_ids, _outbox.c.status, _outbox.c.preview_id,
-           _outbox.c.buttons, _outbox.c.generation, _lanes.c.generation.label("lane_generation"))
+           _outbox.c.buttons, _outbox.c.attachments, _outbox.c.generation,
+           _lanes.c.generation.label("lane_generation"))
     .select_from(_outbox.outerjoin(_lanes, _lanes.c.key == _outbox.c.session_key))
     .where(_DUE, ~exists().where(_earlier.c.chat_key == _outbox.c.chat_key, _earlier.c.id < _outbox.c.id,
                                  _earlier.c.status.in_(UNSETTLED)))

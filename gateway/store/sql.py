@@ -16,7 +16,7 @@ from sqlalchemy import Engine, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage
+from gateway.core.types import ChatAddress, InboundMessage, OutboundAttachment, OutboundMessage
 from gateway.store import prepared as q
 from gateway.store.db import read_tx, write_tx
 from gateway.store.models import (
@@ -36,6 +36,11 @@ from gateway.store.text import storable, storable_text
 
 def _chat_key(address: ChatAddress) -> str:
     return f"{address.platform}:{address.tenant}:{address.chat_id}"
+
+
+def _attachments(reply: OutboundMessage) -> list[dict[str, Any]] | None:
+    """The outbox row's ``attachments`` column for ``reply`` (``None`` without files)."""
+    return [a.to_dict() for a in reply.attachments] or None
 
 
 def _is_lock_error(exc: BaseException) -> bool:
@@ -90,6 +95,8 @@ class StoredMessage:
     tool_call_id: str | None
     name: str | None
     meta: dict[str, Any] | None
+    platform_message_id: str | None = None
+    """The platform's id of a user message (as ``InboundMessage.message_id``), else ``None``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +208,11 @@ class Store:
                 .limit(limit)
             ).all()
         return [PendingInbound(row.id, session_key, InboundMessage.from_dict(row.payload)) for row in rows]
+
+    def pending_batch(self, session_key: str, limit: int) -> list[PendingInbound]:
+        """The oldest ``limit`` pending rows of ``session_key`` with their users (as a lane's batch)."""
+        with read_tx(self.engine) as conn:
+            return self._batch(conn, session_key, limit)[0]
 
     def keys_waiting(self, now: float, limit: int = 100) -> list[str]:
         """Session keys with pending inbox rows whose lane is not leased (or the lease expired)."""
@@ -400,6 +412,15 @@ class Store:
             return self._append(conn, session_id, [NewMessage(turn_id, role, content, fields)])[0]
 
     @retry_locked
+    def add_meta(self, message_id: int, values: dict[str, Any]) -> None:
+        """Merges ``values`` into a transcript message's ``meta`` (what a finished run adds to its
+        already written answer, e.g. the files it sent)."""
+        with write_tx(self.engine) as conn:
+            meta = conn.execute(select(_messages.c.meta).where(_messages.c.id == message_id)).scalar()
+            conn.execute(update(_messages).where(_messages.c.id == message_id)
+                         .values(meta={**(meta if isinstance(meta, dict) else {}), **values}))
+
+    @retry_locked
     def append_messages(self, session_id: str, messages: Sequence[NewMessage]) -> list[int]:
         """Appends several transcript messages in one transaction, in order; returns their ids."""
         with write_tx(self.engine) as conn:
@@ -457,6 +478,18 @@ class Store:
     def _window(conn: Any, session_id: str, limit: int, after_id: int = 0) -> list[StoredMessage]:
         rows = conn.execute(q.WINDOW, {"b_session": session_id, "b_after": after_id, "b_limit": limit}).all()
         return [StoredMessage(*row) for row in reversed(rows)]
+
+    @retry_locked
+    def delete_session(self, session_id: str) -> bool:
+        """Deletes a session: its transcript, summaries, chat addresses and row; a lane whose current
+        session it was starts a fresh one with its next message. Its files are deleted by the
+        caller (``gateway.media.index.MediaIndex.forget_session``). Returns whether it existed."""
+        with write_tx(self.engine) as conn:
+            conn.execute(delete(_messages).where(_messages.c.session_id == session_id))
+            conn.execute(delete(_summaries).where(_summaries.c.session_id == session_id))
+            conn.execute(delete(_addresses).where(_addresses.c.session_id == session_id))
+            conn.execute(update(_lanes).where(_lanes.c.session_id == session_id).values(session_id=None))
+            return bool(conn.execute(delete(_sessions).where(_sessions.c.id == session_id)).rowcount)
 
     def transcript(self, session_id: str) -> list[StoredMessage]:
         """The whole transcript, oldest first (for tests and admin views, not the hot path)."""
@@ -527,7 +560,7 @@ class Store:
             if row.status == "streaming":
                 conn.execute(update(_outbox).where(_outbox.c.id == row.id).values(
                     text=reply.text, reply_to_id=reply.reply_to_id, status="pending", generation=generation,
-                    next_attempt_at=now))
+                    next_attempt_at=now, attachments=_attachments(reply)))
             return
         a = reply.address
         conn.execute(q.INSERT_OUTBOX, {
@@ -535,7 +568,7 @@ class Store:
             "chat_key": _chat_key(a), "generation": generation, "address": a.to_dict(), "text": reply.text,
             "reply_to_id": reply.reply_to_id, "status": "pending", "attempts": 0,
             "buttons": [list(b) for b in reply.buttons] or None, "next_attempt_at": now, "claim_until": 0.0,
-            "created_at": now,
+            "created_at": now, "attachments": _attachments(reply),
         })
 
     # -- streamed previews -------------------------------------------------------------------
@@ -619,6 +652,7 @@ class Store:
                                 resume_from=len(sent_ids),
                                 edit_id=row.preview_id if row.preview_id not in (None, "?") else None,
                                 buttons=tuple((str(b[0]), str(b[1])) for b in row.buttons or ()),
+                                attachments=tuple(OutboundAttachment.from_dict(a) for a in row.attachments or ()),
                             ),
                             sent_ids,
                             unconfirmed=row.status == "sending",

@@ -15,7 +15,7 @@ import re
 import time
 from typing import Any
 
-from gateway.core.types import Attachment, ChatAddress, InboundMessage, Sender
+from gateway.core.types import Attachment, ChatAddress, ContextMessage, InboundMessage, Sender
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 MAX_NAME_CHARS = 255
@@ -52,6 +52,26 @@ def _clean(value: str | None, limit: int | None = None) -> str | None:
     return cleaned[:limit] if limit is not None else cleaned
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def file_name(name: str | None) -> str | None:
+    """A file name as data: control and bidi-override characters removed, path parts dropped,
+    clipped to ``MAX_NAME_CHARS`` (``None`` for nothing left)."""
+    if name is None:
+        return None
+    cleaned = _CONTROL.sub("", storable_text(name)).replace("\\", "/").rsplit("/", 1)[-1].strip()
+    return cleaned[:MAX_NAME_CHARS] or None
+
+
+def _storable_attachment(a: Attachment) -> Attachment:
+    size = a.size if isinstance(a.size, int) and not isinstance(a.size, bool) and a.size >= 0 else None
+    return dataclasses.replace(a, kind=storable_text(a.kind)[:32], file_id=storable_text(a.file_id),
+                               name=file_name(a.name), mime_type=_clean(a.mime_type, MAX_NAME_CHARS),
+                               url=_clean(a.url), sha256=_clean(a.sha256), size=size,
+                               thumbnail_id=_clean(a.thumbnail_id))
+
+
 def storable_inbound(message: InboundMessage) -> InboundMessage:
     """``message`` with every string made storable (``storable_text``: ids, tenant, names, text,
     command, file names and MIME types alike), names clipped to ``MAX_NAME_CHARS``, and a
@@ -75,8 +95,28 @@ def storable_inbound(message: InboundMessage) -> InboundMessage:
         text=storable_text(message.text),
         reply_to_id=_clean(message.reply_to_id),
         command=_clean(message.command),
-        attachments=tuple(Attachment(a.kind, storable_text(a.file_id), _clean(a.name, MAX_NAME_CHARS),
-                                     _clean(a.mime_type, MAX_NAME_CHARS), a.size) for a in message.attachments),
+        attachments=tuple(_storable_attachment(a) for a in message.attachments),
         received_at=float(received_at),
         event_id=_clean(message.event_id),
+        quoted=storable_context(message.quoted) if message.quoted is not None else None,
+        media_group_id=_clean(message.media_group_id),
     )
+
+
+def storable_attachment(attachment: Attachment) -> Attachment:
+    """``attachment`` with its handle, name and MIME type made storable (names clipped)."""
+    return dataclasses.replace(attachment, file_id=storable_text(attachment.file_id),
+                               name=_clean(attachment.name, MAX_NAME_CHARS),
+                               mime_type=_clean(attachment.mime_type, MAX_NAME_CHARS))
+
+
+def storable_context(message: ContextMessage) -> ContextMessage:
+    """A context message (a quoted one, a thread's, a group's) with every string made storable, its
+    author clipped to ``MAX_NAME_CHARS`` and a time outside 1970-9999 replaced by ``0.0`` (unknown)."""
+    sent_at = message.sent_at
+    if not (isinstance(sent_at, int | float) and math.isfinite(sent_at) and 0 <= sent_at <= LATEST_TIME):
+        sent_at = 0.0
+    return dataclasses.replace(
+        message, message_id=storable_text(message.message_id), text=_clean(message.text),
+        author=_clean(message.author, MAX_NAME_CHARS) or "", sent_at=float(sent_at),
+        attachments=tuple(storable_attachment(a) for a in message.attachments))

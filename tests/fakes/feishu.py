@@ -10,7 +10,10 @@ the long connection's protobuf frames):
 - ``receive_id_type`` required; ``content`` must be a JSON string whose object matches ``msg_type``;
   request bodies over 150 KB (text) / 30 KB (post, interactive) answer 230025; ``uuid`` (≤ 50 chars)
   dedupes creates and replies (the first message is returned again, nothing new is stored);
-- reply targets must exist (messages learned from posted events or sent by the bot); ``reply_in_thread``
+- reply targets must exist (messages learned from posted events, seeded with ``seed_message``, or sent
+  by the bot); ``GET …/messages/{id}`` returns one, ``GET …/messages?container_id_type=chat|thread``
+  lists a chat's or thread's (``page_size`` ≤ 50, ``sort_type``, ``page_token``/``has_more``), both
+  refused with 99991672 while ``can_read_messages`` is false; ``reply_in_thread``
   puts the reply in the target's thread (a new ``omt_`` one when it had none); edits (PUT) ≤ 20 per
   message and only of the bot's text/post messages; PATCH only on interactive cards sent with
   ``config.update_multi: true`` (shared cards);
@@ -49,6 +52,7 @@ from aiohttp import web
 from Crypto.Cipher import AES
 from lark_oapi.ws.pb.pbbp2_pb2 import Frame
 
+from tests.fakes.feishu_uploads import FeishuUploads
 from tests.fakes.server import ThreadedServer
 
 JSON = dict[str, Any]
@@ -65,8 +69,8 @@ MSG_TYPES = {"text", "post", "image", "file", "audio", "media", "sticker", "inte
 @dataclass
 class Call:
     """One recorded API call: ``route`` (``token``, ``bot_info``, ``create``, ``reply``, ``update``,
-    ``patch``, ``get``, ``delete``, ``reaction``, ``reaction_delete``, ``resource``, ``user``,
-    ``ws_endpoint``),
+    ``patch``, ``get``, ``list``, ``delete``, ``reaction``, ``reaction_delete``, ``resource``, ``user``, ``images``,
+    ``files``, ``ws_endpoint``),
     the HTTP ``method``/``path``/``query``, the JSON ``body``, the decoded ``content`` (or ``None``), the
     Bearer ``token`` and what the fake answered (``status``, Feishu ``code``). ``time`` is monotonic."""
 
@@ -144,6 +148,15 @@ def validate_content(msg_type: str, content: Any) -> Any:
     return decoded
 
 
+def _dig(value: Any, *keys: str) -> Any:
+    """``value[k1][k2]…`` when every level is an object, else ``None`` (hostile events nest anything)."""
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
 def encrypt_body(plaintext: bytes, encrypt_key: str, iv: bytes | None = None) -> str:
     """Feishu event encryption: base64(IV + AES-256-CBC(PKCS#7(plaintext))), key = SHA-256(encrypt_key)."""
     iv = iv or os.urandom(16)
@@ -208,6 +221,7 @@ class FakeFeishu(ThreadedServer):
         self.token_ttl = 7200
         self.invalid_token_status = 400
         self.resources: dict[str, bytes] = {}
+        self._resource_of: dict[str, tuple[str, str]] = {}  # key -> (message id, type)
         self.users: dict[str, str] = {"ou_fakealice00000000000000000000001": "Alice",
                                       "ou_fakebob000000000000000000000001": "Bob"}
         self.event_deliveries: list[tuple[int, float]] = []
@@ -229,6 +243,10 @@ class FakeFeishu(ThreadedServer):
         self._ws_acks: dict[str, JSON] = {}
         self.ws_endpoint_hangs = 0
         """The next this-many ``/callback/ws/endpoint`` calls never answer (a silent network)."""
+        self.can_read_messages = True
+        """The app holds a message-read permission (``get`` and ``list`` answer 99991672 otherwise)."""
+        self.uploads = FeishuUploads(self)
+        """Image and file uploads (``tests.fakes.feishu_uploads``): ``uploads.images``, ``uploads.holds``."""
 
     # ---- test-facing API -------------------------------------------------------------------------
 
@@ -244,10 +262,12 @@ class FakeFeishu(ThreadedServer):
             self._uuids.clear()
             self._reactions.clear()
             self._ws_acks.clear()
+        self.uploads.reset()
         self.event_deliveries.clear()
         self.latency.clear()
         self.invalid_token_status = 400
         self.ws_endpoint_hangs = 0
+        self.can_read_messages = True
 
     def calls(self, route: str | None = None) -> list[Call]:
         """Recorded calls in arrival order, optionally only those of ``route``."""
@@ -310,10 +330,10 @@ class FakeFeishu(ThreadedServer):
                    sender: str = "ou_fakealice00000000000000000000001", mention_bot: bool = False,
                    mentions: list[tuple[str, str]] = (), thread_id: str | None = None,
                    message_id: str | None = None, event_id: str | None = None, message_type: str = "text",
-                   content: JSON | None = None) -> JSON:
+                   content: JSON | None = None, parent_id: str = "", root_id: str = "") -> JSON:
         """A schema 2.0 ``im.message.receive_v1`` body. ``mention_bot`` prefixes ``@_user_1`` (the bot);
         ``mentions`` adds ``(open_id, name)`` users as ``@_user_2…`` (append their keys to ``text``
-        yourself). Ids default to fresh unique values."""
+        yourself); ``parent_id`` makes it a reply to that message. Ids default to fresh unique values."""
         people = ([(self.bot_open_id, "Gateway")] if mention_bot else []) + list(mentions)
         entries = [{"key": f"@_user_{i}", "id": {"open_id": oid, "union_id": "", "user_id": ""}, "name": name,
                     "tenant_key": self.tenant_key} for i, (oid, name) in enumerate(people, start=1)]
@@ -321,7 +341,8 @@ class FakeFeishu(ThreadedServer):
             text = f"@_user_1 {text}"
         now = str(int(time.time() * 1000))
         message: JSON = {
-            "message_id": message_id or f"om_evt{uuid_lib.uuid4().hex[:24]}", "root_id": "", "parent_id": "",
+            "message_id": message_id or f"om_evt{uuid_lib.uuid4().hex[:24]}", "root_id": root_id or parent_id,
+            "parent_id": parent_id,
             "create_time": now, "update_time": now, "chat_id": chat_id, "chat_type": chat_type,
             "message_type": message_type, "content": json.dumps(content if content is not None else {"text": text}),
             "mentions": entries,
@@ -483,7 +504,7 @@ class FakeFeishu(ThreadedServer):
     # ---- plumbing --------------------------------------------------------------------------------
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024)  # uploads: files up to 30 MB
         base = "/open-apis/im/v1/messages"
         app.add_routes([
             web.post("/open-apis/auth/v3/tenant_access_token/internal", self._token),
@@ -492,6 +513,7 @@ class FakeFeishu(ThreadedServer):
             web.post(base + "/{message_id}/reply", self._api("reply", self._reply)),
             web.put(base + "/{message_id}", self._api("update", self._update)),
             web.patch(base + "/{message_id}", self._api("patch", self._patch)),
+            web.get(base, self._api("list", self._list)),
             web.get(base + "/{message_id}", self._api("get", self._get)),
             web.delete(base + "/{message_id}", self._api("delete", self._delete)),
             web.post(base + "/{message_id}/reactions", self._api("reaction", self._reaction)),
@@ -501,6 +523,7 @@ class FakeFeishu(ThreadedServer):
             web.get("/open-apis/contact/v3/users/{user_id}", self._api("user", self._user)),
             web.post("/callback/ws/endpoint", self._ws_endpoint),
             web.get("/ws", self._ws_handler),
+            *self.uploads.routes(),
         ])
         return app
 
@@ -514,19 +537,48 @@ class FakeFeishu(ThreadedServer):
             return faults.popleft() if faults else None
 
     def _learn(self, body: JSON) -> None:
-        """Remembers a user message from an event (so replies to it can be validated); a malformed
-        event (tests send those too) is not Feishu's and is not learned."""
+        """Remembers a user message from an event (so replies to it can be validated and the message
+        APIs can return it); a malformed event (tests send those too) is not Feishu's and is not learned."""
         event = body.get("event") if isinstance(body, dict) else None
         message = event.get("message") if isinstance(event, dict) else None
         if not isinstance(message, dict) or not isinstance(message.get("message_id"), str) or not message["message_id"]:
             return
+        try:
+            content = json.loads(message.get("content") or "null")
+        except (TypeError, ValueError):
+            content = None
+        sender = _dig(event, "sender", "sender_id", "open_id")
+        listed = message.get("mentions")
+        mentions = [{"key": m.get("key"), "id": _dig(m, "id", "open_id") or "", "id_type": "open_id",
+                     "name": m.get("name"), "tenant_key": self.tenant_key}
+                    for m in (listed if isinstance(listed, list) else ()) if isinstance(m, dict)]
+        self._keep_user_message({
+            "message_id": message["message_id"], "chat_id": message.get("chat_id", ""),
+            "thread_id": message.get("thread_id") or "", "root_id": message.get("root_id") or "",
+            "parent_id": message.get("parent_id") or "", "msg_type": message.get("message_type", "text"),
+            "content": content, "sender_type": "user", "sender": str(sender or ""), "edits": 0,
+            "create_time": str(message.get("create_time") or int(time.time() * 1000)), "mentions": mentions,
+        })
+
+    def _keep_user_message(self, message: JSON) -> None:
         with self._lock:
-            self._messages.setdefault(message["message_id"], {
-                "message_id": message["message_id"], "chat_id": message.get("chat_id", ""),
-                "thread_id": message.get("thread_id") or "", "root_id": message.get("root_id") or "",
-                "parent_id": message.get("parent_id") or "", "msg_type": message.get("message_type", "text"),
-                "content": None, "sender_type": "user", "edits": 0,
-            })
+            if message["message_id"] not in self._messages:
+                self._messages[message["message_id"]] = message
+                self._order.append(message["message_id"])
+
+    def seed_message(self, text: str, *, chat_id: str, sender: str = "ou_fakealice00000000000000000000001",
+                     thread_id: str = "", parent_id: str = "", root_id: str = "", create_ms: int | None = None,
+                     message_id: str | None = None, msg_type: str = "text", content: JSON | None = None) -> str:
+        """A user message Feishu has but the gateway never received as an event (sent before the bot
+        was mentioned, or in a thread it is not part of); returns its ``message_id``."""
+        message_id = message_id or f"om_seed{uuid_lib.uuid4().hex[:24]}"
+        self._keep_user_message({
+            "message_id": message_id, "chat_id": chat_id, "thread_id": thread_id, "root_id": root_id,
+            "parent_id": parent_id, "msg_type": msg_type, "content": content if content is not None else {"text": text},
+            "sender_type": "user", "sender": sender, "edits": 0,
+            "create_time": str(create_ms if create_ms is not None else int(time.time() * 1000)), "mentions": [],
+        })
+        return message_id
 
     async def _token(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -600,6 +652,7 @@ class FakeFeishu(ThreadedServer):
         if len(raw) > limit:
             raise ApiError(400, 230025, "The length of the message content reaches its limit.")
         call.content = validate_content(str(msg_type), body.get("content"))
+        self.uploads.check_keys(str(msg_type), call.content)
         if len(str(body.get("uuid") or "")) > 50:
             raise ApiError(400, 99992402, "field validation failed: uuid is longer than 50 characters")
 
@@ -615,7 +668,7 @@ class FakeFeishu(ThreadedServer):
             message = {"message_id": message_id, "chat_id": chat_id, "thread_id": links.get("thread_id", ""),
                        "root_id": links.get("root_id", ""), "parent_id": links.get("parent_id", ""),
                        "msg_type": body["msg_type"], "content": call.content, "sender_type": "app", "edits": 0,
-                       "uuid": key}
+                       "uuid": key, "create_time": str(int(time.time() * 1000))}
             self._messages[message_id] = message
             self._order.append(message_id)
             if key:
@@ -624,13 +677,19 @@ class FakeFeishu(ThreadedServer):
         return self._wire(message)
 
     def _wire(self, message: JSON) -> JSON:
+        """A stored message as the open API's Message (create/reply answers, get and list items):
+        the bot's are sent by ``app_id``, users' by their open_id."""
         now = str(int(time.time() * 1000))
+        created = message.get("create_time") or now
+        if message["sender_type"] == "app":
+            sender = {"id": self.app_id, "id_type": "app_id", "sender_type": "app", "tenant_key": self.tenant_key}
+        else:
+            sender = {"id": message.get("sender", ""), "id_type": "open_id", "sender_type": "user",
+                      "tenant_key": self.tenant_key}
         data = {"message_id": message["message_id"], "root_id": message["root_id"], "parent_id": message["parent_id"],
-                "msg_type": message["msg_type"], "create_time": now, "update_time": now, "deleted": False,
-                "updated": message["edits"] > 0, "chat_id": message["chat_id"],
-                "sender": {"id": self.app_id, "id_type": "app_id", "sender_type": message["sender_type"],
-                           "tenant_key": self.tenant_key},
-                "body": {"content": json.dumps(message["content"])}, "mentions": []}
+                "msg_type": message["msg_type"], "create_time": created, "update_time": now, "deleted": False,
+                "updated": message["edits"] > 0, "chat_id": message["chat_id"], "sender": sender,
+                "body": {"content": json.dumps(message["content"])}, "mentions": list(message.get("mentions") or [])}
         if message["thread_id"]:
             data["thread_id"] = message["thread_id"]
         return data
@@ -685,8 +744,52 @@ class FakeFeishu(ThreadedServer):
             target.update(edits=target["edits"] + 1, content=call.content)
         return {}
 
+    def _may_read(self) -> None:
+        if not self.can_read_messages:
+            raise ApiError(400, 99991672, "Access denied. One of the following scopes is required: "
+                                          "[im:message, im:message:readonly, im:message.history:readonly].")
+
     def _get(self, request: web.Request, body: Any, raw: bytes, call: Call) -> JSON:
+        """GET /open-apis/im/v1/messages/{message_id}: ``{"items": [Message]}``."""
+        self._may_read()
         return {"items": [self._wire(self._target(request))]}
+
+    def _list(self, request: web.Request, body: Any, raw: bytes, call: Call) -> JSON:
+        """GET /open-apis/im/v1/messages (the history of a chat or a thread): ``container_id_type``
+        ``chat``|``thread`` and ``container_id`` required; ``page_size`` 1-50 (default 20);
+        ``sort_type`` ``ByCreateTimeAsc`` (default) or ``ByCreateTimeDesc``; ``page_token`` from the
+        previous page while ``has_more``. An unknown container answers 230001; without a message-read
+        permission 99991672."""
+        query = request.query
+        kind, container = query.get("container_id_type"), query.get("container_id")
+        if kind not in ("chat", "thread") or not container:
+            raise ApiError(400, 99992402, "field validation failed: container_id_type and container_id are required")
+        try:
+            page_size = int(query.get("page_size", "20"))
+        except ValueError:
+            raise ApiError(400, 99992402, "field validation failed: page_size") from None
+        if not 1 <= page_size <= 50:
+            raise ApiError(400, 99992402, "field validation failed: page_size must be between 1 and 50")
+        sort = query.get("sort_type", "ByCreateTimeAsc")
+        if sort not in ("ByCreateTimeAsc", "ByCreateTimeDesc"):
+            raise ApiError(400, 99992402, "field validation failed: sort_type")
+        self._may_read()
+        field = "chat_id" if kind == "chat" else "thread_id"
+        with self._lock:
+            found = [copy.deepcopy(self._messages[i]) for i in self._order if self._messages[i][field] == container]
+        if not found:
+            raise ApiError(400, 230001, f"Your request contains an invalid request parameter: invalid {kind} id")
+        found.sort(key=lambda m: int(m.get("create_time") or 0), reverse=sort == "ByCreateTimeDesc")
+        start = 0
+        if query.get("page_token"):
+            try:
+                start = int(base64.b64decode(query["page_token"], validate=True).decode())
+            except ValueError:
+                raise ApiError(400, 99992402, "field validation failed: page_token") from None
+        page = found[start:start + page_size]
+        more = start + page_size < len(found)
+        return {"has_more": more, "page_token": base64.b64encode(str(start + page_size).encode()).decode() if more
+                else "", "items": [self._wire(m) for m in page]}
 
     def _delete(self, request: web.Request, body: Any, raw: bytes, call: Call) -> JSON:
         target = self._target(request)
@@ -717,13 +820,41 @@ class FakeFeishu(ThreadedServer):
             raise ApiError(400, 231003, "The reaction does not exist")
         return {"reaction_id": reaction["reaction_id"], "reaction_type": {"emoji_type": reaction["emoji_type"]}}
 
+    def add_resource(self, message_id: str, key: str, data: bytes, kind: str = "image") -> str:
+        """Makes ``data`` the resource ``key`` (an ``image_key`` or ``file_key``) of the user's message
+        ``message_id``; ``kind`` is the ``type`` it must be fetched with (``image`` | ``file``)."""
+        self.resources[key] = data
+        self._resource_of[key] = (message_id, kind)
+        return key
+
     async def _resource(self, request: web.Request) -> web.StreamResponse:
-        data = self.resources.get(request.match_info["key"])
-        self._record(Call(time.monotonic(), "resource", "GET", request.path, dict(request.query), None,
-                          code=0 if data is not None else 234003))
-        if data is None:
-            return ApiError(400, 234003, "File not in msg.").response()
-        return web.Response(body=data, content_type="application/octet-stream")
+        """``GET /open-apis/im/v1/messages/{message_id}/resources/{file_key}?type=image|file``: the
+        tenant token is required; ``type`` must be ``image`` for images and ``file`` for files,
+        audio and video (else 234001 "Invalid request param."); a key not in that message is
+        234003 "File not in msg."; the body is the file (``Content-Type`` as Feishu serves it)."""
+        auth = request.headers.get("Authorization", "")
+        token = auth[7:] if auth.startswith("Bearer ") else ""
+        key, message_id = request.match_info["key"], request.match_info["message_id"]
+        call = Call(time.monotonic(), "resource", "GET", request.path, dict(request.query), None, token=token)
+        with self._lock:
+            expiry = self._tokens.get(token)
+        data = self.resources.get(key)
+        owner, kind = self._resource_of.get(key, (message_id, "image" if key.startswith("img_") else "file"))
+        error: ApiError | None = None
+        if expiry is None or expiry < time.time():
+            error = ApiError(self.invalid_token_status, INVALID_TOKEN,
+                             "Invalid access token for authorization. Please make a request with token attached.")
+        elif request.query.get("type") not in ("image", "file") or request.query.get("type") != kind:
+            error = ApiError(400, 234001, "Invalid request param.")
+        elif data is None or owner != message_id:
+            error = ApiError(400, 234003, "File not in msg.")
+        call.code = error.code if error else 0
+        self._record(call)
+        if error is not None:
+            return error.response()
+        content_type = "image/png" if data.startswith(b"\x89PNG") else "image/jpeg" if data.startswith(b"\xff\xd8") \
+            else "application/octet-stream"
+        return web.Response(body=data, content_type=content_type)
 
 
 async def _interactive(fake: FakeFeishu, events_url: str, encrypt: bool) -> None:

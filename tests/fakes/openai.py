@@ -10,11 +10,21 @@ Scripted replies are consumed one per valid ``POST /v1/chat/completions`` reques
 queue is empty ``fake.responder(request_json)`` is asked, else ``text("(no scripted reply)")`` is sent.
 Requests are validated the way the real API validates the message sequence (orphan tool messages,
 unanswered ``tool_call_id``s, ...) *before* a scripted reply is consumed.
+
+``POST /v1/audio/transcriptions`` (speech to text) is as strict as OpenAI's: multipart only, a
+``model`` it knows, a ``file`` at most 25 MB whose name ends in a supported extension and whose
+bytes are audio; answers come from ``script_transcription(...)`` (FIFO), else
+``transcription_responder``, else ``NO_TRANSCRIPT``. Each upload is recorded in
+``transcriptions``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import email.parser
+import email.policy
 import hashlib
 import json
 import re
@@ -31,6 +41,13 @@ from aiohttp import web
 from tests.fakes.server import ThreadedServer
 
 NO_REPLY = "(no scripted reply)"
+NO_TRANSCRIPT = "(no scripted transcript)"
+TRANSCRIPTION_MODELS = ("whisper-1", "gpt-4o-mini-transcribe", "gpt-4o-transcribe")
+TRANSCRIPTION_MAX_BYTES = 26_214_400
+"""OpenAI: "File uploads are currently limited to 25 MB"; a larger body gets 413."""
+AUDIO_FORMATS = ("flac", "m4a", "mp3", "mp4", "mpeg", "mpga", "oga", "ogg", "wav", "webm")
+"""The extensions OpenAI's speech to text takes (from its "Invalid file format" message)."""
+_RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
 _ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 _CACHE_BLOCK_CHARS = 128 * 4  # the provider caches in 128-token blocks; 1 token ~ 4 chars here
@@ -294,7 +311,110 @@ def validate_chat_request(body: Any) -> None:
                            f"messages[{i}].tool_calls", "empty_array")
         if msg["role"] == "assistant" and msg.get("tool_calls"):
             _validate_tool_calls(i, msg["tool_calls"])
+        if isinstance(msg.get("content"), list):
+            _validate_content_parts(i, msg["role"], msg["content"])
     _validate_tool_sequence(messages)
+
+
+IMAGE_FORMATS = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff", "image/gif": b"GIF8",
+                 "image/webp": b"RIFF"}
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+MAX_REQUEST_BYTES = 50 * 1024 * 1024
+"""Largest request body taken (OpenAI: images up to 50 MB in total per request); larger ones get 413."""
+"""OpenAI "Images and vision": PNG, JPEG, WEBP, non-animated GIF; up to 20 MB per image."""
+_DATA_URL = re.compile(r"data:([^;,]*);base64,(.*)", re.DOTALL)
+
+
+def _validate_content_parts(i: int, role: str, parts: list[Any]) -> None:
+    """Content parts as the real API checks them: ``text`` parts carry a string ``text``;
+    ``image_url`` parts only in user messages, with ``image_url.url`` an http(s) URL or a base64
+    data URL of a supported image type whose bytes are that type, at most 20 MB, and ``detail`` in
+    ``auto``/``low``/``high``."""
+    if not parts:
+        raise _Invalid(f"Invalid 'messages[{i}].content': empty array. Expected an array with minimum length 1, "
+                       "but got an empty array instead.", f"messages[{i}].content", "empty_array")
+    for j, part in enumerate(parts):
+        where = f"messages[{i}].content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise _missing(f"{where}.text")
+            continue
+        if kind != "image_url":
+            raise _Invalid(f"Invalid value: '{kind}'. Supported values are: 'text', 'image_url', 'input_audio', "
+                           "'refusal', 'audio', and 'file'.", f"{where}.type", "invalid_value")
+        if role != "user":
+            raise _Invalid(f"Invalid '{where}': Image URLs are only allowed for messages with role 'user', but "
+                           f"this message with role '{role}' contains an image URL.", where, "invalid_value")
+        image = part.get("image_url")
+        url = image.get("url") if isinstance(image, dict) else None
+        if not isinstance(url, str):
+            raise _missing(f"{where}.image_url.url")
+        if image.get("detail", "auto") not in ("auto", "low", "high"):
+            raise _Invalid(f"Invalid value: '{image.get('detail')}'. Supported values are: 'auto', 'low', and 'high'.",
+                           f"{where}.image_url.detail", "invalid_value")
+        if url.startswith(("http://", "https://")):
+            continue
+        match = _DATA_URL.fullmatch(url)
+        if match is None:
+            raise _Invalid(f"Invalid '{where}.image_url.url'. Expected a base64-encoded data URL with an image MIME "
+                           "type (e.g. 'data:image/png;base64,aW1nIGJ5dGVzIGhlcmU='), but got a value without the "
+                           "'data:' prefix.", f"{where}.image_url.url", "invalid_value")
+        mime, payload = match.group(1).lower(), match.group(2)
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise _Invalid(f"Invalid '{where}.image_url.url'. Expected a base64-encoded data URL with an image MIME "
+                           "type, but got invalid base64 data.", f"{where}.image_url.url", "invalid_value") from None
+        if mime not in IMAGE_FORMATS:
+            raise _Invalid("You uploaded an unsupported image. Please make sure your image has of one the following "
+                           "formats: ['png', 'jpeg', 'gif', 'webp'].", f"{where}.image_url.url",
+                           "invalid_image_format")
+        if len(data) > MAX_IMAGE_BYTES:
+            raise _Invalid(f"Invalid '{where}.image_url.url': image exceeds the maximum size of 20 MB.",
+                           f"{where}.image_url.url", "image_too_large")
+        if not data.startswith(IMAGE_FORMATS[mime]) or (mime == "image/webp" and data[8:12] != b"WEBP"):
+            raise _Invalid("The image data you provided does not represent a valid image. Please check your input "
+                           "and try again with one of the supported image formats: ['image/jpeg', 'image/png', "
+                           "'image/gif', 'image/webp'].", f"{where}.image_url.url", "invalid_image")
+
+
+def _has_images(body: dict[str, Any]) -> bool:
+    return any(isinstance(m.get("content"), list) and any(isinstance(p, dict) and p.get("type") == "image_url"
+                                                          for p in m["content"]) for m in body["messages"])
+
+
+IMAGE_TOKEN_CHARS = 765 * 4
+"""An image counts 765 tokens in ``usage`` (OpenAI's tile formula for 1024 x 768 at high detail),
+whatever the length of its base64 data URL."""
+
+
+def _image_digests(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with each image URL replaced by its digest padded to ``IMAGE_TOKEN_CHARS`` (the
+    emulated prompt cache still tells two images apart; usage counts images as tokens, not base64)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    parts = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "image_url":
+            url = str((part.get("image_url") or {}).get("url"))
+            digest = hashlib.sha256(url.encode()).hexdigest()
+            part = {"type": "image_url", "image": digest.ljust(IMAGE_TOKEN_CHARS, ".")}
+        parts.append(part)
+    return {**message, "content": parts}
+
+
+def image_parts(request: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """``(mime type, bytes)`` of every data-URL image in a recorded request's messages, in order."""
+    found = []
+    for message in request["json"]["messages"]:
+        for part in message.get("content") if isinstance(message.get("content"), list) else ():
+            if part.get("type") == "image_url":
+                match = _DATA_URL.fullmatch(part["image_url"]["url"])
+                if match:
+                    found.append((match.group(1), base64.b64decode(match.group(2))))
+    return found
 
 
 def _validate_tool_calls(i: int, calls: Any) -> None:
@@ -389,6 +509,15 @@ def _canon(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def _looks_like_audio(data: bytes) -> bool:
+    """The bytes start like a container the speech-to-text decoder reads (OGG, FLAC, WAV, MP4/M4A,
+    WebM/Matroska, MP3 with an ID3 tag or a frame header)."""
+    head = data[:16]
+    return (head.startswith((b"OggS", b"fLaC", b"ID3", b"\x1a\x45\xdf\xa3"))
+            or (head.startswith(b"RIFF") and head[8:12] == b"WAVE") or head[4:8] == b"ftyp"
+            or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0 and head[1] & 0x06 != 0))
+
+
 def _new_id(prefix: str, n: int = 24) -> str:
     return f"{prefix}{uuid.uuid4().hex[:n]}"
 
@@ -402,8 +531,8 @@ def _pieces(s: str, n: int = 3) -> list[str]:
 
 
 class FakeOpenAI(ThreadedServer):
-    """The fake server. ``POST /v1/chat/completions``, ``POST /v1/embeddings`` and ``GET /v1/models``,
-    Bearer auth required.
+    """The fake server. ``POST /v1/chat/completions``, ``POST /v1/embeddings``,
+    ``POST /v1/audio/transcriptions`` and ``GET /v1/models``, Bearer auth required.
 
     Public state (all thread-safe): ``responder`` (``fn(request_json) -> Reply | str | None``, used
     when the queue is empty), ``requests`` (list of records ``{"path", "json", "headers", "time",
@@ -436,6 +565,9 @@ class FakeOpenAI(ThreadedServer):
         """Requests whose prompt (the emulated ``prompt_tokens``) exceeds it are refused as OpenAI
         refuses them: 400 ``context_length_exceeded``."""
         self.responder: Callable[[dict[str, Any]], Reply | str | None] | None = None
+        self.vision_models: set[str] | None = None
+        """Models that take image parts (``None``: every model); a request with images to another
+        model gets OpenAI's 400 "Invalid content type. image_url is only supported by certain models."."""
         self.on_request: Callable[[dict[str, Any]], None] | None = None
         """Called with each valid chat request's body as it arrives, before it is answered (on the
         server's loop: keep it short), e.g. to look at the gateway while the model is mid-request."""
@@ -448,6 +580,12 @@ class FakeOpenAI(ThreadedServer):
         """Bodies of ``POST /v1/embeddings`` requests (kept apart from chat ``requests``)."""
         self.embedding_aliases: dict[str, str] = {}
         """Word -> word it embeds as (``{"automobile": "car"}``: synonyms a keyword search misses)."""
+        self.transcriptions: list[dict[str, Any]] = []
+        """Records of ``POST /v1/audio/transcriptions``: ``{"status", "model", "filename",
+        "content_type", "size", "sha256", "fields", "headers"}`` (appended on arrival)."""
+        self.transcription_responder: Callable[[dict[str, Any]], str | ErrorReply | None] | None = None
+        """Asked with the upload's record when no transcript is scripted."""
+        self._transcripts: deque[str | ErrorReply] = deque()
 
     # ---- scripting and inspection (any thread)
 
@@ -456,9 +594,24 @@ class FakeOpenAI(ThreadedServer):
         with self._lock:
             self._queue.extend(_coerce(r) for r in replies)
 
-    def reset(self) -> None:
-        """Clears the queue, the responder, recorded requests and the emulated prompt cache."""
+    def script_transcription(self, *replies: str | ErrorReply) -> None:
+        """Appends transcripts (or ``error(...)`` replies) for the next uploads, FIFO."""
         with self._lock:
+            self._transcripts.extend(replies)
+
+    def wait_for_transcriptions(self, n: int, timeout: float = 5) -> list[dict[str, Any]]:
+        """Blocks until at least ``n`` uploads arrived; returns their records. Raises TimeoutError."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.transcriptions) >= n, timeout):
+                raise TimeoutError(f"expected {n} transcriptions, got {len(self.transcriptions)}")
+            return list(self.transcriptions)
+
+    def reset(self) -> None:
+        """Clears the queues, the responders, recorded requests and the emulated prompt cache."""
+        with self._lock:
+            self._transcripts.clear()
+            self.transcriptions.clear()
+            self.transcription_responder = None
             self._queue.clear()
             self._requests.clear()
             self._prefixes.clear()
@@ -501,10 +654,11 @@ class FakeOpenAI(ThreadedServer):
     # ---- HTTP
 
     def build_app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post("/v1/audio/transcriptions", self._transcriptions)
         return app
 
     def _auth_error(self, request: web.Request) -> ErrorReply | None:
@@ -554,6 +708,9 @@ class FakeOpenAI(ThreadedServer):
                 validate_chat_request(body)
                 refuse_lacking(body, self.lacks)
                 self._check_window(body)
+                if self.vision_models is not None and body["model"] not in self.vision_models and _has_images(body):
+                    raise _Invalid("Invalid content type. image_url is only supported by certain models.",
+                                   "messages", "invalid_value")
             except _Invalid as exc:
                 reply = exc.reply
         if reply is not None:
@@ -613,6 +770,96 @@ class FakeOpenAI(ThreadedServer):
         return web.json_response({"object": "list", "data": data, "model": body["model"],
                                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
+    async def _transcriptions(self, request: web.Request) -> web.Response:
+        """``POST /v1/audio/transcriptions``: the checks OpenAI makes, in its order: the key (401),
+        the body size (413 over 25 MB: "Maximum content size limit (26214400) exceeded (N bytes
+        read)"), a multipart body, ``model`` (400 when missing, 404 when unknown), ``file``
+        (400 when missing; 400 "Invalid file format. Supported formats: [...]" unless its name
+        ends in one; 400 "Audio file might be corrupted or unsupported" unless its bytes start
+        like an audio container), ``response_format``. Then the scripted text, as ``{"text",
+        "usage"}`` (json), plain text (text, srt, vtt) or ``verbose_json`` (whisper-1 only)."""
+        record: dict[str, Any] = {"status": None, "model": None, "filename": None, "content_type": None,
+                                  "size": None, "sha256": None, "fields": {},
+                                  "headers": {k.lower(): v for k, v in request.headers.items()}}
+        with self._cond:
+            self.transcriptions.append(record)
+            self._cond.notify_all()
+
+        def refuse(err: ErrorReply) -> web.Response:
+            record["status"] = err.status
+            return self._error_response(err)
+
+        if (err := self._auth_error(request)) is not None:
+            return refuse(err)
+        raw = await request.read()
+        if len(raw) > TRANSCRIPTION_MAX_BYTES:
+            return refuse(ErrorReply(413, f"Maximum content size limit ({TRANSCRIPTION_MAX_BYTES}) exceeded "
+                                          f"({len(raw)} bytes read)", "server_error"))
+        if not request.content_type.startswith("multipart/form-data"):
+            return refuse(ErrorReply(400, f"Invalid Content-Type header ({request.content_type}), expected "
+                                          "multipart/form-data. (HINT: If you're using curl, you can pass "
+                                          "-H 'Content-Type: multipart/form-data')"))
+        fields: dict[str, str] = {}
+        upload: tuple[str | None, str, bytes] | None = None
+        parsed = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+            f"Content-Type: {request.headers.get('Content-Type', '')}\r\n\r\n".encode() + raw)
+        for part in parsed.iter_parts() if parsed.is_multipart() else ():
+            name = part.get_param("name", header="content-disposition")
+            payload = part.get_payload(decode=True) or b""
+            if name == "file":
+                upload = (part.get_filename(), part.get_content_type(), payload)
+            elif isinstance(name, str):
+                fields[name] = payload.decode("utf-8", errors="replace")
+        record["fields"] = fields
+        model = fields.get("model")
+        record["model"] = model
+        if not model:
+            return refuse(ErrorReply(400, "you must provide a model parameter"))
+        if model not in TRANSCRIPTION_MODELS:
+            return refuse(ErrorReply(404, f"The model `{model}` does not exist or you do not have access to it.",
+                                     code="model_not_found"))
+        if upload is None:
+            return refuse(_missing("file").reply)
+        filename, content_type, data = upload
+        record.update(filename=filename, content_type=content_type, size=len(data),
+                      sha256=hashlib.sha256(data).hexdigest())
+        ext = (filename or "").rsplit(".", 1)[-1].lower() if "." in (filename or "") else ""
+        if ext not in AUDIO_FORMATS:
+            return refuse(ErrorReply(400, f"Invalid file format. Supported formats: {list(AUDIO_FORMATS)}",
+                                     param="file", code="invalid_value"))
+        if not _looks_like_audio(data):
+            return refuse(ErrorReply(400, "Audio file might be corrupted or unsupported", param="file",
+                                     code="invalid_value"))
+        response_format = fields.get("response_format", "json")
+        if response_format not in _RESPONSE_FORMATS:
+            return refuse(ErrorReply(400, f"Invalid value: '{response_format}'. Supported values are: "
+                                          + ", ".join(f"'{f}'" for f in _RESPONSE_FORMATS) + ".",
+                                     param="response_format", code="invalid_value"))
+        if model != "whisper-1" and response_format not in ("json", "text"):
+            return refuse(ErrorReply(400, f"response_format '{response_format}' is not compatible with model "
+                                          f"'{model}'. Use 'json' or 'text' instead.", param="response_format",
+                                     code="unsupported_value"))
+        with self._lock:
+            scripted = self._transcripts.popleft() if self._transcripts else None
+            responder = self.transcription_responder
+        if scripted is None and responder is not None:
+            scripted = responder(record)
+        if isinstance(scripted, ErrorReply):
+            return refuse(scripted)
+        said = NO_TRANSCRIPT if scripted is None else scripted
+        record["status"] = 200
+        seconds = max(1, len(data) // 4000)
+        if response_format in ("text", "srt", "vtt"):
+            return web.Response(text=said + "\n", content_type="text/plain")
+        if response_format == "verbose_json":
+            return web.json_response({"task": "transcribe", "language": "english", "duration": seconds,
+                                      "text": said, "segments": [], "usage": {"type": "duration",
+                                                                              "seconds": seconds}})
+        usage_ = ({"type": "duration", "seconds": seconds} if model == "whisper-1" else
+                  {"type": "tokens", "input_tokens": seconds * 10, "output_tokens": len(said) // 4 + 1,
+                   "total_tokens": seconds * 10 + len(said) // 4 + 1})
+        return web.json_response({"text": said, "usage": usage_})
+
     def _next_reply(self, body: dict[str, Any]) -> Reply:
         with self._lock:
             if self._queue:
@@ -624,7 +871,7 @@ class FakeOpenAI(ThreadedServer):
     def _account(self, body: dict[str, Any]) -> tuple[int, int]:
         """Returns (prompt_tokens, cached_tokens) and remembers this prompt's block prefixes."""
         serialized = (_canon(body["tools"]) if body.get("tools") else "") + "".join(
-            _canon(m) for m in body["messages"])
+            _canon(_image_digests(m)) for m in body["messages"])
         h = hashlib.blake2b(digest_size=16)
         digests: list[bytes] = []
         for end in range(_CACHE_BLOCK_CHARS, len(serialized) + 1, _CACHE_BLOCK_CHARS):

@@ -20,6 +20,7 @@ delivered again on the next connection with ``retry_attempt + 1``; ``disconnect`
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import hashlib
 import hmac
@@ -37,6 +38,7 @@ import aiohttp
 from aiohttp import web
 
 from tests.fakes.server import ThreadedServer
+from tests.fakes.slack_uploads import SlackUploads
 
 TEXT_LIMIT = 40_000  # chat.postMessage / chat.update: longer text is rejected with msg_too_long
 JSON = dict[str, Any]
@@ -99,14 +101,24 @@ class EventDelivery:
 
 
 class SlackError(Exception):
-    """A Web API error answer: ``{"ok": false, "error": code}`` with HTTP ``status`` and ``headers``."""
+    """A Web API error answer: ``{"ok": false, "error": code, **extra}`` with HTTP ``status`` and
+    ``headers`` (``extra``: e.g. ``needed``/``provided`` of ``missing_scope``)."""
 
-    def __init__(self, error: str, status: int = 200, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, error: str, status: int = 200, headers: dict[str, str] | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__(error)
-        self.error, self.status, self.headers = error, status, headers or {}
+        self.error, self.status, self.headers, self.extra = error, status, headers or {}, extra or {}
 
     def response(self) -> web.Response:
-        return web.json_response({"ok": False, "error": self.error}, status=self.status, headers=self.headers)
+        return web.json_response({"ok": False, "error": self.error, **self.extra}, status=self.status,
+                                 headers=self.headers)
+
+
+HISTORY_SCOPES = {"C": "channels:history", "G": "groups:history", "D": "im:history"}
+"""The scope ``conversations.replies`` needs per conversation type (by channel id prefix)."""
+DEFAULT_SCOPES = frozenset({"app_mentions:read", "chat:write", "channels:history", "groups:history", "im:history",
+                            "mpim:history", "users:read", "reactions:write"})
+REPLIES_MAX_LIMIT = 1000
 
 
 class FakeSlack(ThreadedServer):
@@ -117,6 +129,10 @@ class FakeSlack(ThreadedServer):
         team_id / bot_user_id / bot_id / api_app_id: what ``auth.test`` returns; they must match the
             events posted, or Bolt's own-message filter and the adapter's mention stripping miss.
         users: user id -> display name, served by ``users.info``.
+
+    ``scopes`` holds the bot token's scopes (``DEFAULT_SCOPES``); ``conversations.replies`` answers
+    ``missing_scope`` (with ``needed`` and ``provided``) when the channel type's history scope is not
+    among them.
     """
 
     def __init__(self, *, bot_token: str = "xoxb-fake-0001", app_token: str = "xapp-1-fake",
@@ -125,6 +141,12 @@ class FakeSlack(ThreadedServer):
                  users: dict[str, str] | None = None, port: int = 0) -> None:
         super().__init__(port)
         self.bot_token, self.app_token, self.signing_secret = bot_token, app_token, signing_secret
+        self.hosted_files: dict[str, bytes] = {}
+        """Users' uploads served on their private URLs (``add_file``)."""
+        self.files_read_scope = True
+        """Whether the bot token has ``files:read``; without it private file URLs answer the sign-in page."""
+        self.file_requests: list[JSON] = []
+        """Requests to private file URLs: ``{"path", "authorization"}``."""
         self.team_id, self.bot_user_id, self.bot_id, self.api_app_id = team_id, bot_user_id, bot_id, api_app_id
         self.users = dict(users or {"U0ALICE001": "Alice", "U0BOB00001": "Bob"})
         self.channels: dict[str, dict[str, JSON]] = {}  # channel -> ts -> message
@@ -143,8 +165,13 @@ class FakeSlack(ThreadedServer):
             "chat.delete": self._delete, "users.info": self._users_info, "conversations.info": self._conversation,
             "reactions.add": self._reactions_add, "reactions.remove": self._reactions_remove,
             "assistant.threads.setStatus": lambda p: {}, "apps.connections.open": self._connections_open,
+            "conversations.replies": self._replies,
         }
+        self.scopes: set[str] = set(DEFAULT_SCOPES)
         self.reactions: dict[tuple[str, str], set[str]] = {}
+        self.uploads = SlackUploads(self)
+        """Files upload v2 (``tests.fakes.slack_uploads``): ``uploads.shared()``, ``uploads.holds``."""
+        self._methods.update(self.uploads.methods())
         for channel in ("D0ALICE001", "C0GENERAL1"):
             self.add_channel(channel)
 
@@ -323,7 +350,33 @@ class FakeSlack(ThreadedServer):
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._handle_method)
         app.router.add_get("/link", self._handle_socket)
+        app.router.add_post("/upload/v1/{file_id}", self.uploads.handle_upload)
+        app.router.add_get("/files-pri/{team_file}/{rest:.+}", self._handle_file)
         return app
+
+    SIGN_IN_PAGE = ("<!DOCTYPE html><html lang=\"en-US\"><head><meta charset=\"utf-8\"><title>Slack</title></head>"
+                    "<body><h1>Sign in to your workspace</h1><form action=\"/signin\"></form></body></html>")
+
+    def add_file(self, file_id: str, data: bytes, mimetype: str, name: str) -> JSON:
+        """Hosts ``data`` as a user's upload and returns its Slack file object (``files`` of a
+        message event): ``url_private`` / ``url_private_download`` on ``/files-pri/<team>-<id>/``."""
+        self.hosted_files[file_id] = data
+        base = f"{self.url}/files-pri/{self.team_id}-{file_id}"
+        return {"id": file_id, "created": int(time.time()), "name": name, "title": name, "mimetype": mimetype,
+                "filetype": name.rsplit(".", 1)[-1], "size": len(data), "mode": "hosted", "is_external": False,
+                "url_private": f"{base}/{name}", "url_private_download": f"{base}/download/{name}"}
+
+    async def _handle_file(self, request: web.Request) -> web.StreamResponse:
+        """A private file URL (Slack "Downloading files": ``url_private``/``url_private_download``
+        need ``Authorization: Bearer <token>``). Without a valid token Slack does not answer 401 but
+        200 with its HTML sign-in page."""
+        self.file_requests.append({"path": request.path, "authorization": request.headers.get("Authorization")})
+        header = request.headers.get("Authorization", "")
+        file_id = request.match_info["team_file"].removeprefix(f"{self.team_id}-")
+        data = self.hosted_files.get(file_id)
+        if header != f"Bearer {self.bot_token}" or data is None or not self.files_read_scope:
+            return web.Response(text=self.SIGN_IN_PAGE, content_type="text/html", charset="utf-8")
+        return web.Response(body=data, content_type="application/octet-stream")
 
     def remember(self, event: JSON) -> None:
         """Remembers an event's channel and (user) message, as Slack knows what users posted, so
@@ -335,8 +388,8 @@ class FakeSlack(ThreadedServer):
         with self._lock:
             messages = self.channels.setdefault(str(channel), {})
             if ts and event.get("type") in ("message", "app_mention") and not event.get("subtype"):
-                kept = {k: v for k, v in event.items() if k in ("user", "text", "ts", "thread_ts")}
-                messages.setdefault(str(ts), kept)
+                kept = {k: v for k, v in event.items() if k in ("user", "text", "ts", "thread_ts", "files")}
+                messages.setdefault(str(ts), {"type": "message", **kept})
 
     async def _params(self, request: web.Request) -> JSON:
         params: JSON = dict(request.query)
@@ -377,6 +430,7 @@ class FakeSlack(ThreadedServer):
             result = handler(params)
         except SlackError as exc:
             return exc.response()
+        await self.uploads.holds.gate(method)  # a held call took effect; its answer may never arrive
         return web.json_response({"ok": True, **result})
 
     async def _handle_socket(self, request: web.Request) -> web.StreamResponse:
@@ -497,6 +551,68 @@ class FakeSlack(ThreadedServer):
             raise SlackError("no_reaction")
         names.discard(str(params.get("name")))
         return {}
+
+    def _replies(self, params: JSON) -> JSON:
+        """conversations.replies (docs.slack.dev/reference/methods/conversations.replies): the thread
+        of ``ts`` (a parent or any message in the thread), parent first then replies, oldest first;
+        ``latest``/``oldest`` bound the range (exclusive unless ``inclusive``); ``limit`` (default and
+        most 1000) per page; ``cursor`` from ``response_metadata.next_cursor`` while ``has_more``.
+        Errors: ``invalid_arguments`` (no ``channel``/``ts``), ``channel_not_found``, ``missing_scope``
+        (``needed``, ``provided``), ``thread_not_found``, ``invalid_cursor``, ``invalid_limit``."""
+        if not params.get("channel") or not params.get("ts"):
+            raise SlackError("invalid_arguments")
+        channel = str(params["channel"])
+        with self._lock:
+            messages = self._channel(params)
+            needed = HISTORY_SCOPES.get(channel[:1], "channels:history")
+            if needed not in self.scopes:
+                raise SlackError("missing_scope", extra={"needed": needed, "provided": ",".join(sorted(self.scopes))})
+            target = messages.get(str(params["ts"]))
+            if target is None:
+                raise SlackError("thread_not_found")
+            parent_ts = str(target.get("thread_ts") or target["ts"])
+            if parent_ts not in messages:
+                raise SlackError("thread_not_found")
+            thread = sorted((m for m in messages.values() if m["ts"] == parent_ts or m.get("thread_ts") == parent_ts),
+                            key=lambda m: float(m["ts"]))
+            parent = messages[parent_ts]
+            replies = [m for m in thread if m["ts"] != parent_ts]
+            wire = []
+            for m in thread:
+                out = {k: v for k, v in copy.deepcopy(m).items() if k != "mrkdwn_problems"}
+                out.setdefault("type", "message")
+                if m["ts"] == parent_ts and replies:
+                    out.update(thread_ts=parent_ts, reply_count=len(replies),
+                               reply_users=sorted({str(r.get("user")) for r in replies}),
+                               latest_reply=replies[-1]["ts"])
+                elif m["ts"] != parent_ts:
+                    out.update(thread_ts=parent_ts, parent_user_id=parent.get("user"))
+                wire.append(out)
+        inclusive = str(params.get("inclusive", "")).lower() in ("1", "true")
+        if params.get("latest"):
+            latest = float(params["latest"])
+            wire = [m for m in wire if float(m["ts"]) < latest or (inclusive and float(m["ts"]) == latest)]
+        if params.get("oldest"):
+            oldest = float(params["oldest"])
+            wire = [m for m in wire if float(m["ts"]) > oldest or (inclusive and float(m["ts"]) == oldest)]
+        try:
+            limit = int(params.get("limit") or REPLIES_MAX_LIMIT)
+        except ValueError:
+            raise SlackError("invalid_limit") from None
+        limit = min(max(limit, 1), REPLIES_MAX_LIMIT)
+        start = 0
+        if params.get("cursor"):
+            try:
+                after = base64.b64decode(str(params["cursor"]), validate=True).decode().removeprefix("next_ts:")
+                start = next(i for i, m in enumerate(wire) if m["ts"] == after)
+            except (ValueError, StopIteration, UnicodeDecodeError):
+                raise SlackError("invalid_cursor") from None
+        page = wire[start:start + limit]
+        answer: JSON = {"messages": page, "has_more": start + limit < len(wire)}
+        if answer["has_more"]:
+            answer["response_metadata"] = {
+                "next_cursor": base64.b64encode(f"next_ts:{wire[start + limit]['ts']}".encode()).decode()}
+        return answer
 
     def _connections_open(self, params: JSON) -> JSON:
         return {"url": f"ws://127.0.0.1:{self.port}/link"}

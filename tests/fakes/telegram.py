@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import hashlib
 import html
+import io
 import itertools
 import json
 import re
@@ -29,11 +31,17 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from PIL import Image
 
+from tests.fakes.holds import Holds
 from tests.fakes.server import ThreadedServer
 
 TEXT_LIMIT = 4096  # sendMessage / editMessageText, UTF-16 code units after entity parsing
 CAPTION_LIMIT = 1024  # media captions, UTF-16 code units
+PHOTO_MAX_BYTES = 10 * 1000 * 1000  # sendPhoto: "The photo must be at most 10 MB in size"
+PHOTO_MAX_SIDES = 10_000  # "The photo's width and height must not exceed 10000 in total"
+PHOTO_MAX_RATIO = 20  # "Width and height ratio must be at most 20"
+UPLOAD_MAX_BYTES = 50 * 1000 * 1000  # "bots can currently send files of any type of up to 50 MB in size"
 JSON = dict[str, Any]
 Predicate = Callable[["Call"], bool]
 
@@ -372,11 +380,18 @@ class FakeTelegram(ThreadedServer):
         self.token, self.bot_id, self.username, self.first_name = token, bot_id, username, first_name
         self.forum_chats: set[int] = set()
         self.files: dict[str, bytes] = {}
+        self.download_limit = 20 * 1024 * 1024
+        """getFile's limit: "bots can download files of up to 20 MB" (cloud Bot API)."""
         self.webhook_url: str = ""
         self.webhook_secret: str | None = None
         self.commands: dict[str, list[dict[str, Any]]] = {}
         self.can_read_all_group_messages = False
         self.webhook_deliveries: list[tuple[int, int]] = []
+        self.uploads: list[dict[str, Any]] = []
+        """Files the bot uploaded that became messages: ``{"method", "chat_id", "message_id",
+        "filename", "size", "sha256", "content_type", "caption"}``, in order."""
+        self.holds = Holds()
+        """``holds.hold_next("sendPhoto")``: that call takes effect, its answer waits for ``release``."""
         self._lock = threading.Lock()
         self._calls: list[Call] = []
         self._faults: dict[str, deque[ApiError]] = {}
@@ -577,13 +592,14 @@ class FakeTelegram(ThreadedServer):
                 result = await result
         except ApiError as exc:
             return exc.response()
+        await self.holds.gate(name)  # a held call took effect; its answer may never reach the bot
         return web.json_response({"ok": True, "result": result})
 
     async def _handle_file(self, request: web.Request) -> web.StreamResponse:
         if (error := self._token_error(request.match_info["token"])) is not None:
             return error.response()
         data = self.files.get(request.match_info["file_path"].removeprefix("files/"))
-        if data is None:
+        if data is None or len(data) > self.download_limit:
             return ApiError(404, "Not Found").response()
         return web.Response(body=data, content_type="application/octet-stream")
 
@@ -879,10 +895,34 @@ class FakeTelegram(ThreadedServer):
                     return [c["command"] for c in self.commands[key]]
         return []
 
+    def _check_upload(self, kind: str, part: JSON) -> tuple[int, int] | None:
+        """Telegram's rules for an uploaded file (Bot API sendPhoto / sendDocument, "Sending
+        files"); returns a photo's ``(width, height)``."""
+        data = part["data"]
+        if not data:
+            raise _bad("file must be non-empty")
+        if len(data) > UPLOAD_MAX_BYTES:
+            raise ApiError(413, "Request Entity Too Large")
+        if kind != "photo":
+            return None
+        if len(data) > PHOTO_MAX_BYTES:
+            raise _bad("PHOTO_SAVE_FILE_INVALID")
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                width, height = image.size
+        except Exception:
+            raise _bad("IMAGE_PROCESS_FAILED") from None
+        if width + height > PHOTO_MAX_SIDES or max(width, height) > PHOTO_MAX_RATIO * min(width, height):
+            raise _bad("PHOTO_INVALID_DIMENSIONS")
+        return width, height
+
     def _media(self, kind: str, params: JSON, files: list[JSON]) -> JSON:
         part = next((f for f in files if f["name"] == kind), None)
+        if part is None and isinstance(params.get(kind), str) and params[kind].startswith("attach://"):
+            part = next((f for f in files if f["name"] == params[kind][len("attach://"):]), None)
         if part is None and not isinstance(params.get(kind), str):
             raise _bad(f"there is no {kind} in the request")
+        dimensions = self._check_upload(kind, part) if part is not None else None
         if part is not None or str(params[kind]).startswith(("http://", "https://", "attach://")):
             file_id = f"FAKE{kind}{next(self._file_ids):06d}"
             self.files[file_id] = part["data"] if part else b"fake-" + file_id.encode()
@@ -893,12 +933,21 @@ class FakeTelegram(ThreadedServer):
         size = len(self.files.get(file_id, b""))
         meta = {"file_id": file_id, "file_unique_id": f"U{file_id}"[:32], "file_size": size}
         if kind == "photo":
-            media: Any = [{**meta, "width": 640, "height": 480}]
+            width, height = dimensions or (640, 480)
+            media: Any = [{**meta, "width": width, "height": height}]
         else:
             media = {**meta, "file_name": (part or {}).get("filename") or "document",
                      "mime_type": (part or {}).get("content_type") or "application/octet-stream"}
         content = {kind: media, "caption": caption or None, "caption_entities": entities}
-        return self._new_message(params, content)
+        message = self._new_message(params, content)
+        if part is not None:
+            with self._lock:
+                self.uploads.append({"method": "sendPhoto" if kind == "photo" else "sendDocument",
+                                     "chat_id": message["chat"]["id"], "message_id": message["message_id"],
+                                     "filename": part.get("filename"), "size": len(part["data"]),
+                                     "sha256": hashlib.sha256(part["data"]).hexdigest(),
+                                     "content_type": part.get("content_type"), "caption": caption or None})
+        return message
 
     def _send_photo(self, params: JSON, files: list[JSON]) -> JSON:
         return self._media("photo", params, files)
@@ -907,9 +956,19 @@ class FakeTelegram(ThreadedServer):
         return self._media("document", params, files)
 
     def _get_file(self, params: JSON, files: list[JSON]) -> JSON:
+        """Bot API getFile: a file the bot may download (``files``) gets a ``file_path``; an unknown
+        id is 400 "Bad Request: invalid file_id"; above ``download_limit`` (20 MB on the cloud Bot
+        API) 400 "Bad Request: file is too big"."""
         file_id = str(params.get("file_id") or "")
-        if not file_id:
+        data = self.files.get(file_id)
+        if not file_id or data is None:
             raise _bad("invalid file_id")
-        data = self.files.setdefault(file_id, b"fake file content for " + file_id.encode())
+        if len(data) > self.download_limit:
+            raise _bad("file is too big")
         return {"file_id": file_id, "file_unique_id": f"U{file_id}"[:32], "file_size": len(data),
                 "file_path": f"files/{file_id}"}
+
+    def add_file(self, file_id: str, data: bytes) -> str:
+        """Makes ``data`` downloadable as ``file_id`` (what a user's upload is on Telegram's side)."""
+        self.files[file_id] = data
+        return file_id

@@ -8,6 +8,10 @@ const statusLine = document.getElementById("status");
 const nameInput = document.getElementById("name");
 const textInput = document.getElementById("text");
 const form = document.getElementById("compose");
+const fileInput = document.getElementById("files");
+const pendingList = document.getElementById("pending");
+const MAX_FILES = 10;
+let pending = [];  // files chosen or dropped, sent with the next message
 const local = new Map();  // client message id -> bubble (until its transcript row arrives)
 const live = new Map();   // reply id -> bubble (previews and replies not in the transcript)
 let session = null;
@@ -38,6 +42,32 @@ function bubble(role, metaText) {
   return el;
 }
 
+function showFiles(el, files) {
+  // Images as <img> from /web/files (this browser's own conversation only), other files by name.
+  let box = el.querySelector(".files");
+  if (!files || !files.length) return;
+  if (!box) {
+    box = document.createElement("div");
+    box.className = "files";
+    el.querySelector(".body").before(box);
+  }
+  box.replaceChildren();
+  for (const f of files) {
+    if (f.url) {
+      const img = document.createElement("img");
+      img.src = f.url;
+      img.alt = f.name || "image";
+      img.loading = "lazy";
+      box.append(img);
+    } else {
+      const chip = document.createElement("span");
+      chip.className = "file";
+      chip.textContent = "📄 " + (f.name || f.kind || "file");
+      box.append(chip);
+    }
+  }
+}
+
 function setHtml(el, html) {
   el.querySelector(".body").innerHTML = html;  // server-rendered, escaped HTML only
   log.scrollTop = log.scrollHeight;
@@ -59,6 +89,7 @@ function onRow(ev) {
     el = bubble(ev.role, who + via);
   }
   el.dataset.row = String(ev.id);
+  showFiles(el, ev.attachments);
   setHtml(el, ev.html);
   after = Math.max(after, ev.id);
   session = ev.session || session;
@@ -105,16 +136,50 @@ function connect() {
   };
 }
 
-async function send(text) {
+function showPending() {
+  pendingList.replaceChildren(...pending.map((file, i) => {
+    const chip = document.createElement("button");
+    chip.type = "button";
+    chip.className = "file";
+    chip.title = "Remove";
+    chip.textContent = "📎 " + file.name + " ✕";
+    chip.addEventListener("click", () => { pending.splice(i, 1); showPending(); });
+    return chip;
+  }));
+}
+
+function addFiles(list) {
+  for (const file of list) {
+    if (pending.length >= MAX_FILES) break;
+    pending.push(file);
+  }
+  showPending();
+}
+
+async function upload(file) {
+  const response = await fetch("/web/files", {
+    method: "POST",
+    headers: {"Content-Type": file.type || "application/octet-stream", "X-Requested-With": "gateway-web",
+              "X-File-Name": encodeURIComponent(file.name)},
+    body: file,
+  });
+  const answer = await response.json().catch(() => ({error: "HTTP " + response.status}));
+  if (!response.ok) throw new Error(file.name + ": " + (answer.error || "HTTP " + response.status));
+  return answer.file;
+}
+
+async function send(text, files) {
   const id = newId();
   const el = bubble("user", nameInput.value.trim() || "You");
-  el.querySelector(".body").textContent = text;
+  el.querySelector(".body").textContent = text || files.map((f) => f.name).join(", ");
   local.set(id, el);
   try {
+    const uploaded = [];
+    for (const file of files) uploaded.push(await upload(file));
     const response = await fetch("/web/messages", {
       method: "POST",
       headers: {"Content-Type": "application/json", "X-Requested-With": "gateway-web"},
-      body: JSON.stringify({id: id, text: text, name: nameInput.value.trim()}),
+      body: JSON.stringify({id: id, text: text, name: nameInput.value.trim(), files: uploaded}),
     });
     const answer = await response.json().catch(() => ({error: "HTTP " + response.status}));
     if (!response.ok) throw new Error(answer.error || "HTTP " + response.status);
@@ -126,15 +191,27 @@ async function send(text) {
     el.append(note);
     local.delete(id);
     if (!textInput.value) textInput.value = text;  // nothing typed is lost
+    if (!pending.length) { pending = files; showPending(); }  // nor anything attached
   }
 }
 
 form.addEventListener("submit", (e) => {
   e.preventDefault();
   const text = textInput.value.trim();
-  if (!text) return;
+  const files = pending;
+  if (!text && !files.length) return;
   textInput.value = "";
-  send(text);
+  pending = [];
+  showPending();
+  send(text, files);
+});
+fileInput.addEventListener("change", () => { addFiles(fileInput.files); fileInput.value = ""; });
+document.addEventListener("dragover", (e) => { e.preventDefault(); document.body.classList.add("dropping"); });
+document.addEventListener("dragleave", (e) => { if (!e.relatedTarget) document.body.classList.remove("dropping"); });
+document.addEventListener("drop", (e) => {
+  e.preventDefault();
+  document.body.classList.remove("dropping");
+  if (e.dataTransfer && e.dataTransfer.files.length) addFiles(e.dataTransfer.files);
 });
 textInput.addEventListener("keydown", (e) => {
   if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {

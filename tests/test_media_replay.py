@@ -1,0 +1,95 @@
+"""A voice-note turn run again after a crash does not transcribe again: ``gateway run`` as a
+subprocess against the fake Telegram and OpenAI, killed with SIGKILL while the model call is in
+flight, then started again. The transcript is stored with the message before the model is called,
+so the second run sends the same words to the model and makes no second transcription call."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from bench.fault_injection import GatewayProcess, _free_port
+from tests import media_samples as samples
+from tests.fakes import openai as oa
+from tests.fakes.openai import FakeOpenAI
+from tests.fakes.telegram import FakeTelegram
+
+CHAT = 5580001
+
+
+def config(workdir: Path, telegram: FakeTelegram, model: FakeOpenAI, port: int) -> Path:
+    path = workdir / "replay.toml"
+    path.write_text(f"""
+instance_id = "replay-test"
+[database]
+url = "sqlite:///{workdir / 'gateway.db'}"
+[http]
+port = {port}
+[llm]
+base_url = "{model.url}/v1"
+api_key_env = "FAULT_OPENAI_KEY"
+max_retries = 0
+transcription_model = "whisper-1"
+[agent]
+streaming = []
+[tools]
+browser_enabled = false
+[media]
+directory = "{workdir / 'media'}"
+[memory]
+promote = false
+[bus]
+lease_s = 2
+sweep_interval_s = 0.3
+[telegram]
+enabled = true
+token_env = "FAULT_TELEGRAM_TOKEN"
+base_url = "{telegram.url}"
+poll_timeout_s = 1
+""")
+    return path
+
+
+def wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_a_turn_run_again_after_a_kill_does_not_transcribe_again(tmp_path, fake_telegram, fake_openai):
+    fake_openai.reset()
+    gate = threading.Event()
+    voice = samples.ogg_opus(b"\x05" * 2500)
+    fake_telegram.add_file("replay-voice", voice)
+    fake_openai.script_transcription("Book a table for four at eight.")
+    fake_openai.script(oa.hold(gate, oa.text("never delivered")), oa.text("Booked for four at eight."))
+    port = _free_port()
+    gateway = GatewayProcess(config(tmp_path, fake_telegram, fake_openai, port), port, tmp_path)
+    try:
+        gateway.start()
+        gateway.wait_ready()
+        fake_telegram.inject({"message": {
+            "message_id": 5, "date": int(time.time()),
+            "from": {"id": CHAT, "is_bot": False, "first_name": "Alice"},
+            "chat": {"id": CHAT, "type": "private", "first_name": "Alice"},
+            "voice": {"file_id": "replay-voice", "file_unique_id": "ureplay", "duration": 2,
+                      "mime_type": "audio/ogg", "file_size": len(voice)}}})
+        fake_openai.wait_for_requests(1, 20)  # the model call is in flight (held)
+        gateway.kill()
+        gate.set()
+
+        gateway.start()
+        gateway.wait_ready()
+        wait(lambda: fake_telegram.sent_messages(CHAT), 20, "the reply after the restart")
+        time.sleep(0.5)  # a second reply would show up now
+    finally:
+        gateway.terminate()
+
+    assert [m["text"] for m in fake_telegram.sent_messages(CHAT)] == ["Booked for four at eight."]
+    assert len(fake_openai.transcriptions) == 1  # heard once, across both runs
+    first, second = (r["json"]["messages"][-1]["content"] for r in fake_openai.requests[:2])
+    assert "Book a table for four at eight." in second
+    assert first == second  # the same bytes: the words the model saw are the stored ones

@@ -1,0 +1,109 @@
+"""Files from the web chat: the attach button and drag-and-drop upload through ``POST /web/files``
+(size-limited, stored in the blob store), then the message goes through the same inbox; the image
+reaches the model as a content part and the page shows it inline, to its own browser only."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from PIL import Image
+
+from tests.conftest import gateway_config, start_gateway
+from tests.fakes import openai as oa
+from tests.helpers import wait_until
+from tests.web_client import WebClient
+
+
+def base_of(gateway) -> str:
+    return f"http://127.0.0.1:{gateway.http_port}"
+
+
+def png(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGBA", (width, height), (0, 90, 200, 128)).save(out, "PNG")
+    return out.getvalue()
+
+
+async def test_an_uploaded_image_reaches_the_model_and_the_page_shows_it(tmp_path, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.script(oa.text("A translucent blue square."))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai), running)
+    page, stranger = WebClient(base_of(gateway)), WebClient(base_of(gateway))
+    try:
+        await page.open()
+        await stranger.open()
+        page.listen()
+        status, answer = await page.upload(png(500, 500), "image/png", "diagram%20v2.png")
+        assert status == 200 and answer["ok"] and answer["file"]["name"] == "diagram v2.png"
+        response = await page.say("what is this?", files=[answer["file"]])
+        assert response.status == 200
+        await wait_until(lambda: page.of("row", lambda e: e["role"] == "assistant"), timeout=20, what="the answer")
+
+        sent = [r for r in fake_openai.requests if "what is this?" in str(r["json"])]
+        assert len(sent) == 1
+        images = oa.image_parts(sent[0])
+        assert len(images) == 1 and images[0][0] == "image/png"  # transparency kept as PNG
+        assert '[image "diagram v2.png" (image/png' in sent[0]["json"]["messages"][-1]["content"][0]["text"]
+
+        row = page.of("row", lambda e: e["role"] == "user")[0]
+        shown = row["attachments"][0]
+        assert shown["name"] == "diagram v2.png" and shown["url"].startswith("/web/files/")
+        async with page.http.get(base_of(gateway) + shown["url"]) as response:
+            assert response.status == 200 and response.content_type == "image/png"
+            assert await response.read() == images[0][1]  # the rendition the model saw
+        async with stranger.http.get(base_of(gateway) + shown["url"]) as response:
+            assert response.status == 404  # another browser's ticket does not match
+        refused = await stranger.say("mine now", files=[answer["file"]])
+        assert refused.status == 400  # nobody attaches another browser's upload
+    finally:
+        await page.close()
+        await stranger.close()
+
+
+async def test_an_upload_over_the_limit_is_refused_naming_it(tmp_path, fake_openai, running):
+    fake_openai.reset()
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai,
+                                                 media={"directory": str(tmp_path / "m"), "upload_max_mb": 0.5}),
+                                  running)
+    page = WebClient(base_of(gateway))
+    try:
+        await page.open()
+        status, answer = await page.upload(b"x" * 600_000, "application/zip", "big.zip")
+        assert status == 413 and "up to 0.5 MB" in answer["error"]
+        assert fake_openai.requests == []
+    finally:
+        await page.close()
+
+
+async def test_the_admin_transcript_shows_thumbnails_and_file_names(tmp_path, fake_openai, running):
+    from tests.test_web_admin import ADMIN, Operator
+
+    fake_openai.reset()
+    fake_openai.script(oa.text("Got it."))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    page, operator = WebClient(base_of(gateway)), Operator(base_of(gateway))
+    try:
+        await page.open()
+        page.listen()
+        _, answer = await page.upload(png(1200, 900), "image/png", "<img src=x>plan.png")
+        await page.say("see attached", files=[answer["file"]])
+        await wait_until(lambda: page.of("row", lambda e: e["role"] == "assistant"), timeout=20, what="the answer")
+
+        status, _, _ = await operator.get(f"/admin/files/{answer['file']['sha256']}")
+        assert status == 403  # not logged in
+        await operator.login()
+        _, listing, _ = await operator.get("/admin/sessions")
+        link = re.search(r'href="/admin/sessions/([0-9a-f]+)"', listing)
+        assert link, listing[:500]
+        status, html, _ = await operator.get(f"/admin/sessions/{link.group(1)}")
+        assert status == 200
+        assert "&#34;&lt;img src=x&gt;plan.png&#34;" in html and "<img src=x>" not in html  # quoted, escaped
+        thumb = re.search(r'<img src="(/admin/files/[0-9a-f]{64})"', html)
+        assert thumb
+        async with operator.http.get(base_of(gateway) + thumb.group(1)) as response:
+            assert response.status == 200 and response.content_type == "image/png"
+            assert max(Image.open(io.BytesIO(await response.read())).size) == 256
+    finally:
+        await page.close()
+        await operator.http.close()
