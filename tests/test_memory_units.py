@@ -59,7 +59,7 @@ def test_words_drop_stop_words_and_terms_are_stemmed():
     assert words("What is my favourite colour?") == ["favourite", "colour"]
     assert terms("reports reporting") == {"report"}
     assert terms("year-on-year") == {"year"}
-    assert terms("我喜欢茶") == {"我喜", "喜欢", "欢茶"}
+    assert terms("我喜欢茶") == {"喜", "欢", "茶"}  # characters, stop words ("我") dropped
     assert similarity(terms("favourite colour"), terms("My favourite colour is teal")) > 0.8
     assert similarity(terms("favourite colour"), terms("I live in Berlin")) == 0.0
 
@@ -121,7 +121,7 @@ def test_the_evidence_check_needs_cited_user_messages_or_tool_results_that_state
     assert check("Report sales month-on-month", []) == "cites no evidence"
     assert "not a user message or tool result" in check("The user is a premium customer", [12])
     assert "not a user message or tool result" in check("Report sales month-on-month", [99])
-    assert check("The user's password is hunter2", [10]) == "its evidence does not state it"
+    assert check("The user's password is hunter2", [10]) == "its evidence does not state it (too few of its words)"
 
 
 def test_proposals_must_match_the_fixed_schema():

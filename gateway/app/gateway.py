@@ -320,13 +320,16 @@ class Gateway:
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
-        """Migrates the database, starts the bridge, bus, delivery, HTTP server and adapters.
+        """Migrates the database (and analyses memory entries stored without ``search_text``), starts
+        the bridge, bus, delivery, HTTP server and adapters.
 
         The HTTP server opens before the adapters start (``/healthz`` answers, ``/readyz`` and
         every webhook get 503) and accepts events once ``started`` is set, after the last
         adapter has started: an event acknowledged earlier could be misjudged (a Feishu group
         mention before the bot's open_id is known would be dropped as not addressed)."""
         await self.run_db(upgrade, self.engine)
+        if self.memory is not None:  # entries an older release wrote get their full-text analysis
+            await self.run_db(self.memory.memories.analyse_missing)
         await self.instance.acquire()  # InstanceInUse if a live process holds our id; else its leases are ours
         for name, env in self.missing_model_keys.items():
             where = "llm.api_key_env" if name == "default" else f"api_key_env of provider {name}"

@@ -1,9 +1,10 @@
 """``MemoryStore``: reads and writes of the ``memories`` table (issue 10), each a short transaction.
 
 Every read is filtered by owner, so one user's (or group's) entries never come back for another.
-Keyword search uses the database's full-text engine: SQLite FTS5 (``bm25`` order) or PostgreSQL
-``to_tsvector('english', ...) @@ to_tsquery`` (GIN index; ``ts_rank`` order, shorter entries first
-on ties); both stem English words.
+Keyword search uses the database's full-text engine over ``search_text`` (the entry's text with
+each Chinese or Japanese character a word of its own: ``gateway.memory.terms.index_text``, written
+here with the text): SQLite FTS5 (``bm25`` order) or PostgreSQL ``to_tsvector('english', ...) @@
+to_tsquery`` (GIN index; ``ts_rank`` order, shorter entries first on ties); both stem English words.
 Calls block: run them on worker threads.
 
 Forgetting never deletes the row: it is emptied (text, evidence, embedding) and marked forgotten
@@ -19,8 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, insert, or_, select, text, update
+from sqlalchemy import Engine, bindparam, insert, or_, select, text, update
 
+from gateway.memory.terms import index_text
 from gateway.store.db import read_tx, write_tx
 from gateway.store.models import MemoryRow, table
 from gateway.store.sql import retry_locked
@@ -35,10 +37,13 @@ TYPES = ("preference", "fact", "decision", "episode")
 SOURCES = ("user_explicit", "task", "import")
 
 # Full-text search, one statement per dialect (built once: recall runs before every turn).
+# The PostgreSQL expression is the GIN index's (migration 0806): a row without search_text yet (an
+# older release wrote it) is found by its text until ``analyse_missing`` runs.
+_PG_VECTOR = "to_tsvector('english', coalesce(search_text, text))"
 _PG_SEARCH = text(
     "SELECT * FROM memories WHERE owner = :owner AND superseded_by IS NULL "
-    "AND to_tsvector('english', text) @@ to_tsquery('english', :query) "
-    "ORDER BY ts_rank(to_tsvector('english', text), to_tsquery('english', :query), 1) DESC, id DESC "
+    f"AND {_PG_VECTOR} @@ to_tsquery('english', :query) "
+    f"ORDER BY ts_rank({_PG_VECTOR}, to_tsquery('english', :query), 1) DESC, id DESC "
     "LIMIT :limit")
 _SQLITE_SEARCH = text(
     "SELECT memories.* FROM memories_fts JOIN memories ON memories.id = memories_fts.rowid "
@@ -140,9 +145,10 @@ class MemoryStore:
         """Stores ``new``; the owner's valid entries among ``supersedes`` get ``superseded_by`` set
         to it in the same transaction (other owners' ids are ignored). Returns the stored entry."""
         now = time.time() if now is None else now
+        stored = new.text.strip()
         with write_tx(self.engine) as conn:
             result = conn.execute(insert(_memories).values(
-                owner=new.owner, text=new.text.strip(), type=new.type, source=new.source,
+                owner=new.owner, text=stored, search_text=index_text(stored), type=new.type, source=new.source,
                 confidence=new.confidence, created_at=now, last_used_at=None, hits=0, weight=new.weight,
                 superseded_by=None, evidence=list(new.evidence), embedding=new.embedding))
             memory_id = int(result.inserted_primary_key[0])  # type: ignore[index]
@@ -156,7 +162,8 @@ class MemoryStore:
 
     def keyword_search(self, owner: str, words: Sequence[str], limit: int = 30) -> list[Memory]:
         """The owner's valid entries matching any of ``words`` (full-text, stemmed), best match
-        first. ``words`` are plain words (letters and digits only; see ``gateway.memory.terms``)."""
+        first. ``words`` are plain words (letters and digits only) or single Chinese / Japanese
+        characters (``gateway.memory.terms.words``)."""
         words = [w for w in dict.fromkeys(words) if w.isalnum()]
         if not words:
             return []
@@ -213,8 +220,36 @@ class MemoryStore:
                 doomed.append(current)
                 todo.extend(i for i in replaced.get(current, ()) if i not in doomed)
             conn.execute(update(_memories).where(_memories.c.id.in_(doomed), _memories.c.owner == owner).values(
-                text="", evidence=[], embedding=None, superseded_by=_memories.c.id, hits=0, last_used_at=None))
+                text="", search_text="", evidence=[], embedding=None, superseded_by=_memories.c.id, hits=0,
+                last_used_at=None))
         return sorted(doomed)
+
+    def analyse_missing(self, batch: int = 1000) -> int:
+        """Fills ``search_text`` of the entries that have none: stored before migration ``0806`` or
+        by an older release during a rolling upgrade, or cleared because their text changed
+        without it (until then PostgreSQL finds them by their text's whole words, SQLite not at
+        all). Run at start (``Gateway.start``), ``batch`` rows per short transaction, oldest first.
+        Returns how many were filled."""
+        filled, after = 0, 0
+        while True:
+            done, after, more = self._analyse_batch(after, batch)
+            filled += done
+            if not more:
+                return filled
+
+    @retry_locked
+    def _analyse_batch(self, after: int, batch: int) -> tuple[int, int, bool]:
+        with write_tx(self.engine) as conn:
+            rows = conn.execute(select(_memories.c.id, _memories.c.text)
+                                .where(_memories.c.search_text.is_(None), _memories.c.id > after)
+                                .order_by(_memories.c.id).limit(batch)).all()
+            if rows:  # the text is compared again: a row changed meanwhile is left for the next start
+                conn.execute(update(_memories).where(_memories.c.id == bindparam("row_id"),
+                                                     _memories.c.text == bindparam("read_text"),
+                                                     _memories.c.search_text.is_(None))
+                             .values(search_text=bindparam("analysed")),
+                             [{"row_id": r.id, "read_text": r.text, "analysed": index_text(r.text)} for r in rows])
+        return len(rows), rows[-1].id if rows else after, len(rows) == batch
 
     @retry_locked
     def used(self, ids: Sequence[int], now: float | None = None) -> None:

@@ -14,11 +14,11 @@ from typing import Literal
 from agent.context import RunContext
 from agent.tools import Tool, tool
 from gateway.core.types import CURRENT_MESSAGE
-from gateway.memory.promote import GROUNDING, restated
+from gateway.memory.promote import restated, ungrounded
 from gateway.memory.recall import line_of
 from gateway.memory.service import MemoryService
 from gateway.memory.store import MAX_TEXT_CHARS, NewMemory, too_long
-from gateway.memory.terms import coverage, terms, words
+from gateway.memory.terms import words
 
 SAVED_WEIGHT = 1.5
 
@@ -69,7 +69,7 @@ def memory_tools(service: MemoryService) -> list[Tool]:
             return f"Not saved: {too_long(text)}."
         provenance = ctx.provenance
         said = (provenance.trusted + "\n" + provenance.untrusted) if provenance is not None else message.text
-        if coverage(terms(text), terms(said)) < GROUNDING:
+        if ungrounded(text, said) is not None:
             return "Not saved: nothing the user said or a tool returned in this turn states it."
         owner = service.owner_of(message)
         same = restated(text, service.memories.keyword_search(owner, words(text), 10))

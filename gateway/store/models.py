@@ -348,8 +348,10 @@ class ApprovalRow(Base):
 class MemoryRow(Base):
     """A long-term memory entry (issue 10): a conclusion or constraint, never a transcript, owned by
     one user or one group chat. A newer entry that contradicts it sets ``superseded_by``; both stay
-    (audit, ``/memory``). Full-text search (migration ``0401``): an FTS5 index ``memories_fts`` kept by
-    triggers on SQLite, a GIN index ``ix_memories_fts`` on ``to_tsvector('english', text)`` on PostgreSQL."""
+    (audit, ``/memory``). Full-text search (migrations ``0401``, ``0806``) over ``search_text``: an FTS5
+    index ``memories_fts`` kept by triggers on SQLite, a GIN index ``ix_memories_fts`` on
+    ``to_tsvector('english', coalesce(search_text, text))`` on PostgreSQL; a ``text`` changed without
+    its ``search_text`` clears it (trigger)."""
 
     __tablename__ = "memories"
     __table_args__ = (Index("ix_memories_owner_superseded", "owner", "superseded_by"),)
@@ -358,6 +360,11 @@ class MemoryRow(Base):
     owner: Mapped[str] = mapped_column(String(255))
     """``user:<user id>`` (DM memory; linked accounts share the user) or ``group:<chat key>``."""
     text: Mapped[str] = mapped_column(Text)
+    search_text: Mapped[str | None] = mapped_column(Text)
+    """``text`` as the full-text index is given it (``gateway.memory.terms.index_text``: each Chinese
+    or Japanese character a word of its own); ``None`` until analysed (rows stored before migration
+    ``0806`` or by an older release, a text changed by hand): the next start fills it, meanwhile
+    PostgreSQL indexes ``text`` and SQLite nothing."""
     type: Mapped[str] = mapped_column(String(16))
     """``preference`` | ``fact`` | ``decision`` | ``episode``."""
     source: Mapped[str] = mapped_column(String(16))
@@ -504,8 +511,9 @@ event.listen(MemoryRow.__table__, "after_drop",
 
 def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
     """Alembic's autogenerate filter: the full-text indexes of ``memories`` (SQLite: the FTS5 table
-    ``memories_fts`` and its shadow tables; PostgreSQL: the GIN index ``ix_memories_fts``) are made by
-    migration ``0401`` for one dialect each, not by these models."""
+    ``memories_fts`` and its shadow tables; PostgreSQL: the GIN index ``ix_memories_fts`` and the
+    trigger clearing a stale ``search_text``) are made by migrations ``0401`` and ``0806`` for one
+    dialect each, not by these models."""
     if name is None:
         return True
     fts_table = type_ == "table" and name.startswith("memories_fts")
