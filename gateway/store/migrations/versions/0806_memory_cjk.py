@@ -1,7 +1,7 @@
 """memories.search_text: Chinese and Japanese found by character in the full-text index
 
 Revision ID: 0806
-Revises: 0701
+Revises: 0803
 Create Date: 2026-12-02 09:00:00
 
 Both engines' default tokenizers keep a run of CJK characters as one token ("我喜欢喝乌龙茶"), so
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 
 revision = '0806'
-down_revision = '0701'
+down_revision = '0803'
 branch_labels = None
 depends_on = None
 
