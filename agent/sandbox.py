@@ -5,6 +5,9 @@ Always enforced:
     is killed;
   * output cap: stdout+stderr beyond ``max_output_bytes`` is not read; the command is killed;
   * resource limits (``setrlimit``): CPU seconds, address space, file size, open files;
+  * a process cap (``agent.process_cap``): at most ``max_processes`` processes per command, so a
+    fork bomb cannot starve the gateway or the host of processes; what is left when the command
+    ends is killed;
   * a scrubbed environment: only ``PATH``, ``HOME`` (the workspace), ``LANG``, ``TMPDIR`` —
     no secrets from the gateway's environment.
 
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Literal
 
 from agent.execute import cap_text
+from agent.process_cap import ProcessCap
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,7 @@ class Sandbox:
         max_output_bytes: output read before the command is killed.
         cpu_s: CPU seconds (RLIMIT_CPU).
         memory_bytes: address space (RLIMIT_AS).
+        max_processes: processes one command may have at once (see ``agent.process_cap``).
         allow_network: keep the host network (no network namespace).
         use_namespaces: isolate with the best of bubblewrap/unshare that works (``False``: limits only).
         isolation: force one (``ValueError`` when it does not work here); default: the best.
@@ -129,12 +134,13 @@ class Sandbox:
 
     def __init__(self, *, timeout_s: float = 20.0, max_output_bytes: int = 64_000, cpu_s: int = 10,
                  memory_bytes: int = 1 << 30, allow_network: bool = False, use_namespaces: bool = True,
-                 isolation: Isolation | None = None) -> None:
+                 isolation: Isolation | None = None, max_processes: int = 128) -> None:
         self.timeout_s = timeout_s
         self.max_output_bytes = max_output_bytes
         self.cpu_s = cpu_s
         self.memory_bytes = memory_bytes
         self.allow_network = allow_network
+        self.process_cap = ProcessCap(max_processes)
         if isolation is not None and not _works(isolation):
             raise ValueError(f"shell isolation {isolation!r} does not work on this host")
         self.isolation: Isolation = isolation or best_isolation(use_namespaces)
@@ -154,7 +160,8 @@ class Sandbox:
     def describe(self) -> str:
         """One line for ``gateway doctor``: isolation and limits."""
         return (f"{self.describe_isolation()}; timeout {self.timeout_s:g} s, cpu {self.cpu_s} s, "
-                f"memory {self.memory_bytes >> 20} MiB, output {self.max_output_bytes} bytes")
+                f"memory {self.memory_bytes >> 20} MiB, output {self.max_output_bytes} bytes; "
+                f"{self.process_cap.describe()}")
 
     def _limits(self) -> None:  # runs in the child between fork and exec
         resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s))
@@ -171,8 +178,19 @@ class Sandbox:
             flags = "-r" if self.allow_network else "-rn"
             argv = ["unshare", flags, "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(cwd), "TMPDIR": str(cwd), "LANG": "C.UTF-8"}
+        slot = self.process_cap.prepare()
+        try:
+            return self._run(argv, cwd, env, slot)
+        finally:
+            self.process_cap.release(slot)
+
+    def _run(self, argv: list[str], cwd: Path, env: dict[str, str], slot: Path | int | None) -> ShellResult:
+        def before_exec() -> None:  # runs in the child between fork and exec
+            self._limits()
+            ProcessCap.join(slot)
+
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=self._limits)
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=before_exec)
         assert proc.stdout is not None
         os.set_blocking(proc.stdout.fileno(), False)
         chunks: list[bytes] = []

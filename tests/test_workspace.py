@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 
 import pytest
@@ -85,6 +86,23 @@ def test_fork_bomb_is_contained(ws):
     assert time.monotonic() - started < 6
     assert "exit code" in out
     assert ws.run_shell(CTX, "echo still fine").startswith("exit code: 0\nstill fine")
+    threading.Thread(target=lambda: None).start()  # the gateway's own process can still start threads
+
+
+def test_a_command_gets_at_most_its_process_cap(tmp_path):
+    """200 background processes asked for, at most ``max_processes`` exist; the rest are refused.
+
+    CI runs as root, where ``RLIMIT_NPROC`` binds nothing: the pids cgroup must work there."""
+    sandbox = Sandbox(timeout_s=10, max_output_bytes=10_000, cpu_s=5, max_processes=40)
+    assert sandbox.process_cap.kind in ("cgroup", "rlimit"), sandbox.process_cap.describe()
+    assert "at most 40" in sandbox.describe()
+    ws = Workspace(tmp_path / "ws", "shell", sandbox=sandbox)
+    out = ws.run_shell(CTX, "perl -e 'my $n = 0; for (1..200) { my $p = fork; last unless defined $p; "
+                            "if ($p == 0) { sleep 30; exit } $n++ } print qq(running $n\\n)'")
+    started = int(out.rsplit("running ", 1)[1].split()[0])
+    assert 20 <= started < 40, out
+    if sandbox.process_cap.kind == "cgroup":  # nothing of the command outlives it
+        assert not list(sandbox.process_cap._base.glob(f"agent-gateway-sh-{os.getpid()}-*"))
 
 
 def test_no_network_by_default_when_namespaces_work(ws):

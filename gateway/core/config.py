@@ -194,6 +194,8 @@ class ToolsConfig(_Section):
     shell_max_output_bytes: int = 64_000
     shell_cpu_s: int = 10
     shell_memory_mb: int = 1024
+    shell_max_processes: int = Field(default=128, ge=1)
+    """Processes one ``run_shell`` command may have at once (a pids cgroup; see ``agent.process_cap``)."""
     shell_allow_network: bool = False
     """Keep the host network for ``run_shell`` (default: a network namespace without network)."""
 

@@ -91,5 +91,5 @@ def build_workspace(config: GatewayConfig) -> Workspace:
     t = config.tools
     sandbox = Sandbox(timeout_s=t.shell_timeout_s, max_output_bytes=t.shell_max_output_bytes, cpu_s=t.shell_cpu_s,
                       memory_bytes=t.shell_memory_mb << 20, allow_network=t.shell_allow_network,
-                      use_namespaces=t.workspace == "shell")
+                      use_namespaces=t.workspace == "shell", max_processes=t.shell_max_processes)
     return Workspace(t.workspace_root, "read" if t.workspace == "off" else t.workspace, sandbox=sandbox)
