@@ -51,3 +51,37 @@ async def test_a_picture_attached_in_the_page_reaches_the_model_and_shows_inline
             await browser.close()
     sent = [r for r in fake_openai.requests if "what is this?" in str(r["json"])]
     assert len(sent) == 1 and len(oa.image_parts(sent[0])) == 1
+
+
+async def test_the_page_sends_again_when_the_gateway_is_not_ready_yet(tmp_path, fake_openai, running):
+    """A 503 (the gateway starting or stopping, nothing stored) is retried by the page with the same
+    message id, after ``Retry-After``: the message is answered once, and the user sees no error."""
+    from playwright.async_api import async_playwright
+
+    fake_openai.reset()
+    fake_openai.script(oa.text("Ready now."))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai), running)
+    refused: list[str] = []
+
+    async def not_ready_twice(route):
+        if len(refused) < 2:
+            refused.append(route.request.post_data or "")
+            await route.fulfill(status=503, headers={"Retry-After": "1"}, content_type="application/json",
+                                body='{"error": "the gateway is starting or stopping; retry later"}')
+        else:
+            await route.continue_()
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            page = await browser.new_page()
+            await page.route("**/web/messages", not_ready_twice)
+            await page.goto(f"http://127.0.0.1:{gateway.http_port}/")
+            await page.fill("#text", "are you up?")
+            await page.press("#text", "Enter")
+            await page.wait_for_selector(".msg.assistant[data-row] >> text=Ready now.", timeout=20_000)
+            assert await page.locator(".msg.failed").count() == 0
+        finally:
+            await browser.close()
+    assert len(refused) == 2 and len({r for r in refused}) == 1  # the same body (same id) each time
+    assert len([r for r in fake_openai.requests if "are you up?" in str(r["json"])]) == 1

@@ -156,8 +156,27 @@ function addFiles(list) {
   showPending();
 }
 
+// 503 = the gateway is starting or stopping (not ready, see /readyz): nothing was stored, so the
+// same request (same message id: the server keeps one copy) is sent again, for up to a minute.
+async function postWhenReady(url, options) {
+  let wait = 500;
+  for (let tries = 0; ; tries++) {
+    let response;
+    try {
+      response = await fetch(url, options);
+    } catch (err) {
+      if (tries >= 20) throw err;  // the connection failed (restart in progress): try again
+      response = null;
+    }
+    if (response && (response.status !== 503 || tries >= 20)) return response;
+    const after = response && Number(response.headers.get("Retry-After"));
+    await new Promise((done) => setTimeout(done, after > 0 ? Math.min(after * 1000, 10000) : wait));
+    wait = Math.min(wait * 2, 5000);
+  }
+}
+
 async function upload(file) {
-  const response = await fetch("/web/files", {
+  const response = await postWhenReady("/web/files", {
     method: "POST",
     headers: {"Content-Type": file.type || "application/octet-stream", "X-Requested-With": "gateway-web",
               "X-File-Name": encodeURIComponent(file.name)},
@@ -176,7 +195,7 @@ async function send(text, files) {
   try {
     const uploaded = [];
     for (const file of files) uploaded.push(await upload(file));
-    const response = await fetch("/web/messages", {
+    const response = await postWhenReady("/web/messages", {
       method: "POST",
       headers: {"Content-Type": "application/json", "X-Requested-With": "gateway-web"},
       body: JSON.stringify({id: id, text: text, name: nameInput.value.trim(), files: uploaded}),
