@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +76,31 @@ class McpUnavailable(Exception):
     again; the message says which and what happens next (the executor shows it to the model)."""
 
 
+class _StderrLog:
+    """A stdio server's stderr, one log record per line (logger ``agent.mcp``, so through the
+    gateway's redacting handler: a server that prints its token or the environment leaks nothing).
+
+    ``file`` is the pipe's write end, given to the server process; ``close`` closes the gateway's
+    copy, and the reading thread ends when the process has closed its own (it exited)."""
+
+    def __init__(self, server: str) -> None:
+        read_fd, write_fd = os.pipe()
+        self.file = os.fdopen(write_fd, "w")
+        self._server = server
+        self._thread = threading.Thread(target=self._pump, args=(read_fd,), name=f"mcp-stderr:{server}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _pump(self, read_fd: int) -> None:
+        with os.fdopen(read_fd, "r", errors="replace") as lines:
+            for line in lines:
+                if line.strip():
+                    log.warning("MCP server %s stderr: %s", self._server, line.rstrip()[:2000])
+
+    def close(self) -> None:
+        self.file.close()
+
+
 class _Connection:
     """One session with a server (for stdio: one server process), owned by one task on the bridge
     loop: the task enters the transport and ``ClientSession`` and leaves them when ``stop`` is set,
@@ -88,6 +115,7 @@ class _Connection:
         self.ready: asyncio.Future[list[Any]] = loop.create_future()
         self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even when nobody waits
         self.stop = asyncio.Event()
+        self.stderr: _StderrLog | None = None
         self.task = loop.create_task(self._run(), name=f"mcp:{spec.name}")
 
     @property
@@ -100,7 +128,8 @@ class _Connection:
 
             params = StdioServerParameters(command=self.spec.command[0], args=self.spec.command[1:],
                                            env=self.spec.env or None)
-            return stdio_client(params)
+            self.stderr = _StderrLog(self.spec.name)
+            return stdio_client(params, errlog=self.stderr.file)
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 
@@ -149,6 +178,8 @@ class _Connection:
         finally:
             self.session = None
             self.stop.set()
+            if self.stderr is not None:
+                self.stderr.close()
             if not self.ready.done():
                 self.ready.set_exception(ConnectionError("the connection ended before it was ready"))
 

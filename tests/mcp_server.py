@@ -1,6 +1,7 @@
 """A tiny stdio MCP server for the tests (plain JSON-RPC over stdin/stdout, no SDK): ``add(a, b)``,
 ``shout(text)`` (read-only), and for the failure tests ``pid()`` (its process id), ``crash()``
-(the process exits without answering) and ``hang()`` (never answers)."""
+(the process exits without answering) and ``hang()`` (never answers). With ``MCP_TEST_STDERR`` set
+it prints that value on stderr when it starts."""
 
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ def answer(request: dict) -> dict | None:
 
 
 def main() -> None:
+    if os.environ.get("MCP_TEST_STDERR"):  # a chatty server: prints what it was given on stderr
+        print(f"starting with {os.environ['MCP_TEST_STDERR']}", file=sys.stderr, flush=True)
     for line in sys.stdin:
         if not line.strip():
             continue

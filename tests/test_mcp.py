@@ -223,3 +223,38 @@ async def test_shutting_down_during_a_hung_call_stops_and_reaps_the_server():
     await asyncio.to_thread(bridge.stop)  # what Gateway.stop does, with the bridge's default 5 s
     assert gone(pid) and server_children() == []
     assert hung.done()
+
+
+_STDERR_SCRIPT = """
+import asyncio, sys
+from agent.bridge import AsyncBridge
+from agent.mcp import McpClients, McpServerSpec
+from gateway.ops.logs import setup_logging
+
+SECRET = sys.argv[2]
+setup_logging("INFO", [SECRET])
+bridge = AsyncBridge()
+bridge.start()
+clients = McpClients([McpServerSpec("calc", command=[sys.executable, sys.argv[1]], timeout_s=10,
+                                    env={"MCP_TEST_STDERR": "token " + SECRET + " and sk-" + "a" * 30})], bridge)
+
+async def main():
+    names = [tool.name for tool in await clients.discover(10)]
+    print("tools:", len(names), flush=True)
+
+asyncio.run(main())
+bridge.stop()
+"""
+
+
+def test_what_a_server_prints_on_stderr_is_logged_with_secrets_masked():
+    """A stdio server's stderr goes through the gateway's redacting log handler, one record per
+    line, not straight to the gateway's stderr: a server that echoes its token leaks nothing."""
+    import subprocess
+
+    secret = "s3cret-mcp-token-0123456789"
+    done = subprocess.run([sys.executable, "-c", _STDERR_SCRIPT, SERVER, secret], capture_output=True, text=True,
+                          timeout=60)
+    assert "tools: 5" in done.stdout, done.stderr
+    assert "MCP server calc stderr: starting with token *** and sk-***" in done.stderr
+    assert secret not in done.stderr and "sk-aaaa" not in done.stderr
