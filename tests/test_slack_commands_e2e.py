@@ -1,0 +1,161 @@
+"""Slack slash commands and the assistant surface end to end, through the real slack-bolt /
+slack-sdk against the wire-level fake: a signed form-encoded ``/status`` is stored before its ack
+and answered once, ephemerally, through its ``response_url`` (``chat.postEphemeral`` when that is
+used up); a forged one gets 401 and changes nothing; ``/new`` works over Socket Mode too, under a
+configured prefix; an assistant thread gets suggested prompts, and its status is set while a turn
+runs and cleared after the reply."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from gateway.app.gateway import Gateway
+from tests.conftest import gateway_config, start_gateway
+from tests.fakes import openai as oa
+from tests.fakes.slack import FakeSlack
+from tests.helpers import wait_until
+
+DM, CHANNEL, ALICE = "D0ALICE001", "C0GENERAL1", "U0ALICE001"
+SLACK_ACK_S = 3.0  # Slack gives up on a slash command not answered within 3 s ("operation_timeout")
+
+
+def events_url(gateway: Gateway) -> str:
+    return f"http://127.0.0.1:{gateway.http_port}/slack/events"
+
+
+def inbox_rows(gateway: Gateway) -> int:
+    return sum(gateway.store.count_inbox(status) for status in ("pending", "done", "failed"))
+
+
+def ephemeral(fake: FakeSlack, since: int) -> list[dict]:
+    return fake.ephemeral[since:]
+
+
+async def test_status_is_stored_before_the_ack_and_answered_ephemerally_once(tmp_path, fake_slack, fake_openai,
+                                                                            running):
+    fake_openai.reset()
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_slack=fake_slack), running)
+    shown, posted = len(fake_slack.ephemeral), len(fake_slack.calls("chat.postMessage"))
+
+    fields = fake_slack.command_payload("/status", channel=CHANNEL)
+    delivery = await fake_slack.post_command(events_url(gateway), fields, timeout=SLACK_ACK_S)
+    assert delivery.status == 200 and delivery.body == ""  # an empty ack: the answer follows ephemerally
+    assert inbox_rows(gateway) == 1  # stored before Slack had its 200
+
+    await wait_until(lambda: ephemeral(fake_slack, shown), what="ephemeral /status answer")
+    await wait_until(lambda: gateway.store.outbox_counts().get("sent") == 1, what="outbox row settled")
+    (answer,) = ephemeral(fake_slack, shown)
+    assert answer["via"] == "response_url" and answer["user"] == ALICE and answer["channel"] == CHANNEL
+    assert "gpt-4o-mini" in answer["text"] and answer["mrkdwn_problems"] == []
+    assert len(fake_slack.calls("chat.postMessage")) == posted  # nothing for the whole channel
+    assert fake_openai.requests == []  # a command, never a model call
+
+    # The same invocation delivered again (same trigger_id) is a duplicate: no second answer.
+    assert (await fake_slack.post_command(events_url(gateway), fields, timeout=SLACK_ACK_S)).status == 200
+    await wait_until(lambda: gateway.duplicates == 1, what="duplicate dropped")
+    await asyncio.sleep(0.5)
+    assert len(ephemeral(fake_slack, shown)) == 1 and inbox_rows(gateway) == 1
+
+
+async def test_forged_command_gets_401_and_unknown_commands_are_answered_in_the_ack(tmp_path, fake_slack,
+                                                                                  fake_openai, running):
+    fake_openai.reset()
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_slack=fake_slack), running)
+    shown = len(fake_slack.ephemeral)
+
+    forged = await fake_slack.post_command(events_url(gateway), fake_slack.command_payload("/new"),
+                                           probe="bad_signature")
+    assert forged.status == 401
+    other = await fake_slack.post_command(events_url(gateway), fake_slack.command_payload("/deploy", "prod"),
+                                          timeout=SLACK_ACK_S)
+    assert other.status == 200
+    assert json.loads(other.body) == {"response_type": "ephemeral",
+                                      "text": "/deploy is not a command of this assistant."}
+    await asyncio.sleep(0.5)
+    assert inbox_rows(gateway) == 0 and ephemeral(fake_slack, shown) == []
+
+
+async def test_a_used_up_response_url_falls_back_to_chat_post_ephemeral(tmp_path, fake_slack, fake_openai, running):
+    fake_openai.reset()
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_slack=fake_slack), running)
+    shown = len(fake_slack.ephemeral)
+    fields = fake_slack.command_payload("/help", channel=DM)
+    fake_slack.expire_response_url(fields["response_url"])  # answered after Slack's 30 minutes
+
+    assert (await fake_slack.post_command(events_url(gateway), fields, timeout=SLACK_ACK_S)).status == 200
+    await wait_until(lambda: ephemeral(fake_slack, shown), what="ephemeral /help answer")
+    (answer,) = ephemeral(fake_slack, shown)
+    assert answer["via"] == "chat.postEphemeral" and answer["user"] == ALICE and answer["channel"] == DM
+    assert "/new" in answer["text"]
+
+
+async def test_prefixed_new_over_socket_mode_starts_a_new_conversation(tmp_path, fake_slack, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text(f"{len(req['messages'])} messages")
+    config = gateway_config(tmp_path, fake_openai, fake_slack=fake_slack,
+                            slack={"mode": "socket", "command_prefix": "agent-"})
+    gateway = await start_gateway(config, running)
+    await wait_until(lambda: fake_slack.socket_clients == 1, what="socket connection")
+    shown, posted = len(fake_slack.ephemeral), len(fake_slack.calls("chat.postMessage"))
+
+    first = fake_slack.push(event={"type": "message", "user": ALICE, "text": "hello", "ts": "1735720000.000100",
+                                   "channel": DM, "channel_type": "im", "team": fake_slack.team_id})
+    await fake_slack.wait_for_ack(first)
+    await wait_until(lambda: len(fake_slack.calls("chat.postMessage")) == posted + 1, what="first answer")
+
+    command = fake_slack.push_command(fake_slack.command_payload("/agent-new"))
+    ack = await fake_slack.wait_for_ack(command)
+    assert ack == {"envelope_id": command}  # acked with no payload: the answer follows ephemerally
+    await wait_until(lambda: ephemeral(fake_slack, shown), what="ephemeral /agent-new answer")
+    assert ephemeral(fake_slack, shown)[0]["text"].startswith("Started a new conversation")
+
+    second = fake_slack.push(event={"type": "message", "user": ALICE, "text": "again", "ts": "1735720000.000300",
+                                    "channel": DM, "channel_type": "im", "team": fake_slack.team_id})
+    await fake_slack.wait_for_ack(second)
+    await wait_until(lambda: len(fake_slack.calls("chat.postMessage")) == posted + 2, what="second answer")
+    assert fake_slack.calls("chat.postMessage")[-1].params["text"] == "2 messages"  # the old turn is gone
+    assert gateway.store.count_inbox("done") == 3
+
+    # Unprefixed, the name is not ours here (another app may own /new in this workspace).
+    unprefixed = fake_slack.push_command(fake_slack.command_payload("/new"))
+    answered = await fake_slack.wait_for_ack(unprefixed)
+    assert answered["payload"]["text"] == "/new is not a command of this assistant."
+
+
+async def test_assistant_thread_gets_prompts_and_a_status_set_then_cleared(tmp_path, fake_slack, fake_openai,
+                                                                          running):
+    fake_openai.reset()
+    fake_openai.script(oa.DelayedReply(1.2, oa.text("Here you are.")))  # long enough for the indicator
+    config = gateway_config(tmp_path, fake_openai, fake_slack=fake_slack,
+                            slack={"assistant": True, "suggested_prompts": ["What can you do?", "Plan my day"]})
+    gateway = await start_gateway(config, running)
+    statuses = len(fake_slack.statuses)
+
+    started = fake_slack.assistant_thread_started()
+    thread = started["assistant_thread"]["thread_ts"]
+    assert (await fake_slack.post_event(events_url(gateway), started)).status == 200
+    await wait_until(lambda: (DM, thread) in fake_slack.prompts, what="suggested prompts")
+    assert [p["message"] for p in fake_slack.prompts[(DM, thread)]["prompts"]] == ["What can you do?", "Plan my day"]
+
+    ask = {"type": "message", "user": ALICE, "text": "Plan my day", "ts": "1735730000.000200", "channel": DM,
+           "channel_type": "im", "thread_ts": thread, "team": fake_slack.team_id}
+    assert (await fake_slack.post_event(events_url(gateway), ask)).status == 200
+    reply = await fake_slack.wait_for_call("chat.postMessage", lambda c: c.params.get("thread_ts") == thread,
+                                           timeout=10)
+    assert reply.params["text"] == "Here you are."
+    await wait_until(lambda: fake_slack.statuses[statuses:][-1:] == [(DM, thread, "")], what="status cleared")
+    seen = fake_slack.statuses[statuses:]
+    assert seen[0] == (DM, thread, "is thinking…") and seen[-1] == (DM, thread, "")
+    assert all(c.params["timestamp"] != ask["ts"] for c in fake_slack.calls("reactions.add"))  # status instead
+
+    # Where the workspace has no assistant surface, the reaction stands in for the status.
+    fake_slack.assistant_surface = False
+    try:
+        fake_openai.script(oa.DelayedReply(1.2, oa.text("Again.")))
+        again = {**ask, "text": "and tomorrow?", "ts": "1735730000.000400"}
+        assert (await fake_slack.post_event(events_url(gateway), again)).status == 200
+        await fake_slack.wait_for_call("reactions.add", lambda c: c.params["timestamp"] == again["ts"], timeout=10)
+        await fake_slack.wait_for_call("reactions.remove", lambda c: c.params["timestamp"] == again["ts"], timeout=10)
+    finally:
+        fake_slack.assistant_surface = True
