@@ -159,3 +159,52 @@ async def test_assistant_thread_gets_prompts_and_a_status_set_then_cleared(tmp_p
         await fake_slack.wait_for_call("reactions.remove", lambda c: c.params["timestamp"] == again["ts"], timeout=10)
     finally:
         fake_slack.assistant_surface = True
+
+
+STREAM_FAST = {"stream_first_after_s": 0.2, "stream_edit_interval_s": {"slack": 0.3}}
+
+
+def mention(text: str, ts: str) -> dict:
+    return {"type": "app_mention", "user": ALICE, "text": f"<@U0BOT00001> {text}", "ts": ts, "channel": CHANNEL,
+            "event_ts": ts, "team": "T0FAKE0001"}
+
+
+def since(fake: FakeSlack, method: str, count: int) -> list:
+    return fake.calls(method)[count:]
+
+
+async def test_a_thread_reply_streams_natively_and_falls_back_to_chat_update(tmp_path, fake_slack, fake_openai,
+                                                                            running):
+    fake_openai.reset()
+    final = "Incident summary: the **database** failed over at 09:12 and was back by 09:40."
+    fake_openai.script(oa.text(final, pieces=10, piece_delay_s=0.15))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_slack=fake_slack, agent=STREAM_FAST),
+                                  running)
+    counts = {m: len(fake_slack.calls(m)) for m in ("chat.startStream", "chat.appendStream", "chat.stopStream",
+                                                    "chat.postMessage", "chat.update")}
+    ts = "1735740000.000100"
+    assert (await fake_slack.post_event(events_url(gateway), mention("summarise the incident", ts))).status == 200
+    stop = await fake_slack.wait_for_call("chat.stopStream", timeout=15, since=len(fake_slack.calls()) - 1)
+    (start,) = since(fake_slack, "chat.startStream", counts["chat.startStream"])
+    assert start.params["thread_ts"] == ts and start.params["recipient_user_id"] == ALICE
+    assert start.params["recipient_team_id"] == "T0FAKE0001" and stop.params["ts"] in fake_slack.channels[CHANNEL]
+    assert since(fake_slack, "chat.appendStream", counts["chat.appendStream"])  # the text grew in place
+    shown = fake_slack.channels[CHANNEL][stop.params["ts"]]
+    assert shown["text"] == final and shown["streaming"] is False  # Markdown as written, Slack renders it
+    assert since(fake_slack, "chat.postMessage", counts["chat.postMessage"]) == []
+    assert since(fake_slack, "chat.update", counts["chat.update"]) == []
+    await wait_until(lambda: gateway.store.outbox_counts().get("sent") == 1, what="reply settled")
+
+    # A workspace without the stream methods: the preview is a post edited with chat.update.
+    fake_slack.streaming_methods = False
+    try:
+        fake_openai.script(oa.text(final, pieces=10, piece_delay_s=0.15))
+        posted = len(fake_slack.calls("chat.postMessage"))
+        ts2 = "1735740000.000500"
+        assert (await fake_slack.post_event(events_url(gateway), mention("again please", ts2))).status == 200
+        await wait_until(lambda: any(m["text"] == final.replace("**", "*") for m in fake_slack.posted(CHANNEL, ts2)),
+                         timeout=15, what="final edit")
+        posts = [c for c in fake_slack.calls("chat.postMessage")[posted:] if c.params.get("thread_ts") == ts2]
+        assert len(posts) == 1 and [m["text"] for m in fake_slack.posted(CHANNEL, ts2)] == [final.replace("**", "*")]
+    finally:
+        fake_slack.streaming_methods = True

@@ -39,6 +39,7 @@ from yarl import URL
 from adapters.slack import history
 from adapters.slack.files import UploadFailed, attachment_problem, upload_bytes
 from adapters.slack.format import format_reply
+from adapters.slack.streams import NativeStreams
 from adapters.slack.inbound import (
     ACTION_PREFIX,
     BotIdentity,
@@ -226,6 +227,9 @@ class SlackAdapter:
             ``suggested_prompts``.
         suggested_prompts: at most 4 prompts offered when a user opens an assistant thread
             (``assistant.threads.setSuggestedPrompts``; each is the title and the message).
+        native_streaming: stream previews in threads with ``chat.startStream`` /
+            ``appendStream`` / ``stopStream`` (``adapters.slack.streams``) where the workspace has
+            them; otherwise (and as the fallback) a preview is a post edited with ``chat.update``.
 
     Also a ``ContextReader``: ``read_message`` (a thread's parent) and ``read_thread`` read
     ``conversations.replies`` with the bot token (``adapters.slack.history``).
@@ -239,7 +243,8 @@ class SlackAdapter:
                  mode: str = "events", api_url: str = "https://slack.com/api/", allow_bots: bool = False,
                  typing_reaction: str = "eyes", timeout_s: int = 15, socket_ping_interval_s: float = 5.0,
                  group_context: bool = False, slash_commands: SlashCommands | None = None,
-                 assistant: bool = False, suggested_prompts: tuple[str, ...] = ()) -> None:
+                 assistant: bool = False, suggested_prompts: tuple[str, ...] = (),
+                 native_streaming: bool = True) -> None:
         if mode == "events" and not signing_secret:
             raise ValueError("Slack events mode needs a signing secret")
         if mode == "socket" and not app_token:
@@ -270,6 +275,8 @@ class SlackAdapter:
         self._prompts = tuple(suggested_prompts)[:MAX_SUGGESTED_PROMPTS]
         self._statuses: dict[ChatAddress, float] = {}  # assistant threads whose status is set -> when
         self._background: set[asyncio.Task[None]] = set()
+        self._streams = NativeStreams(self.client, native_streaming)
+        self._recipients: OrderedDict[ChatAddress, str] = OrderedDict()  # who the newest message per chat came from
         self.app = self._build_app()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -437,7 +444,7 @@ class SlackAdapter:
             result = named if isinstance(named, InboundMessage) else result
         stored = await self._sink(result)
         if stored:
-            self._remember(result.address, result.message_id.rsplit(":", 1)[-1])
+            self._remember(result.address, result.message_id.rsplit(":", 1)[-1], result.sender.user_id)
 
     async def _receive_command(self, ack: Any, body: dict[str, Any]) -> None:
         """A slash command (Events API form POST or Socket Mode ``slash_commands``): stored in the
@@ -546,11 +553,12 @@ class SlackAdapter:
             raise ContextUnavailable(f"network: {type(exc).__name__}") from None
         return response.data if isinstance(response.data, dict) else {}
 
-    def _remember(self, address: ChatAddress, ts: str) -> None:
-        self._last_seen[address] = ts
-        self._last_seen.move_to_end(address)
-        while len(self._last_seen) > _MAX_REMEMBERED:
-            self._last_seen.popitem(last=False)
+    def _remember(self, address: ChatAddress, ts: str, user_id: str) -> None:
+        for remembered, value in ((self._last_seen, ts), (self._recipients, user_id)):
+            remembered[address] = value
+            remembered.move_to_end(address)
+            while len(remembered) > _MAX_REMEMBERED:
+                remembered.popitem(last=False)
 
     async def _display_names(self, user_ids: set[str]) -> dict[str, str]:
         """Display names by user id (``users.info``, cached for an hour; unknown ids are left out).
@@ -618,8 +626,20 @@ class SlackAdapter:
         target = ephemeral_target(message.reply_to_id)
         if target is not None:
             return await self._send_ephemeral(message, target, on_part, before_part)
+        recipient = self._recipients.get(address)
+        if message.editable and not message.edit_id and not message.resume_from and \
+                self._streams.wanted(address, message.text, recipient):
+            if before_part is not None:
+                await before_part(0)
+            try:
+                streamed = await self._streams.start(address, message.text, recipient)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                return DeliveryResult(False, retryable=True, error=f"network: {type(exc).__name__}")
+            if streamed is not None:
+                return DeliveryResult(True, (streamed,))
         ids: list[str] = []
         parts = self._parts(message)
+        one_text_part = sum(isinstance(p, str) for p in parts) == 1 and not message.buttons
         for index, part in enumerate(parts):
             if index < message.resume_from:
                 continue
@@ -634,7 +654,12 @@ class SlackAdapter:
                         kwargs["thread_ts"] = address.thread_id
                     if before_part is not None:
                         await before_part(index)
-                    if index == 0 and message.edit_id:
+                    if index == 0 and message.edit_id and one_text_part \
+                            and await self._streams.finish(message.edit_id, message.text):
+                        response = {"ts": message.edit_id}  # the stream ended as the reply
+                    elif index == 0 and message.edit_id:
+                        if self._streams.enabled and address.thread_id:  # a stream another process began
+                            await self._streams.stop(message.edit_id, address)
                         response = await self._update_or_post(message.edit_id, kwargs)
                     else:
                         response = await self.client.chat_postMessage(**kwargs)
@@ -750,9 +775,13 @@ class SlackAdapter:
 
     async def edit(self, address: ChatAddress, ts: str, text: str) -> DeliveryResult:
         """Replaces the text of the bot's message ``ts`` (Slack Web API: chat.update; ≤ ~1/s per
-        message for streaming, Tier 3). Markdown is converted; only the first chunk is used."""
+        message for streaming, Tier 3). Markdown is converted; only the first chunk is used. A
+        preview this process streams natively gets only the new text appended
+        (``chat.appendStream``, Tier 4); an edit that cannot be appended stops the stream first."""
         chunks = format_reply(text) or [" "]
         try:
+            if self._streams.live(ts) and await self._streams.append(ts, text):
+                return DeliveryResult(True, (ts,))  # Slack's own stream shows the new text
             await self.client.chat_update(channel=address.chat_id, ts=ts, text=chunks[0])
         except SlackApiError as exc:
             return _failure(exc, [])

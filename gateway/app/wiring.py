@@ -41,7 +41,8 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
                                      mode=sl.mode, api_url=sl.api_url,
                                      group_context=config.sessions.group_context_on("slack"),
                                      slash_commands=slack_commands(config), assistant=sl.assistant,
-                                     suggested_prompts=tuple(sl.suggested_prompts)))
+                                     suggested_prompts=tuple(sl.suggested_prompts),
+                                     native_streaming=sl.native_streaming))
     if config.feishu.enabled:
         from adapters.feishu.adapter import FeishuAdapter
 

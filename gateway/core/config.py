@@ -435,6 +435,9 @@ class SlackConfig(_Section):
     suggested_prompts: list[str] = Field(default_factory=lambda: [
         "What can you do?", "Summarise a text for me", "Show my scheduled reports"])
     """Offered when a user opens an assistant thread (at most 4; ``[]`` for none)."""
+    native_streaming: bool = True
+    """Stream replies in threads with Slack's ``chat.startStream``/``appendStream``/``stopStream``
+    where the workspace has them (else, and as the fallback, a post edited with ``chat.update``)."""
 
     @field_validator("command_prefix")
     @classmethod

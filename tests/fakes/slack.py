@@ -166,8 +166,11 @@ class FakeSlack(ThreadedServer):
             "reactions.add": self._reactions_add, "reactions.remove": self._reactions_remove,
             "assistant.threads.setStatus": self._set_status, "apps.connections.open": self._connections_open,
             "assistant.threads.setSuggestedPrompts": self._set_prompts, "chat.postEphemeral": self._post_ephemeral,
-            "conversations.replies": self._replies,
+            "conversations.replies": self._replies, "chat.startStream": self._start_stream,
+            "chat.appendStream": self._append_stream, "chat.stopStream": self._stop_stream,
         }
+        self.streaming_methods = True
+        """The workspace has chat.startStream/appendStream/stopStream; off: they answer ``unknown_method``."""
         self.ephemeral: list[JSON] = []
         """Ephemeral messages shown: ``{"via": "chat.postEphemeral" | "response_url", "channel",
         "user", "text", "thread_ts"}`` in order."""
@@ -518,8 +521,8 @@ class FakeSlack(ThreadedServer):
             msg = self._channel(params).get(str(params.get("ts") or ""))
             if msg is None:
                 raise SlackError("message_not_found")
-            if msg.get("user") != self.bot_user_id:
-                raise SlackError("cant_update_message")
+            if msg.get("user") != self.bot_user_id or msg.get("streaming"):
+                raise SlackError("cant_update_message")  # a stream is stopped before its message is edited
             msg.update(text=text, edited={"user": self.bot_user_id, "ts": self._new_ts()},
                        mrkdwn_problems=mrkdwn_problems(text))
             return {"channel": params["channel"], "ts": msg["ts"], "text": text, "message": copy.deepcopy(msg)}
@@ -629,6 +632,64 @@ class FakeSlack(ThreadedServer):
             answer["response_metadata"] = {
                 "next_cursor": base64.b64encode(f"next_ts:{wire[start + limit]['ts']}".encode()).decode()}
         return answer
+
+    def _streaming_method(self, params: JSON, *required: str) -> None:
+        if not self.streaming_methods:
+            raise SlackError("unknown_method")
+        self._require(params, "channel", *required)
+
+    def _start_stream(self, params: JSON) -> JSON:
+        """chat.startStream (docs.slack.dev/reference/methods/chat.startStream): ``channel``
+        required; ``thread_ts`` (a known message: streams are replies), ``markdown_text`` (≤ 12,000
+        characters), and outside DMs ``recipient_user_id`` + ``recipient_team_id`` (else
+        ``invalid_arguments``). The message is ``streaming`` until chat.stopStream."""
+        self._streaming_method(params)
+        text = str(params.get("markdown_text") or "")
+        if len(text) > 12_000:
+            raise SlackError("msg_too_long")
+        channel = str(params["channel"])
+        if not channel.startswith("D") and not (params.get("recipient_user_id") and params.get("recipient_team_id")):
+            raise SlackError("invalid_arguments")
+        with self._lock:
+            messages = self._channel(params)
+            thread = str(params.get("thread_ts") or "")
+            if not thread or (thread not in messages and (channel, thread) not in self.assistant_threads):
+                raise SlackError("invalid_thread_ts" if thread else "invalid_arguments")
+            ts = self._new_ts()
+            messages[ts] = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id, "text": text,
+                            "ts": ts, "team": self.team_id, "thread_ts": thread, "streaming": True,
+                            "markdown": True, "mrkdwn_problems": []}
+        return {"channel": channel, "ts": ts}
+
+    def _streamed(self, params: JSON) -> JSON:
+        msg = self._channel(params).get(str(params.get("ts") or ""))
+        if msg is None:
+            raise SlackError("message_not_found")
+        if msg.get("user") != self.bot_user_id or not msg.get("streaming"):
+            raise SlackError("message_not_in_streaming_state")
+        return msg
+
+    def _append_stream(self, params: JSON) -> JSON:
+        """chat.appendStream: ``channel``, ``ts``, ``markdown_text`` required; the text is appended;
+        ``message_not_in_streaming_state`` once stopped."""
+        self._streaming_method(params, "ts", "markdown_text")
+        text = str(params["markdown_text"])
+        if not text or len(text) > 12_000:
+            raise SlackError("no_text" if not text else "msg_too_long")
+        with self._lock:
+            msg = self._streamed(params)
+            msg["text"] += text
+        return {"channel": params["channel"], "ts": params["ts"]}
+
+    def _stop_stream(self, params: JSON) -> JSON:
+        """chat.stopStream: ``channel``, ``ts`` required, optional last ``markdown_text``; the message
+        is final (and editable with chat.update) afterwards."""
+        self._streaming_method(params, "ts")
+        with self._lock:
+            msg = self._streamed(params)
+            msg["text"] += str(params.get("markdown_text") or "")
+            msg["streaming"] = False
+            return {"channel": params["channel"], "ts": params["ts"], "message": copy.deepcopy(msg)}
 
     @staticmethod
     def _require(params: JSON, *names: str) -> None:
