@@ -37,9 +37,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 from yarl import URL
 
 from adapters.slack import history
+from adapters.slack.commands import EphemeralTarget, SlashCommands, command_to_inbound, ephemeral_target
 from adapters.slack.files import UploadFailed, attachment_problem, upload_bytes
 from adapters.slack.format import format_reply
-from adapters.slack.streams import NativeStreams
 from adapters.slack.inbound import (
     ACTION_PREFIX,
     BotIdentity,
@@ -49,7 +49,7 @@ from adapters.slack.inbound import (
     to_inbound,
     users_to_resolve,
 )
-from adapters.slack.commands import EphemeralTarget, SlashCommands, command_to_inbound, ephemeral_target
+from adapters.slack.streams import NativeStreams
 from adapters.slack.wire import envelope_problem, event_id_of, interaction_problem, slash_command_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
 from gateway.core.errors import ContextUnavailable, CredentialRejected, DownloadFailed
@@ -465,8 +465,10 @@ class SlackAdapter:
     def _offer_prompts(self, body: dict[str, Any]) -> None:
         """``assistant_thread_started``: the suggested prompts, set in the background (the event's
         ack does not wait for the Web API call)."""
-        event = body.get("event") if isinstance(body.get("event"), dict) else {}
-        thread = event.get("assistant_thread") if isinstance(event.get("assistant_thread"), dict) else {}
+        found = body.get("event")
+        event: dict[str, Any] = found if isinstance(found, dict) else {}
+        opened = event.get("assistant_thread")
+        thread: dict[str, Any] = opened if isinstance(opened, dict) else {}
         channel, thread_ts = thread.get("channel_id"), thread.get("thread_ts")
         if not self._prompts or not isinstance(channel, str) or not isinstance(thread_ts, str):
             return
@@ -654,6 +656,7 @@ class SlackAdapter:
                         kwargs["thread_ts"] = address.thread_id
                     if before_part is not None:
                         await before_part(index)
+                    response: Any
                     if index == 0 and message.edit_id and one_text_part \
                             and await self._streams.finish(message.edit_id, message.text):
                         response = {"ts": message.edit_id}  # the stream ended as the reply
@@ -833,9 +836,9 @@ class SlackAdapter:
         """Adds ``typing_reaction`` once to the newest user message of ``address`` seen by this
         process (Slack Web API: reactions.add); later calls for the same message do nothing.
         Best effort: errors are logged at debug level."""
-        if self._assistant and address.thread_id and address.chat_id.startswith("D"):
-            if await self._set_status(address):
-                return
+        if self._assistant and address.thread_id and address.chat_id.startswith("D") \
+                and await self._set_status(address):
+            return
         ts = self._last_seen.get(address)
         if not self._typing_reaction or ts is None or self._reacted.get(address) == ts:
             return

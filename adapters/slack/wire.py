@@ -3,10 +3,10 @@
 Slack Events API (https://api.slack.com/apis/events-api): the ``event_callback`` envelope
 (``team_id``, ``event_id``, ``authorizations``, ``event``), ``url_verification`` (``challenge``);
 message events (``message``, ``app_mention``: ``user``, ``channel``, ``ts``, ``thread_ts``, ``text``,
-``files``); interactivity (``block_actions``, sent form-encoded as ``payload=<JSON>``); slash commands (form fields, or a
-``slash_commands`` Socket Mode payload). Ids are
-strings, ``ts`` values are strings like ``"1735689600.000100"``. Other event types are checked
-for their envelope only: their ``user`` may be an object (``team_join``, ``user_change``).
+``files``); interactivity (``block_actions``, sent form-encoded as ``payload=<JSON>``); slash
+commands (form fields, or a ``slash_commands`` Socket Mode payload). Ids are strings, ``ts``
+values are strings like ``"1735689600.000100"``. Other event types are checked for their envelope
+only: their ``user`` may be an object (``team_join``, ``user_change``).
 """
 
 from __future__ import annotations
