@@ -89,6 +89,20 @@ async def test_a_used_up_response_url_falls_back_to_chat_post_ephemeral(tmp_path
     assert answer["via"] == "chat.postEphemeral" and answer["user"] == ALICE and answer["channel"] == DM
     assert "/new" in answer["text"]
 
+    # A response_url off Slack is never contacted (a retry loop on it would never end in
+    # chat.postEphemeral: nothing listens on port 9).
+    off_slack = {**fake_slack.command_payload("/help", channel=DM), "response_url": "http://127.0.0.1:9/commands/x"}
+    assert (await fake_slack.post_command(events_url(gateway), off_slack, timeout=SLACK_ACK_S)).status == 200
+    await wait_until(lambda: len(ephemeral(fake_slack, shown)) == 2, what="second /help answer")
+    assert ephemeral(fake_slack, shown)[1]["via"] == "chat.postEphemeral"
+
+    # Authentic but unusable (no user_id): acknowledged so Slack does not retry, nothing stored.
+    rows = inbox_rows(gateway)
+    broken = {k: v for k, v in fake_slack.command_payload("/help").items() if k != "user_id"}
+    delivery = await fake_slack.post_command(events_url(gateway), broken, timeout=SLACK_ACK_S)
+    assert delivery.status == 200 and delivery.headers.get("X-Slack-No-Retry") == "1"
+    assert inbox_rows(gateway) == rows
+
 
 async def test_prefixed_new_over_socket_mode_starts_a_new_conversation(tmp_path, fake_slack, fake_openai, running):
     fake_openai.reset()

@@ -83,6 +83,22 @@ def slack_commands(config: GatewayConfig):  # -> adapters.slack.commands.SlashCo
         raise ConfigError(f"slack.command_names: {exc}") from None
 
 
+def slack_manifest(config: GatewayConfig, request_url: str) -> dict:
+    """The Slack app manifest for this configuration (``adapters.slack.manifest``): the slash
+    commands under their Slack names with the menu's descriptions, the mode, the suggested prompts.
+
+    Raises:
+        ConfigError: as ``slack_commands``.
+    """
+    from adapters.slack.manifest import build_manifest
+
+    described = {name: text for name, text, _ in MENU}
+    commands = [(slack_name, command, described[command])
+                for slack_name, command in slack_commands(config).slack_names().items()]
+    return build_manifest(commands, mode=config.slack.mode, request_url=request_url,
+                          prompts=config.slack.suggested_prompts)
+
+
 def _telegram_menu(config: GatewayConfig):  # -> adapters.telegram.adapter.CommandMenu
     """The Telegram command menus: DM and group commands; the admin menu (pairing approval) in the
     DMs of ``access.admins``' Telegram accounts, only where pairing is in use (allowlist mode)."""
