@@ -41,7 +41,8 @@ def test_names_resolve_with_a_prefix_hyphens_and_explicit_names():
 
 def test_a_payload_becomes_the_command_message_with_an_ephemeral_reply():
     fields = {"command": "/agent-link", "text": "  ABC123 ", "user_id": "U0ALICE001", "user_name": "alice",
-              "channel_id": "C0GENERAL1", "team_id": "T0FAKE0001", "trigger_id": "13345224609.738474920.8088930838d88f008e0",
+              "channel_id": "C0GENERAL1", "team_id": "T0FAKE0001",
+              "trigger_id": "13345224609.738474920.8088930838d88f008e0",
               "response_url": "https://hooks.slack.com/commands/T0FAKE0001/1234/abcd"}
     message = command_to_inbound(fields, SlashCommands(NAMES, "agent-"), "T0FALLBACK")
     assert not isinstance(message, str)
@@ -87,7 +88,8 @@ def test_the_deploy_manifest_is_what_the_default_configuration_serves():
     assert {"assistant_thread_started", "message.im", "app_mention"} <= set(BOT_EVENTS)
 
     socket = slack_manifest(load_config(None, slack={"mode": "socket", "command_prefix": "agent-"}), "unused")
-    assert socket["settings"]["socket_mode_enabled"] is True and "request_url" not in socket["settings"]["interactivity"]
+    settings = socket["settings"]
+    assert settings["socket_mode_enabled"] is True and "request_url" not in settings["interactivity"]
     assert all("url" not in c and c["command"].startswith("/agent-") for c in socket["features"]["slash_commands"])
 
 
