@@ -460,6 +460,7 @@ class SlackAdapter:
             await ack(response_type="ephemeral", text=f"{result[:40]} is not a command of this assistant.")
             return
         await self._sink(result)
+        self._last_seen.pop(result.address, None)  # no message to react to: no stale 👀 on an older one
         await ack()
 
     def _offer_prompts(self, body: dict[str, Any]) -> None:
