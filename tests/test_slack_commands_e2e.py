@@ -136,6 +136,13 @@ async def test_prefixed_new_over_socket_mode_starts_a_new_conversation(tmp_path,
     answered = await fake_slack.wait_for_ack(unprefixed)
     assert answered["payload"]["text"] == "/new is not a command of this assistant."
 
+    # A frame whose fields have the wrong JSON types is acked (Slack would resend it forever) and dropped.
+    rows = gateway.store.count_inbox("done")
+    broken = fake_slack.push_command({**fake_slack.command_payload("/agent-status"), "user_id": 5})
+    assert await fake_slack.wait_for_ack(broken) == {"envelope_id": broken}
+    await asyncio.sleep(0.3)
+    assert gateway.store.count_inbox("done") == rows
+
 
 async def test_assistant_thread_gets_prompts_and_a_status_set_then_cleared(tmp_path, fake_slack, fake_openai,
                                                                           running):
