@@ -786,7 +786,14 @@ class SlackAdapter:
         try:
             if self._streams.live(ts) and await self._streams.append(ts, text):
                 return DeliveryResult(True, (ts,))  # Slack's own stream shows the new text
-            await self.client.chat_update(channel=address.chat_id, ts=ts, text=chunks[0])
+            try:
+                await self.client.chat_update(channel=address.chat_id, ts=ts, text=chunks[0])
+            except SlackApiError as exc:
+                if not (exc.response is not None and exc.response.get("error") == "cant_update_message"
+                        and self._streams.enabled and address.thread_id):
+                    raise
+                await self._streams.stop(ts, address)  # a stream this process did not start (a resumed turn)
+                await self.client.chat_update(channel=address.chat_id, ts=ts, text=chunks[0])
         except SlackApiError as exc:
             return _failure(exc, [])
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
