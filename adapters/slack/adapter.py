@@ -10,6 +10,10 @@ Before Bolt sees an HTTP request, ``signature_problem`` checks the Slack signatu
 5-minute window and logs which check failed (never the secret or the signature); Bolt then
 checks again and answers ``url_verification`` itself. Every event type Slack may send has a
 listener, because Bolt answers 404 to unhandled events and Slack counts that as a failure.
+
+Slash commands arrive the same two ways (a signed form POST to the same URL, a ``slash_commands``
+Socket Mode frame) and follow the same rule: stored as the command message they stand for
+(``adapters.slack.commands``), then acked; their answers go out ephemerally (``_send_ephemeral``).
 """
 
 from __future__ import annotations
@@ -388,6 +392,8 @@ class SlackAdapter:
 
     async def stop(self) -> None:
         await self.stop_receiving()
+        for task in list(self._background):
+            task.cancel()
 
     async def check(self) -> str:
         auth = await self.client.auth_test()
