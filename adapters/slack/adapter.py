@@ -630,9 +630,11 @@ class SlackAdapter:
         ``before_part`` runs right before the call that makes each part visible. With ``edit_id``
         (a streamed preview's ``ts``), part 1 is a ``chat.update`` of that message instead of a new
         post. A reply to a slash command (``reply_to_id`` names an ephemeral target) goes to its
-        user alone: ``_send_ephemeral``."""
+        user alone: ``_send_ephemeral``; never a message that is or replaces a preview (``editable``,
+        ``edit_id``: an ephemeral message cannot be edited), which only a model turn has (a slash
+        command merged into one with ``bus.busy_policy = "merge"``)."""
         address = message.address
-        target = ephemeral_target(message.reply_to_id)
+        target = None if message.editable or message.edit_id else ephemeral_target(message.reply_to_id)
         if target is not None:
             return await self._send_ephemeral(message, target, on_part, before_part)
         recipient = self._recipients.get(address)
