@@ -39,6 +39,16 @@ def test_names_resolve_with_a_prefix_hyphens_and_explicit_names():
         SlashCommands(NAMES, names={"/ship": "deploy"})
 
 
+def test_answers_name_the_commands_as_slack_knows_them():
+    table = SlashCommands(NAMES, "agent-")
+    text = "Started a new conversation. The previous one is listed in /sessions; /resume ID, /forget_files."
+    assert table.rename(text) == ("Started a new conversation. The previous one is listed in /agent-sessions; "
+                                  "/agent-resume ID, /agent-forget_files.")
+    assert table.rename("see https://example.com/new and a/run or /newer") == \
+        "see https://example.com/new and a/run or /newer"
+    assert SlashCommands(NAMES).rename("/new") == "/new"
+
+
 def test_a_payload_becomes_the_command_message_with_an_ephemeral_reply():
     fields = {"command": "/agent-link", "text": "  ABC123 ", "user_id": "U0ALICE001", "user_name": "alice",
               "channel_id": "C0GENERAL1", "team_id": "T0FAKE0001",

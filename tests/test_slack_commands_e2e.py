@@ -122,7 +122,8 @@ async def test_prefixed_new_over_socket_mode_starts_a_new_conversation(tmp_path,
     ack = await fake_slack.wait_for_ack(command)
     assert ack == {"envelope_id": command}  # acked with no payload: the answer follows ephemerally
     await wait_until(lambda: ephemeral(fake_slack, shown), what="ephemeral /agent-new answer")
-    assert ephemeral(fake_slack, shown)[0]["text"].startswith("Started a new conversation")
+    assert ephemeral(fake_slack, shown)[0]["text"] == (
+        "Started a new conversation. The previous one is listed in /agent-sessions.")  # named as typed here
 
     second = fake_slack.push(event={"type": "message", "user": ALICE, "text": "again", "ts": "1735720000.000300",
                                     "channel": DM, "channel_type": "im", "team": fake_slack.team_id})

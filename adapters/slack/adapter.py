@@ -694,11 +694,13 @@ class SlackAdapter:
         member) and, when that is gone (Slack: 5 uses within 30 minutes, then 404), with
         ``chat.postEphemeral`` (channel, user; the bot must be in the channel). Ephemeral
         messages cannot be edited or carry files: ``edit_id`` is ignored and files are not sent
-        (a command's answer has none). The ids recorded are ``response_url:<n>`` or the
+        (a command's answer has none). Commands named in the text get their Slack names
+        (``SlashCommands.rename``: ``/agent-new`` under a prefix). The ids recorded are ``response_url:<n>`` or the
         ``message_ts`` Slack returns."""
         address = message.address
         ids: list[str] = []
-        parts = format_reply(message.text, message.format)
+        text = self._slash.rename(message.text) if self._slash is not None else message.text
+        parts = format_reply(text, message.format)
         url = target.response_url if target.response_url and self._response_url_allowed(target.response_url) else None
         if message.attachments:
             log.warning("slack ephemeral reply: %d file(s) not sent (ephemeral messages carry none)",

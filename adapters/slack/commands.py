@@ -18,6 +18,7 @@ plus explicit ``names`` (``{"/reset": "new"}``) that win over the prefix rule.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,16 @@ class SlashCommands:
         table = {f"/{self.prefix}{name}": name for name in self.commands}
         table.update({f"/{name}": command for name, command in self._names.items()})
         return table
+
+    def rename(self, text: str) -> str:
+        """``text`` with each gateway command it names (``/new``, ``/resume ID``) under its Slack name
+        (``/agent-new``), so an answer such as ``/help`` names commands the user can type here.
+        Unchanged without a prefix; a ``/word`` inside a path or URL (``a/new``) is left alone."""
+        if not self.prefix:
+            return text
+        names = sorted(self.commands, key=len, reverse=True)
+        pattern = re.compile(r"(?<![\w/.:-])/(" + "|".join(map(re.escape, names)) + r")(?![\w-])")
+        return pattern.sub(lambda m: f"/{self.prefix}{m.group(1)}", text)
 
     def resolve(self, slack_command: str) -> str | None:
         """The gateway command for what Slack sent in ``command`` (``/agent-new`` -> ``new``), or
