@@ -151,3 +151,36 @@ def test_signature_problem_compares_raw_bytes_and_never_raises() -> None:
         assert "signature mismatch" in signature_problem(body, {**good, "X-Slack-Signature": signature}, secret, now)
     for stamp in (str(ts) + "\udc80", "١٧٣٥٦٨٩٦٠٠", "9" * 5000, "1e9", "-5"):
         assert "malformed" in signature_problem(body, {**good, "X-Slack-Request-Timestamp": stamp}, secret, now)
+
+
+async def test_native_stream_appends_extensions_and_falls_back_to_chat_update(adapter, fake_slack):
+    """A preview in a thread is a native stream; an edit extending it appends only the new text; an
+    edit that is no extension, or of a stream another process began, stops it and uses chat.update;
+    the final delivery of a live stream stops it with the rest."""
+    parent = f"{int(time.time())}.000900"
+    fake_slack.remember({"type": "message", "channel": "D0ALICE001", "user": "U0ALICE001", "ts": parent, "text": "hi"})
+    thread = ChatAddress("slack", "T0FAKE0001", "D0ALICE001", parent)
+    messages = fake_slack.channels["D0ALICE001"]
+
+    def preview(text: str) -> OutboundMessage:
+        return OutboundMessage(thread, text, idempotency_key="s:preview", format="plain", editable=True)
+
+    first = await adapter.send(preview("Hello wor …"))
+    (ts,) = first.platform_message_ids
+    assert first.ok and messages[ts]["streaming"] and messages[ts]["text"] == "Hello wor"
+    assert (await adapter.edit(thread, ts, "Hello world, and more …")).ok
+    assert fake_slack.calls("chat.appendStream")[-1].params["markdown_text"] == "ld, and more"
+    assert messages[ts]["text"] == "Hello world, and more"
+    final = await adapter.send(OutboundMessage(thread, "Hello world, and more. Done.", "s:0", edit_id=ts))
+    assert final.ok and final.platform_message_ids == (ts,)
+    assert messages[ts]["text"] == "Hello world, and more. Done." and messages[ts]["streaming"] is False
+
+    second = (await adapter.send(preview("One …"))).platform_message_ids[0]
+    assert (await adapter.edit(thread, second, "Rewritten …")).ok  # no extension: stopped, then chat.update
+    assert messages[second]["streaming"] is False and messages[second]["text"] == "Rewritten …"
+
+    third = (await adapter.send(preview("Begun here …"))).platform_message_ids[0]
+    other_process = SlackAdapter(bot_token=fake_slack.bot_token, signing_secret=fake_slack.signing_secret,
+                                 api_url=f"{fake_slack.url}/api/")
+    assert (await other_process.edit(thread, third, "Begun here, edited there …")).ok
+    assert messages[third]["streaming"] is False and messages[third]["text"] == "Begun here, edited there …"

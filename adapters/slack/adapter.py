@@ -10,6 +10,10 @@ Before Bolt sees an HTTP request, ``signature_problem`` checks the Slack signatu
 5-minute window and logs which check failed (never the secret or the signature); Bolt then
 checks again and answers ``url_verification`` itself. Every event type Slack may send has a
 listener, because Bolt answers 404 to unhandled events and Slack counts that as a failure.
+
+Slash commands arrive the same two ways (a signed form POST to the same URL, a ``slash_commands``
+Socket Mode frame) and follow the same rule: stored as the command message they stand for
+(``adapters.slack.commands``), then acked; their answers go out ephemerally (``_send_ephemeral``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from yarl import URL
 
 from adapters.slack import history
+from adapters.slack.commands import EphemeralTarget, SlashCommands, command_to_inbound, ephemeral_target
 from adapters.slack.files import UploadFailed, attachment_problem, upload_bytes
 from adapters.slack.format import format_reply
 from adapters.slack.inbound import (
@@ -48,7 +53,8 @@ from adapters.slack.inbound import (
     to_inbound,
     users_to_resolve,
 )
-from adapters.slack.wire import envelope_problem, event_id_of, interaction_problem
+from adapters.slack.streams import NativeStreams
+from adapters.slack.wire import envelope_problem, event_id_of, interaction_problem, slash_command_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
 from gateway.core.errors import ContextUnavailable, CredentialRejected, DownloadFailed
 from gateway.core.ports import BeforePart, ChatLeft, Fetch, FileReader, InboundSink, PartSent
@@ -70,6 +76,10 @@ SIGNATURE_WINDOW_S = 300  # Slack request signing: reject timestamps more than 5
 RETRYABLE_ERRORS = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
 LEFT_EVENTS = frozenset({"channel_left", "group_left"})
 """Slack events telling the app its bot user left (was removed from) a channel or private channel."""
+MAX_SUGGESTED_PROMPTS = 4  # Slack: assistant.threads.setSuggestedPrompts takes at most 4 prompts
+THINKING_STATUS = "is thinking…"
+STATUS_RENEW_S = 60.0  # Slack drops a thread status after 2 minutes without a message
+RESPONSE_URL_TIMEOUT_S = 10.0
 NAME_TTL_S = 3600.0
 NAME_LOOKUP_TIMEOUT_S = 1.5  # users.info runs inside Slack's 3-second ack budget
 _MAX_REMEMBERED = 5000
@@ -113,7 +123,11 @@ def _body_problem(raw: bytes, content_type: str) -> tuple[str | None, str | None
         except (UnicodeDecodeError, ValueError):
             return "form body is not UTF-8", None
         if "payload" not in fields:
-            return None, None  # a slash command: Bolt reads it
+            if "ssl_check" in fields:
+                return None, None  # Slack's certificate probe: Bolt answers it
+            if "command" not in fields:
+                return "form body is neither an interaction nor a slash command", None
+            return slash_command_problem({k: v[0] for k, v in fields.items()}), None
         try:
             return interaction_problem(load_json(fields["payload"][0])), None
         except UnreadableBody as exc:
@@ -180,7 +194,8 @@ class _CheckedSocketModeHandler(AsyncSocketModeHandler):
     and redelivered) is acknowledged, logged once at WARNING and dropped."""
 
     async def handle(self, client: Any, req: SocketModeRequest) -> None:
-        check = {"events_api": envelope_problem, "interactive": interaction_problem}.get(req.type)
+        check = {"events_api": envelope_problem, "interactive": interaction_problem,
+                 "slash_commands": slash_command_problem}.get(req.type)
         payload = req.payload if isinstance(req.payload, dict) else None
         problem = None if check is None else "payload is not an object" if payload is None else check(payload)
         if problem is None:
@@ -207,6 +222,18 @@ class SlackAdapter:
             the SDK reconnects (Bolt's default is 10; a ``disconnect`` frame reconnects at once).
         group_context: hand top-level channel messages that do not mention the bot to the sink as
             ``context_only`` (some chat keeps group context); otherwise they are ignored here.
+        slash_commands: the slash command table (``adapters.slack.commands.SlashCommands``); a
+            command is stored as the command message it stands for before it is acked, and every
+            answer to it is ephemeral. ``None``: slash commands are answered "not a command here".
+        assistant: the app has Slack's assistant surface (Agents & AI Apps): in a DM thread the
+            "working" indicator is the thread status (``assistant.threads.setStatus``, "is
+            thinking…") instead of a reaction, and ``assistant_thread_started`` gets the
+            ``suggested_prompts``.
+        suggested_prompts: at most 4 prompts offered when a user opens an assistant thread
+            (``assistant.threads.setSuggestedPrompts``; each is the title and the message).
+        native_streaming: stream previews in threads with ``chat.startStream`` /
+            ``appendStream`` / ``stopStream`` (``adapters.slack.streams``) where the workspace has
+            them; otherwise (and as the fallback) a preview is a post edited with ``chat.update``.
 
     Also a ``ContextReader``: ``read_message`` (a thread's parent) and ``read_thread`` read
     ``conversations.replies`` with the bot token (``adapters.slack.history``).
@@ -219,7 +246,9 @@ class SlackAdapter:
     def __init__(self, *, bot_token: str, signing_secret: str | None = None, app_token: str | None = None,
                  mode: str = "events", api_url: str = "https://slack.com/api/", allow_bots: bool = False,
                  typing_reaction: str = "eyes", timeout_s: int = 15, socket_ping_interval_s: float = 5.0,
-                 group_context: bool = False) -> None:
+                 group_context: bool = False, slash_commands: SlashCommands | None = None,
+                 assistant: bool = False, suggested_prompts: tuple[str, ...] = (),
+                 native_streaming: bool = True) -> None:
         if mode == "events" and not signing_secret:
             raise ValueError("Slack events mode needs a signing secret")
         if mode == "socket" and not app_token:
@@ -245,6 +274,13 @@ class SlackAdapter:
         self._last_seen: OrderedDict[ChatAddress, str] = OrderedDict()  # newest user message ts per chat
         self._reacted: dict[ChatAddress, str] = {}
         self._files: FileReader | None = None
+        self._slash = slash_commands
+        self._assistant = assistant
+        self._prompts = tuple(suggested_prompts)[:MAX_SUGGESTED_PROMPTS]
+        self._statuses: dict[ChatAddress, float] = {}  # assistant threads whose status is set -> when
+        self._background: set[asyncio.Task[None]] = set()
+        self._streams = NativeStreams(self.client, native_streaming)
+        self._recipients: OrderedDict[ChatAddress, str] = OrderedDict()  # who the newest message per chat came from
         self.app = self._build_app()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -284,6 +320,14 @@ class SlackAdapter:
                 return
             await self._sink(result)
 
+        async def on_command(ack: Any, body: dict[str, Any]) -> None:
+            await self._receive_command(ack, body)
+
+        async def on_assistant_thread(body: dict[str, Any]) -> None:
+            self._offer_prompts(body)
+
+        app.command(re.compile(".*"))(on_command)
+        app.event("assistant_thread_started")(on_assistant_thread)
         app.event("message")(on_message_event)
         app.event("app_mention")(on_message_event)
         app.action(re.compile(f"^{ACTION_PREFIX}\\d+$"))(on_button)
@@ -348,6 +392,8 @@ class SlackAdapter:
 
     async def stop(self) -> None:
         await self.stop_receiving()
+        for task in list(self._background):
+            task.cancel()
 
     async def check(self) -> str:
         auth = await self.client.auth_test()
@@ -404,7 +450,47 @@ class SlackAdapter:
             result = named if isinstance(named, InboundMessage) else result
         stored = await self._sink(result)
         if stored:
-            self._remember(result.address, result.message_id.rsplit(":", 1)[-1])
+            self._remember(result.address, result.message_id.rsplit(":", 1)[-1], result.sender.user_id)
+
+    async def _receive_command(self, ack: Any, body: dict[str, Any]) -> None:
+        """A slash command (Events API form POST or Socket Mode ``slash_commands``): stored in the
+        inbox as the command message it stands for, then acked (empty: the answer comes
+        ephemerally through the outbox). A raised store leaves it unacked (HTTP 500), so Slack tells
+        the user it failed and nothing is half done. A command the gateway does not have is
+        acked with an ephemeral line saying so, nothing stored."""
+        if self._identity is None or self._sink is None:
+            raise RuntimeError("slack adapter not started")
+        result = command_to_inbound(body, self._slash or SlashCommands(()), self._identity.team_id)
+        if isinstance(result, str):
+            log.info("slack slash command %s is not one of ours; answered so", result[:40])
+            await ack(response_type="ephemeral", text=f"{result[:40]} is not a command of this assistant.")
+            return
+        await self._sink(result)
+        self._last_seen.pop(result.address, None)  # no message to react to: no stale 👀 on an older one
+        await ack()
+
+    def _offer_prompts(self, body: dict[str, Any]) -> None:
+        """``assistant_thread_started``: the suggested prompts, set in the background (the event's
+        ack does not wait for the Web API call)."""
+        found = body.get("event")
+        event: dict[str, Any] = found if isinstance(found, dict) else {}
+        opened = event.get("assistant_thread")
+        thread: dict[str, Any] = opened if isinstance(opened, dict) else {}
+        channel, thread_ts = thread.get("channel_id"), thread.get("thread_ts")
+        if not self._prompts or not isinstance(channel, str) or not isinstance(thread_ts, str):
+            return
+        prompts = [{"title": p[:75], "message": p} for p in self._prompts]
+
+        async def offer() -> None:
+            try:
+                await self.client.assistant_threads_setSuggestedPrompts(channel_id=channel, thread_ts=thread_ts,
+                                                                        prompts=prompts)
+            except (SlackApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+                log.info("slack assistant.threads.setSuggestedPrompts failed: %s", type(exc).__name__)
+
+        task = asyncio.get_running_loop().create_task(offer())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # -- context (gateway.core.ports.ContextReader) ------------------------------------------------
     async def read_message(self, message: InboundMessage) -> ContextMessage | None:
@@ -476,11 +562,12 @@ class SlackAdapter:
             raise ContextUnavailable(f"network: {type(exc).__name__}") from None
         return response.data if isinstance(response.data, dict) else {}
 
-    def _remember(self, address: ChatAddress, ts: str) -> None:
-        self._last_seen[address] = ts
-        self._last_seen.move_to_end(address)
-        while len(self._last_seen) > _MAX_REMEMBERED:
-            self._last_seen.popitem(last=False)
+    def _remember(self, address: ChatAddress, ts: str, user_id: str) -> None:
+        for remembered, value in ((self._last_seen, ts), (self._recipients, user_id)):
+            remembered[address] = value
+            remembered.move_to_end(address)
+            while len(remembered) > _MAX_REMEMBERED:
+                remembered.popitem(last=False)
 
     async def _display_names(self, user_ids: set[str]) -> dict[str, str]:
         """Display names by user id (``users.info``, cached for an hour; unknown ids are left out).
@@ -542,10 +629,28 @@ class SlackAdapter:
         before the next is sent, so a retried or resumed delivery never repeats a part;
         ``before_part`` runs right before the call that makes each part visible. With ``edit_id``
         (a streamed preview's ``ts``), part 1 is a ``chat.update`` of that message instead of a new
-        post."""
+        post. A reply to a slash command (``reply_to_id`` names an ephemeral target) goes to its
+        user alone: ``_send_ephemeral``; never a message that is or replaces a preview (``editable``,
+        ``edit_id``: an ephemeral message cannot be edited), which only a model turn has (a slash
+        command merged into one with ``bus.busy_policy = "merge"``)."""
         address = message.address
+        target = None if message.editable or message.edit_id else ephemeral_target(message.reply_to_id)
+        if target is not None:
+            return await self._send_ephemeral(message, target, on_part, before_part)
+        recipient = self._recipients.get(address)
+        if message.editable and not message.edit_id and not message.resume_from and \
+                self._streams.wanted(address, message.text, recipient):
+            if before_part is not None:
+                await before_part(0)
+            try:
+                streamed = await self._streams.start(address, message.text, recipient)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                return DeliveryResult(False, retryable=True, error=f"network: {type(exc).__name__}")
+            if streamed is not None:
+                return DeliveryResult(True, (streamed,))
         ids: list[str] = []
         parts = self._parts(message)
+        one_text_part = sum(isinstance(p, str) for p in parts) == 1 and not message.buttons
         for index, part in enumerate(parts):
             if index < message.resume_from:
                 continue
@@ -560,7 +665,13 @@ class SlackAdapter:
                         kwargs["thread_ts"] = address.thread_id
                     if before_part is not None:
                         await before_part(index)
-                    if index == 0 and message.edit_id:
+                    response: Any
+                    if index == 0 and message.edit_id and one_text_part \
+                            and await self._streams.finish(message.edit_id, message.text):
+                        response = {"ts": message.edit_id}  # the stream ended as the reply
+                    elif index == 0 and message.edit_id:
+                        if self._streams.enabled and address.thread_id:  # a stream another process began
+                            await self._streams.stop(message.edit_id, address)
                         response = await self._update_or_post(message.edit_id, kwargs)
                     else:
                         response = await self.client.chat_postMessage(**kwargs)
@@ -575,6 +686,73 @@ class SlackAdapter:
                 await on_part(ids[-1])  # recorded before the next part: a crash never repeats it
         await self._clear_typing(address)
         return DeliveryResult(True, tuple(ids))
+
+    async def _send_ephemeral(self, message: OutboundMessage, target: EphemeralTarget, on_part: PartSent | None,
+                              before_part: BeforePart | None) -> DeliveryResult:
+        """Each text part shown to ``target.user_id`` only: through the command's ``response_url``
+        (``{"response_type": "ephemeral", "text"}``; works in any channel, also where the bot is no
+        member) and, when that is gone (Slack: 5 uses within 30 minutes, then 404), with
+        ``chat.postEphemeral`` (channel, user; the bot must be in the channel). Ephemeral
+        messages cannot be edited or carry files: ``edit_id`` is ignored and files are not sent
+        (a command's answer has none). Commands named in the text get their Slack names
+        (``SlashCommands.rename``: ``/agent-new`` under a prefix). The ids recorded are ``response_url:<n>`` or the
+        ``message_ts`` Slack returns."""
+        address = message.address
+        ids: list[str] = []
+        text = self._slash.rename(message.text) if self._slash is not None else message.text
+        parts = format_reply(text, message.format)
+        url = target.response_url if target.response_url and self._response_url_allowed(target.response_url) else None
+        if message.attachments:
+            log.warning("slack ephemeral reply: %d file(s) not sent (ephemeral messages carry none)",
+                        len(message.attachments))
+        for index, part in enumerate(parts):
+            if index < message.resume_from:
+                continue
+            if before_part is not None:
+                await before_part(index)
+            try:
+                if url is not None and await self._respond(url, part):
+                    ids.append(f"response_url:{index}")
+                else:
+                    url = None  # used up or expired: the rest through the Web API
+                    kwargs: dict[str, Any] = {"channel": address.chat_id, "user": target.user_id, "text": part,
+                                              "mrkdwn": True}
+                    if address.thread_id:
+                        kwargs["thread_ts"] = address.thread_id
+                    response = await self.client.chat_postEphemeral(**kwargs)
+                    ids.append(str(response.get("message_ts") or ""))
+            except SlackApiError as exc:
+                return _failure(exc, ids)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                return DeliveryResult(False, tuple(ids), retryable=True, error=f"network: {type(exc).__name__}")
+            if on_part is not None and index < len(parts) - 1:
+                await on_part(ids[-1])
+        return DeliveryResult(True, tuple(ids))
+
+    def _response_url_allowed(self, url: str) -> bool:
+        """A ``response_url`` is POSTed to only on Slack (``https://hooks.slack.com``) or at the
+        configured API origin (the test fake); anything else is never contacted."""
+        parsed = URL(url)
+        return (parsed.scheme, parsed.host, parsed.port) == self._api_origin or (
+            parsed.scheme == "https" and (parsed.host or "").lower() == "hooks.slack.com")
+
+    async def _respond(self, url: str, text: str) -> bool:
+        """One ephemeral answer through a ``response_url``; ``False`` when Slack no longer takes the
+        URL (HTTP 404 ``used_url``/``expired_url``, or any other 4xx), so the caller falls back.
+
+        Raises:
+            aiohttp.ClientError, TimeoutError: the network failed or Slack answered 5xx (retryable).
+        """
+        payload = {"response_type": "ephemeral", "text": text, "replace_original": False}
+        timeout = aiohttp.ClientTimeout(total=RESPONSE_URL_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.post(url, json=payload) as resp:
+            body = (await resp.text())[:80]
+            if resp.status >= 500:
+                raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status)
+            if resp.status != 200:
+                log.info("slack response_url answered %d (%s); using chat.postEphemeral", resp.status, body)
+                return False
+        return True
 
     async def _send_file(self, address: ChatAddress, attachment: OutboundAttachment, comment: str | None,
                          index: int, before_part: BeforePart | None) -> str:
@@ -611,10 +789,21 @@ class SlackAdapter:
 
     async def edit(self, address: ChatAddress, ts: str, text: str) -> DeliveryResult:
         """Replaces the text of the bot's message ``ts`` (Slack Web API: chat.update; ≤ ~1/s per
-        message for streaming, Tier 3). Markdown is converted; only the first chunk is used."""
+        message for streaming, Tier 3). Markdown is converted; only the first chunk is used. A
+        preview this process streams natively gets only the new text appended
+        (``chat.appendStream``, Tier 4); an edit that cannot be appended stops the stream first."""
         chunks = format_reply(text) or [" "]
         try:
-            await self.client.chat_update(channel=address.chat_id, ts=ts, text=chunks[0])
+            if self._streams.live(ts) and await self._streams.append(ts, text):
+                return DeliveryResult(True, (ts,))  # Slack's own stream shows the new text
+            try:
+                await self.client.chat_update(channel=address.chat_id, ts=ts, text=chunks[0])
+            except SlackApiError as exc:
+                if not (exc.response is not None and exc.response.get("error") == "cant_update_message"
+                        and self._streams.enabled and address.thread_id):
+                    raise
+                await self._streams.stop(ts, address)  # a stream this process did not start (a resumed turn)
+                await self.client.chat_update(channel=address.chat_id, ts=ts, text=chunks[0])
         except SlackApiError as exc:
             return _failure(exc, [])
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -665,6 +854,9 @@ class SlackAdapter:
         """Adds ``typing_reaction`` once to the newest user message of ``address`` seen by this
         process (Slack Web API: reactions.add); later calls for the same message do nothing.
         Best effort: errors are logged at debug level."""
+        if self._assistant and address.thread_id and address.chat_id.startswith("D") \
+                and await self._set_status(address):
+            return
         ts = self._last_seen.get(address)
         if not self._typing_reaction or ts is None or self._reacted.get(address) == ts:
             return
@@ -674,7 +866,31 @@ class SlackAdapter:
         except (SlackApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
             log.debug("slack reactions.add failed: %s", exc)
 
+    async def _set_status(self, address: ChatAddress) -> bool:
+        """The assistant thread's status "is thinking…" (Slack Web API: assistant.threads.setStatus,
+        ``channel_id``, ``thread_ts``, ``status``; Slack drops it after 2 minutes without a message,
+        so it is set again every ``STATUS_RENEW_S``). ``False`` when Slack refused (no assistant
+        surface in this workspace, a missing scope): the caller uses the reaction instead."""
+        now = time.monotonic()
+        if now - self._statuses.get(address, -STATUS_RENEW_S) < STATUS_RENEW_S:
+            return True
+        assert address.thread_id is not None
+        try:
+            await self.client.assistant_threads_setStatus(channel_id=address.chat_id, thread_ts=address.thread_id,
+                                                          status=THINKING_STATUS)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.debug("slack assistant.threads.setStatus failed: %s", type(exc).__name__)
+            return False
+        self._statuses[address] = now
+        return True
+
     async def _clear_typing(self, address: ChatAddress) -> None:
+        if self._statuses.pop(address, None) is not None and address.thread_id:
+            try:  # an empty status clears it (Slack also clears it when the reply is posted)
+                await self.client.assistant_threads_setStatus(channel_id=address.chat_id,
+                                                              thread_ts=address.thread_id, status="")
+            except (SlackApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+                log.debug("slack assistant.threads.setStatus (clear) failed: %s", type(exc).__name__)
         ts = self._reacted.pop(address, None)
         if ts is None:
             return

@@ -3,9 +3,10 @@
 Slack Events API (https://api.slack.com/apis/events-api): the ``event_callback`` envelope
 (``team_id``, ``event_id``, ``authorizations``, ``event``), ``url_verification`` (``challenge``);
 message events (``message``, ``app_mention``: ``user``, ``channel``, ``ts``, ``thread_ts``, ``text``,
-``files``); interactivity (``block_actions``, sent form-encoded as ``payload=<JSON>``). Ids are
-strings, ``ts`` values are strings like ``"1735689600.000100"``. Other event types are checked
-for their envelope only: their ``user`` may be an object (``team_join``, ``user_change``).
+``files``); interactivity (``block_actions``, sent form-encoded as ``payload=<JSON>``); slash
+commands (form fields, or a ``slash_commands`` Socket Mode payload). Ids are strings, ``ts``
+values are strings like ``"1735689600.000100"``. Other event types are checked for their envelope
+only: their ``user`` may be an object (``team_join``, ``user_change``).
 """
 
 from __future__ import annotations
@@ -88,6 +89,27 @@ class Interaction(WireModel):
     actions: list[Action] | None = None
 
 
+class SlashCommand(WireModel):
+    """A slash command (form fields over HTTP, the ``slash_commands`` frame's payload in Socket
+    Mode): every field a string."""
+
+    command: Name
+    text: Text | None = None
+    user_id: Id
+    user_name: Text | None = None
+    channel_id: Id
+    channel_name: Text | None = None
+    team_id: Id | None = None
+    team_domain: Text | None = None
+    enterprise_id: Id | None = None
+    enterprise_name: Text | None = None
+    api_app_id: Id | None = None
+    is_enterprise_install: Word | None = None
+    response_url: Label | None = None
+    trigger_id: Label | None = None
+    token: Text | None = None
+
+
 def event_id_of(data: Any) -> str | None:
     """The envelope's ``event_id`` when it is a readable string (for logs), else ``None``."""
     value = data.get("event_id") if isinstance(data, dict) else None
@@ -113,6 +135,11 @@ def envelope_problem(data: Any) -> str | None:
     if problem is None and event["type"] in MESSAGE_EVENTS:
         problem = check(MessageEvent, event)
     return f"event.{problem}" if problem is not None else None
+
+
+def slash_command_problem(data: Any) -> str | None:
+    """``None`` when a slash command's fields have the documented types, else a log-safe reason."""
+    return check(SlashCommand, data)
 
 
 def interaction_problem(data: Any) -> str | None:

@@ -156,6 +156,12 @@ def _delete_session_files(config: GatewayConfig) -> Callable[[Any, str], None]:
     return delete
 
 
+SLACK_URL_EXAMPLE = "https://gateway.example.com/slack/events"
+MANIFEST_HEADER = ("# Slack app manifest for agent-gateway (`gateway slack-manifest --url https://your.host/slack/events`\n"
+                   "# prints it for your configuration: slack.mode, slack.command_prefix, slack.command_names,\n"
+                   "# slack.suggested_prompts). Paste it at api.slack.com/apps -> Create New App -> From a manifest.\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``gateway`` argument parser. ``--config PATH`` is accepted before or after any
     (sub)command: ``gateway --config F run`` and ``gateway run --config F`` are the same."""
@@ -170,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     pairing = sub.add_parser("pairing", help="DM pairing: let an unknown user in")
     pairing.add_argument("action", choices=["approve"])
     pairing.add_argument("code", help="the code the user was given")
+    manifest = sub.add_parser("slack-manifest", help="print the Slack app manifest for this configuration (YAML)")
+    manifest.add_argument("--url", default=SLACK_URL_EXAMPLE,
+                          help="the public Events API URL (events mode), e.g. https://your.host/slack/events")
     from gateway.scheduler.cli import add_parser as add_jobs_parser
 
     add_jobs_parser(sub)
@@ -230,6 +239,13 @@ def _command(config: GatewayConfig, args: argparse.Namespace) -> int:
         _upgrade(config)
     elif args.command == "pairing":
         return _approve(config, args.code)
+    elif args.command == "slack-manifest":
+        import yaml
+
+        from gateway.app.wiring import slack_manifest
+
+        print(MANIFEST_HEADER + yaml.safe_dump(slack_manifest(config, args.url), sort_keys=False, allow_unicode=True),
+              end="")
     elif args.command == "doctor":
         from gateway.app.doctor import run_doctor
 

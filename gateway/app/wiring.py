@@ -6,7 +6,7 @@ from __future__ import annotations
 from gateway.core.config import GatewayConfig
 from gateway.core.errors import ConfigError
 from gateway.core.ports import Adapter
-from gateway.sessions.commands import command_menu
+from gateway.sessions.commands import MENU, command_menu
 
 
 def build_adapters(config: GatewayConfig) -> list[Adapter]:
@@ -39,7 +39,10 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
         app_token = config.require_secret(sl.app_token_env, "slack socket mode") if socket else None
         adapters.append(SlackAdapter(bot_token=bot_token, signing_secret=signing_secret, app_token=app_token,
                                      mode=sl.mode, api_url=sl.api_url,
-                                     group_context=config.sessions.group_context_on("slack")))
+                                     group_context=config.sessions.group_context_on("slack"),
+                                     slash_commands=slack_commands(config), assistant=sl.assistant,
+                                     suggested_prompts=tuple(sl.suggested_prompts),
+                                     native_streaming=sl.native_streaming))
     if config.feishu.enabled:
         from adapters.feishu.adapter import FeishuAdapter
 
@@ -63,6 +66,37 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
 
         adapters.append(WebAdapter(secret=config.web_secret(), cookie_secure=config.web.cookie_secure))
     return adapters
+
+
+def slack_commands(config: GatewayConfig):  # -> adapters.slack.commands.SlashCommands
+    """The Slack slash command table: every command of the menu as ``/<slack.command_prefix><name>``,
+    plus ``slack.command_names``.
+
+    Raises:
+        ConfigError: ``slack.command_names`` maps to a command the gateway does not have.
+    """
+    from adapters.slack.commands import SlashCommands
+
+    try:
+        return SlashCommands([name for name, _, _ in MENU], config.slack.command_prefix, config.slack.command_names)
+    except ValueError as exc:
+        raise ConfigError(f"slack.command_names: {exc}") from None
+
+
+def slack_manifest(config: GatewayConfig, request_url: str) -> dict:
+    """The Slack app manifest for this configuration (``adapters.slack.manifest``): the slash
+    commands under their Slack names with the menu's descriptions, the mode, the suggested prompts.
+
+    Raises:
+        ConfigError: as ``slack_commands``.
+    """
+    from adapters.slack.manifest import build_manifest
+
+    described = {name: text for name, text, _ in MENU}
+    commands = [(slack_name, command, described[command])
+                for slack_name, command in slack_commands(config).slack_names().items()]
+    return build_manifest(commands, mode=config.slack.mode, request_url=request_url,
+                          prompts=config.slack.suggested_prompts)
 
 
 def _telegram_menu(config: GatewayConfig):  # -> adapters.telegram.adapter.CommandMenu

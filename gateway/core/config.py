@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any, Literal
@@ -425,6 +426,43 @@ class SlackConfig(_Section):
     app_token_env: str = "SLACK_APP_TOKEN"
     mode: Literal["events", "socket"] = "events"
     api_url: str = "https://slack.com/api/"
+    command_prefix: str = ""
+    """Put before every slash command's name (``agent-``: ``/agent-new``, ``/agent-status``):
+    Slack command names are global per workspace, so two apps cannot both have ``/new``."""
+    command_names: dict[str, str] = Field(default_factory=dict)
+    """Explicit slash command -> gateway command (``{"/reset" = "new"}``); wins over the prefix."""
+    assistant: bool = False
+    """The app has Slack's assistant surface (Agents & AI Apps): thread status "is thinking…"
+    in DM threads, suggested prompts when a user opens an assistant thread."""
+    suggested_prompts: list[str] = Field(default_factory=lambda: [
+        "What can you do?", "Summarise a text for me", "Show my scheduled reports"])
+    """Offered when a user opens an assistant thread (at most 4; ``[]`` for none)."""
+    native_streaming: bool = True
+    """Stream replies in threads with Slack's ``chat.startStream``/``appendStream``/``stopStream``
+    where the workspace has them (else, and as the fallback, a post edited with ``chat.update``)."""
+
+    @field_validator("command_prefix")
+    @classmethod
+    def _prefix_ok(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z0-9_-]{0,20}", value):
+            raise ValueError("slack.command_prefix: lowercase letters, digits, - and _ only, at most 20")
+        return value
+
+    @field_validator("command_names")
+    @classmethod
+    def _names_ok(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.fullmatch(r"/?[a-z0-9_-]{1,31}", name):
+                raise ValueError(f"slack.command_names: {name!r} is not a Slack command name "
+                                 "(/ then lowercase letters, digits, - and _)")
+        return value
+
+    @field_validator("suggested_prompts")
+    @classmethod
+    def _prompts_ok(cls, value: list[str]) -> list[str]:
+        if len(value) > 4 or any(not p.strip() for p in value):
+            raise ValueError("slack.suggested_prompts: at most 4, none empty (Slack's limit)")
+        return value
 
 
 class FeishuConfig(_Section):

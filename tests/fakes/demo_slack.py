@@ -7,7 +7,8 @@ every later line a reply in the thread it started (no mention needed there). The
 inside the gateway checks the signature, the agent calls the fake model, and what the gateway
 posts with ``chat.postMessage`` (mrkdwn, in the thread) is printed. ``--fakes-only`` starts just
 the fakes and prints the environment for a separately started ``make run`` (HTTP port 8080);
-``--say TEXT`` sends one line and exits.
+``--say TEXT`` sends one line and exits. A line starting with ``/`` (``/status``, ``/new``) is a
+slash command, answered ephemerally.
 """
 
 from __future__ import annotations
@@ -58,6 +59,23 @@ class Conversation:
                 "ts": ts, "thread_ts": self.thread_ts}
 
 
+async def slash_command(slack: FakeSlack, url: str, line: str, channel: str) -> None:
+    """A line starting with ``/`` is typed into Slack's message box: a signed slash command; the
+    ephemeral answer (only Alice sees it) is printed."""
+    command, _, text = line.partition(" ")
+    shown = len(slack.ephemeral)
+    delivery = await slack.post_command(url, slack.command_payload(command, text, channel=channel), timeout=3)
+    if delivery.status != 200 or delivery.body:
+        print(f"(Slack shows: HTTP {delivery.status} {delivery.body})")
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(slack.ephemeral) == shown:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    for answer in slack.ephemeral[shown:]:
+        print(f"bot>   [only visible to you, #{answer['channel']}] {answer['text']}")
+
+
 async def converse(slack: FakeSlack, url: str, in_channel: bool, lines: list[str] | None) -> None:
     loop = asyncio.get_running_loop()
     talk = Conversation(in_channel)
@@ -70,6 +88,9 @@ async def converse(slack: FakeSlack, url: str, in_channel: bool, lines: list[str
         else:
             return
         if not line.strip():
+            continue
+        if line.startswith("/"):
+            await slash_command(slack, url, line, CHANNEL if in_channel else DM)
             continue
         before = len(slack.calls("chat.postMessage"))
         delivery = await slack.post_event(url, talk.event(line))

@@ -164,9 +164,27 @@ class FakeSlack(ThreadedServer):
             "auth.test": self._auth_test, "chat.postMessage": self._post_message, "chat.update": self._update,
             "chat.delete": self._delete, "users.info": self._users_info, "conversations.info": self._conversation,
             "reactions.add": self._reactions_add, "reactions.remove": self._reactions_remove,
-            "assistant.threads.setStatus": lambda p: {}, "apps.connections.open": self._connections_open,
-            "conversations.replies": self._replies,
+            "assistant.threads.setStatus": self._set_status, "apps.connections.open": self._connections_open,
+            "assistant.threads.setSuggestedPrompts": self._set_prompts, "chat.postEphemeral": self._post_ephemeral,
+            "conversations.replies": self._replies, "chat.startStream": self._start_stream,
+            "chat.appendStream": self._append_stream, "chat.stopStream": self._stop_stream,
         }
+        self.streaming_methods = True
+        """The workspace has chat.startStream/appendStream/stopStream; off: they answer ``unknown_method``."""
+        self.ephemeral: list[JSON] = []
+        """Ephemeral messages shown: ``{"via": "chat.postEphemeral" | "response_url", "channel",
+        "user", "text", "thread_ts"}`` in order."""
+        self.statuses: list[tuple[str, str, str]] = []
+        """``assistant.threads.setStatus`` calls that took effect: ``(channel_id, thread_ts, status)``."""
+        self.prompts: dict[tuple[str, str], JSON] = {}
+        """Suggested prompts per assistant thread ``(channel_id, thread_ts)``."""
+        self.assistant_threads: set[tuple[str, str]] = set()
+        """Assistant threads users opened (``assistant_thread_started``); only these take a status
+        or prompts when ``assistant_surface`` is on (else Slack answers ``not_allowed``... here
+        ``invalid_thread_ts``: the thread is not an assistant thread)."""
+        self.assistant_surface = True
+        """The workspace has the assistant surface; off: ``assistant.*`` answer ``not_allowed_token_type``."""
+        self._hooks: dict[str, JSON] = {}  # response_url path -> {"channel", "user", "uses", "expires"}
         self.scopes: set[str] = set(DEFAULT_SCOPES)
         self.reactions: dict[tuple[str, str], set[str]] = {}
         self.uploads = SlackUploads(self)
@@ -352,6 +370,7 @@ class FakeSlack(ThreadedServer):
         app.router.add_get("/link", self._handle_socket)
         app.router.add_post("/upload/v1/{file_id}", self.uploads.handle_upload)
         app.router.add_get("/files-pri/{team_file}/{rest:.+}", self._handle_file)
+        app.router.add_post("/commands/{team}/{id}/{secret}", self._handle_response_url)
         return app
 
     SIGN_IN_PAGE = ("<!DOCTYPE html><html lang=\"en-US\"><head><meta charset=\"utf-8\"><title>Slack</title></head>"
@@ -502,8 +521,8 @@ class FakeSlack(ThreadedServer):
             msg = self._channel(params).get(str(params.get("ts") or ""))
             if msg is None:
                 raise SlackError("message_not_found")
-            if msg.get("user") != self.bot_user_id:
-                raise SlackError("cant_update_message")
+            if msg.get("user") != self.bot_user_id or msg.get("streaming"):
+                raise SlackError("cant_update_message")  # a stream is stopped before its message is edited
             msg.update(text=text, edited={"user": self.bot_user_id, "ts": self._new_ts()},
                        mrkdwn_problems=mrkdwn_problems(text))
             return {"channel": params["channel"], "ts": msg["ts"], "text": text, "message": copy.deepcopy(msg)}
@@ -613,6 +632,216 @@ class FakeSlack(ThreadedServer):
             answer["response_metadata"] = {
                 "next_cursor": base64.b64encode(f"next_ts:{wire[start + limit]['ts']}".encode()).decode()}
         return answer
+
+    def _streaming_method(self, params: JSON, *required: str) -> None:
+        if not self.streaming_methods:
+            raise SlackError("unknown_method")
+        self._require(params, "channel", *required)
+
+    def _start_stream(self, params: JSON) -> JSON:
+        """chat.startStream (docs.slack.dev/reference/methods/chat.startStream): ``channel``
+        required; ``thread_ts`` (a known message: streams are replies), ``markdown_text`` (≤ 12,000
+        characters), and outside DMs ``recipient_user_id`` + ``recipient_team_id`` (else
+        ``invalid_arguments``). The message is ``streaming`` until chat.stopStream."""
+        self._streaming_method(params)
+        text = str(params.get("markdown_text") or "")
+        if len(text) > 12_000:
+            raise SlackError("msg_too_long")
+        channel = str(params["channel"])
+        if not channel.startswith("D") and not (params.get("recipient_user_id") and params.get("recipient_team_id")):
+            raise SlackError("invalid_arguments")
+        with self._lock:
+            messages = self._channel(params)
+            thread = str(params.get("thread_ts") or "")
+            if not thread or (thread not in messages and (channel, thread) not in self.assistant_threads):
+                raise SlackError("invalid_thread_ts" if thread else "invalid_arguments")
+            ts = self._new_ts()
+            messages[ts] = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id, "text": text,
+                            "ts": ts, "team": self.team_id, "thread_ts": thread, "streaming": True,
+                            "markdown": True, "mrkdwn_problems": []}
+        return {"channel": channel, "ts": ts}
+
+    def _streamed(self, params: JSON) -> JSON:
+        msg = self._channel(params).get(str(params.get("ts") or ""))
+        if msg is None:
+            raise SlackError("message_not_found")
+        if msg.get("user") != self.bot_user_id or not msg.get("streaming"):
+            raise SlackError("message_not_in_streaming_state")
+        return msg
+
+    def _append_stream(self, params: JSON) -> JSON:
+        """chat.appendStream: ``channel``, ``ts``, ``markdown_text`` required; the text is appended;
+        ``message_not_in_streaming_state`` once stopped."""
+        self._streaming_method(params, "ts", "markdown_text")
+        text = str(params["markdown_text"])
+        if not text or len(text) > 12_000:
+            raise SlackError("no_text" if not text else "msg_too_long")
+        with self._lock:
+            msg = self._streamed(params)
+            msg["text"] += text
+        return {"channel": params["channel"], "ts": params["ts"]}
+
+    def _stop_stream(self, params: JSON) -> JSON:
+        """chat.stopStream: ``channel``, ``ts`` required, optional last ``markdown_text``; the message
+        is final (and editable with chat.update) afterwards."""
+        self._streaming_method(params, "ts")
+        with self._lock:
+            msg = self._streamed(params)
+            msg["text"] += str(params.get("markdown_text") or "")
+            msg["streaming"] = False
+            return {"channel": params["channel"], "ts": params["ts"], "message": copy.deepcopy(msg)}
+
+    @staticmethod
+    def _require(params: JSON, *names: str) -> None:
+        """Slack answers ``invalid_arguments`` when a required argument is missing."""
+        if any(params.get(name) is None for name in names):
+            raise SlackError("invalid_arguments")
+
+    def _post_ephemeral(self, params: JSON) -> JSON:
+        """chat.postEphemeral (docs.slack.dev/reference/methods/chat.postEphemeral): ``channel``,
+        ``user``, ``text`` or ``blocks`` required; ``channel_not_found``, ``user_not_in_channel``
+        (the user is not a known member here), ``no_text``, ``msg_too_long``. Returns
+        ``message_ts``; nothing is stored in the channel (only that user sees it, once)."""
+        self._require(params, "channel", "user")
+        text = self._text(params)
+        with self._lock:
+            self._channel(params)
+            if str(params["user"]) not in self.users:
+                raise SlackError("user_not_in_channel")
+            ts = self._new_ts()
+            self.ephemeral.append({"via": "chat.postEphemeral", "channel": str(params["channel"]),
+                                   "user": str(params["user"]), "text": text, "thread_ts": params.get("thread_ts"),
+                                   "mrkdwn_problems": mrkdwn_problems(text)})
+        return {"message_ts": ts}
+
+    def _assistant_thread(self, params: JSON) -> tuple[str, str]:
+        if not self.assistant_surface:
+            raise SlackError("not_allowed_token_type")
+        self._require(params, "channel_id", "thread_ts")
+        with self._lock:
+            self._channel(params, "channel_id")
+            key = (str(params["channel_id"]), str(params["thread_ts"]))
+            if key not in self.assistant_threads and key[1] not in self.channels[key[0]]:
+                raise SlackError("invalid_thread_ts")
+        return key
+
+    def _set_status(self, params: JSON) -> JSON:
+        """assistant.threads.setStatus (docs.slack.dev): ``channel_id``, ``thread_ts``, ``status``
+        required (``""`` clears); ``loading_messages`` at most 10."""
+        self._require(params, "status")
+        channel, thread_ts = self._assistant_thread(params)
+        if len(params.get("loading_messages") or []) > 10:
+            raise SlackError("invalid_arguments")
+        with self._lock:
+            self.statuses.append((channel, thread_ts, str(params["status"])))
+        return {}
+
+    def _set_prompts(self, params: JSON) -> JSON:
+        """assistant.threads.setSuggestedPrompts (docs.slack.dev): ``channel_id``, ``thread_ts``,
+        ``prompts`` (1-4 objects with ``title`` and ``message``) required; ``title`` optional."""
+        self._require(params, "prompts")
+        key = self._assistant_thread(params)
+        prompts = params["prompts"]
+        if isinstance(prompts, str):
+            prompts = json.loads(prompts)
+        if not isinstance(prompts, list) or not 1 <= len(prompts) <= 4 or not all(
+                isinstance(p, dict) and p.get("title") and p.get("message") for p in prompts):
+            raise SlackError("invalid_arguments")
+        with self._lock:
+            self.prompts[key] = {"prompts": prompts, "title": params.get("title")}
+        return {}
+
+    def assistant_thread_started(self, *, user: str = "U0ALICE001", channel: str = "D0ALICE001",
+                                 context_channel: str = "C0GENERAL1") -> JSON:
+        """A user opens the app's assistant container: the thread is created (a new ``thread_ts``)
+        and the ``assistant_thread_started`` event to deliver is returned (post or push it)."""
+        with self._lock:
+            self.channels.setdefault(channel, {})
+            thread_ts = self._new_ts()
+            self.assistant_threads.add((channel, thread_ts))
+        return {"type": "assistant_thread_started", "event_ts": thread_ts,
+                "assistant_thread": {"user_id": user, "channel_id": channel, "thread_ts": thread_ts,
+                                     "context": {"channel_id": context_channel, "team_id": self.team_id,
+                                                 "enterprise_id": None}}}
+
+    # ---- slash commands ------------------------------------------------------------------------
+
+    def command_payload(self, command: str, text: str = "", *, user: str = "U0ALICE001",
+                        channel: str = "D0ALICE001") -> dict[str, str]:
+        """The fields Slack sends for a slash command typed by ``user`` in ``channel``, with a fresh
+        ``response_url`` (5 uses, 30 minutes) and ``trigger_id``."""
+        n = next(self._envelopes)
+        path = f"/commands/{self.team_id}/{n:013d}/hook{n:06d}{hashlib.sha256(str(n).encode()).hexdigest()[:16]}"
+        with self._lock:
+            self._hooks[path] = {"channel": channel, "user": user, "uses": 0, "expires": time.time() + 1800}
+        return {"token": "FakeLegacyVerificationToken0001", "team_id": self.team_id, "team_domain": "fake-workspace",
+                "channel_id": channel, "channel_name": "directmessage" if channel.startswith("D") else channel.lower(),
+                "user_id": user, "user_name": self.users.get(user, user).lower(), "command": command, "text": text,
+                "api_app_id": self.api_app_id, "is_enterprise_install": "false",
+                "response_url": f"{self.url}{path}", "trigger_id": f"{n}.{n * 7}.fake{n:08x}"}
+
+    def expire_response_url(self, response_url: str) -> None:
+        """Makes a command's ``response_url`` expired (as after 30 minutes)."""
+        with self._lock:
+            self._hooks[response_url.removeprefix(self.url)]["expires"] = 0.0
+
+    async def post_command(self, url: str, fields: dict[str, str], *, probe: str | None = None,
+                           timeout: float = 10) -> EventDelivery:
+        """POSTs a slash command as Slack does: form-encoded ``fields``, signed (``probe``:
+        ``"bad_signature"`` signs with another secret). Returns (and records) the delivery."""
+        from urllib.parse import urlencode
+
+        body = urlencode(fields).encode()
+        timestamp = int(time.time())
+        secret = b"not-the-secret" if probe == "bad_signature" else self.signing_secret.encode()
+        signature = "v0=" + hmac.new(secret, b"v0:%d:" % timestamp + body, hashlib.sha256).hexdigest()
+        headers = {"Content-Type": "application/x-www-form-urlencoded",
+                   "X-Slack-Request-Timestamp": str(timestamp), "X-Slack-Signature": signature}
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as session, session.post(
+                url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            delivery = EventDelivery(resp.status, await resp.text(), time.monotonic() - started, dict(resp.headers))
+        self.deliveries.append(delivery)
+        return delivery
+
+    def push_command(self, fields: dict[str, str]) -> str:
+        """Sends a slash command over Socket Mode (a ``slash_commands`` frame, ``accepts_response_payload``
+        true); returns the envelope id (its ack is in ``acks``)."""
+        frame = {"envelope_id": f"fake-envelope-cmd-{next(self._envelopes)}", "type": "slash_commands",
+                 "accepts_response_payload": True, "payload": fields}
+        return self.push(frame)
+
+    async def _handle_response_url(self, request: web.Request) -> web.StreamResponse:
+        """A command's ``response_url`` (Slack "Handling interaction responses"): JSON ``text`` (or
+        ``blocks``), ``response_type`` ``ephemeral`` (default) or ``in_channel``; 200 ``ok``. 404
+        ``expired_url`` after 30 minutes, ``used_url`` after 5 uses, ``no_text`` without text; an
+        unknown URL 404 ``invalid_token``. No bot token is needed (the URL is the credential)."""
+        with self._lock:
+            hook = self._hooks.get(request.path)
+        if hook is None:
+            return web.Response(status=404, text="invalid_token")
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.Response(status=400, text="invalid_payload")
+        with self._lock:
+            if hook["expires"] < time.time():
+                return web.Response(status=404, text="expired_url")
+            if hook["uses"] >= 5:
+                return web.Response(status=404, text="used_url")
+            if not isinstance(body, dict) or not (body.get("text") or body.get("blocks")):
+                return web.Response(status=400, text="no_text")
+            hook["uses"] += 1
+            if body.get("response_type", "ephemeral") == "in_channel":
+                ts = self._new_ts()
+                self.channels.setdefault(hook["channel"], {})[ts] = {
+                    "type": "message", "user": self.bot_user_id, "bot_id": self.bot_id, "text": str(body["text"]),
+                    "ts": ts, "team": self.team_id}
+            else:
+                text = str(body.get("text") or "")
+                self.ephemeral.append({"via": "response_url", "channel": hook["channel"], "user": hook["user"],
+                                       "text": text, "thread_ts": None, "mrkdwn_problems": mrkdwn_problems(text)})
+        return web.Response(text="ok")
 
     def _connections_open(self, params: JSON) -> JSON:
         return {"url": f"ws://127.0.0.1:{self.port}/link"}
