@@ -55,7 +55,7 @@ def test_rules_are_checked_at_load():
         load_config(None, chats=[{"chat": "C1"}])
     with pytest.raises(ConfigError, match="busy_policy"):
         load_config(None, chats=[{"platform": "slack", "busy_policy": "drop"}])
-    with pytest.raises(ConfigError, match="chats.0.modle"):  # unknown keys are errors
+    with pytest.raises(ConfigError, match=r"chats\.0\.modle"):  # unknown keys are errors
         load_config(None, chats=[{"platform": "slack", "modle": "x"}])
     config = load_config(None, llm={"routes": {"alt": {"models": ["default:gpt-4o"]}}},
                          chats=[{"platform": "slack", "route": "alt", "models": ["alt", "default"]}],

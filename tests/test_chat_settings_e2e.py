@@ -45,7 +45,7 @@ async def say(fake_telegram, user_id: int, text: str, message_id: int, replies: 
 
 async def test_model_by_an_admin_changes_the_next_session_not_the_running_one_and_others_are_refused(
         tmp_path, fake_telegram, fake_openai, running):
-    ADMIN, USER, OTHER = 5557001, 5557002, 5557003
+    ADMIN, USER = 5557001, 5557002
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.text("ok")
     gateway = await start_gateway(config(tmp_path, fake_openai, fake_telegram), running)
@@ -123,7 +123,7 @@ async def test_a_persona_from_chats_reaches_only_that_chat_s_new_sessions(tmp_pa
 
 
 async def test_chats_rules_choose_route_and_toolset_of_a_chat(tmp_path, fake_telegram, fake_openai, running):
-    ADMIN, USER, OTHER = 5557021, 5557022, 5557023
+    USER, OTHER = 5557022, 5557023
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.text("ok")
     rules = [{"platform": "telegram", "route": "alt"},  # every Telegram chat
@@ -138,7 +138,7 @@ async def test_chats_rules_choose_route_and_toolset_of_a_chat(tmp_path, fake_tel
 
 
 async def test_busy_changes_the_busy_policy_of_the_chat(tmp_path, fake_telegram, fake_openai, running):
-    ADMIN, USER, OTHER = 5557031, 5557032, 5557033
+    ADMIN, USER = 5557031, 5557032
     fake_openai.reset()
     gate = threading.Event()
     held = []
@@ -169,3 +169,40 @@ async def test_busy_changes_the_busy_policy_of_the_chat(tmp_path, fake_telegram,
     await wait_until(lambda: len(sends_to(fake_telegram, ADMIN)) == 4, what="two answers")
     assert tg_texts(fake_telegram, ADMIN)[2:] == ["seen: one", "seen: one, two, three"]  # merged into one turn
     assert len(fake_openai.requests) == 2
+
+
+async def test_a_chat_routed_to_a_local_server_gets_requests_that_server_accepts(tmp_path, fake_telegram,
+                                                                                fake_openai, running):
+    """Ollama/llama.cpp-style server (``lacks = [stream_options, parallel_tool_calls, vision]``): the
+    fake refuses ``stream_options`` and image parts with a 400 as such servers do; the chat a rule routes
+    there gets answers, with the image replaced by a note, while another chat's requests to OpenAI keep
+    ``stream_options`` and the image."""
+    from tests.test_media_telegram_e2e import jpeg, photo_update
+
+    USER, OTHER = 5557042, 5557043
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("a picture")
+    fake_telegram.add_file("chats-photo", jpeg(64, 48))
+    with oa.FakeOpenAI(api_key="not-needed", models=("qwen2.5:7b",),
+                       lacks=("stream_options", "parallel_tool_calls", "vision")) as local:
+        local.responder = lambda req: oa.text("a picture, I am told")
+        llm = {"providers": [{"name": "local", "base_url": f"{local.url}/v1",
+                              "lacks": ["stream_options", "parallel_tool_calls", "vision"],
+                              "models": {"qwen2.5:7b": {"context_window_tokens": 32_768}}}],
+               "routes": {"local": {"models": ["local:qwen2.5:7b"]}}}
+        config_ = gateway_config(tmp_path, fake_openai, fake_telegram, llm=llm, access={"admins": []},
+                                 chats=[{"platform": "telegram", "chat": str(USER), "route": "local"}])
+        await start_gateway(config_, running)
+        for user, message_id in ((USER, 9801), (OTHER, 9802)):
+            fake_telegram.inject(photo_update(user, message_id, [("chats-photo", 64, 48, 900)],
+                                              caption=f"what is this? #{user}"))
+        await wait_until(lambda: sends_to(fake_telegram, USER) and sends_to(fake_telegram, OTHER), what="answers")
+        assert tg_texts(fake_telegram, USER) == ["a picture, I am told"]
+        assert tg_texts(fake_telegram, OTHER) == ["a picture"]
+        (to_local,) = [r for r in local.requests if f"#{USER}" in str(r["json"])]
+        assert to_local["status"] == 200 and to_local["json"]["model"] == "qwen2.5:7b"
+        assert "stream_options" not in to_local["json"] and "parallel_tool_calls" not in to_local["json"]
+        assert oa.image_parts(to_local) == [] and "this model cannot see images" in str(to_local["json"]["messages"])
+        (to_openai,) = [r for r in fake_openai.requests if f"#{OTHER}" in str(r["json"])]
+        assert to_openai["json"]["stream_options"] == {"include_usage": True} and len(oa.image_parts(to_openai)) == 1
+        assert not [r for r in fake_openai.requests if f"#{USER}" in str(r["json"])]  # that chat never went there
