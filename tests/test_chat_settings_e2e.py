@@ -70,6 +70,8 @@ async def test_model_by_an_admin_changes_the_next_session_not_the_running_one_an
     await say(fake_telegram, ADMIN, f"second #{ADMIN}", 9104, 4)
     await say(fake_telegram, ADMIN, "/new", 9105, 5)
     await say(fake_telegram, ADMIN, f"third #{ADMIN}", 9106, 6)
+    await say(fake_telegram, ADMIN, "/status", 9109, 7)
+    assert tg_texts(fake_telegram, ADMIN)[6].startswith("Model: gpt-4o\n")  # the conversation's model
     first, second, third = requests_of(fake_openai, ADMIN)
     assert [first["model"], second["model"], third["model"]] == ["gpt-4o-mini", "gpt-4o-mini", "gpt-4o"]
     assert second["messages"][0] == first["messages"][0] and second["tools"] == first["tools"]  # byte-stable
@@ -79,8 +81,8 @@ async def test_model_by_an_admin_changes_the_next_session_not_the_running_one_an
     await gateway.stop()
     running.remove(gateway)
     await start_gateway(config(tmp_path, fake_openai, fake_telegram), running)
-    await say(fake_telegram, ADMIN, "/new", 9107, 7)
-    await say(fake_telegram, ADMIN, f"after restart #{ADMIN}", 9108, 8)
+    await say(fake_telegram, ADMIN, "/new", 9107, 8)
+    await say(fake_telegram, ADMIN, f"after restart #{ADMIN}", 9108, 9)
     await say(fake_telegram, USER, "/new", 9006, 6)
     await say(fake_telegram, USER, f"and me? #{USER}", 9007, 7)
     assert requests_of(fake_openai, ADMIN)[-1]["model"] == "gpt-4o"

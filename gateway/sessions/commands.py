@@ -172,7 +172,10 @@ class Commands:
 
     def _status(self, ctx: CommandContext) -> str:
         session_id = self.store.current_session_id(ctx.key)
-        lines = [f"Model: {ctx.model}"]
+        model = ctx.model
+        if self.chats is not None and session_id is not None:  # the conversation's own, for its life
+            model = self.chats.spec(self.store.session_settings(session_id)).model
+        lines = [f"Model: {model}"]
         if session_id is None:
             lines.append("Conversation: none yet")
         else:

@@ -399,6 +399,12 @@ class Store:
         with write_tx(self.engine) as conn:
             conn.execute(update(_lanes).where(_lanes.c.key == key).values(session_id=session_id))
 
+    def session_settings(self, session_id: str) -> dict[str, Any] | None:
+        """What the session was created with (``sessions.settings``; ``None``: the defaults, or no
+        such session)."""
+        with read_tx(self.engine) as conn:
+            return conn.execute(select(_sessions.c.settings).where(_sessions.c.id == session_id)).scalar()
+
     def current_session_id(self, key: str) -> str | None:
         with read_tx(self.engine) as conn:
             return conn.execute(select(_lanes.c.session_id).where(_lanes.c.key == key)).scalar()
