@@ -208,3 +208,27 @@ async def test_a_chat_routed_to_a_local_server_gets_requests_that_server_accepts
         (to_openai,) = [r for r in fake_openai.requests if f"#{OTHER}" in str(r["json"])]
         assert to_openai["json"]["stream_options"] == {"include_usage": True} and len(oa.image_parts(to_openai)) == 1
         assert not [r for r in fake_openai.requests if f"#{USER}" in str(r["json"])]  # that chat never went there
+
+
+async def test_a_chat_s_skills_are_the_only_ones_its_sessions_list_and_load(tmp_path, fake_telegram, fake_openai,
+                                                                           running):
+    USER, OTHER = 5557052, 5557053
+
+    def respond(req: dict) -> oa.Reply:
+        last = req["messages"][-1]
+        if last["role"] == "tool":
+            return oa.text(f"tool said: {last['content'][:120]}")
+        return oa.tool_calls(oa.call("load_skill", {"name": "summarize-web-page"}))
+
+    fake_openai.reset()
+    fake_openai.responder = respond
+    await start_gateway(config(tmp_path, fake_openai, fake_telegram,
+                               chats=[{"platform": "telegram", "chat": str(USER), "skills": ["daily-report"]}]),
+                        running)
+    await say(fake_telegram, USER, f"summarise it #{USER}", 9901, 1)
+    await say(fake_telegram, OTHER, f"summarise it #{OTHER}", 9902, 1)
+    limited, full = requests_of(fake_openai, USER)[0], requests_of(fake_openai, OTHER)[0]
+    assert "- daily-report:" in system_prompt(limited) and "summarize-web-page" not in system_prompt(limited)
+    assert "- daily-report:" in system_prompt(full) and "- summarize-web-page:" in system_prompt(full)
+    assert "there is no skill named 'summarize-web-page'; available: daily-report\n" in tg_texts(fake_telegram, USER)[0]
+    assert tg_texts(fake_telegram, OTHER)[0].startswith("tool said: Skill summarize-web-page (version")

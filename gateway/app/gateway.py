@@ -65,7 +65,7 @@ from gateway.scheduler.push_run import PushRunner
 from gateway.scheduler.service import PushService
 from gateway.scheduler.store import JobStore
 from gateway.scheduler.tool import schedule_report_tool
-from gateway.sessions.chat_settings import ChatCommands, ChatOverrides, ChatSetup
+from gateway.sessions.chat_settings import ChatCommands, ChatOverrides, ChatSetup, session_skills
 from gateway.sessions.commands import Commands, first_answer
 from gateway.sessions.conversations import TranscriptReader
 from gateway.sessions.directory import Directory
@@ -135,7 +135,7 @@ class Gateway:
         self.tools = build_catalog(config, self.bridge)
         self.skills = SkillLibrary(config.skills.dirs()) if config.skills.enabled else None
         if self.skills is not None:
-            self.tools.add(load_skill_tool(self.skills))
+            self.tools.add(load_skill_tool(self.skills, allowed=lambda ctx: session_skills(self.store, ctx.session_id)))
         if config.skills.plan:
             self.tools.add(update_plan_tool())
         # Files back (send_file): bytes in the blob store, the call recorded, the reply carries them.

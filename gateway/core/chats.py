@@ -14,7 +14,7 @@ chat = "-1001234567890"
 thread = "42"
 persona = "pirate"                          # a name from [personas], or the text itself
 toolset = ["files", "web_fetch"]            # tools and [tools.toolsets] names
-skills = ["daily-report"]                   # the skills its new sessions' catalogue lists
+skills = ["daily-report"]                   # the only skills its new sessions list and load
 busy_policy = "interrupt"
 models = ["default", "local-first"]         # what /model may choose there (unset: every route)
 ```
@@ -66,7 +66,8 @@ class ChatRule(BaseModel):
     """Tools mounted for its new sessions (tool names and ``tools.toolsets`` names); unset:
     ``agent.toolset``."""
     skills: list[str] | None = None
-    """The skills its new sessions' catalogue lists (unset: every skill; ``[]``: none)."""
+    """The only skills its new sessions' catalogue lists and ``load_skill`` loads (unset: every
+    skill; ``[]``: none)."""
     busy_policy: BusyPolicy | None = None
     """``queue``, ``merge`` or ``interrupt`` (unset: ``bus.busy_policy``)."""
     models: list[str] | None = None

@@ -29,7 +29,7 @@ from gateway.core.providers import DEFAULT_ROUTE
 from gateway.core.types import InboundMessage
 from gateway.store.db import read_tx, write_tx
 from gateway.store.models import ChatSettingRow, table
-from gateway.store.sql import retry_locked
+from gateway.store.sql import Store, retry_locked
 from gateway.tools.catalog import expand_toolset
 
 _chat_settings = table(ChatSettingRow)
@@ -204,6 +204,15 @@ class ChatSetup:
     def describe_route(self, route: str) -> str:
         """``provider:model`` entries of ``route``, primary first, for the replies."""
         return ", ".join(f"{p}:{m}" for p, m in self.config.llm.route_entries(route))
+
+
+def session_skills(store: Store, session_id: str) -> list[str] | None:
+    """The skills a session may load (its ``settings["skills"]``; ``None``: every skill). Blocking."""
+    if not session_id:
+        return None
+    settings = store.session_settings(session_id)
+    skills = (settings or {}).get("skills")
+    return list(skills) if skills is not None else None
 
 
 class ChatCommands:
