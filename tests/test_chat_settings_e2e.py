@@ -232,3 +232,36 @@ async def test_a_chat_s_skills_are_the_only_ones_its_sessions_list_and_load(tmp_
     assert "- daily-report:" in system_prompt(full) and "- summarize-web-page:" in system_prompt(full)
     assert "there is no skill named 'summarize-web-page'; available: daily-report\n" in tg_texts(fake_telegram, USER)[0]
     assert tg_texts(fake_telegram, OTHER)[0].startswith("tool said: Skill summarize-web-page (version")
+
+
+async def test_rules_by_chat_thread_and_user_apply_with_their_precedence(tmp_path, fake_telegram, fake_openai,
+                                                                        running):
+    """A forum group with a rule for the chat and one for a topic, and a rule for one user: the
+    topic's rule beats the chat's, which beats the user's; in the user's DM the user's rule applies."""
+    forum, member = -1003000000077, 5557062
+
+    def topic_message(text: str, message_id: int, topic: int) -> dict:
+        update = dm_update(f"@gateway_test_bot {text}", message_id, user_id=member)
+        update["message"]["chat"] = {"id": forum, "title": "Forum", "type": "supergroup", "is_forum": True}
+        update["message"].update(message_thread_id=topic, is_topic_message=True)
+        update["message"]["entities"] = [{"type": "mention", "offset": 0, "length": 17}]
+        return update
+
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("ok")
+    rules = [{"platform": "telegram", "chat": str(forum), "thread": "11", "persona": "TOPIC RULE"},
+             {"platform": "telegram", "chat": str(forum), "persona": "CHAT RULE"},
+             {"platform": "telegram", "user": str(member), "persona": "USER RULE"}]
+    await start_gateway(config(tmp_path, fake_openai, fake_telegram, chats=rules), running)
+    fake_telegram.inject(topic_message("in topic 11 #t11", 9951, topic=11))
+    fake_telegram.inject(topic_message("in topic 22 #t22", 9952, topic=22))
+    await say(fake_telegram, member, f"in my DM #{member}", 9953, 1)
+    await wait_until(lambda: len(fake_openai.requests) == 3, what="three turns")
+
+    def persona_of(marker: str) -> list[str]:
+        (request,) = [r["json"] for r in fake_openai.requests if marker in str(r["json"]["messages"][1:])]
+        return [p for p in ("TOPIC RULE", "CHAT RULE", "USER RULE") if p in system_prompt(request)]
+
+    assert persona_of("#t11") == ["TOPIC RULE"]  # chat + thread (12) beats chat (4) and user (2)
+    assert persona_of("#t22") == ["CHAT RULE"]   # another topic: chat (4) beats user (2)
+    assert persona_of(f"#{member}") == ["USER RULE"]  # the DM: only the user's rule applies
