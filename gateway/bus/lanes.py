@@ -65,7 +65,7 @@ class SessionBus:
         self.instance_id = instance_id
         self.lease_s = lease_s
         self.sweep_interval_s = sweep_interval_s
-        self.batch_size = MERGE_LIMIT if busy_policy == "merge" or merges is not None else 1
+        self.batch_size = MERGE_LIMIT if busy_policy == "merge" else 1
         self._on_turn_start = on_turn_start
         self._on_turn_end = on_turn_end
         self._on_replies = on_replies
@@ -152,7 +152,7 @@ class SessionBus:
         released = waiting = False
         try:
             while batch:
-                batch = self._with_album(key, self._merged(batch))
+                batch = self._with_album(key, self._merged(key, batch))
                 address = batch[-1].message.address
                 self._call_main(self._on_turn_start, address)
                 try:
@@ -180,12 +180,19 @@ class SessionBus:
         if waiting:
             self._call_main(self.kick, key)
 
-    def _merged(self, batch: list[PendingInbound]) -> list[PendingInbound]:
-        """``batch`` as read (up to ``MERGE_LIMIT`` rows), or its first row alone when its chat does
-        not merge (``merges``)."""
-        if self.merges is None or len(batch) < 2 or self.merges(batch[0].message):
+    def _merged(self, key: str, batch: list[PendingInbound]) -> list[PendingInbound]:
+        """``batch`` as the chat's busy policy wants it (``merges``, asked once per turn): its first
+        row alone when the chat does not merge, every waiting row (up to ``MERGE_LIMIT``) when it
+        does."""
+        if self.merges is None:
             return batch
-        return batch[:1]
+        merges = self.merges(batch[0].message)
+        if not merges:
+            return batch[:1]
+        if len(batch) >= MERGE_LIMIT or self.batch_size == MERGE_LIMIT:
+            return batch  # read as a merge already
+        rows = self.store.pending_batch(key, MERGE_LIMIT)
+        return rows if rows and rows[0].inbox_id == batch[0].inbox_id else batch
 
     def _with_album(self, key: str, batch: list[PendingInbound]) -> list[PendingInbound]:
         """``batch``, or, when it starts with an album item, every pending item of that album (after
