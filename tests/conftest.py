@@ -97,8 +97,9 @@ def page_server() -> Iterator[PageServer]:
 
 def gateway_config(tmp_path: Path, fake_openai: FakeOpenAI, fake_telegram: FakeTelegram | None = None,
                    fake_slack: FakeSlack | None = None, fake_feishu: FakeFeishu | None = None,
-                   **sections: dict[str, Any]):
-    """A ``GatewayConfig`` on a fresh SQLite file, pointed at the fakes."""
+                   **sections: Any):
+    """A ``GatewayConfig`` on a fresh SQLite file, pointed at the fakes. ``sections``: a table's
+    keys (merged over these defaults), or a list of tables (``chats=[...]``)."""
     from gateway.core.config import load_config
 
     overrides: dict[str, Any] = {
@@ -127,7 +128,10 @@ def gateway_config(tmp_path: Path, fake_openai: FakeOpenAI, fake_telegram: FakeT
                                "verification_token_env": "GATEWAY_TEST_FEISHU_TOKEN",
                                "encrypt_key_env": "GATEWAY_TEST_FEISHU_NO_ENCRYPT_KEY", "domain": fake_feishu.url}
     for name, values in sections.items():
-        overrides.setdefault(name, {}).update(values)
+        if isinstance(values, dict):
+            overrides.setdefault(name, {}).update(values)
+        else:
+            overrides[name] = values
     return load_config(None, **overrides)
 
 

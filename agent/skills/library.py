@@ -101,11 +101,13 @@ class SkillLibrary:
             raise KeyError(name)
         return parse_skill(folder)
 
-    def catalogue(self, tools: Iterable[str] | None = None) -> str:
+    def catalogue(self, tools: Iterable[str] | None = None, names: Iterable[str] | None = None) -> str:
         """The catalogue block for a system prompt: one line per usable skill (``skills(tools)``:
-        name, description, when to use), sorted by name. ``""`` when there is none.
-        Deterministic: the same skills give the same bytes."""
-        lines = [f"- {s.name}: {s.description} Use when: {s.when_to_use}" for s in self.skills(tools).values()]
+        name, description, when to use), sorted by name; with ``names``, only those skills.
+        ``""`` when there is none. Deterministic: the same skills give the same bytes."""
+        wanted = set(names) if names is not None else None
+        lines = [f"- {s.name}: {s.description} Use when: {s.when_to_use}" for s in self.skills(tools).values()
+                 if wanted is None or s.name in wanted]
         return "\n".join([CATALOGUE_HEADER, *lines]) if lines else ""
 
 

@@ -9,6 +9,7 @@ instead (scripts are text for the workspace: the host never runs them).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 
 from agent.context import RunContext
 from agent.skills.library import SkillLibrary
@@ -42,8 +43,13 @@ def render_skill(name: str, version: str, body: str, files: list[str], checks: t
     return "\n\n".join(parts)
 
 
-def load_skill_tool(library: SkillLibrary) -> Tool:
-    """The ``load_skill`` Tool over ``library`` (reads the skill from disk at each call)."""
+def load_skill_tool(library: SkillLibrary,
+                    allowed: Callable[[RunContext], Iterable[str] | None] | None = None) -> Tool:
+    """The ``load_skill`` Tool over ``library`` (reads the skill from disk at each call).
+
+    ``allowed(ctx)``: the skill names the call's conversation may load (``None``: every skill); a
+    skill not among them is answered as if it did not exist (per-chat ``skills``).
+    """
 
     def load_skill(ctx: RunContext, name: str, file: str | None = None) -> str:
         """Load a skill's procedure (or one of its files).
@@ -53,11 +59,15 @@ def load_skill_tool(library: SkillLibrary) -> Tool:
             file: a path from the skill's file list, e.g. references/format.md (omit for the procedure).
         """
         mounted = set(ctx.tools.tools) if ctx.tools is not None else None
+        names = allowed(ctx) if allowed is not None else None
+        wanted = set(names) if names is not None else None
         try:
+            if wanted is not None and name not in wanted:
+                raise KeyError(name)
             skill = library.get(name)
             found = problems(skill.folder)
         except KeyError:
-            available = ", ".join(library.skills(mounted)) or "none"
+            available = ", ".join(n for n in library.skills(mounted) if wanted is None or n in wanted) or "none"
             raise ValueError(f"there is no skill named {name!r}; available: {available}") from None
         except SkillError as exc:
             found = [exc.args[0]]

@@ -27,7 +27,7 @@ from agent.plan import update_plan_tool
 from agent.providers import Target, split_target
 from agent.redact import Redactor
 from agent.routing import HealthBoard, HealthSettings, RoutedModel
-from agent.skills import SkillLibrary, load_skill_tool, with_catalogue
+from agent.skills import SkillLibrary, load_skill_tool
 from agent.tools import ToolRegistry
 from gateway.admin.views import admin_routes
 from gateway.bus.conversation import ConversationContext
@@ -65,6 +65,7 @@ from gateway.scheduler.push_run import PushRunner
 from gateway.scheduler.service import PushService
 from gateway.scheduler.store import JobStore
 from gateway.scheduler.tool import schedule_report_tool
+from gateway.sessions.chat_settings import ChatCommands, ChatOverrides, ChatSetup, session_skills
 from gateway.sessions.commands import Commands, first_answer
 from gateway.sessions.conversations import TranscriptReader
 from gateway.sessions.directory import Directory
@@ -134,7 +135,7 @@ class Gateway:
         self.tools = build_catalog(config, self.bridge)
         self.skills = SkillLibrary(config.skills.dirs()) if config.skills.enabled else None
         if self.skills is not None:
-            self.tools.add(load_skill_tool(self.skills))
+            self.tools.add(load_skill_tool(self.skills, allowed=lambda ctx: session_skills(self.store, ctx.session_id)))
         if config.skills.plan:
             self.tools.add(update_plan_tool())
         # Files back (send_file): bytes in the blob store, the call recorded, the reply carries them.
@@ -194,6 +195,9 @@ class Gateway:
             chat_waiting=lambda a: self.delivery.chat_waiting(a.platform, a.tenant, a.chat_id),
         )
         self.directory = Directory(self.engine, on_join=[move_user_entries])
+        # Per-chat settings ([[chats]], /model, /persona, /busy): what a chat's new sessions get.
+        self.chats = ChatSetup(config, ChatOverrides(self.engine), self.providers, lambda: self.agent_spec,
+                               self.skills)
         sessions = config.sessions
         self.approvals = Approvals(self.engine)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -211,7 +215,7 @@ class Gateway:
             limits=limits, history_window=config.agent.history_window,
             system_prompt=self.build_system_prompt, streams=self.streams,
             commands=Commands(self.store, self.directory, self.build_system_prompt, skills=self.skills,
-                              skill_tools=lambda: self.agent_spec.toolset),
+                              skill_tools=lambda: self.agent_spec.toolset, chats=self.chats),
             is_admin=lambda message: is_admin(message, config.access),
             reset=ResetPolicy(idle_s=sessions.idle_reset_minutes * 60 if sessions.idle_reset_minutes else None,
                               daily_hour=sessions.daily_reset_hour, zone=sessions.reset_timezone)
@@ -219,7 +223,7 @@ class Gateway:
             window=config.llm.window_policy(config.llm.route_window()),
             metrics=self.metrics, memory=self.memory,
             trusted=lambda message, user_id: self.inbound.trusted(message), media=self.media,
-            conversation=self.conversation, files=self.outbox_files,
+            conversation=self.conversation, files=self.outbox_files, chats=self.chats,
         )
         self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
@@ -242,7 +246,8 @@ class Gateway:
         self.runner.job_commands = first_answer(
             [JobCommands(jobs=self.jobs, planner=self.planner, service=self.pushes).handle]
             + ([MemoryCommands(self.memory).handle] if self.memory is not None else [])
-            + [MediaCommands(self.media.index, self.directory, config.media.retention_days).handle])
+            + [MediaCommands(self.media.index, self.directory, config.media.retention_days).handle]
+            + [ChatCommands(self.chats, lambda message: is_admin(message, config.access)).handle])
         self.bus = SessionBus(
             store=self.store, run_turn=timed(self.metrics, self.runner.run), workers=self._workers,
             instance_id=self.instance_id,
@@ -250,11 +255,13 @@ class Gateway:
             busy_policy=config.bus.busy_policy,
             on_turn_start=self.typing.start, on_turn_end=self.typing.end, on_replies=self.delivery.wake,
             album_wait_s=config.media.album_wait_s,
+            merges=lambda message: self.chats.busy_policy(message) == "merge",
         )
         self.inbound = Inbound(config=config, store=self.store, directory=self.directory, approvals=self.approvals,
                                runner=self.runner, bus=self.bus, metrics=self.metrics, redact=self.redact,
                                run_db=self.run_db, model_name=lambda: self.agent_spec.model,
-                               wake_delivery=self.delivery.wake, group_context=self.group_context)
+                               wake_delivery=self.delivery.wake, group_context=self.group_context,
+                               busy_policy=self.chats.busy_policy)
         self._receivers: list[asyncio.Task[None]] = []
         self._housekeeping: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
@@ -278,10 +285,9 @@ class Gateway:
 
     def build_system_prompt(self) -> str:
         """A new session's system prompt: the configured one plus the skill catalogue as it is on
-        disk now (for the tools chat turns mount). Stored with the session, never rebuilt for it."""
-        toolset = self.agent_spec.toolset
-        catalogue = self.skills.catalogue(toolset) if self.skills is not None and "load_skill" in toolset else ""
-        return with_catalogue(self.config.agent.system_prompt, catalogue)
+        disk now (for the tools chat turns mount). Stored with the session, never rebuilt for it. A
+        chat's settings may add a persona and choose the tools and skills (``ChatSetup``)."""
+        return self.chats.system_prompt()
 
     async def run_db(self, fn: Callable[..., T], *args: Any) -> T:
         """Runs a blocking store call off the main loop (on the small DB pool)."""

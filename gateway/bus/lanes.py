@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from gateway.core.errors import TurnInterrupted
-from gateway.core.types import ChatAddress
+from gateway.core.types import ChatAddress, InboundMessage
 from gateway.store.sql import PendingInbound, Store
 
 log = logging.getLogger("gateway.bus.lanes")
@@ -44,6 +44,9 @@ class SessionBus:
             message cancels the running turn; then like ``queue``).
         on_turn_start / on_turn_end: called on the main loop with the chat address (typing).
         on_replies: called on the main loop after a turn queued replies (wakes delivery).
+        merges: whether the messages waiting in a lane are answered together, asked with the first
+            of them (per-chat busy policies; blocking, on the worker thread); ``None``: ``busy_policy``
+            decides for every lane.
         album_wait_s: a batch starting with an album item (``media_group_id``) waits until this
             long after that item was sent, then takes every pending item of the album into one
             turn (``media.album_wait_s``; the platform delivers an album as one message per item).
@@ -53,8 +56,9 @@ class SessionBus:
                  workers: ThreadPoolExecutor, instance_id: str, lease_s: float, sweep_interval_s: float,
                  busy_policy: str, on_turn_start: Callable[[ChatAddress], None],
                  on_turn_end: Callable[[ChatAddress], None], on_replies: Callable[[], None],
-                 album_wait_s: float = 0.0) -> None:
+                 album_wait_s: float = 0.0, merges: Callable[[InboundMessage], bool] | None = None) -> None:
         self.album_wait_s = album_wait_s
+        self.merges = merges
         self.store = store
         self._run_turn = run_turn
         self._workers = workers
@@ -148,7 +152,7 @@ class SessionBus:
         released = waiting = False
         try:
             while batch:
-                batch = self._with_album(key, batch)
+                batch = self._with_album(key, self._merged(key, batch))
                 address = batch[-1].message.address
                 self._call_main(self._on_turn_start, address)
                 try:
@@ -175,6 +179,20 @@ class SessionBus:
                 waiting = self.store.release_lane(key, self.instance_id)
         if waiting:
             self._call_main(self.kick, key)
+
+    def _merged(self, key: str, batch: list[PendingInbound]) -> list[PendingInbound]:
+        """``batch`` as the chat's busy policy wants it (``merges``, asked once per turn): its first
+        row alone when the chat does not merge, every waiting row (up to ``MERGE_LIMIT``) when it
+        does."""
+        if self.merges is None:
+            return batch
+        merges = self.merges(batch[0].message)
+        if not merges:
+            return batch[:1]
+        if len(batch) >= MERGE_LIMIT or self.batch_size == MERGE_LIMIT:
+            return batch  # read as a merge already
+        rows = self.store.pending_batch(key, MERGE_LIMIT)
+        return rows if rows and rows[0].inbox_id == batch[0].inbox_id else batch
 
     def _with_album(self, key: str, batch: list[PendingInbound]) -> list[PendingInbound]:
         """``batch``, or, when it starts with an album item, every pending item of that album (after

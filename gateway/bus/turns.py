@@ -9,6 +9,7 @@ resumed after a crash finds its user message already in the transcript and conti
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import threading
@@ -51,6 +52,7 @@ from gateway.tools.approvals_store import Approvals
 if TYPE_CHECKING:
     from gateway.media.service import MediaService
     from gateway.memory.service import MemoryService
+    from gateway.sessions.chat_settings import ChatSetup
 
 log = logging.getLogger("gateway.bus.turns")
 
@@ -120,6 +122,9 @@ class TurnRunner:
             platform's announcement only).
         files: the files ``send_file`` recorded (``gateway.delivery.files``): a turn's reply
             carries those of its turn (``None``: replies carry no files).
+        chats: per-chat settings (``gateway.sessions.chat_settings``): a new session's system
+            prompt and settings come from its chat's settings, and each turn runs the agent its
+            session was created with (``None``: every session gets ``system_prompt`` and ``spec``).
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
@@ -133,7 +138,8 @@ class TurnRunner:
                  memory: MemoryService | None = None,
                  trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True,
                  conversation: ConversationContext | None = None, media: MediaService | None = None,
-                 files: OutboxFiles | None = None) -> None:
+                 files: OutboxFiles | None = None, chats: ChatSetup | None = None) -> None:
+        self.chats = chats
         self.memory = memory
         self.conversation = conversation
         self.media = media
@@ -153,6 +159,7 @@ class TurnRunner:
         self.is_admin = is_admin
         self.reset = reset
         self.compressor = Compressor(store, window or WindowPolicy(), history_window)
+        self._compressors: dict[int, Compressor] = {}  # by context window: sessions on other routes
         self.approvals = approvals
         self.policy = policy or ApprovalPolicy()
         self.redact = redact
@@ -163,6 +170,16 @@ class TurnRunner:
         self.stopping = threading.Event()
         """Set by a graceful stop: running turns end at their next step boundary with
         ``TurnInterrupted`` (rows kept pending) instead of starting another model call."""
+
+    def _compressor_for(self, window_tokens: int | None) -> Compressor:
+        """The compressor of a session whose route has ``window_tokens`` (``None``: the default route's)."""
+        if window_tokens is None or window_tokens == self.compressor.policy.context_window_tokens:
+            return self.compressor
+        with self._generations_lock:
+            if window_tokens not in self._compressors:
+                policy = dataclasses.replace(self.compressor.policy, context_window_tokens=window_tokens)
+                self._compressors[window_tokens] = Compressor(self.store, policy, self.history_window)
+            return self._compressors[window_tokens]
 
     def prompt(self) -> str:
         """The system prompt a new session gets now (stored with it, then never rebuilt)."""
@@ -264,14 +281,27 @@ class TurnRunner:
                 return finish("done", direct, None, "command")
 
         owner = last.user_id if is_dm_key(key) else None
+        chats = self.chats
+        made = functools.cache(lambda: chats.new_session(message) if chats is not None else None)
+
+        def build_prompt() -> str:  # the chat's settings are read only when a session is created
+            setup = made()
+            return setup.system_prompt if setup is not None else self.prompt()
+
+        def build_settings() -> dict[str, Any] | None:
+            setup = made()
+            return setup.settings if setup is not None else None
+
         with traced("load_session") as load:
-            opened = self.store.open_session(key, self.prompt, self.history_window, owner)
+            opened = self.store.open_session(key, build_prompt, self.history_window, owner, build_settings)
             load.set_attribute("gateway.messages_loaded", len(opened.window))
         notice = ""
         if self.reset is not None and self.reset.expired(opened.last_used_at):
-            self.store.new_session(key, self.prompt(), owner)
-            opened = self.store.open_session(key, self.prompt, self.history_window, owner)
+            self.store.new_session(key, build_prompt(), owner, build_settings())
+            opened = self.store.open_session(key, build_prompt, self.history_window, owner)
             notice = f"({self.reset.describe()}: this is a new conversation; the last one is in /sessions.)\n\n"
+        spec = chats.spec(opened.settings) if chats is not None else self.spec  # the session's, for its life
+        compressor = self._compressor_for(chats.window_tokens(opened.settings) if chats is not None else None)
         session_id, system_prompt, window = opened.session_id, opened.system_prompt, list(opened.window)
         fresh = not window and opened.summary is None  # nothing before this turn: a thread never seen
         span.set_attribute("gen_ai.conversation.id", session_id)
@@ -294,7 +324,7 @@ class TurnRunner:
                                                     owner_user_id=pending.user_id, turn_id=pending_turn)
                     meta["attachments"] = [ref.to_dict() for ref in intake.refs]
                     notes += intake.notes
-                    if intake.images and not self.media.sees_images(self.spec.model):
+                    if intake.images and not self.media.sees_images(spec.model):
                         notes.append(NO_VISION_NOTE)  # llm.vision off, or the endpoint refused images before
                     usable = usable or intake.usable
                     read += intake.read
@@ -343,10 +373,10 @@ class TurnRunner:
             checked[0] = now
             return self.store.lane_generation(key) != generation
 
-        agent = self.agents.get(self.spec)
+        agent = self.agents.get(spec)
         # Fitted before the first model call (a summary, when one is due, is made and stored here;
         # its failure only means the plain window is sent).
-        projection = self.compressor.project(session_id=session_id, system_prompt=system_prompt,
+        projection = compressor.project(session_id=session_id, system_prompt=system_prompt,
                                              tools=agent.tools.schemas(), summary=opened.summary, window=window,
                                              model=agent.model,
                                              images=self.media.policy(agent.model.model) if self.media else None)
@@ -362,7 +392,7 @@ class TurnRunner:
         inner = self.media.model(agent.model) if self.media is not None else agent.model
         # A model that refuses the request as too long gets it compressed for its window, once per call.
         model = FitOnOverflow(inner, projection.history, projection.tokens,
-                              lambda tokens: with_images(self.compressor.project(
+                              lambda tokens: with_images(compressor.project(
                                   session_id=session_id, system_prompt=system_prompt, tools=agent.tools.schemas(),
                                   summary=opened.summary, window=window, model=agent.model, window_tokens=tokens,
                                   images=self.media.policy(agent.model.model) if self.media else None)))

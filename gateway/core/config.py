@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from agent.budget import Limits, Price
+from gateway.core.chats import ChatRule
 from gateway.core.errors import ConfigError
 from gateway.core.providers import RoutesMixin
 from gateway.core.window import WindowPolicy
@@ -609,11 +610,25 @@ class GatewayConfig(BaseSettings):
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    chats: list[ChatRule] = Field(default_factory=list)
+    """Per-chat settings: route, persona, toolset, skills, busy policy (``gateway.core.chats``)."""
+    personas: dict[str, str] = Field(default_factory=dict)
+    """Named personas: name -> text added to the system prompt of new sessions (``[[chats]]``
+    ``persona = "NAME"``, ``/persona NAME``)."""
     stop_timeout_s: float = Field(default=25.0, ge=0)
     """Graceful stop (SIGTERM): how long running turns may take to finish their step and the
     outbox to drain before the adapters close; a turn cut by it resumes after the restart.
     Keep it below the supervisor's kill timeout (systemd ``TimeoutStopSec``, compose
     ``stop_grace_period``)."""
+
+    @model_validator(mode="after")
+    def _check_chats(self) -> GatewayConfig:
+        routes = self.llm.route_names()
+        for n, rule in enumerate(self.chats):
+            for route in ([rule.route] if rule.route else []) + list(rule.models or []):
+                if route not in routes:
+                    raise ValueError(f"chats[{n}]: no route named {route!r} (routes: {', '.join(routes)})")
+        return self
 
     @classmethod
     def settings_customise_sources(

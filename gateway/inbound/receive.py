@@ -57,6 +57,8 @@ class Inbound:
         run_db: runs a blocking store call on the main loop's DB pool.
         model_name: the chat model's name now (``/status`` shows it).
         wake_delivery: called on the main loop when a reply was queued here.
+        busy_policy: the busy policy of a message's chat (blocking, on the DB pool; per-chat
+            settings, ``gateway.sessions.chat_settings``); ``None``: ``bus.busy_policy`` everywhere.
 
     Counters ``received``, ``duplicates`` and ``dropped`` count messages stored, refused as
     already stored, and not for the bot (unaddressed, or denied by the access rules).
@@ -65,7 +67,9 @@ class Inbound:
     def __init__(self, *, config: GatewayConfig, store: Store, directory: Directory, approvals: Approvals,
                  runner: TurnRunner, bus: SessionBus, metrics: GatewayMetrics, redact: Redactor,
                  run_db: Callable[..., Awaitable[Any]], model_name: Callable[[], str],
-                 wake_delivery: Callable[[], None], group_context: GroupContextStore | None = None) -> None:
+                 wake_delivery: Callable[[], None], group_context: GroupContextStore | None = None,
+                 busy_policy: Callable[[InboundMessage], str] | None = None) -> None:
+        self.busy_policy = busy_policy
         self.group_context = group_context
         self.config = config
         self.store = store
@@ -101,22 +105,24 @@ class Inbound:
             span.set_attribute("gateway.stored", stored)
             return stored
 
-    def _admit(self, message: InboundMessage) -> tuple[Identity, str, str, bool | None]:
+    def _admit(self, message: InboundMessage) -> tuple[Identity, str, str, bool | None, bool]:
         """The database part of receiving, in one call on the DB pool (one thread hop for an
-        ordinary message): ``(identity, session key, decision, stored)``. ``decision`` is the access
-        decision, or ``unaddressed`` for a thread message not for us; ``stored`` is whether an
-        allowed non-control message went into the inbox (``None``: not stored here)."""
+        ordinary message): ``(identity, session key, decision, stored, interrupts)``. ``decision`` is
+        the access decision, or ``unaddressed`` for a thread message not for us; ``stored`` is whether
+        an allowed non-control message went into the inbox (``None``: not stored here); ``interrupts``
+        whether it was stored under the busy policy ``interrupt`` (it cancels a running turn)."""
         identity = self.directory.identify(message)
         key = session_key_for(message, identity.user_id, self.config.sessions.group_scope)
         if not message.addressed and not self.store.lane_exists(key):
             self._keep_as_context(message)  # a thread the bot is not part of: group context at most
-            return identity, key, "unaddressed", None
+            return identity, key, "unaddressed", None, False
         decision = decide(message, identity.approved, self.config.access)
         if decision != "allow" or message.command in CONTROL_COMMANDS:
-            return identity, key, decision, None
-        cancel = "if_busy" if self.config.bus.busy_policy == "interrupt" else None
+            return identity, key, decision, None, False
+        policy = self.busy_policy(message) if self.busy_policy is not None else self.config.bus.busy_policy
+        cancel = "if_busy" if policy == "interrupt" else None
         return identity, key, decision, self.store.insert_inbound(message, key, cancel=cancel,
-                                                                  user_id=identity.user_id)
+                                                                  user_id=identity.user_id), cancel is not None
 
     def _keep_as_context(self, message: InboundMessage) -> None:
         """Keeps a group message not addressed to the bot as its chat's group context, when that chat
@@ -144,7 +150,7 @@ class Inbound:
                 await self.run_db(self._keep_as_context, message)
             self._drop(message)
             return False
-        identity, key, decision, stored = await self.run_db(self._admit, message)
+        identity, key, decision, stored, interrupts = await self.run_db(self._admit, message)
         if decision == "unaddressed":
             self._drop(message)
             return False  # a thread message not for us: the bot is not part of that thread
@@ -158,7 +164,7 @@ class Inbound:
             stored = await self._answer_now(message, key, identity.user_id, PAIRING_TEXT.format(code=code))
         elif message.command in CONTROL_COMMANDS:
             stored = await self._control(message, key, identity.user_id)
-        elif stored and self.config.bus.busy_policy == "interrupt":  # stored by _admit
+        elif stored and interrupts:  # stored by _admit
             self.runner.note_generation(key, await self.run_db(self.store.lane_generation, key))
         if stored:
             self.received += 1

@@ -9,12 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from agent.skills import SkillLibrary
 from gateway.core.types import InboundMessage
 from gateway.sessions.directory import CodeError, Directory
 from gateway.skills.commands import plan_lines, skills_reply
 from gateway.store.sql import Store
+
+if TYPE_CHECKING:
+    from gateway.sessions.chat_settings import ChatSetup
 
 HELP = (
     "I am an AI assistant. Write to me in a DM, or mention me (or reply to me) in a group.\n"
@@ -33,6 +37,8 @@ HELP = (
     "/approve ID, /deny ID - allow or refuse an action I asked about\n"
     "/memory - what I remember about you (/memory export: all of it as JSON); /forget ID - delete an entry\n"
     "/files - how many files you sent I keep; /forget_files - delete them all\n"
+    "/model, /persona, /busy - this chat's model, persona and busy policy (admins change them: /model NAME, "
+    "/persona NAME or TEXT, /busy queue|merge|interrupt)\n"
     "/help - this message"
 )
 
@@ -56,6 +62,9 @@ MENU: tuple[tuple[str, str, frozenset[str]], ...] = (
     ("files", "The files of yours I keep", frozenset({"dm", "group"})),
     ("forget_files", "Delete every file you sent me", frozenset({"dm", "group"})),
     ("approve_user", "Approve a pairing code: /approve_user CODE", frozenset({"admin"})),
+    ("model", "This chat's model (admins: /model NAME)", frozenset({"dm", "group"})),
+    ("persona", "This chat's persona (admins: /persona NAME or TEXT)", frozenset({"dm", "group"})),
+    ("busy", "Messages sent while I answer (admins: /busy queue|merge|interrupt)", frozenset({"dm", "group"})),
     ("help", "What this bot can do", frozenset({"dm", "group"})),
 )
 """Every command of the native menu, once, with where it is offered: ``dm`` (private chats),
@@ -107,11 +116,14 @@ class Commands:
         skills: the skill library ``/skills`` lists (``None``: skills are off).
         skill_tools: the tool names chat turns mount now (``/skills`` lists what the catalogue
             offers for them; ``None``: no tool check).
+        chats: per-chat settings: ``/new`` creates the session the chat's settings describe
+            (``None``: every session gets ``build_system_prompt()``).
     """
 
     def __init__(self, store: Store, directory: Directory, build_system_prompt: Callable[[], str],
                  skills: SkillLibrary | None = None,
-                 skill_tools: Callable[[], Iterable[str]] | None = None) -> None:
+                 skill_tools: Callable[[], Iterable[str]] | None = None, chats: ChatSetup | None = None) -> None:
+        self.chats = chats
         self.skills = skills
         self.skill_tools = skill_tools
         self.store = store
@@ -124,7 +136,12 @@ class Commands:
         if command in ("start", "help"):
             return HELP
         if command == "new":
-            self.store.new_session(ctx.key, self.build_system_prompt(), ctx.user_id if ctx.is_dm else None)
+            owner = ctx.user_id if ctx.is_dm else None
+            if self.chats is not None:
+                made = self.chats.new_session(ctx.message)
+                self.store.new_session(ctx.key, made.system_prompt, owner, made.settings)
+            else:
+                self.store.new_session(ctx.key, self.build_system_prompt(), owner)
             return "Started a new conversation. The previous one is listed in /sessions."
         if command == "status":
             return self._status(ctx)
@@ -155,7 +172,10 @@ class Commands:
 
     def _status(self, ctx: CommandContext) -> str:
         session_id = self.store.current_session_id(ctx.key)
-        lines = [f"Model: {ctx.model}"]
+        model = ctx.model
+        if self.chats is not None and session_id is not None:  # the conversation's own, for its life
+            model = self.chats.spec(self.store.session_settings(session_id)).model
+        lines = [f"Model: {model}"]
         if session_id is None:
             lines.append("Conversation: none yet")
         else:

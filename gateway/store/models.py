@@ -44,6 +44,9 @@ class SessionRow(Base):
     """The user whose DM conversation this is; ``None`` for a group's session."""
     title: Mapped[str | None] = mapped_column(String(120))
     """The first user message, shortened (``/sessions``)."""
+    settings: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """What the chat's settings chose when it was created and it keeps for its life (``route``,
+    ``toolset``, ``persona``; ``gateway.sessions.chat_settings``); ``None``: the defaults."""
 
 
 class LaneRow(Base):
@@ -430,6 +433,24 @@ class InstanceRow(Base):
     """The process's start time in clock ticks after boot (``/proc/PID/stat``): tells a reused pid."""
     started_at: Mapped[float] = mapped_column(Float)
     heartbeat_at: Mapped[float] = mapped_column(Float)
+
+
+class ChatSettingRow(Base):
+    """Settings an admin set in a chat (``/model``, ``/persona``, ``/busy``;
+    ``gateway.sessions.chat_settings``), stronger than every ``[[chats]]`` rule. One row per chat
+    (all its threads); a ``None`` column is not set there."""
+
+    __tablename__ = "chat_settings"
+
+    platform: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    chat_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    route: Mapped[str | None] = mapped_column(String(64))
+    persona: Mapped[str | None] = mapped_column(Text)
+    busy_policy: Mapped[str | None] = mapped_column(String(16))
+    updated_by: Mapped[str] = mapped_column(String(255))
+    """``platform:user id`` of the admin who set the latest change."""
+    updated_at: Mapped[float] = mapped_column(Float)
 
 
 class GroupMessageRow(Base):

@@ -78,7 +78,7 @@ FINISH_INBOX_MANY = update(_inbox).where(_inbox.c.id.in_(bindparam("b_ids", expa
 
 # -- sessions and transcript ------------------------------------------------------------------
 CURRENT_SESSION = (
-    select(_sessions.c.id, _sessions.c.system_prompt, _sessions.c.updated_at)
+    select(_sessions.c.id, _sessions.c.system_prompt, _sessions.c.updated_at, _sessions.c.settings)
     .select_from(_lanes.join(_sessions, _sessions.c.id == _lanes.c.session_id))
     .where(_lanes.c.key == bindparam("b_key"))
 )

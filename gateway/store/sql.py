@@ -119,6 +119,8 @@ class OpenSession:
     window: list[StoredMessage]
     last_used_at: float | None
     summary: Summary | None = None
+    settings: dict[str, Any] | None = None
+    """What the session was created with (``sessions.settings``; ``None``: the defaults)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,31 +357,37 @@ class Store:
 
     # -- sessions and transcript -------------------------------------------------------------
     def open_session(self, key: str, build_system_prompt: Callable[[], str], window: int,
-                     owner_user_id: str | None = None) -> OpenSession:
+                     owner_user_id: str | None = None,
+                     settings: Callable[[], dict[str, Any] | None] = lambda: None) -> OpenSession:
         """The key's current session with its stored system prompt, its newest summary and the
         newest ``window`` messages after that summary's cut, in one read (O(window) rows however
-        long the transcript is); created (prompt built once and stored) on first use."""
+        long the transcript is); created (prompt built once and stored, with ``settings()``) on
+        first use."""
         with read_tx(self.engine) as conn:
             row = conn.execute(q.CURRENT_SESSION, {"b_key": key}).first()
             if row is not None:
                 summary = self._summary(conn, row.id) if window else None
                 after = summary.covers_to_id if summary is not None else 0
                 return OpenSession(row.id, row.system_prompt, self._window(conn, row.id, window, after),
-                                   row.updated_at, summary)
-        session_id = self.new_session(key, build_system_prompt(), owner_user_id)
+                                   row.updated_at, summary, row.settings)
+        session_id = self.new_session(key, build_system_prompt(), owner_user_id, settings())
         with read_tx(self.engine) as conn:
-            prompt = conn.execute(select(_sessions.c.system_prompt).where(_sessions.c.id == session_id)).scalar_one()
-        return OpenSession(session_id, prompt, [], None)
+            created = conn.execute(select(_sessions.c.system_prompt, _sessions.c.settings)
+                                   .where(_sessions.c.id == session_id)).one()
+        return OpenSession(session_id, created.system_prompt, [], None, settings=created.settings)
 
     @retry_locked
-    def new_session(self, key: str, system_prompt: str, owner_user_id: str | None) -> str:
+    def new_session(self, key: str, system_prompt: str, owner_user_id: str | None,
+                    settings: dict[str, Any] | None = None) -> str:
         """Creates a session for ``key`` (owned by ``owner_user_id`` for a DM) and makes it the
-        lane's current one; the previous one stays listed. Returns its id."""
+        lane's current one; the previous one stays listed. ``settings``: what the chat's settings
+        chose for it (``sessions.settings``). Returns its id."""
         session_id = uuid.uuid4().hex
         now = time.time()
         with write_tx(self.engine) as conn:
             conn.execute(insert(_sessions).values(id=session_id, key=key, system_prompt=system_prompt,
-                                                  created_at=now, updated_at=now, owner_user_id=owner_user_id))
+                                                  created_at=now, updated_at=now, owner_user_id=owner_user_id,
+                                                  settings=settings))
             if conn.execute(update(_lanes).where(_lanes.c.key == key).values(session_id=session_id)).rowcount == 0:
                 conn.execute(insert(_lanes).values(key=key, session_id=session_id, lease_until=0.0, generation=0))
         return session_id
@@ -390,6 +398,12 @@ class Store:
         caller)."""
         with write_tx(self.engine) as conn:
             conn.execute(update(_lanes).where(_lanes.c.key == key).values(session_id=session_id))
+
+    def session_settings(self, session_id: str) -> dict[str, Any] | None:
+        """What the session was created with (``sessions.settings``; ``None``: the defaults, or no
+        such session)."""
+        with read_tx(self.engine) as conn:
+            return conn.execute(select(_sessions.c.settings).where(_sessions.c.id == session_id)).scalar()
 
     def current_session_id(self, key: str) -> str | None:
         with read_tx(self.engine) as conn:
