@@ -43,7 +43,7 @@ i18n: $(STAMP)  ## texts in the code -> gateway.pot -> each locale's gateway.po 
 	$(BIN)/pybabel extract --mapping-file babel.cfg --keywords N_ --no-location --sort-output \
 	  --project agent-gateway --msgid-bugs-address "" --output-file $(LOCALES)/gateway.pot .
 	$(BIN)/pybabel update --input-file $(LOCALES)/gateway.pot --output-dir $(LOCALES) --domain gateway \
-	  --no-fuzzy-matching --ignore-obsolete --init-missing --ignore-pot-creation-date
+	  --no-fuzzy-matching --ignore-obsolete --ignore-pot-creation-date
 	$(MAKE) i18n-compile
 
 i18n-compile: $(STAMP)  ## gateway.po -> gateway.mo (tests/test_i18n.py checks they match)

@@ -299,7 +299,7 @@ class TurnRunner:
                     meta["attachments"] = [ref.to_dict() for ref in intake.refs]
                     notes += intake.notes
                     if intake.images and not self.media.sees_images(self.spec.model):
-                        notes.append(NO_VISION_NOTE)  # llm.vision off, or the endpoint refused images before
+                        notes.append(_(NO_VISION_NOTE))  # llm.vision off, or the endpoint refused images before
                     usable = usable or intake.usable
                     read += intake.read
                 else:
@@ -419,7 +419,7 @@ class TurnRunner:
                      outcome.steps, outcome.cost_usd)
         sends_files = bool(self._files_for(session_id, turn_id))
         if getattr(model, "fell_back", False):
-            notes.append(NO_VISION_NOTE)
+            notes.append(_(NO_VISION_NOTE))
         told = "".join(f"{line}\n" for line in dict.fromkeys(notes))
         answer = outcome.reply.strip() or ("" if sends_files else _("(no answer)"))  # files alone are an answer
         reply = notice + heard + (told + "\n" if told else "") + answer

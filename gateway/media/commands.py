@@ -31,7 +31,7 @@ class MediaCommands:
         user_id = self.directory.identify(message).user_id
         if message.command == "files":
             files, size = self.index.count(owner_user_id=user_id)
-            kept = (_("Files are deleted {days} days after they were sent.", days=f"{self.retention_days:g}")
+            kept = (_("Files are deleted {days:g} days after they were sent.", days=self.retention_days)
                     if self.retention_days else _("Files are kept as long as their conversation."))
             if not files:
                 return _("I keep no files of yours.") + " " + kept

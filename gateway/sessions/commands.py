@@ -178,7 +178,7 @@ class Commands:
             lines.append(_("Tokens used: {prompt} in{cached}, {completion} out", prompt=usage.prompt_tokens,
                            cached=cached, completion=usage.completion_tokens))
             if usage.cost_usd:
-                lines.append(_("Cost so far: ${cost}", cost=f"{usage.cost_usd:.4f}"))
+                lines.append(_("Cost so far: ${cost:.4f}", cost=usage.cost_usd))
             lines += plan_lines(self.store, session_id)
         lines.append(_("Waiting messages: {n}", n=self.directory.pending_count(ctx.key)))
         return "\n".join(lines)

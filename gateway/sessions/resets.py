@@ -43,6 +43,6 @@ class ResetPolicy:
     def describe(self) -> str:
         """Why a session was reset, in the current locale."""
         if self.daily_hour is not None:
-            return _("Conversations reset daily at {hour}:00 {zone}", hour=f"{self.daily_hour:02d}", zone=self.zone)
+            return _("Conversations reset daily at {hour:02d}:00 {zone}", hour=self.daily_hour, zone=self.zone)
         assert self.idle_s is not None
-        return _("The last conversation was idle for over {hours} h", hours=f"{self.idle_s / 3600:g}")
+        return _("The last conversation was idle for over {hours:g} h", hours=self.idle_s / 3600)
