@@ -409,6 +409,8 @@ class FakeTelegram(ThreadedServer):
         self.webhook_url: str = ""
         self.webhook_secret: str | None = None
         self.commands: dict[str, list[dict[str, Any]]] = {}
+        self.reactions: dict[tuple[int, int], list[str]] = {}
+        """The bot's reaction on each ``(chat_id, message_id)`` (setMessageReaction; ``[]``: removed)."""
         self.can_read_all_group_messages = False
         self.webhook_deliveries: list[tuple[int, int]] = []
         self.uploads: list[dict[str, Any]] = []
@@ -924,10 +926,16 @@ class FakeTelegram(ThreadedServer):
             self.commands.pop(key, None)
         return True
 
-    def menu(self, chat_id: int, *, admin: bool = False) -> list[str]:
-        """The command names a Telegram client shows in ``chat_id``: the most specific non-empty
-        scope wins (Bot API "Determining list of commands": chat > all_private_chats /
-        all_chat_administrators > all_group_chats > default; languages not modelled)."""
+    def menu(self, chat_id: int, *, admin: bool = False, language: str = "") -> list[str]:
+        """The command names a Telegram client shows in ``chat_id``: ``menu_entries``' names."""
+        return [c["command"] for c in self.menu_entries(chat_id, admin=admin, language=language)]
+
+    def menu_entries(self, chat_id: int, *, admin: bool = False, language: str = "") -> list[dict[str, Any]]:
+        """The commands (``{"command", "description"}``) a Telegram client whose language is
+        ``language`` shows in ``chat_id``: the most specific non-empty scope wins, and within a
+        scope the menu for the user's ``language_code`` before the one without (Bot API
+        "Determining list of commands": chat > all_private_chats / all_chat_administrators >
+        all_group_chats > default)."""
         chat = self._chat(chat_id)
         private = chat.get("type") == "private"
         keys = [f"chat:{chat_id}"]
@@ -935,8 +943,9 @@ class FakeTelegram(ThreadedServer):
             "all_group_chats"]
         with self._lock:
             for key in [*keys, "default"]:
-                if self.commands.get(key):
-                    return [c["command"] for c in self.commands[key]]
+                for variant in ([f"{key}/{language}"] if language else []) + [key]:
+                    if self.commands.get(variant):
+                        return copy.deepcopy(self.commands[variant])
         return []
 
     def _check_upload(self, kind: str, part: JSON) -> tuple[int, int] | None:
