@@ -144,12 +144,12 @@ async def test_the_fake_refuses_menus_telegram_refuses(fake_telegram):
     async with Bot(TEST_TOKEN, base_url=f"{fake_telegram.url}/bot") as bot:
         scope = BotCommandScopeAllPrivateChats()
         for language in ("xx", "zho", "ZH", "zh-hans"):  # two-letter ISO 639-1 codes only
-            with pytest.raises(BadRequest, match="(?i)invalid language code"):
+            with pytest.raises(BadRequest, match=r"(?i)invalid language code"):
                 await bot.set_my_commands([BotCommand("help", "Help")], scope=scope, language_code=language)
         assert await bot.set_my_commands([BotCommand("help", "帮助")], scope=scope, language_code="zh")
-        with pytest.raises(BadRequest, match="(?i)bot_command_invalid"):
+        with pytest.raises(BadRequest, match=r"(?i)bot_command_invalid"):
             await bot.set_my_commands([BotCommand("帮助", "Help")], scope=scope, language_code="zh")
-        with pytest.raises(BadRequest, match="(?i)reaction_invalid"):
+        with pytest.raises(BadRequest, match=r"(?i)reaction_invalid"):
             await bot.set_message_reaction(USER, 1, reaction="🦜")  # not on Telegram's list
 
 

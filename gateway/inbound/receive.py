@@ -7,7 +7,7 @@ One message, in order (DESIGN §3.2):
 2. one call on the DB pool (``_admit``): who sent it (``Directory.identify``), its session key,
    whether the bot is part of that conversation, the access decision, and, for an ordinary
    message, the inbox row (a unique key drops the platforms' retries);
-3. control commands (``/stop``, ``/status``, ``/approve``, ``/deny``) and pairing codes are
+3. control commands (``/stop``, ``/status``, ``/approve``, ``/deny``, ``/language``) and pairing codes are
    answered at once, outside the lane, their reply queued in the same transaction as their row;
 4. the lane is kicked: a worker thread runs the turn (``gateway.bus``).
 
@@ -197,9 +197,9 @@ class Inbound:
                     text = _("No status here.")
             return await self._answer_now(message, key, user_id, text)
         if message.command in ("approve", "deny"):
+            command = message.command
             text = await self.run_db(in_locale(locale, lambda: decide_reply(
-                self.approvals, message.command, message.text, user_id, is_admin(message, access),
-                self.trusted(message))))
+                self.approvals, command, message.text, user_id, is_admin(message, access), self.trusted(message))))
             return await self._answer_now(message, key, user_id, text)
         if message.command == "language":  # a database write: answered at once, in the language chosen
             text = await self.run_db(language_reply, self.directory, message, user_id, self.config.i18n.default)

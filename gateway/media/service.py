@@ -38,9 +38,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.model import ChatModel, ModelError, ModelReply, OnText
-from gateway.core.i18n import N_, _
 from gateway.core.config import MediaConfig
 from gateway.core.errors import BlobMissing, DownloadFailed, FileTooBig, MediaError
+from gateway.core.i18n import N_, _
 from gateway.core.ports import BlobStore, can_download
 from gateway.core.types import Attachment, InboundMessage, MediaRef
 from gateway.media.contents import ContentReader, wants
