@@ -206,8 +206,8 @@ class TelegramAdapter:
 
     async def _set_menus(self) -> None:
         """One setMyCommands per audience of ``CommandMenu`` and language (the menus without a
-        ``language_code``, then each of ``languages``); a refused menu is logged and the others are
-        still set (the commands work typed either way)."""
+        ``language_code`` and each of ``languages``), sent together; a refused menu is logged and the
+        others are still set (the commands work typed either way)."""
         base = self._menu
         scopes: list[tuple[BotCommandScope, Sequence[tuple[str, str]], str | None, str]] = []
         for code, menu in [(None, base), *base.languages.items()]:
@@ -217,7 +217,9 @@ class TelegramAdapter:
             if menu.admins:
                 scopes += [(BotCommandScopeChat(chat_id), menu.admins, code, f"admin chat {chat_id}{where}")
                            for chat_id in base.admin_chat_ids]
-        for scope, commands, code, what in scopes:
+
+        async def set_menu(scope: BotCommandScope, commands: Sequence[tuple[str, str]], code: str | None,
+                           what: str) -> None:
             try:
                 await self.bot.set_my_commands([BotCommand(name, text) for name, text in commands], scope=scope,
                                                language_code=code)
@@ -228,6 +230,8 @@ class TelegramAdapter:
                     log.warning("telegram setMyCommands for %s refused: %s", what, exc.message)
             except TelegramError as exc:
                 log.warning("telegram setMyCommands for %s failed: %s", what, exc)
+
+        await asyncio.gather(*(set_menu(*entry) for entry in scopes))  # one round trip, not one per menu
 
     async def start_receiving(self) -> None:
         """Starts long polling (polling mode; pending updates are kept, never dropped)."""
