@@ -3,9 +3,9 @@ approvals, scheduler replies, limits, menus), through GNU gettext catalogs.
 
 Catalogs: ``gateway/core/locales/<locale>/LC_MESSAGES/gateway.po`` (the sources, edited by people)
 and ``gateway.mo`` (compiled from them by Babel: ``make i18n``; ``tests/test_i18n.py`` fails when a
-``.mo`` is older than its ``.po``, a message has no translation, or one is fuzzy). The English
-texts in the code are the message ids; ``en`` has a catalog too, so a wording can be changed
-there without touching code.
+``.mo`` does not match its ``.po``, a text in the code has no translation, or an entry is fuzzy or
+empty). English is the source language: the English texts in the code are the message ids, so
+``en`` needs no catalog (gettext returns the id).
 
 Wrapping a text (the whole recipe, CONTRIBUTING.md "Add or change a text"):
 
