@@ -103,7 +103,7 @@ async def approval_card(fake, chat_id: str) -> dict:
     card = next(m for m in fake.sent(chat_id) if "🔐 需要审批" in post_text(m["content"]))
     assert card["msg_type"] == "interactive"
     buttons = [el for el in card_elements(card["content"]) if el["tag"] == "button"]
-    assert [b["text"]["content"] for b in buttons] == ["✅ 批准", "❌ 拒绝"]  # Feishu users get Chinese (README "Languages")
+    assert [b["text"]["content"] for b in buttons] == ["✅ 批准", "❌ 拒绝"]  # Feishu: Chinese (README "Languages")
     assert buttons[0]["value"]["gw_cmd"].startswith("/approve ") and buttons[1]["value"]["gw_cmd"].startswith("/deny ")
     return card
 
