@@ -150,3 +150,36 @@ def test_i18n_default_accepts_known_languages_only():
     assert GatewayConfig(i18n={"default": "zh"}).i18n.default == "zh_CN"
     with pytest.raises(ValueError, match="no catalog"):
         GatewayConfig(i18n={"default": "fr"})
+
+
+def test_a_language_choice_is_kept_with_the_user_and_follows_link_and_unlink(db_url):
+    """``users.language`` on both backends: set and cleared, read by ``identify``, kept by the
+    surviving user of ``/link`` (when it had none) and by the account ``/unlink`` detaches."""
+    from gateway.core.types import ChatAddress, InboundMessage, Sender
+    from gateway.sessions.directory import Directory
+    from gateway.store.db import create_db_engine
+
+    def dm(platform: str, user: str) -> InboundMessage:
+        return InboundMessage(ChatAddress(platform, "T1", user), f"{user}:1", "dm", Sender(user, "A"), "hi")
+
+    engine = create_db_engine(db_url)
+    try:
+        directory = Directory(engine)
+        telegram, slack = dm("telegram", "5550001"), dm("slack", "U0001")
+        first = directory.identify(telegram)
+        assert first.language is None
+        directory.set_language(first.user_id, "zh_CN")
+        assert directory.identify(telegram).language == "zh_CN"
+        directory.set_language(first.user_id, None)
+        assert directory.identify(telegram).language is None
+
+        directory.set_language(first.user_id, "zh_CN")
+        other = directory.identify(slack)
+        code = directory.new_code(other.user_id, "link")
+        directory.link(code, first.user_id)  # the Telegram account joins the Slack user, which chose nothing
+        assert directory.identify(telegram).language == directory.identify(slack).language == "zh_CN"
+        assert directory.unlink(telegram)
+        detached = directory.identify(telegram)
+        assert detached.user_id != other.user_id and detached.language == "zh_CN"
+    finally:
+        engine.dispose()
