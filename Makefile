@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 CONFIG ?= $(firstword $(wildcard gateway.toml))
 PYTEST_ARGS ?=
 
-.PHONY: run test chat doctor demo lint typecheck bench image clean
+.PHONY: run test chat doctor demo lint typecheck bench image i18n i18n-compile clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,18 @@ bench: $(STAMP)  ## the benchmark suite against the loopback fakes (prints JSON;
 
 image:  ## build the container image with podman, no registry needed (deploy/image.sh; root, podman + mmdebstrap)
 	deploy/image.sh build
+
+LOCALES := gateway/core/locales
+
+i18n: $(STAMP)  ## texts in the code -> gateway.pot -> each locale's gateway.po (new ones empty), then compile
+	$(BIN)/pybabel extract --mapping-file babel.cfg --keywords N_ --no-location --sort-output \
+	  --project agent-gateway --msgid-bugs-address "" --output-file $(LOCALES)/gateway.pot .
+	$(BIN)/pybabel update --input-file $(LOCALES)/gateway.pot --output-dir $(LOCALES) --domain gateway \
+	  --no-fuzzy-matching --ignore-obsolete --ignore-pot-creation-date
+	$(MAKE) i18n-compile
+
+i18n-compile: $(STAMP)  ## gateway.po -> gateway.mo (tests/test_i18n.py checks they match)
+	$(BIN)/pybabel compile --domain gateway --directory $(LOCALES) --statistics
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -99,11 +99,11 @@ def texts(fake, chat_id: str) -> list[str]:
 
 
 async def approval_card(fake, chat_id: str) -> dict:
-    await wait_until(lambda: any("Approval needed" in t for t in texts(fake, chat_id)), what="approval card")
-    card = next(m for m in fake.sent(chat_id) if "Approval needed" in post_text(m["content"]))
+    await wait_until(lambda: any("🔐 需要审批" in t for t in texts(fake, chat_id)), what="approval card")
+    card = next(m for m in fake.sent(chat_id) if "🔐 需要审批" in post_text(m["content"]))
     assert card["msg_type"] == "interactive"
     buttons = [el for el in card_elements(card["content"]) if el["tag"] == "button"]
-    assert [b["text"]["content"] for b in buttons] == ["✅ Approve", "❌ Deny"]
+    assert [b["text"]["content"] for b in buttons] == ["✅ 批准", "❌ 拒绝"]  # Feishu: Chinese (README "Languages")
     assert buttons[0]["value"]["gw_cmd"].startswith("/approve ") and buttons[1]["value"]["gw_cmd"].startswith("/deny ")
     return card
 
@@ -120,14 +120,14 @@ async def test_approve_button_runs_the_tool_and_another_users_press_is_refused(t
     card = await approval_card(fake_feishu, GROUP)
 
     status, body = await fake_feishu.post_event(url(gateway), fake_feishu.card_action(
-        card["message_id"], "✅ Approve", operator=BOB))
+        card["message_id"], "✅ 批准", operator=BOB))
     assert (status, body) == (200, {})
-    await wait_until(lambda: any("Only the person" in t for t in texts(fake_feishu, GROUP)), what="Bob refused")
-    refusal = next(m for m in fake_feishu.sent(GROUP) if "Only the person" in post_text(m["content"]))
+    await wait_until(lambda: any("只有发起请求的人" in t for t in texts(fake_feishu, GROUP)), what="Bob refused")
+    refusal = next(m for m in fake_feishu.sent(GROUP) if "只有发起请求的人" in post_text(m["content"]))
     assert refusal["parent_id"] == card["message_id"]  # answered under the pressed card
     assert not list((tmp_path / "ws").rglob("plan.txt"))
 
-    press = fake_feishu.card_action(card["message_id"], "✅ Approve", operator=ALICE)
+    press = fake_feishu.card_action(card["message_id"], "✅ 批准", operator=ALICE)
     assert (await fake_feishu.post_event(url(gateway), press))[0] == 200
     await wait_until(lambda: any(t.startswith("tool said") for t in texts(fake_feishu, GROUP)), what="turn finished")
     assert texts(fake_feishu, GROUP)[-1] == "tool said: Wrote 6 bytes to plan.txt."
@@ -135,7 +135,7 @@ async def test_approve_button_runs_the_tool_and_another_users_press_is_refused(t
 
     assert (await fake_feishu.post_event(url(gateway), press))[0] == 200  # Feishu pushes the callback again
     await wait_until(lambda: settled(gateway), what="outbox settled")
-    assert sum(t.startswith("Approved:") for t in texts(fake_feishu, GROUP)) == 1
+    assert sum(t.startswith("已批准：") for t in texts(fake_feishu, GROUP)) == 1
 
 
 async def test_deny_button_over_the_long_connection_tells_the_model_and_nothing_runs(tmp_path, fake_feishu,
@@ -149,11 +149,11 @@ async def test_deny_button_over_the_long_connection_tells_the_model_and_nothing_
     assert (await fake_feishu.ws_push(fake_feishu.text_event("make a plan", chat_id=chat)))["code"] == 200
     card = await approval_card(fake_feishu, chat)
 
-    ack = await fake_feishu.ws_push(fake_feishu.card_action(card["message_id"], "❌ Deny", operator=ALICE))
+    ack = await fake_feishu.ws_push(fake_feishu.card_action(card["message_id"], "❌ 拒绝", operator=ALICE))
     assert ack["code"] == 200
     await wait_until(lambda: any(t.startswith("tool said") for t in texts(fake_feishu, chat)), what="turn finished")
     assert "denied" in texts(fake_feishu, chat)[-1].lower()
-    assert any(t.startswith("Denied:") for t in texts(fake_feishu, chat))
+    assert any(t.startswith("已拒绝：") for t in texts(fake_feishu, chat))
     assert not list((tmp_path / "ws").rglob("plan.txt"))
 
 

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from adapters.feishu.format import BODY_OVERHEAD_BYTES, POST_LIMIT_BYTES, Part, encoded_size, split_text
+from adapters.feishu.inbound import FEISHU_LANGUAGE
 from gateway.core.types import ChatAddress, InboundMessage, Sender
 
 CARD_ACTION_EVENT = "card.action.trigger"
@@ -112,4 +113,5 @@ def action_to_inbound(body: Mapping[str, Any], bot_open_id: str) -> InboundMessa
         command=name.lower(),
         received_at=received_at,
         event_id=str(header.get("event_id") or "") or None,
+        language=FEISHU_LANGUAGE,
     )

@@ -35,6 +35,9 @@ from typing import Any
 from gateway.core.types import Attachment, ChatAddress, ContextMessage, InboundMessage, Sender
 
 RECEIVE_EVENT = "im.message.receive_v1"
+FEISHU_LANGUAGE = "zh"
+"""The language hint of every Feishu message: message events carry no sender locale, and Feishu's
+users mostly write Chinese (a user's ``/language en`` still wins)."""
 _PLACEHOLDER = re.compile(r"@_user_\d+|@_all")
 _SPACES = re.compile(r"[ \t]{2,}")
 _POST_STYLES = {"bold": "**", "italic": "*", "lineThrough": "~~"}
@@ -259,6 +262,7 @@ def to_inbound(body: Mapping[str, Any], bot_open_id: str, *, ambient: bool = Fal
         received_at=received_at,
         event_id=str(header.get("event_id") or "") or None,
         addressed=is_dm or mentioned,
+        language=FEISHU_LANGUAGE,
         quoted=ContextMessage(parent_id) if (parent_id := str(message.get("parent_id") or "")) else None,
         context_only=not is_dm and not mentioned and thread_id is None,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import uuid
 from collections.abc import Callable
@@ -64,6 +65,7 @@ class LocalAdapter:
             await sink(InboundMessage(
                 address=self.address, message_id=uuid.uuid4().hex, chat_type="dm",
                 sender=Sender(self._user, "You"), text=text, command=command,
+                language=_terminal_language(),
             ))
             self.waiting.clear()
             await self.waiting.wait()
@@ -97,3 +99,9 @@ class LocalAdapter:
 
     async def check(self) -> str:
         return "terminal"
+
+
+def _terminal_language() -> str | None:
+    """The terminal's language (POSIX: ``LC_ALL``, then ``LC_MESSAGES``, then ``LANG``, e.g.
+    ``zh_CN.UTF-8``): the language hint of ``gateway chat`` messages."""
+    return os.environ.get("LC_ALL") or os.environ.get("LC_MESSAGES") or os.environ.get("LANG") or None

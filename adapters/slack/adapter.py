@@ -19,6 +19,7 @@ Socket Mode frame) and follow the same rule: stored as the command message they 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -271,6 +272,8 @@ class SlackAdapter:
         self._identity: BotIdentity | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._names: dict[str, tuple[str, float]] = {}
+        self._locales: dict[str, tuple[str, float]] = {}
+        """User id -> (``users.info`` ``locale``, e.g. ``zh-CN``; expiry): the language hint of their messages."""
         self._last_seen: OrderedDict[ChatAddress, str] = OrderedDict()  # newest user message ts per chat
         self._reacted: dict[ChatAddress, str] = {}
         self._files: FileReader | None = None
@@ -448,6 +451,9 @@ class SlackAdapter:
             names = await self._display_names(wanted)
             named = to_inbound(body, self._identity, names, allow_bots=self._allow_bots, ambient=self._group_context)
             result = named if isinstance(named, InboundMessage) else result
+        locale = self._locales.get(result.sender.user_id)  # looked up with the author's name just now
+        if locale is not None and locale[1] > time.monotonic():
+            result = dataclasses.replace(result, language=locale[0])
         stored = await self._sink(result)
         if stored:
             self._remember(result.address, result.message_id.rsplit(":", 1)[-1], result.sender.user_id)
@@ -571,17 +577,22 @@ class SlackAdapter:
 
     async def _display_names(self, user_ids: set[str]) -> dict[str, str]:
         """Display names by user id (``users.info``, cached for an hour; unknown ids are left out).
-        Lookups run in parallel and give up after ``NAME_LOOKUP_TIMEOUT_S``."""
+        Lookups run in parallel and give up after ``NAME_LOOKUP_TIMEOUT_S``. Each lookup asks for
+        the user's locale too (``include_locale``, Slack Web API users.info), kept in ``_locales``."""
         now = time.monotonic()
         names = {uid: cached[0] for uid in user_ids if (cached := self._names.get(uid)) and cached[1] > now}
         missing = [uid for uid in user_ids if uid not in names]
 
         async def lookup(uid: str) -> None:
             try:
-                user = (await self.client.users_info(user=uid)).get("user") or {}
+                user = (await self.client.users_info(user=uid, include_locale=True)).get("user") or {}
             except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
                 log.debug("users.info %s failed: %s", uid, type(exc).__name__)
                 return
+            if isinstance(user.get("locale"), str) and user["locale"]:
+                if len(self._locales) > _MAX_REMEMBERED:
+                    self._locales.clear()
+                self._locales[uid] = (str(user["locale"]), now + NAME_TTL_S)
             profile = user.get("profile") or {}
             name = profile.get("display_name") or profile.get("real_name") or user.get("real_name") or user.get("name")
             if name:

@@ -14,7 +14,7 @@ import hmac
 import logging
 import random
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -64,6 +64,10 @@ FILE_READ_TIMEOUT_S = 60.0
 """Seconds to wait for Telegram's answer to an upload (it stores the file before answering)."""
 PHOTO_REFUSALS = ("PHOTO_INVALID_DIMENSIONS", "PHOTO_SAVE_FILE_INVALID")
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query", "my_chat_member"]
+WORKING_REACTION = "👀"
+"""A lightweight "working on it" where Telegram refuses the typing action (setMessageReaction
+accepts only its fixed emoji list; 👀 is on it)."""
+_MAX_REMEMBERED = 10_000
 GONE_STATUSES = frozenset({"left", "kicked"})
 """ChatMember statuses of a bot no longer in the chat (Bot API ``my_chat_member``)."""
 PRIVACY_WARNING = (
@@ -92,6 +96,10 @@ class CommandMenu:
             at the next start after their first message).
         admin_chat_ids: Telegram user ids (= their private chat ids) of the gateway's admins.
 
+        languages: the same menus per language, by two-letter ISO 639-1 code (setMyCommands
+            ``language_code``: a client whose language is ``zh`` shows the ``zh`` menu of a scope,
+            others the menu without a language); their own ``admin_chat_ids`` are not used.
+
     Names must be unique per menu, 1-32 characters of ``a-z``, ``0-9`` and ``_``, at most 100 per
     menu; descriptions 1-256 characters (otherwise Telegram refuses the whole menu with 400).
     """
@@ -100,6 +108,7 @@ class CommandMenu:
     groups: Sequence[tuple[str, str]] = (("help", "What this bot can do"), ("stop", "Stop the running turn"))
     admins: Sequence[tuple[str, str]] = ()
     admin_chat_ids: Sequence[int] = field(default_factory=tuple)
+    languages: Mapping[str, CommandMenu] = field(default_factory=dict)
 
 
 class TelegramAdapter:
@@ -122,6 +131,8 @@ class TelegramAdapter:
             from the path ``getFile`` returns).
         max_upload_bytes: largest file the bot may send (Bot API: 50 MB; 2,000 MB through a local
             Bot API server).
+        working_reaction: the emoji that marks the user's message while a turn runs in a chat that
+            refuses the typing action (one of Telegram's reaction emoji; ``""``: none).
     """
 
     platform = "telegram"
@@ -131,7 +142,7 @@ class TelegramAdapter:
                  webhook_secret: str | None = None, webhook_url: str | None = None, poll_timeout_s: int = 30,
                  menu: CommandMenu | None = None, group_context: bool = False,
                  max_download_bytes: int = CLOUD_DOWNLOAD_LIMIT, local_mode: bool = False,
-                 max_upload_bytes: int = DOCUMENT_MAX_BYTES) -> None:
+                 max_upload_bytes: int = DOCUMENT_MAX_BYTES, working_reaction: str = WORKING_REACTION) -> None:
         root = base_url.rstrip("/")
         self._group_context = group_context
         self.max_download_bytes = max_download_bytes
@@ -155,6 +166,11 @@ class TelegramAdapter:
         self._identity: BotIdentity | None = None
         self._poller: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._working_reaction = working_reaction
+        self._no_typing: set[str] = set()
+        """Chats where Telegram refused sendChatAction: ``send_typing`` reacts there instead."""
+        self._newest: dict[ChatAddress, int] = {}
+        self._reacted: dict[ChatAddress, int] = {}
         bot_id = token.partition(":")[0]
         self.receiver_lease: str | None = f"receiver:telegram:{bot_id}" if mode == "polling" else None
 
@@ -189,19 +205,24 @@ class TelegramAdapter:
                                        allowed_updates=ALLOWED_UPDATES, drop_pending_updates=False)
 
     async def _set_menus(self) -> None:
-        """One setMyCommands per audience of ``CommandMenu``; a refused menu is logged and the
+        """One setMyCommands per audience of ``CommandMenu`` and language (the menus without a
+        ``language_code`` and each of ``languages``), sent together; a refused menu is logged and the
         others are still set (the commands work typed either way)."""
-        menu = self._menu
-        scopes: list[tuple[BotCommandScope, Sequence[tuple[str, str]], str]] = [
-            (BotCommandScopeAllPrivateChats(), menu.private, "private chats"),
-            (BotCommandScopeAllGroupChats(), menu.groups, "group chats"),
-        ]
-        if menu.admins:
-            scopes += [(BotCommandScopeChat(chat_id), menu.admins, f"admin chat {chat_id}")
-                       for chat_id in menu.admin_chat_ids]
-        for scope, commands, what in scopes:
+        base = self._menu
+        scopes: list[tuple[BotCommandScope, Sequence[tuple[str, str]], str | None, str]] = []
+        for code, menu in [(None, base), *base.languages.items()]:
+            where = f" ({code})" if code else ""
+            scopes += [(BotCommandScopeAllPrivateChats(), menu.private, code, f"private chats{where}"),
+                       (BotCommandScopeAllGroupChats(), menu.groups, code, f"group chats{where}")]
+            if menu.admins:
+                scopes += [(BotCommandScopeChat(chat_id), menu.admins, code, f"admin chat {chat_id}{where}")
+                           for chat_id in base.admin_chat_ids]
+
+        async def set_menu(scope: BotCommandScope, commands: Sequence[tuple[str, str]], code: str | None,
+                           what: str) -> None:
             try:
-                await self.bot.set_my_commands([BotCommand(name, text) for name, text in commands], scope=scope)
+                await self.bot.set_my_commands([BotCommand(name, text) for name, text in commands], scope=scope,
+                                               language_code=code)
             except BadRequest as exc:
                 if "chat not found" in exc.message.lower():
                     log.info("telegram command menu for %s not set yet: the admin has not written to the bot", what)
@@ -209,6 +230,8 @@ class TelegramAdapter:
                     log.warning("telegram setMyCommands for %s refused: %s", what, exc.message)
             except TelegramError as exc:
                 log.warning("telegram setMyCommands for %s failed: %s", what, exc)
+
+        await asyncio.gather(*(set_menu(*entry) for entry in scopes))  # one round trip, not one per menu
 
     async def start_receiving(self) -> None:
         """Starts long polling (polling mode; pending updates are kept, never dropped)."""
@@ -304,6 +327,10 @@ class TelegramAdapter:
             log.debug("telegram update %s ignored: %s", update.update_id, result.reason)
             return
         await self._sink(result)
+        if not result.context_only and update.callback_query is None:  # the message a reaction would mark
+            self._newest[result.address] = int(result.message_id.rpartition(":")[2])
+            while len(self._newest) > _MAX_REMEMBERED:
+                del self._newest[next(iter(self._newest))]
 
     async def _handle_webhook(self, request: web.Request) -> web.Response:
         """Telegram webhook: the secret (setWebhook ``secret_token``) is compared on the header's raw
@@ -405,6 +432,7 @@ class TelegramAdapter:
             ids.append(sent_id)
             if on_part is not None and index < len(parts) - 1:
                 await on_part(sent_id)  # recorded before the next part: a crash never repeats it
+        await self._clear_reaction(message.address)  # the answer is there: no more "working on it"
         return DeliveryResult(True, tuple(ids))
 
     async def _send_file(self, address: ChatAddress, attachment: OutboundAttachment, data: bytes,
@@ -528,13 +556,43 @@ class TelegramAdapter:
         return data, attachment.mime_type or "application/octet-stream"
 
     async def send_typing(self, address: ChatAddress) -> None:
+        """Shows "typing…" (sendChatAction, ≤ 5 s, repeated by the caller). In a chat where
+        Telegram refuses the chat action (400/403: e.g. a group whose permissions do not let the
+        bot appear typing, a channel), a ``WORKING_REACTION`` on the user's newest message stands
+        in for it once (setMessageReaction) and is taken away when the reply is sent. Best effort:
+        errors are logged at DEBUG."""
+        if address.chat_id not in self._no_typing:
+            try:
+                await self.bot.send_chat_action(
+                    int(address.chat_id), "typing",
+                    message_thread_id=int(address.thread_id) if address.thread_id else None,
+                )
+                return
+            except (BadRequest, Forbidden) as exc:
+                log.info("telegram chat %s refuses the typing action (%s); a reaction shows work instead",
+                         address.chat_id, exc.message)
+                self._no_typing.add(address.chat_id)
+            except TelegramError as exc:
+                log.debug("sendChatAction failed: %s", exc)
+                return
+        newest = self._newest.get(address)
+        if not self._working_reaction or newest is None or self._reacted.get(address) == newest:
+            return
         try:
-            await self.bot.send_chat_action(
-                int(address.chat_id), "typing",
-                message_thread_id=int(address.thread_id) if address.thread_id else None,
-            )
+            await self.bot.set_message_reaction(int(address.chat_id), newest, reaction=self._working_reaction)
+            self._reacted[address] = newest
         except TelegramError as exc:
-            log.debug("sendChatAction failed: %s", exc)
+            log.debug("setMessageReaction failed: %s", exc)
+
+    async def _clear_reaction(self, address: ChatAddress) -> None:
+        """Takes the ``WORKING_REACTION`` of ``send_typing`` away (setMessageReaction with none)."""
+        marked = self._reacted.pop(address, None)
+        if marked is None:
+            return
+        try:
+            await self.bot.set_message_reaction(int(address.chat_id), marked, reaction=[])
+        except TelegramError as exc:
+            log.debug("setMessageReaction (clear) failed: %s", exc)
 
 
 def _keyboard(buttons: tuple[tuple[str, str], ...]) -> InlineKeyboardMarkup | None:

@@ -223,6 +223,7 @@ def to_inbound(update: Update, bot: BotIdentity, *, ambient: bool = False) -> In
         quoted=_quoted(message, bot),
         context_only=not is_dm and not addressed,
         media_group_id=message.media_group_id,
+        language=sender.language_code,  # the user's app language (IETF tag), a hint for the gateway's texts
     )
 
 
@@ -249,4 +250,5 @@ def callback_to_inbound(update: Update, bot: BotIdentity) -> InboundMessage | Ig
         text=args.strip(),
         command=name.lower(),
         event_id=str(update.update_id),
+        language=sender.language_code,
     )

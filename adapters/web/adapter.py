@@ -39,6 +39,7 @@ from adapters.web.inbound import TENANT, WebInputError, client_id_of, message_fr
 from adapters.wire import UnreadableBody, header_bytes, load_json
 from gateway.core.errors import BlobMissing
 from gateway.core.files import MB, human_size
+from gateway.core.i18n import accept_language
 from gateway.core.ports import BeforePart, BlobStore, ConversationReader, FileReader, InboundSink, PartSent
 from gateway.core.types import ChatAddress, DeliveryResult, OutboundAttachment, OutboundMessage
 
@@ -206,7 +207,8 @@ class WebAdapter:
         except (UnreadableBody, UnicodeDecodeError):
             return _error(400, "the request body is not JSON")
         try:
-            message = message_from_post(body, user_id, check=self._ticket_ok)
+            message = message_from_post(body, user_id, check=self._ticket_ok,
+                                        language=accept_language(request.headers.get("Accept-Language")))
         except WebInputError as exc:
             return _error(400, str(exc))
         try:

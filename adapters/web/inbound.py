@@ -75,8 +75,10 @@ def files_from_post(files: Any, user_id: str, check: Any) -> tuple[Attachment, .
     return tuple(found)
 
 
-def message_from_post(body: Any, user_id: str, now: float | None = None, check: Any = None) -> InboundMessage:
-    """Normalizes one chat POST of browser user ``user_id`` (from the signed cookie).
+def message_from_post(body: Any, user_id: str, now: float | None = None, check: Any = None,
+                      language: str | None = None) -> InboundMessage:
+    """Normalizes one chat POST of browser user ``user_id`` (from the signed cookie); ``language``
+    is the page's ``Accept-Language`` header (the browser's languages, a hint for the gateway's texts).
 
     The message id is ``f"{user_id}:{body['id']}"``. A leading ``/name`` is a command
     (``/link ABC123`` -> command ``link``, text ``ABC123``), as the
@@ -106,4 +108,5 @@ def message_from_post(body: Any, user_id: str, now: float | None = None, check: 
     return InboundMessage(
         address=address_of(user_id), message_id=f"{user_id}:{message_id}", chat_type="dm", sender=Sender(user_id, name),
         text=text, command=command, received_at=time.time() if now is None else now, attachments=attachments,
+        language=language,
     )

@@ -242,6 +242,7 @@ class Gateway:
                 misfire_grace_s=sc.misfire_grace_s, claim_timeout_s=sc.claim_timeout_s,
                 reload_interval_s=sc.reload_interval_s,
                 on_fired=lambda status: self.metrics.scheduled_fires.labels(status).inc(),
+                locale=config.i18n.default,
             )
         self.runner.job_commands = first_answer(
             [JobCommands(jobs=self.jobs, planner=self.planner, service=self.pushes).handle]

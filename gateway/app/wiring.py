@@ -3,8 +3,11 @@ only places that import ``adapters``)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from gateway.core.config import GatewayConfig
 from gateway.core.errors import ConfigError
+from gateway.core.i18n import LOCALES, language_code
 from gateway.core.ports import Adapter
 from gateway.sessions.commands import MENU, command_menu
 
@@ -101,12 +104,20 @@ def slack_manifest(config: GatewayConfig, request_url: str) -> dict:
 
 def _telegram_menu(config: GatewayConfig):  # -> adapters.telegram.adapter.CommandMenu
     """The Telegram command menus: DM and group commands; the admin menu (pairing approval) in the
-    DMs of ``access.admins``' Telegram accounts, only where pairing is in use (allowlist mode)."""
+    DMs of ``access.admins``' Telegram accounts, only where pairing is in use (allowlist mode). The
+    menus without a language are in ``i18n.default``; each catalog's language has its own (Bot API
+    setMyCommands ``language_code``: clients whose language is ``zh`` show the Chinese ones)."""
     from adapters.telegram.adapter import CommandMenu
 
     access = config.access
     admin_ids = [int(entry.split(":", 1)[1]) for entry in access.admins
                  if entry.startswith("telegram:") and entry.split(":", 1)[1].lstrip("-").isdigit()]
     pairing = access.mode == "allowlist" and access.pairing
-    return CommandMenu(private=command_menu("dm"), groups=command_menu("group"),
-                       admins=command_menu("admin") if pairing else (), admin_chat_ids=admin_ids if pairing else ())
+
+    def menu(locale: str) -> CommandMenu:
+        return CommandMenu(private=command_menu("dm", locale), groups=command_menu("group", locale),
+                           admins=command_menu("admin", locale) if pairing else (),
+                           admin_chat_ids=admin_ids if pairing else ())
+
+    default = menu(config.i18n.default)
+    return dataclasses.replace(default, languages={language_code(locale): menu(locale) for locale in LOCALES})

@@ -31,7 +31,9 @@ from agent.tracing import end_agent, invoke_agent
 from gateway.bus.compression import Compressor, FitOnOverflow, Projection
 from gateway.bus.context import user_meta
 from gateway.bus.conversation import ConversationContext
+from gateway.bus.error_texts import model_error_text
 from gateway.core.errors import TurnInterrupted
+from gateway.core.i18n import N_, _, using
 from gateway.core.session_keys import is_dm_key
 from gateway.core.types import CURRENT_MESSAGE, InboundMessage, OutboundAttachment, OutboundMessage
 from gateway.core.window import WindowPolicy
@@ -63,8 +65,8 @@ MAX_TURN_ATTEMPTS = 3
 """Runs of one turn that may fail with an unexpected error (not a database outage) before it is
 answered with ``GAVE_UP_TEXT`` and the lane moves on (counted per instance)."""
 
-GAVE_UP_TEXT = "⚠️ Sorry, something went wrong while answering this message, and it was not processed. " \
-               "Please try again, perhaps in other words."
+GAVE_UP_TEXT = N_("⚠️ Sorry, something went wrong while answering this message, and it was not processed. " \
+               "Please try again, perhaps in other words.")
 
 TRANSIENT = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
 """Database faults that pass: a turn failing with one is retried without limit (nothing is lost)."""
@@ -199,7 +201,8 @@ class TurnRunner:
                 rows stay pending, and the next start resumes the turn from there.
         """
         last = batch[-1]
-        with invoke_agent("assistant", model=self.spec.model, turn_id=f"in{last.inbox_id}") as span:
+        with invoke_agent("assistant", model=self.spec.model, turn_id=f"in{last.inbox_id}") as span, \
+                using(last.message.locale):  # the gateway's own texts in the sender's language
             try:
                 outcome = self._run(batch, generation, span)
             except (*TRANSIENT, TurnInterrupted):
@@ -228,7 +231,7 @@ class TurnRunner:
         process) as ``failed`` with an apology, so the messages behind it in the lane run."""
         last = batch[-1]
         message = last.message
-        reply = OutboundMessage(message.address, GAVE_UP_TEXT, idempotency_key=reply_key_for(last),
+        reply = OutboundMessage(message.address, _(GAVE_UP_TEXT), idempotency_key=reply_key_for(last),
                                 reply_to_id=message.reply_to_id)
         self.store.finish_turn([p.inbox_id for p in batch], "failed", [reply], session_key=last.session_key,
                                generation=generation,
@@ -299,7 +302,8 @@ class TurnRunner:
         if self.reset is not None and self.reset.expired(opened.last_used_at):
             self.store.new_session(key, build_prompt(), owner, build_settings())
             opened = self.store.open_session(key, build_prompt, self.history_window, owner)
-            notice = f"({self.reset.describe()}: this is a new conversation; the last one is in /sessions.)\n\n"
+            notice = _("({why}: this is a new conversation; the last one is in /sessions.)",
+                       why=self.reset.describe()) + "\n\n"
         spec = chats.spec(opened.settings) if chats is not None else self.spec  # the session's, for its life
         compressor = self._compressor_for(chats.window_tokens(opened.settings) if chats is not None else None)
         session_id, system_prompt, window = opened.session_id, opened.system_prompt, list(opened.window)
@@ -325,7 +329,7 @@ class TurnRunner:
                     meta["attachments"] = [ref.to_dict() for ref in intake.refs]
                     notes += intake.notes
                     if intake.images and not self.media.sees_images(spec.model):
-                        notes.append(NO_VISION_NOTE)  # llm.vision off, or the endpoint refused images before
+                        notes.append(_(NO_VISION_NOTE))  # llm.vision off, or the endpoint refused images before
                     usable = usable or intake.usable
                     read += intake.read
                 else:
@@ -418,7 +422,7 @@ class TurnRunner:
                                                   state=state))
         except ModelError as exc:
             log.warning("turn %s failed: %s", turn_id, exc)
-            return finish("failed", f"⚠️ {exc.user_message}", session_id, "model_error")
+            return finish("failed", f"⚠️ {model_error_text(exc)}", session_id, "model_error")
         finally:
             CURRENT_MESSAGE.reset(token)
             if stream is not None:
@@ -445,9 +449,9 @@ class TurnRunner:
                      outcome.steps, outcome.cost_usd)
         sends_files = bool(self._files_for(session_id, turn_id))
         if getattr(model, "fell_back", False):
-            notes.append(NO_VISION_NOTE)
+            notes.append(_(NO_VISION_NOTE))
         told = "".join(f"{line}\n" for line in dict.fromkeys(notes))
-        answer = outcome.reply.strip() or ("" if sends_files else "(no answer)")  # files alone are an answer
+        answer = outcome.reply.strip() or ("" if sends_files else _("(no answer)"))  # files alone are an answer
         reply = notice + heard + (told + "\n" if told else "") + answer
         if self.memory is not None:  # a "remember ..." too long to store: said with the reply
             reply += self.memory.refusal_notice([self.redact(p.message.text) for p in batch])

@@ -25,6 +25,7 @@ from pydantic_settings import (
 from agent.budget import Limits, Price
 from gateway.core.chats import ChatRule
 from gateway.core.errors import ConfigError
+from gateway.core.i18n import LOCALES, negotiate
 from gateway.core.providers import RoutesMixin
 from gateway.core.window import WindowPolicy
 
@@ -578,6 +579,22 @@ class LoggingConfig(_Section):
     level: str = "INFO"
 
 
+class I18nConfig(_Section):
+    """The language of the texts the gateway itself sends (``gateway.core.i18n``)."""
+
+    default: str = "en"
+    """The locale when neither the user's ``/language`` choice nor their platform says one we have:
+    ``en`` or ``zh_CN`` (``zh``, ``zh-Hans``, ``en-US`` ... are read as those)."""
+
+    @field_validator("default")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        locale = negotiate(value)
+        if locale is None:
+            raise ValueError(f"{value!r}: no catalog for it; one of {', '.join(LOCALES)}")
+        return locale
+
+
 class GatewayConfig(BaseSettings):
     """The whole configuration. Build it with ``load_config(path)``."""
 
@@ -609,6 +626,7 @@ class GatewayConfig(BaseSettings):
     access: AccessConfig = Field(default_factory=AccessConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    i18n: I18nConfig = Field(default_factory=I18nConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     chats: list[ChatRule] = Field(default_factory=list)
     """Per-chat settings: route, persona, toolset, skills, busy policy (``gateway.core.chats``)."""

@@ -235,6 +235,12 @@ class InboundMessage:
             channel mentions): its group context is the chat's top-level messages, not the thread's.
         media_group_id: the album this message belongs to (Telegram ``media_group_id``: an album
             arrives as one message per item); messages of one album are answered by one turn.
+        language: the sender's language as their platform says it, a hint (Telegram
+            ``from.language_code``, Slack ``users.info`` ``locale``, the web page's
+            ``Accept-Language``; Feishu gives none, its adapter says ``zh``), or ``None``.
+        locale: the catalog locale the gateway answers this message in (``gateway.core.i18n.choose``:
+            the user's ``/language`` choice, ``language``, ``i18n.default``), set when it is
+            received; ``None`` from adapters and in rows stored before languages existed.
     """
 
     address: ChatAddress
@@ -252,6 +258,8 @@ class InboundMessage:
     context_only: bool = False
     opens_thread: bool = False
     media_group_id: str | None = None
+    language: str | None = None
+    locale: str | None = None
 
     @property
     def platform(self) -> str:
@@ -279,6 +287,8 @@ class InboundMessage:
             quoted=ContextMessage.from_dict(data["quoted"]) if data.get("quoted") else None,
             context_only=data.get("context_only", False),
             opens_thread=data.get("opens_thread", False),
+            language=data.get("language"),
+            locale=data.get("locale"),
         )
 
 

@@ -7,7 +7,7 @@ One message, in order (DESIGN §3.2):
 2. one call on the DB pool (``_admit``): who sent it (``Directory.identify``), its session key,
    whether the bot is part of that conversation, the access decision, and, for an ordinary
    message, the inbox row (a unique key drops the platforms' retries);
-3. control commands (``/stop``, ``/status``, ``/approve``, ``/deny``) and pairing codes are
+3. control commands (``/stop``, ``/status``, ``/approve``, ``/deny``, ``/language``) and pairing codes are
    answered at once, outside the lane, their reply queued in the same transaction as their row;
 4. the lane is kicked: a worker thread runs the turn (``gateway.bus``).
 
@@ -28,6 +28,7 @@ from agent.redact import Redactor
 from gateway.bus.lanes import SessionBus
 from gateway.bus.turns import TurnRunner
 from gateway.core.config import GatewayConfig
+from gateway.core.i18n import N_, _, choose, in_locale, using
 from gateway.core.session_keys import is_dm_key, session_key_for
 from gateway.core.types import InboundMessage, OutboundMessage
 from gateway.inbound.access import decide, is_admin, may_run_guarded_tools
@@ -36,6 +37,7 @@ from gateway.ops.telemetry import span as traced
 from gateway.sessions.commands import CONTROL_COMMANDS, CommandContext, control_reply
 from gateway.sessions.directory import Directory, Identity
 from gateway.sessions.group_context import GroupContextStore
+from gateway.sessions.language import language_reply
 from gateway.store.sql import Store
 from gateway.store.text import storable_inbound
 from gateway.tools.approvals import decide_reply
@@ -44,7 +46,7 @@ from gateway.tools.approvals_store import Approvals
 log = logging.getLogger("gateway")
 T = TypeVar("T")
 
-PAIRING_TEXT = (
+PAIRING_TEXT = N_(
     "Hello! I don't know you yet. Ask an admin to approve you with this code: {code}\n"
     "(They send /approve_user {code} to me, or run: gateway pairing approve {code})"
 )
@@ -105,24 +107,29 @@ class Inbound:
             span.set_attribute("gateway.stored", stored)
             return stored
 
-    def _admit(self, message: InboundMessage) -> tuple[Identity, str, str, bool | None, bool]:
+    def _admit(self, message: InboundMessage) -> tuple[InboundMessage, Identity, str, str, bool | None, bool]:
         """The database part of receiving, in one call on the DB pool (one thread hop for an
-        ordinary message): ``(identity, session key, decision, stored, interrupts)``. ``decision`` is
-        the access decision, or ``unaddressed`` for a thread message not for us; ``stored`` is whether
-        an allowed non-control message went into the inbox (``None``: not stored here); ``interrupts``
-        whether it was stored under the busy policy ``interrupt`` (it cancels a running turn)."""
+        ordinary message): ``(message, identity, session key, decision, stored, interrupts)``.
+        ``message`` has its ``locale`` chosen (the user's ``/language``, the platform's hint,
+        ``i18n.default``) and is stored so; ``decision`` is the access decision, or ``unaddressed``
+        for a thread message not for us; ``stored`` is whether an allowed non-control message went
+        into the inbox (``None``: not stored here); ``interrupts`` whether it was stored under the
+        busy policy ``interrupt`` (it cancels a running turn)."""
         identity = self.directory.identify(message)
+        message = dataclasses.replace(message, locale=choose(identity.language, message.language,
+                                                             self.config.i18n.default))
         key = session_key_for(message, identity.user_id, self.config.sessions.group_scope)
         if not message.addressed and not self.store.lane_exists(key):
             self._keep_as_context(message)  # a thread the bot is not part of: group context at most
-            return identity, key, "unaddressed", None, False
+            return message, identity, key, "unaddressed", None, False
         decision = decide(message, identity.approved, self.config.access)
         if decision != "allow" or message.command in CONTROL_COMMANDS:
-            return identity, key, decision, None, False
+            return message, identity, key, decision, None, False
         policy = self.busy_policy(message) if self.busy_policy is not None else self.config.bus.busy_policy
         cancel = "if_busy" if policy == "interrupt" else None
-        return identity, key, decision, self.store.insert_inbound(message, key, cancel=cancel,
-                                                                  user_id=identity.user_id), cancel is not None
+        return message, identity, key, decision, self.store.insert_inbound(message, key, cancel=cancel,
+                                                                           user_id=identity.user_id), \
+            cancel is not None
 
     def _keep_as_context(self, message: InboundMessage) -> None:
         """Keeps a group message not addressed to the bot as its chat's group context, when that chat
@@ -150,7 +157,7 @@ class Inbound:
                 await self.run_db(self._keep_as_context, message)
             self._drop(message)
             return False
-        identity, key, decision, stored, interrupts = await self.run_db(self._admit, message)
+        message, identity, key, decision, stored, interrupts = await self.run_db(self._admit, message)
         if decision == "unaddressed":
             self._drop(message)
             return False  # a thread message not for us: the bot is not part of that thread
@@ -161,7 +168,9 @@ class Inbound:
             return False
         if decision == "pair":
             code = await self.run_db(self.directory.new_code, identity.user_id, "pairing")
-            stored = await self._answer_now(message, key, identity.user_id, PAIRING_TEXT.format(code=code))
+            with using(message.locale):
+                text = _(PAIRING_TEXT, code=code)
+            stored = await self._answer_now(message, key, identity.user_id, text)
         elif message.command in CONTROL_COMMANDS:
             stored = await self._control(message, key, identity.user_id)
         elif stored and interrupts:  # stored by _admit
@@ -185,19 +194,27 @@ class Inbound:
         reads), so it shows the plan of a turn still running. ``/approve ID`` / ``/deny ID`` decide a
         pending approval (the waiting turn reads it from the database) and never cancel."""
         assert message.command is not None
-        access = self.config.access
+        access, locale = self.config.access, message.locale
         if message.command == "status":  # read-only: answered at once, a running turn's plan included
             ctx = CommandContext(message, key, user_id, is_dm_key(key), is_admin(message, access), self.model_name())
             commands = self.runner.commands
-            text = await self.run_db(commands.run, ctx) if commands is not None else None
-            return await self._answer_now(message, key, user_id, text or "No status here.")
+            text = await self.run_db(in_locale(locale, commands.run), ctx) if commands is not None else None
+            if text is None:
+                with using(locale):
+                    text = _("No status here.")
+            return await self._answer_now(message, key, user_id, text)
         if message.command in ("approve", "deny"):
-            text = await self.run_db(lambda: decide_reply(self.approvals, message.command, message.text, user_id,
-                                                          is_admin(message, access), self.trusted(message)))
+            command = message.command
+            text = await self.run_db(in_locale(locale, lambda: decide_reply(
+                self.approvals, command, message.text, user_id, is_admin(message, access), self.trusted(message))))
+            return await self._answer_now(message, key, user_id, text)
+        if message.command == "language":  # a database write: answered at once, in the language chosen
+            text = await self.run_db(language_reply, self.directory, message, user_id, self.config.i18n.default)
             return await self._answer_now(message, key, user_id, text)
         was_running = await self.run_db(self.store.lane_busy, key)
-        stored = await self._answer_now(message, key, user_id, control_reply(message.command, was_running),
-                                        cancel="always")
+        with using(locale):
+            text = control_reply(message.command, was_running)
+        stored = await self._answer_now(message, key, user_id, text, cancel="always")
         if stored:
             self.runner.note_generation(key, await self.run_db(self.store.lane_generation, key))
         return stored

@@ -9,6 +9,7 @@ reads right; the model is then told the file is no longer stored.
 
 from __future__ import annotations
 
+from gateway.core.i18n import _, ngettext
 from gateway.core.types import InboundMessage
 from gateway.media.index import MediaIndex
 from gateway.media.render import human_size
@@ -30,14 +31,16 @@ class MediaCommands:
         user_id = self.directory.identify(message).user_id
         if message.command == "files":
             files, size = self.index.count(owner_user_id=user_id)
-            kept = (f"Files are deleted {self.retention_days:g} days after they were sent."
-                    if self.retention_days else "Files are kept as long as their conversation.")
+            kept = (_("Files are deleted {days:g} days after they were sent.", days=self.retention_days)
+                    if self.retention_days else _("Files are kept as long as their conversation."))
             if not files:
-                return f"I keep no files of yours. {kept}"
-            return (f"I keep {files} file{'s' if files != 1 else ''} you sent ({human_size(size)}). {kept} "
-                    "/forget_files deletes all of them now.")
+                return _("I keep no files of yours.") + " " + kept
+            return (ngettext("I keep {n} file you sent ({size}).", "I keep {n} files you sent ({size}).", files,
+                             n=files, size=human_size(size))
+                    + " " + kept + " " + _("/forget_files deletes all of them now."))
         done = self.index.forget_user(user_id)
         if not done.files:
-            return "I keep no files of yours; nothing to delete."
-        return (f"Deleted {done.files} stored file{'s' if done.files != 1 else ''} you sent ({human_size(done.bytes)} "
-                "freed). The conversations keep only their names.")
+            return _("I keep no files of yours; nothing to delete.")
+        return ngettext("Deleted {n} stored file you sent ({size} freed). The conversations keep only their names.",
+                        "Deleted {n} stored files you sent ({size} freed). The conversations keep only their names.",
+                        done.files, n=done.files, size=human_size(done.bytes))

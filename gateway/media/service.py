@@ -40,6 +40,7 @@ from typing import Any
 from agent.model import ChatModel, ModelError, ModelReply, OnText
 from gateway.core.config import MediaConfig
 from gateway.core.errors import BlobMissing, DownloadFailed, FileTooBig, MediaError
+from gateway.core.i18n import N_, _
 from gateway.core.ports import BlobStore, can_download
 from gateway.core.types import Attachment, InboundMessage, MediaRef
 from gateway.media.contents import ContentReader, wants
@@ -64,8 +65,9 @@ UNSUPPORTED_IMAGES = re.compile(
 """What a 4xx answer says when the model takes no images (OpenAI: "Invalid content type. image_url
 is only supported by certain models."; vLLM/llama.cpp/Ollama: "... is not a multimodal model",
 "image input is not supported")."""
-NO_VISION_NOTE = ("ℹ️ This model cannot see images, so I answered from your text only "
-                  "(the operator can switch to a model with vision).")
+NO_VISION_NOTE = N_("ℹ️ This model cannot see images, so I answered from your text only "
+                    "(the operator can switch to a model with vision).")
+"""Translated where it is told (``_(NO_VISION_NOTE)``)."""
 
 
 @dataclass
@@ -198,7 +200,7 @@ class MediaService:
         if thumbnail_id is None:
             return ref
         try:
-            data, _ = self._fetch(message, Attachment("image", thumbnail_id, None, "image/jpeg"))
+            data, _mime = self._fetch(message, Attachment("image", thumbnail_id, None, "image/jpeg"))
             rendition = prepare_image(data, self.config.image_max_side, self.config.image_max_bytes)
         except MediaError:
             return ref
@@ -250,14 +252,14 @@ class MediaService:
 def note_line(ref: MediaRef) -> str:
     """What the user is told about a file that could not be used (``ref.note``): ``⚠️ I could not
     use "big.zip": too big (30.0 MB); ...``; the same line again when a turn runs after a crash."""
-    return f"⚠️ I could not use {_label(ref)}: {ref.note}."
+    return _("⚠️ I could not use {file}: {why}.", file=_label(ref), why=ref.note)
 
 
 def _label(ref: MediaRef) -> str:
     """How a note names a file: its quoted name, else ``your voice message``, ``the audio``..."""
     if ref.name:
         return quoted(ref.name)
-    return "your voice message" if ref.kind == "voice" else f"the {ref.kind}"
+    return _("your voice message") if ref.kind == "voice" else _("the {kind}", kind=ref.kind)
 
 
 class VisionFallback:

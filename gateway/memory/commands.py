@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from gateway.core.i18n import _
 from gateway.core.types import InboundMessage
 from gateway.memory.service import MemoryService
 from gateway.memory.store import Memory
@@ -25,7 +26,7 @@ def _day(ts: float) -> str:
 def _line(memory: Memory) -> str:
     line = f"#{memory.id} ({memory.type}, {_day(memory.created_at)}, {memory.source}) {memory.text}"
     if memory.superseded_by is not None:
-        line += f"  [superseded by #{memory.superseded_by}]"
+        line += "  " + _("[superseded by #{id}]", id=memory.superseded_by)
     return line
 
 
@@ -40,7 +41,7 @@ class MemoryCommands:
         if message.command not in ("memory", "forget"):
             return None
         owner = self.service.owner_of(message)
-        whose = "Your" if message.chat_type == "dm" else "This chat's"
+        dm = message.chat_type == "dm"
         args = message.text.split()
         if message.command == "forget":
             return self._forget(owner, args)
@@ -53,27 +54,32 @@ class MemoryCommands:
                 fence += "`"
             return f"{fence}json\n{data}\n{fence}"
         if args:
-            return "Usage: /memory (list), /memory export (everything as JSON), /forget ID (delete one)."
+            return _("Usage: /memory (list), /memory export (everything as JSON), /forget ID (delete one).")
         if not entries:
-            return f"{whose} memory is empty. Say \"remember ...\" and I will keep it."
+            return _("Your memory is empty. Say \"remember ...\" and I will keep it.") if dm else \
+                _("This chat's memory is empty. Say \"remember ...\" and I will keep it.")
         valid = sum(1 for m in entries if m.superseded_by is None)
         shown = entries[-LISTED:]
-        lines = [f"{whose} memory: {valid} in use, {len(entries) - valid} superseded (kept for history). "
-                 "/forget ID deletes one; /memory export gives all as JSON."]
+        head = _("Your memory: {valid} in use, {old} superseded (kept for history). ") if dm else \
+            _("This chat's memory: {valid} in use, {old} superseded (kept for history). ")
+        lines = [head.format(valid=valid, old=len(entries) - valid)
+                 + _("/forget ID deletes one; /memory export gives all as JSON.")]
         if len(entries) > len(shown):
-            lines.append(f"(newest {len(shown)} of {len(entries)})")
+            lines.append(_("(newest {shown} of {all})", shown=len(shown), all=len(entries)))
         lines += [_line(m) for m in reversed(shown)]
         return "\n".join(lines)
 
     def _forget(self, owner: str, args: list[str]) -> str:
         raw = args[0].lstrip("#") if args else ""
         if not raw.isdigit():
-            return "Usage: /forget ID (the number after # in /memory)."
+            return _("Usage: /forget ID (the number after # in /memory).")
         deleted = self.service.memories.forget(owner, int(raw))
         if not deleted:
-            return "No memory entry of yours has that ID. See /memory."
+            return _("No memory entry of yours has that ID. See /memory.")
         older = [f"#{i}" for i in deleted if i != int(raw)]
-        return f"Forgotten: #{raw}" + (f" (and {', '.join(older)}, which it replaced)." if older else ".")
+        if older:
+            return _("Forgotten: #{id} (and {older}, which it replaced).", id=raw, older=", ".join(older))
+        return _("Forgotten: #{id}.", id=raw)
 
 
 def export(memory: Memory) -> dict[str, object]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import re
 
+from gateway.core.i18n import N_, _
 from gateway.core.types import InboundMessage
 from gateway.scheduler.planner import (
     TARGET_FORMS,
@@ -33,10 +34,16 @@ log = logging.getLogger("gateway.scheduler.planner")
 
 JOB_COMMANDS = frozenset({"schedule", "jobs", "unschedule", "run"})
 
-USAGE = ('Usage: `/schedule "CRON" ZONE [--to TARGET] WHAT TO REPORT`, e.g.\n'
-         '`/schedule "0 9 * * 1-5" Asia/Shanghai Summarise yesterday\'s sales`\n'
-         "Schedules: a crontab line (0 and 7 = Sunday), @daily, every 2h, at 2026-12-01 09:00.\n"
-         f"Targets: {TARGET_FORMS}.")
+USAGE = N_('Usage: `/schedule "CRON" ZONE [--to TARGET] WHAT TO REPORT`, e.g.\n'
+           '`/schedule "0 9 * * 1-5" Asia/Shanghai Summarise yesterday\'s sales`\n'
+           "Schedules: a crontab line (0 and 7 = Sunday), @daily, every 2h, at 2026-12-01 09:00.\n"
+           "Targets: {targets}.")
+"""Translated where sent: ``usage()``."""
+
+
+def usage() -> str:
+    """``USAGE`` in the current locale."""
+    return _(USAGE, targets=TARGET_FORMS)
 
 _QUOTES = {'"': '"', "“": "”", "„": "“", "”": "”", "'": "'", "‘": "’", "’": "’", "«": "»", "`": "`"}
 _LEADING_COMMAND = re.compile(r"^/[A-Za-z][A-Za-z0-9_]*(@\S+)?\s*")
@@ -62,32 +69,32 @@ def split_schedule_args(text: str) -> tuple[str, str, str | None, str]:
     """
     text = text.strip()
     if not text:
-        raise JobError(USAGE)
+        raise JobError(usage())
     if text[0] in _QUOTES:
         end = text.find(_QUOTES[text[0]], 1)
         if end < 0 and _QUOTES[text[0]] != text[0]:
             end = text.find(text[0], 1)
         if end < 0:
-            raise JobError("the schedule's closing quote is missing\n" + USAGE)
+            raise JobError(_("the schedule's closing quote is missing") + "\n" + usage())
         schedule, rest = text[1:end].strip(), text[end + 1:].strip()
     elif match := (_EVERY.match(text) or _AT.match(text)):
         schedule, rest = match.group(1), match.group(2)
     elif text.startswith("@"):
-        schedule, _, rest = text.partition(" ")
+        schedule, _sep, rest = text.partition(" ")
     else:
         parts = text.split(None, 5)
         if len(parts) < 6:
-            raise JobError(USAGE)
+            raise JobError(usage())
         schedule, rest = " ".join(parts[:5]), parts[5]
-    zone_name, _, rest = rest.strip().partition(" ")
+    zone_name, _sep, rest = rest.strip().partition(" ")
     if not zone_name:
-        raise JobError("the time zone is missing\n" + USAGE)
+        raise JobError(_("the time zone is missing") + "\n" + usage())
     target = None
     if match := _TO.match(rest.strip()):
         target, rest = match.group(1), match.group(2)
     prompt = rest.strip()
     if not prompt:
-        raise JobError("say what the report should contain\n" + USAGE)
+        raise JobError(_("say what the report should contain") + "\n" + usage())
     return schedule, zone_name, target, prompt
 
 
@@ -109,7 +116,7 @@ class JobCommands:
         if message.command not in JOB_COMMANDS:
             return None
         if self.service is None:
-            return "Scheduled reports are turned off on this gateway."
+            return _("Scheduled reports are turned off on this gateway.")
         requester = Requester.of(message)
         args = command_args(message)
         try:
@@ -121,9 +128,9 @@ class JobCommands:
             if message.command == "unschedule":
                 self.jobs.delete_job(job.id)
                 self.service.job_changed()
-                return f"Removed scheduled report `{job.id}`."
+                return _("Removed scheduled report `{id}`.", id=job.id)
             self.service.fire_soon(job.id, message.received_at, "manual")
-            return f"Running `{job.id}` now; the report goes to {format_address(job.target)}."
+            return _("Running `{id}` now; the report goes to {target}.", id=job.id, target=format_address(job.target))
         except JobError as exc:
             return f"⚠️ {exc}"
 
@@ -136,31 +143,33 @@ class JobCommands:
         if created:
             log.info("job %s created by %s for %s", job.id, job.owner, job.target.platform)
             self.service.job_changed()  # type: ignore[union-attr]
-        return (f"Scheduled report `{job.id}`: `{job_schedule(job).describe()}` in {job.timezone} "
-                f"to {format_address(job.target)}.\nNext: {local_time(next_fire_of(job), job.timezone)}. "
-                f"Run it now with /run {job.id}; remove it with /unschedule {job.id}.")
+        return _("Scheduled report `{id}`: `{schedule}` in {zone} to {target}.\nNext: {next}. "
+                 "Run it now with /run {id}; remove it with /unschedule {id}.", id=job.id,
+                 schedule=job_schedule(job).describe(), zone=job.timezone, target=format_address(job.target),
+                 next=local_time(next_fire_of(job), job.timezone))
 
     def _list(self, requester: Requester) -> str:
         jobs = self.jobs.list_jobs(requester.key)
         if not jobs:
-            return "You have no scheduled reports. " + USAGE.splitlines()[0]
+            return _("You have no scheduled reports.") + " " + usage().splitlines()[0]
         last = self.jobs.last_runs([job.id for job in jobs])
-        return "Your scheduled reports:\n" + "\n".join(describe_job(job, last.get(job.id)) for job in jobs)
+        return _("Your scheduled reports:") + "\n" + "\n".join(describe_job(job, last.get(job.id)) for job in jobs)
 
     def _owned_job(self, requester: Requester, args: str, command: str) -> Job:
         job_id = args.split()[0] if args.split() else ""
         if not job_id:
-            raise JobError(f"Usage: /{command} ID (see /jobs)")
+            raise JobError(_("Usage: /{command} ID (see /jobs)", command=command))
         job = self.jobs.get_job(job_id)
         if job is None or not self.planner.may_manage(requester, job):
-            raise JobError(f"no scheduled report {job_id!r} of yours (see /jobs)")
+            raise JobError(_("no scheduled report {id} of yours (see /jobs)", id=repr(job_id)))
         return job
 
 
 def describe_job(job: Job, last: JobRun | None) -> str:
     """Two lines for ``/jobs``: id, schedule, zone, target, prompt; last run (``last``) and next fire."""
-    last_text = f"{local_time(last.scheduled_at, job.timezone)} ({last.status})" if last else "never"
+    last_text = f"{local_time(last.scheduled_at, job.timezone)} ({last.status})" if last else _("never")
     prompt = job.prompt if len(job.prompt) <= 80 else job.prompt[:77] + "..."
-    state = "" if job.enabled else " [finished]"
+    state = "" if job.enabled else _(" [finished]")
     return (f"• `{job.id}` `{job_schedule(job).describe()}` {job.timezone} → {format_address(job.target)}{state}: "
-            f"{prompt}\n  last: {last_text} · next: {local_time(next_fire_of(job), job.timezone)}")
+            f"{prompt}\n  " + _("last: {last} · next: {next}", last=last_text,
+                                 next=local_time(next_fire_of(job), job.timezone)))

@@ -20,6 +20,7 @@ from concurrent.futures import Executor
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.core.i18n import _, in_locale
 from gateway.core.types import OutboundMessage
 from gateway.scheduler.planner import format_address, job_schedule, local_time
 from gateway.scheduler.push_run import PushRunner
@@ -43,8 +44,10 @@ class PushService:
     def __init__(self, *, jobs: JobStore, runner: PushRunner, run_db: Callable[..., Any], workers: Executor,
                  instance_id: str, on_queued: Callable[[], None], misfire_grace_s: float = 300.0,
                  claim_timeout_s: float = 60.0, reload_interval_s: float = 15.0,
-                 on_fired: Callable[[str], None] | None = None) -> None:
+                 on_fired: Callable[[str], None] | None = None, locale: str | None = None) -> None:
         self.jobs = jobs
+        self.locale = locale
+        """The language of failure notices (``i18n.default``: a notice answers no message)."""
         self._on_fired = on_fired
         self.runner = runner
         self._run_db = run_db
@@ -180,7 +183,7 @@ class PushService:
 
     async def notify_failures(self) -> int:
         """Queues a DM notice for each failed run not yet notified; returns how many."""
-        queued = await self._run_db(self.jobs.notify_failures, failure_notice)
+        queued = await self._run_db(in_locale(self.locale, self.jobs.notify_failures), failure_notice)
         if queued:
             self._on_queued()
         return queued
@@ -204,7 +207,8 @@ def failure_notice(job: Job, run: JobRun) -> OutboundMessage | None:
     if job.owner_dm is None:
         log.warning("job %s: run %s failed (%s); the owner's DM is unknown, nobody told", job.id, run.id, run.error)
         return None
-    text = (f"⚠️ Your scheduled report `{job.id}` ({job_schedule(job).describe()}, {job.timezone}) due "
-            f"{local_time(run.scheduled_at, job.timezone)} was not delivered to {format_address(job.target)}: "
-            f"{run.error or 'unknown error'}")
+    text = _("⚠️ Your scheduled report `{id}` ({schedule}, {zone}) due {due} was not delivered to {target}: "
+             "{error}", id=job.id, schedule=job_schedule(job).describe(), zone=job.timezone,
+             due=local_time(run.scheduled_at, job.timezone), target=format_address(job.target),
+             error=run.error or _("unknown error"))
     return OutboundMessage(job.owner_dm, text, idempotency_key=f"pushfail:{run.id}")

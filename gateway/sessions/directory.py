@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, Engine, and_, bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from gateway.core.i18n import _
 from gateway.core.types import InboundMessage
 from gateway.store.db import read_tx, write_tx
 from gateway.store.models import (
@@ -40,12 +41,12 @@ _messages = table(MessageRow)
 _link_failures = table(LinkFailureRow)
 
 _IDENTIFY = (
-    select(_identities.c.user_id, _users.c.approved)
+    select(_identities.c.user_id, _users.c.approved, _users.c.language)
     .select_from(_identities.join(_users, _users.c.id == _identities.c.user_id))
     .where(_identities.c.platform == bindparam("b_platform"), _identities.c.tenant == bindparam("b_tenant"),
            _identities.c.platform_user_id == bindparam("b_user"))
 )
-"""The sender's user and whether it is approved (built once: it runs for every inbound message)."""
+"""The sender's user, whether it is approved and its chosen locale (built once: it runs for every inbound message)."""
 
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: read aloud and typed on phones
 CODE_LENGTH = 6
@@ -59,7 +60,8 @@ that, ``/link CODE`` is refused (even with a right code) until the oldest guess 
 
 
 class CodeError(Exception):
-    """A code cannot be used; the message is safe to show to the user."""
+    """A code cannot be used; the message is safe to show to the user (in the locale current where
+    it was raised)."""
 
 
 class WrongCode(CodeError):
@@ -68,10 +70,12 @@ class WrongCode(CodeError):
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """Who sent a message: their user id and whether DM pairing approved them."""
+    """Who sent a message: their user id, whether DM pairing approved them, and the locale they
+    chose with ``/language`` (``None``: none chosen)."""
 
     user_id: str
     approved: bool
+    language: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +128,7 @@ class Directory:
             row = conn.execute(_IDENTIFY, {"b_platform": address.platform, "b_tenant": address.tenant,
                                            "b_user": sender.user_id}).first()
         if row is not None:
-            return Identity(row.user_id, bool(row.approved))
+            return Identity(row.user_id, bool(row.approved), row.language)
         user_id, now = uuid.uuid4().hex, time.time()
         try:
             with write_tx(self.engine) as conn:
@@ -136,6 +140,13 @@ class Directory:
         except IntegrityError:  # created concurrently by another instance: read theirs
             return self.identify(message)
         return Identity(user_id, False)
+
+    @retry_locked
+    def set_language(self, user_id: str, locale: str | None) -> None:
+        """Stores the locale ``user_id`` chose (``/language``; ``None`` clears it): every identity of
+        the user, on every instance, answers in it from the next message on."""
+        with write_tx(self.engine) as conn:
+            conn.execute(update(_users).where(_users.c.id == user_id).values(language=locale))
 
     def identities(self, user_id: str) -> list[dict[str, Any]]:
         """The user's identities (platform, tenant, platform user id, display name, linked_at)."""
@@ -161,9 +172,9 @@ class Directory:
                 recent = conn.execute(select(func.count()).select_from(_codes).where(
                     _codes.c.user_id == user_id, _codes.c.kind == kind, _codes.c.created_at > now - 3600)).scalar_one()
                 if recent >= LINK_CODES_PER_HOUR:
-                    raise CodeError("Too many link codes in the last hour; try again later.")
+                    raise CodeError(_("Too many link codes in the last hour; try again later."))
             ttl = PAIRING_CODE_TTL_S if kind == "pairing" else LINK_CODE_TTL_S
-            code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
+            code = "".join(secrets.choice(CODE_ALPHABET) for _i in range(CODE_LENGTH))
             conn.execute(insert(_codes).values(code=code, kind=kind, user_id=user_id, created_at=now,
                                                expires_at=now + ttl))
         return code
@@ -174,11 +185,11 @@ class Directory:
         row = conn.execute(select(_codes.c.user_id, _codes.c.expires_at, _codes.c.used_at)
                            .where(_codes.c.code == code.strip().upper(), _codes.c.kind == kind)).first()
         if row is None or row.used_at is not None or row.expires_at < now:
-            raise WrongCode("That code is not valid (wrong, used or expired).")
+            raise WrongCode(_("That code is not valid (wrong, used or expired)."))
         taken = conn.execute(update(_codes).where(_codes.c.code == code.strip().upper(), _codes.c.used_at.is_(None))
                              .values(used_at=now)).rowcount
         if taken != 1:
-            raise WrongCode("That code is not valid (wrong, used or expired).")
+            raise WrongCode(_("That code is not valid (wrong, used or expired)."))
         return str(row.user_id)
 
     @retry_locked
@@ -198,7 +209,7 @@ class Directory:
                 .order_by(_link_failures.c.failed_at.desc()).limit(LINK_GUESSES)).scalars().all()
         if len(guesses) >= LINK_GUESSES:
             minutes = max(1, math.ceil((min(guesses) + LINK_GUESS_WINDOW_S - now) / 60))
-            raise CodeError(f"Too many wrong codes; try again in {minutes} minutes.")
+            raise CodeError(_("Too many wrong codes; try again in {minutes} minutes.", minutes=minutes))
         try:
             return self._join(code, user_id, now)
         except WrongCode:
@@ -211,15 +222,18 @@ class Directory:
         with write_tx(self.engine) as conn:
             target = self._take_code(conn, code, "link")
             if target == user_id:
-                raise CodeError("This account is already linked to that one.")
+                raise CodeError(_("This account is already linked to that one."))
             conn.execute(update(_identities).where(_identities.c.user_id == user_id)
                          .values(user_id=target, linked_at=now))
             conn.execute(update(_sessions).where(_sessions.c.owner_user_id == user_id).values(owner_user_id=target))
             for hook in self._on_join:  # long-term memory follows the joining account too
                 hook(conn, user_id, target)
-            approved = conn.execute(select(_users.c.approved).where(_users.c.id == user_id)).scalar()
-            if approved:
+            joining = conn.execute(select(_users.c.approved, _users.c.language).where(_users.c.id == user_id)).first()
+            if joining is not None and joining.approved:
                 conn.execute(update(_users).where(_users.c.id == target).values(approved=True))
+            if joining is not None and joining.language:  # a choice made on either account is kept
+                conn.execute(update(_users).where(_users.c.id == target, _users.c.language.is_(None))
+                             .values(language=joining.language))
         return target
 
     @retry_locked
@@ -238,9 +252,10 @@ class Directory:
                 _identities.c.user_id == row.user_id, _identities.c.id != row.id)).scalar_one()
             if not others:
                 return False
-            approved = conn.execute(select(_users.c.approved).where(_users.c.id == row.user_id)).scalar()
+            old = conn.execute(select(_users.c.approved, _users.c.language).where(_users.c.id == row.user_id)).first()
             new_user = uuid.uuid4().hex
-            conn.execute(insert(_users).values(id=new_user, approved=bool(approved), created_at=now))
+            conn.execute(insert(_users).values(id=new_user, approved=bool(old and old.approved), created_at=now,
+                                               language=old.language if old else None))
             conn.execute(update(_identities).where(_identities.c.id == row.id).values(user_id=new_user, linked_at=None))
         return True
 

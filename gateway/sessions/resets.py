@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from gateway.core.i18n import _
+
 
 @dataclass(frozen=True)
 class ResetPolicy:
@@ -39,7 +41,8 @@ class ResetPolicy:
         return False
 
     def describe(self) -> str:
+        """Why a session was reset, in the current locale."""
         if self.daily_hour is not None:
-            return f"Conversations reset daily at {self.daily_hour:02d}:00 {self.zone}"
+            return _("Conversations reset daily at {hour:02d}:00 {zone}", hour=self.daily_hour, zone=self.zone)
         assert self.idle_s is not None
-        return f"The last conversation was idle for over {self.idle_s / 3600:g} h"
+        return _("The last conversation was idle for over {hours:g} h", hours=self.idle_s / 3600)

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from agent.plan import render_plan
 from agent.skills import SkillLibrary
+from gateway.core.i18n import _
 from gateway.delivery.progress import latest_plan
 from gateway.store.sql import Store
 
@@ -29,19 +30,20 @@ def skills_reply(library: SkillLibrary | None, store: Store, session_id: str | N
     ``SkillLibrary.skills(tools)``, ``tools`` being what chat turns mount) with their versions,
     and the versions this conversation's turns used."""
     if library is None:
-        return "Skills are switched off here (skills.enabled = false)."
+        return _("Skills are switched off here (skills.enabled = false).")
     tools = set(tools) if tools is not None else None
     if tools is not None and "load_skill" not in tools:
-        return "Skills are not offered here (agent.toolset has no load_skill)."
+        return _("Skills are not offered here (agent.toolset has no load_skill).")
     skills = library.skills(tools)
     if not skills:
-        return "No skills are installed."
-    lines = ["Skills (I load one when a task matches it):"]
+        return _("No skills are installed.")
+    lines = [_("Skills (I load one when a task matches it):")]
     lines += [f"{s.name} v{s.version} - {s.description}" for s in skills.values()]
     used = used_skills(store, session_id) if session_id else {}
     if used:
-        lines.append("Used in this conversation: " + ", ".join(
-            f"{name} v{version} (turn {turn})" for name, (version, turn) in sorted(used.items())))
+        lines.append(_("Used in this conversation: {skills}", skills=", ".join(
+            _("{name} v{version} (turn {turn})", name=name, version=version, turn=turn)
+            for name, (version, turn) in sorted(used.items()))))
     return "\n".join(lines)
 
 

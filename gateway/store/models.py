@@ -187,6 +187,9 @@ class UserRow(Base):
     approved: Mapped[bool] = mapped_column(Boolean, default=False)
     """Let through by DM pairing (an admin approved a pairing code)."""
     created_at: Mapped[float] = mapped_column(Float)
+    language: Mapped[str | None] = mapped_column(String(16))
+    """The locale the user chose with ``/language`` (``en``, ``zh_CN``); ``None``: their platform's
+    hint, then ``i18n.default``."""
 
 
 class IdentityRow(Base):

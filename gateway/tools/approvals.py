@@ -18,13 +18,15 @@ from typing import Any
 
 from agent.context import RunContext
 from agent.tools import Tool
+from gateway.core.i18n import N_, _
 from gateway.core.types import ChatAddress, OutboundMessage
 from gateway.tools.approvals_store import Approvals
 
-PROMPT = ("🔐 Approval needed: I want to run {tool}.\n{summary}\n"
+PROMPT = N_("🔐 Approval needed: I want to run {tool}.\n{summary}\n"
           "Reply /approve {id} to allow it or /deny {id} to refuse (I wait {timeout}).")
-"""``{id}`` is filled in by the store once the approval exists."""
-ADMIN_PROMPT = ("🔐 Approval needed: I want to run {tool}.\n{summary}\n"
+"""``{id}`` is filled in by the store once the approval exists. Shown to people, so translated where
+it is sent (``_(PROMPT)``, the turn's locale); the tool results below are for the model (English)."""
+ADMIN_PROMPT = N_("🔐 Approval needed: I want to run {tool}.\n{summary}\n"
                 "On this bot only an admin can allow that for you: an admin replies /approve {id} (or uses the "
                 "admin pages); /deny {id} refuses (I wait {timeout}).")
 """The prompt for a requester who may not decide it (open access, not an approved user)."""
@@ -109,7 +111,7 @@ class ChatApprover:
         if not trusted and not self.policy.admin_reachable:
             return NO_ADMIN.replace("{tool}", tool.name)
         timeout = self.policy.timeout_s
-        prompt = ((PROMPT if trusted else ADMIN_PROMPT).replace("{tool}", tool.name)
+        prompt = (_(PROMPT if trusted else ADMIN_PROMPT).replace("{tool}", tool.name)
                   .replace("{timeout}", f"{timeout:g} s")
                   .replace("{summary}", summarize(tool, args, self.redact).replace("{id}", "{ id}")))
         approval_id = self.approvals.request(
@@ -151,15 +153,17 @@ def decide_reply(approvals: Approvals, command: str, args: str, user_id: str, is
     """
     approval_id = args.split()[0].lower() if args.split() else ""
     if not approval_id:
-        return f"Usage: /{command} ID (the ID is in the approval request)."
+        return _("Usage: /{command} ID (the ID is in the approval request).", command=command)
     approval = approvals.get(approval_id)
     if approval is None:
-        return f"No approval request has the ID {approval_id}."
+        return _("No approval request has the ID {id}.", id=approval_id)
     if approval.requested_by not in (None, user_id) and not is_admin:
-        return "Only the person who asked (or an admin) can decide this request."
+        return _("Only the person who asked (or an admin) can decide this request.")
     if command == "approve" and not is_admin and not trusted:
-        return "Only an admin can approve this request (on this bot you are not an approved user)."
+        return _("Only an admin can approve this request (on this bot you are not an approved user).")
     status = "approved" if command == "approve" else "denied"
     if not approvals.decide(approval.id, status, user_id):
-        return f"Request {approval.id} is already closed ({approvals.status(approval.id)})."
-    return f"Approved: running {approval.tool}." if status == "approved" else f"Denied: {approval.tool} will not run."
+        return _("Request {id} is already closed ({status}).", id=approval.id, status=approvals.status(approval.id))
+    if status == "approved":
+        return _("Approved: running {tool}.", tool=approval.tool)
+    return _("Denied: {tool} will not run.", tool=approval.tool)

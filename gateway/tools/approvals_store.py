@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, insert, select, update
 
+from gateway.core.i18n import _
 from gateway.core.types import OutboundMessage
 from gateway.store.db import read_tx, write_tx
 from gateway.store.models import ApprovalRow, table
@@ -44,7 +45,7 @@ class Approvals:
                 prompt_text: str = "") -> str:
         """Creates a pending approval (and queues ``prompt`` to the chat in the same transaction,
         ``{id}`` in ``prompt_text`` replaced by the id); returns the approval id (6 characters)."""
-        approval_id = "".join(secrets.choice(ID_ALPHABET) for _ in range(6))
+        approval_id = "".join(secrets.choice(ID_ALPHABET) for _i in range(6))
         now = time.time()
         with write_tx(self.engine) as conn:
             conn.execute(insert(_approvals).values(
@@ -55,8 +56,8 @@ class Approvals:
                 text = prompt_text.replace("{id}", approval_id)
                 message = OutboundMessage(prompt.address, text, idempotency_key=f"approval:{approval_id}",
                                           reply_to_id=prompt.reply_to_id,
-                                          buttons=(("✅ Approve", f"/approve {approval_id}"),
-                                                   ("❌ Deny", f"/deny {approval_id}")))
+                                          buttons=((_("✅ Approve"), f"/approve {approval_id}"),
+                                                   (_("❌ Deny"), f"/deny {approval_id}")))
                 # No session key: a prompt is never cancelled by a lane generation (it must reach the chat).
                 Store._queue(conn, message, None, None, 0, now)
         return approval_id

@@ -129,6 +129,7 @@ class FakeSlack(ThreadedServer):
         team_id / bot_user_id / bot_id / api_app_id: what ``auth.test`` returns; they must match the
             events posted, or Bolt's own-message filter and the adapter's mention stripping miss.
         users: user id -> display name, served by ``users.info``.
+        locales: user id -> the locale ``users.info`` gives with ``include_locale=true`` (default ``en-US``).
 
     ``scopes`` holds the bot token's scopes (``DEFAULT_SCOPES``); ``conversations.replies`` answers
     ``missing_scope`` (with ``needed`` and ``provided``) when the channel type's history scope is not
@@ -149,6 +150,7 @@ class FakeSlack(ThreadedServer):
         """Requests to private file URLs: ``{"path", "authorization"}``."""
         self.team_id, self.bot_user_id, self.bot_id, self.api_app_id = team_id, bot_user_id, bot_id, api_app_id
         self.users = dict(users or {"U0ALICE001": "Alice", "U0BOB00001": "Bob"})
+        self.locales: dict[str, str] = {}
         self.channels: dict[str, dict[str, JSON]] = {}  # channel -> ts -> message
         self.deliveries: list[EventDelivery] = []
         self.acks: list[JSON] = []
@@ -539,9 +541,11 @@ class FakeSlack(ThreadedServer):
         if user not in self.users:
             raise SlackError("user_not_found")
         name = self.users[user]
-        return {"user": {"id": user, "team_id": self.team_id, "name": name.lower().replace(" ", "."),
-                         "real_name": name, "is_bot": False,
-                         "profile": {"display_name": name, "real_name": name}}}
+        found = {"id": user, "team_id": self.team_id, "name": name.lower().replace(" ", "."),
+                 "real_name": name, "is_bot": False, "profile": {"display_name": name, "real_name": name}}
+        if str(params.get("include_locale", "")).lower() in ("true", "1"):  # users.info: only when asked
+            found["locale"] = self.locales.get(user, "en-US")
+        return {"user": found}
 
     def _conversation(self, params: JSON) -> JSON:
         channel = str(params.get("channel") or "")

@@ -81,6 +81,30 @@ _POLL_CONFLICT = (
 )
 _COMMAND_RE = re.compile(r"[a-z0-9_]{1,32}")
 MAX_COMMANDS = 100  # setMyCommands: "At most 100 commands can be specified"
+ISO_639_1 = frozenset((
+    "aa", "ab", "ae", "af", "ak", "am", "an", "ar", "as", "av", "ay", "az", "ba", "be", "bg", "bh", "bi",
+    "bm", "bn", "bo", "br", "bs", "ca", "ce", "ch", "co", "cr", "cs", "cu", "cv", "cy", "da", "de", "dv",
+    "dz", "ee", "el", "en", "eo", "es", "et", "eu", "fa", "ff", "fi", "fj", "fo", "fr", "fy", "ga", "gd",
+    "gl", "gn", "gu", "gv", "ha", "he", "hi", "ho", "hr", "ht", "hu", "hy", "hz", "ia", "id", "ie", "ig",
+    "ii", "ik", "io", "is", "it", "iu", "ja", "jv", "ka", "kg", "ki", "kj", "kk", "kl", "km", "kn", "ko",
+    "kr", "ks", "ku", "kv", "kw", "ky", "la", "lb", "lg", "li", "ln", "lo", "lt", "lu", "lv", "mg", "mh",
+    "mi", "mk", "ml", "mn", "mr", "ms", "mt", "my", "na", "nb", "nd", "ne", "ng", "nl", "nn", "no", "nr",
+    "nv", "ny", "oc", "oj", "om", "or", "os", "pa", "pi", "pl", "ps", "pt", "qu", "rm", "rn", "ro", "ru",
+    "rw", "sa", "sc", "sd", "se", "sg", "si", "sk", "sl", "sm", "sn", "so", "sq", "sr", "ss", "st", "su",
+    "sv", "sw", "ta", "te", "tg", "th", "ti", "tk", "tl", "tn", "to", "tr", "ts", "tt", "tw", "ty", "ug",
+    "uk", "ur", "uz", "ve", "vi", "vo", "wa", "wo", "xh", "yi", "yo", "za", "zh", "zu",
+))
+"""setMyCommands ``language_code``: "A two-letter ISO 639-1 language code" (every code ISO 639-1 assigns)."""
+REACTION_EMOJI = frozenset((
+    "👍", "👎", "❤", "🔥", "🥰", "👏", "😁", "🤔", "🤯", "😱", "🤬", "😢", "🎉", "🤩", "🤮", "💩",
+    "🙏", "👌", "🕊", "🤡", "🥱",
+    "🥴", "😍", "🐳", "❤\u200d🔥", "🌚", "🌭", "💯", "🤣", "⚡", "🍌", "🏆", "💔", "🤨", "😐",
+    "🍓", "🍾", "💋", "🖕", "😈",
+    "😴", "😭", "🤓", "👻", "👨\u200d💻", "👀", "🎃", "🙈", "😇", "😨", "🤝", "✍",
+    "🤗", "🫡", "🎅", "🎄", "☃", "💅", "🤪",
+    "🗿", "🆒", "💘", "🙉", "🦄", "😘", "💊", "🙊", "😎", "👾", "🤷\u200d♂", "🤷", "🤷\u200d♀", "😡",
+))
+"""Bot API ReactionTypeEmoji: the only emoji a bot may react with."""
 MAX_COMMAND_DESCRIPTION = 256  # BotCommand.description: 1-256 characters
 _SCOPE_TYPES = {"default", "all_private_chats", "all_group_chats", "all_chat_administrators", "chat",
                 "chat_administrators", "chat_member"}
@@ -385,6 +409,8 @@ class FakeTelegram(ThreadedServer):
         self.webhook_url: str = ""
         self.webhook_secret: str | None = None
         self.commands: dict[str, list[dict[str, Any]]] = {}
+        self.reactions: dict[tuple[int, int], list[str]] = {}
+        """The bot's reaction on each ``(chat_id, message_id)`` (setMessageReaction; ``[]``: removed)."""
         self.can_read_all_group_messages = False
         self.webhook_deliveries: list[tuple[int, int]] = []
         self.uploads: list[dict[str, Any]] = []
@@ -414,7 +440,7 @@ class FakeTelegram(ThreadedServer):
                 "sendChatAction": self._true, "answerCallbackQuery": self._true,
                 "setMyCommands": self._set_my_commands, "getMyCommands": self._get_my_commands,
                 "deleteMyCommands": self._delete_my_commands,
-                "setMessageReaction": self._true, "sendMessageDraft": self._send_message_draft,
+                "setMessageReaction": self._set_message_reaction, "sendMessageDraft": self._send_message_draft,
                 "sendPhoto": self._send_photo, "sendDocument": self._send_document, "getFile": self._get_file,
             }.items()
         }
@@ -807,6 +833,26 @@ class FakeTelegram(ThreadedServer):
                 raise _bad("message to delete not found")
         return True
 
+    def _set_message_reaction(self, params: JSON, files: list[JSON]) -> bool:
+        """setMessageReaction as the Bot API checks it: a known chat, ``reaction`` a list of at most one
+        ``ReactionTypeEmoji`` for bots whose ``emoji`` is on Telegram's fixed list (else 400
+        ``REACTION_INVALID``); ``[]`` or none removes the bot's reaction. Recorded in ``reactions``."""
+        chat_id, message_id = params.get("chat_id"), params.get("message_id")
+        if isinstance(chat_id, str) and re.fullmatch(r"-?\d+", chat_id):
+            chat_id = int(chat_id)
+        with self._lock:
+            if chat_id not in self._chats:
+                raise _bad("chat not found")
+        reaction = params.get("reaction") or []
+        if not isinstance(reaction, list) or len(reaction) > 1:
+            raise _bad("REACTIONS_TOO_MANY")
+        for item in reaction:
+            if not isinstance(item, dict) or item.get("type") != "emoji" or item.get("emoji") not in REACTION_EMOJI:
+                raise _bad("REACTION_INVALID")
+        with self._lock:
+            self.reactions[(int(chat_id), int(message_id or 0))] = [item["emoji"] for item in reaction]
+        return True
+
     def _scope_key(self, params: JSON) -> str:
         """The menu key of ``scope`` (BotCommandScope; default ``{"type": "default"}``) plus
         ``language_code``: ``"all_private_chats"``, ``"chat:5550001"``, ``"default/de"``. Raises 400 as
@@ -829,7 +875,7 @@ class FakeTelegram(ThreadedServer):
             if kind == "chat_member":
                 key += f":{scope.get('user_id')}"
         language = str(params.get("language_code") or "")
-        if language and not re.fullmatch(r"[a-z]{2}", language):
+        if language and language not in ISO_639_1:
             raise _bad("invalid language code specified")
         return f"{key}/{language}" if language else key
 
@@ -880,10 +926,16 @@ class FakeTelegram(ThreadedServer):
             self.commands.pop(key, None)
         return True
 
-    def menu(self, chat_id: int, *, admin: bool = False) -> list[str]:
-        """The command names a Telegram client shows in ``chat_id``: the most specific non-empty
-        scope wins (Bot API "Determining list of commands": chat > all_private_chats /
-        all_chat_administrators > all_group_chats > default; languages not modelled)."""
+    def menu(self, chat_id: int, *, admin: bool = False, language: str = "") -> list[str]:
+        """The command names a Telegram client shows in ``chat_id``: ``menu_entries``' names."""
+        return [c["command"] for c in self.menu_entries(chat_id, admin=admin, language=language)]
+
+    def menu_entries(self, chat_id: int, *, admin: bool = False, language: str = "") -> list[dict[str, Any]]:
+        """The commands (``{"command", "description"}``) a Telegram client whose language is
+        ``language`` shows in ``chat_id``: the most specific non-empty scope wins, and within a
+        scope the menu for the user's ``language_code`` before the one without (Bot API
+        "Determining list of commands": chat > all_private_chats / all_chat_administrators >
+        all_group_chats > default)."""
         chat = self._chat(chat_id)
         private = chat.get("type") == "private"
         keys = [f"chat:{chat_id}"]
@@ -891,8 +943,9 @@ class FakeTelegram(ThreadedServer):
             "all_group_chats"]
         with self._lock:
             for key in [*keys, "default"]:
-                if self.commands.get(key):
-                    return [c["command"] for c in self.commands[key]]
+                for variant in ([f"{key}/{language}"] if language else []) + [key]:
+                    if self.commands.get(variant):
+                        return copy.deepcopy(self.commands[variant])
         return []
 
     def _check_upload(self, kind: str, part: JSON) -> tuple[int, int] | None:
