@@ -25,6 +25,7 @@ from agent.providers import Provider
 from agent.skills import SkillLibrary, with_catalogue
 from gateway.core.chats import BUSY_POLICIES, ChatSettings, resolve
 from gateway.core.config import GatewayConfig
+from gateway.core.i18n import N_, _
 from gateway.core.providers import DEFAULT_ROUTE
 from gateway.core.types import InboundMessage
 from gateway.store.db import read_tx, write_tx
@@ -41,27 +42,27 @@ OVERRIDABLE = ("route", "persona", "busy_policy")
 """The settings an admin may set in a chat."""
 
 TEXTS = {
-    "admin_only": "Only an admin can change this chat's settings.",
-    "model_now": "Model of this chat: {route} ({targets}).\nChoose another with /model NAME: {allowed}.",
-    "model_unknown": "There is no model named {name!r} here. Choose one of: {allowed}.",
-    "model_set": "The model of this chat is now {route} ({targets}). It applies to the next conversation: "
-                 "the current one keeps its model. Send /new to start the next one now.",
-    "persona_now": "Persona of this chat: {persona}.\nSet one with /persona NAME or /persona TEXT "
-                   "(named: {names}); /persona off removes it.",
-    "persona_none": "none",
-    "persona_long": "A persona may be at most {limit} characters long (this one has {length}).",
-    "persona_set": "The persona of this chat is now {persona}. It applies to the next conversation: "
-                   "the current one keeps its instructions. Send /new to start the next one now.",
-    "persona_off": "This chat has no persona any more. It applies to the next conversation: "
-                   "the current one keeps its instructions. Send /new to start the next one now.",
-    "busy_now": "While I am answering, new messages here are: {policy} ({meaning}).\n"
-                "Change it with /busy queue|merge|interrupt.",
-    "busy_unknown": "Usage: /busy queue|merge|interrupt.",
-    "busy_set": "From the next message on, messages sent while I am answering are: {policy} ({meaning}).",
-    "busy_queue": "answered one by one, in order",
-    "busy_merge": "answered together once I am done",
-    "busy_interrupt": "stopping the answer in progress and answered instead",
-    "none_named": "none",
+    "admin_only": N_("Only an admin can change this chat's settings."),
+    "model_now": N_("Model of this chat: {route} ({targets}).\nChoose another with /model NAME: {allowed}."),
+    "model_unknown": N_("There is no model named {name!r} here. Choose one of: {allowed}."),
+    "model_set": N_("The model of this chat is now {route} ({targets}). It applies to the next conversation: "
+                    "the current one keeps its model. Send /new to start the next one now."),
+    "persona_now": N_("Persona of this chat: {persona}.\nSet one with /persona NAME or /persona TEXT "
+                      "(named: {names}); /persona off removes it."),
+    "persona_none": N_("none"),
+    "persona_long": N_("A persona may be at most {limit} characters long (this one has {length})."),
+    "persona_set": N_("The persona of this chat is now {persona}. It applies to the next conversation: "
+                      "the current one keeps its instructions. Send /new to start the next one now."),
+    "persona_off": N_("This chat has no persona any more. It applies to the next conversation: "
+                      "the current one keeps its instructions. Send /new to start the next one now."),
+    "busy_now": N_("While I am answering, new messages here are: {policy} ({meaning}).\n"
+                   "Change it with /busy queue|merge|interrupt."),
+    "busy_unknown": N_("Usage: /busy queue|merge|interrupt."),
+    "busy_set": N_("From the next message on, messages sent while I am answering are: {policy} ({meaning})."),
+    "busy_queue": N_("answered one by one, in order"),
+    "busy_merge": N_("answered together once I am done"),
+    "busy_interrupt": N_("stopping the answer in progress and answered instead"),
+    "none_named": N_("none"),
 }
 """Every text this module sends to users (one place, for translation)."""
 
@@ -236,7 +237,7 @@ class ChatCommands:
             return None
         args = message.text.strip()
         if args and not self.is_admin(message):
-            return TEXTS["admin_only"]
+            return _(TEXTS["admin_only"])
         settings = self.setup.settings(message)
         if message.command == "model":
             return self._model(message, settings, args)
@@ -253,39 +254,39 @@ class ChatCommands:
         allowed = list(settings.models) if settings.models is not None else self.setup.config.llm.route_names()
         current = settings.route or DEFAULT_ROUTE
         if not args:
-            return TEXTS["model_now"].format(route=current, targets=self.setup.describe_route(current),
+            return _(TEXTS["model_now"], route=current, targets=self.setup.describe_route(current),
                                              allowed=", ".join(allowed))
         name = args.split()[0]
         if name not in allowed:
-            return TEXTS["model_unknown"].format(name=name, allowed=", ".join(allowed))
+            return _(TEXTS["model_unknown"], name=name, allowed=", ".join(allowed))
         self._set(message, "route", name)
-        return TEXTS["model_set"].format(route=name, targets=self.setup.describe_route(name))
+        return _(TEXTS["model_set"], route=name, targets=self.setup.describe_route(name))
 
     def _persona(self, message: InboundMessage, settings: ChatSettings, args: str) -> str:
-        names = ", ".join(self.setup.config.personas) or TEXTS["none_named"]
+        names = ", ".join(self.setup.config.personas) or _(TEXTS["none_named"])
         if not args:
-            return TEXTS["persona_now"].format(persona=_shown(settings.persona), names=names)
+            return _(TEXTS["persona_now"], persona=_shown(settings.persona), names=names)
         if args.lower() in OFF_WORDS:
             self._set(message, "persona", None)
-            return TEXTS["persona_off"]
+            return _(TEXTS["persona_off"])
         if len(args) > PERSONA_MAX_CHARS:
-            return TEXTS["persona_long"].format(limit=PERSONA_MAX_CHARS, length=len(args))
+            return _(TEXTS["persona_long"], limit=PERSONA_MAX_CHARS, length=len(args))
         self._set(message, "persona", args)
-        return TEXTS["persona_set"].format(persona=_shown(args))
+        return _(TEXTS["persona_set"], persona=_shown(args))
 
     def _busy(self, message: InboundMessage, settings: ChatSettings, args: str) -> str:
         if not args:
             policy = settings.busy_policy or self.setup.config.bus.busy_policy
-            return TEXTS["busy_now"].format(policy=policy, meaning=TEXTS[f"busy_{policy}"])
+            return _(TEXTS["busy_now"], policy=policy, meaning=_(TEXTS[f"busy_{policy}"]))
         policy = args.split()[0].lower()
         if policy not in BUSY_POLICIES:
-            return TEXTS["busy_unknown"]
+            return _(TEXTS["busy_unknown"])
         self._set(message, "busy_policy", policy)
-        return TEXTS["busy_set"].format(policy=policy, meaning=TEXTS[f"busy_{policy}"])
+        return _(TEXTS["busy_set"], policy=policy, meaning=_(TEXTS[f"busy_{policy}"]))
 
 
 def _shown(persona: str | None) -> str:
     """A persona as the replies quote it (a long text is cut)."""
     if not persona:
-        return TEXTS["persona_none"]
+        return _(TEXTS["persona_none"])
     return f'"{persona[:80]}…"' if len(persona) > 80 else f'"{persona}"'
