@@ -42,6 +42,10 @@ class DatabaseConfig(_Section):
 class HttpConfig(_Section):
     host: str = "127.0.0.1"
     port: int = 8080
+    reuse_port: bool = False
+    """Listen with ``SO_REUSEPORT``: several processes on one host share ``port`` and the kernel
+    spreads connections over them (set for each worker of ``gateway run --workers N``; set it
+    yourself for processes started some other way, e.g. a systemd template unit)."""
 
 
 class LlmConfig(RoutesMixin):
@@ -569,6 +573,9 @@ class GatewayConfig(BaseSettings):
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    workers: int = Field(default=1, ge=1, le=64)
+    """Processes ``gateway run`` starts on this machine (``--workers N`` overrides it); more than
+    one needs PostgreSQL (``gateway.app.workers``)."""
     stop_timeout_s: float = Field(default=25.0, ge=0)
     """Graceful stop (SIGTERM): how long running turns may take to finish their step and the
     outbox to drain before the adapters close; a turn cut by it resumes after the restart.
