@@ -189,25 +189,28 @@ def rig(workdir: Path, db_url: str, workers: int, **config: Any) -> Iterator[Rig
             r.stop()
 
 
-async def burst(url: str, chats: int, prefix: str = "b") -> None:
-    """Posts the first message of ``chats`` new chats at once (retried on a non-2xx answer)."""
+async def burst(url: str, chats: int, prefix: str = "b", first: int = 0) -> None:
+    """Posts the first message of ``chats`` new chats (``CHAT_BASE + first`` on) at once, text
+    ``<prefix><n>``; each post retried on a non-2xx answer, as Telegram does."""
     connector = aiohttp.TCPConnector(limit=chats)
     async with aiohttp.ClientSession(connector=connector) as http:
-        await asyncio.gather(*(post(http, url, update(CHAT_BASE + c, 1, f"{prefix}{c}")) for c in range(chats)))
+        await asyncio.gather(*(post(http, url, update(CHAT_BASE + first + c, 1, f"{prefix}{c}"))
+                               for c in range(chats)))
 
 
-def count_replies(telegram: FakeTelegram, chats: int, prefix: str = "b") -> dict[str, int]:
+def count_replies(telegram: FakeTelegram, chats: int, prefix: str = "b", first: int = 0) -> dict[str, int]:
     """Replies per chat of a burst: ``lost`` (chats without their reply), ``duplicated`` (extra
     replies), ``wrong`` (a reply to another chat's message)."""
     per_chat: Counter[int] = Counter()
     wrong = 0
+    low = CHAT_BASE + first
     for call in telegram.calls("sendMessage"):
         chat = int(call.params["chat_id"])
-        if not CHAT_BASE <= chat < CHAT_BASE + chats:
+        if not low <= chat < low + chats:
             continue
         per_chat[chat] += 1
-        wrong += call.params["text"] != f"re: {prefix}{chat - CHAT_BASE}"
-    lost = sum(1 for c in range(chats) if per_chat[CHAT_BASE + c] == 0)
+        wrong += call.params["text"] != f"re: {prefix}{chat - low}"
+    lost = sum(1 for c in range(chats) if per_chat[low + c] == 0)
     return {"replies": sum(per_chat.values()), "lost": lost,
             "duplicated": sum(n - 1 for n in per_chat.values() if n > 1), "wrong": wrong}
 
