@@ -145,9 +145,8 @@ class Rig:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1):
                     pass
-                if workers == 1 or len(self.instances()) >= workers:
-                    if workers == 1 or "all %d workers ready" % workers in self.log.read_text():
-                        return
+                if workers == 1 or f"all {workers} workers ready" in self.log.read_text():
+                    return
             except Exception:
                 pass
             time.sleep(0.1)

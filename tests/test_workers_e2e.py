@@ -140,3 +140,35 @@ def test_several_workers_on_sqlite_are_refused_with_one_line(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --workers 3 needs PostgreSQL"), done.stderr
     assert not (tmp_path / "gw.db").exists()
+
+
+def test_telegram_long_polling_with_two_workers_has_one_poller(tmp_path):
+    """Polling mode: the receiver lease lets one worker poll ``getUpdates`` (two pollers would get
+    409 Conflict from Telegram, and from the fake); every update is answered once."""
+    from bench.multi_instance import scratch_database
+    from bench.workers import CHAT_BASE
+
+    try:
+        db_url, drop = scratch_database()
+    except Exception as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"PostgreSQL unreachable ({type(exc).__name__})")
+    chats = 20
+    try:
+        with rig(tmp_path, db_url, 2, worker_threads=8, mode="polling") as r:
+            r.model.responder = _echo
+            for c in range(chats):
+                user = {"id": CHAT_BASE + c, "is_bot": False, "first_name": f"U{c}"}
+                r.telegram.inject({"message": {"message_id": 1, "from": user, "date": int(time.time()),
+                                               "chat": {"id": CHAT_BASE + c, "type": "private"}, "text": f"poll{c}"}})
+            _until(lambda: count_replies(r.telegram, chats, "poll")["lost"] == 0, 90, "every chat's reply")
+            time.sleep(1.0)
+            assert count_replies(r.telegram, chats, "poll") == {"replies": chats, "lost": 0, "duplicated": 0,
+                                                                "wrong": 0}
+            poller = r.query("SELECT lease_owner FROM lanes WHERE key LIKE 'receiver:telegram:%'")
+            assert [row[0] for row in poller] in ([W1], [W2])
+            assert r.stop() == 0
+        assert "getUpdates failed" not in r.log.read_text()  # no 409: never two pollers at once
+    finally:
+        drop()

@@ -216,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
 
     secrets = config.secret_values() + url_password(config.database.url)
     worker = getattr(args, "worker", None)
-    setup_logging(config.logging.level, secrets, f"w{worker}" if worker is not None else None)
+    if worker is None:
+        setup_logging(config.logging.level, secrets)
+    else:  # a worker of `gateway run --workers N`: its lines say which
+        setup_logging(config.logging.level, secrets, f"w{worker}")
     install_hooks()
     try:
         return _command(config, args)
