@@ -172,3 +172,33 @@ def test_telegram_long_polling_with_two_workers_has_one_poller(tmp_path):
         assert "getUpdates failed" not in r.log.read_text()  # no 409: never two pollers at once
     finally:
         drop()
+
+
+def test_a_start_up_error_of_the_workers_stops_the_supervisor_with_status_2(tmp_path):
+    """A worker that cannot start (here: Telegram webhook mode without its secret) is not restarted
+    in a loop: the supervisor stops the others and exits 2 under the worker's one-line error."""
+    import subprocess
+    import sys
+
+    from bench.multi_instance import scratch_database
+
+    try:
+        db_url, drop = scratch_database()
+    except Exception as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"PostgreSQL unreachable ({type(exc).__name__})")
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'workers = 2\n[database]\nurl = "{db_url}"\n[http]\nport = 0\n'
+                      '[telegram]\nenabled = true\nmode = "webhook"\ntoken_env = "NO_SUCH_TOKEN_VAR"\n'
+                      '[logging]\nlevel = "WARNING"\n')
+    env = {k: v for k, v in os.environ.items() if k != "NO_SUCH_TOKEN_VAR"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "gateway", "--config", str(config), "run"],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    finally:
+        drop()
+    assert done.returncode == 2, done.stderr
+    assert "error: telegram is enabled but environment variable NO_SUCH_TOKEN_VAR is not set" in done.stderr
+    assert "could not start (exit status 2" in done.stderr, done.stderr
+    assert "restarting it" not in done.stderr
