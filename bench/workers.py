@@ -136,7 +136,7 @@ class Rig:
                 total += cpu_seconds(pid)
         return total
 
-    def wait_workers_ready(self, workers: int, timeout: float = 60) -> None:
+    def wait_workers_ready(self, workers: int, timeout: float = 180) -> None:
         """Until ``/readyz`` answers 200 and every worker holds its instance id."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
