@@ -41,7 +41,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 
 from sqlalchemy.engine import make_url
@@ -111,8 +111,6 @@ class Worker:
     ever_ready: bool = False
     exits_in_a_row: int = 0
     restart_at: float | None = None
-    history: list[int] = field(default_factory=list)
-    """Exit statuses so far (negative: the signal)."""
 
 
 class Supervisor:
@@ -189,7 +187,6 @@ class Supervisor:
         """Handles a worker's exit; returns the supervisor's exit status when it must stop all."""
         self._read_ready(worker)
         self._close_pipe(worker)
-        worker.history.append(status)
         worker.proc = None
         if self.stopping:
             return None
