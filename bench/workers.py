@@ -4,6 +4,7 @@ same run; every reply counted per chat (nothing lost, nothing duplicated).
 
     .venv/bin/python -m bench.workers                       # 200 chats, 2 s model, 1, 2 and 4 processes
     .venv/bin/python -m bench.workers --processes 1,2 --chats 50
+    .venv/bin/python -m bench.workers --runs 3              # medians of three alternating rounds
 
 Each process count gets a fresh scratch database (``bench.multi_instance.scratch_database``) and a
 fresh supervisor; the burst is every chat's first message posted at once to the one webhook port
@@ -296,16 +297,33 @@ def run_scaling(workdir: Path, processes: list[int], *, chats: int = 200, latenc
             "floor": floor, "runs": runs}
 
 
+def run_repeated(workdir: Path, processes: list[int], runs: int, **kwargs: Any) -> dict[str, Any]:
+    """``run_scaling`` ``runs`` times (floor and counts alternate, so load changes hit all alike);
+    medians of turns/s and of the ratios per process count."""
+    from statistics import median
+
+    rounds = [run_scaling(workdir / f"r{i}", processes, **kwargs) for i in range(runs)]
+    summary = {}
+    for n in processes:
+        mine = [r for round_ in rounds for r in round_["runs"] if r["processes"] == n]
+        summary[str(n)] = {key: median(r[key] for r in mine) for key in ("turns_per_s", "vs_first", "vs_floor")}
+        summary[str(n)]["lost"] = sum(r["lost"] for r in mine)
+        summary[str(n)]["duplicated"] = sum(r["duplicated"] for r in mine)
+    summary["floor_turns_per_s"] = median(r["floor"]["turns_per_s"] for r in rounds)
+    return {"median": summary, "rounds": rounds}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", default="1,2,4", help="comma-separated process counts (first = the base)")
     parser.add_argument("--chats", type=int, default=200)
     parser.add_argument("--latency", type=float, default=2.0, help="model latency, seconds")
     parser.add_argument("--worker-threads", type=int, default=200, help="agent.worker_threads of each process")
+    parser.add_argument("--runs", type=int, default=1, help="repeat everything; medians reported")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="gw-workers-"))
-    figures = run_scaling(workdir, [int(n) for n in args.processes.split(",")], chats=args.chats,
-                          latency_s=args.latency, worker_threads=args.worker_threads)
+    figures = run_repeated(workdir, [int(n) for n in args.processes.split(",")], args.runs, chats=args.chats,
+                           latency_s=args.latency, worker_threads=args.worker_threads)
     print(json.dumps(figures, indent=2))
 
 
