@@ -52,9 +52,12 @@ async def _started(build: Callable[[], Gateway]) -> Gateway:
     return gateway
 
 
-async def _run(config: GatewayConfig) -> None:
+async def _run(config: GatewayConfig, supervisor_fd: int | None = None) -> None:
+    """Serves until SIGTERM/SIGINT. ``supervisor_fd``: this is a worker of ``gateway run --workers
+    N``; it writes to that pipe once started and stops when the supervisor is gone."""
     from gateway.app.gateway import Gateway
     from gateway.app.wiring import build_adapters
+    from gateway.app.workers import signal_ready, watch_supervisor
     from gateway.ops.telemetry import setup_tracing
 
     loop = asyncio.get_running_loop()
@@ -63,6 +66,7 @@ async def _run(config: GatewayConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(watch_supervisor(stop.set)) if supervisor_fd is not None else None
     provider = None
     cut = 0  # turns the stop timeout cut (their rows are pending: resumed after the restart)
 
@@ -81,9 +85,12 @@ async def _run(config: GatewayConfig) -> None:
             admin = "admin pages at /admin" if config.secret(config.web.admin_password_env) else \
                 f"admin pages off: set {config.web.admin_password_env} to turn them on"
             log.info("web chat: open http://%s:%s/ (%s)", config.http.host, gateway.http_port, admin)
+        signal_ready(supervisor_fd)
         try:
             await stop.wait()
         finally:
+            if watcher is not None:
+                watcher.cancel()
             log.info("shutting down")
             await gateway.stop()
             cut = gateway.unfinished_turns
@@ -168,7 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="LLM agent gateway for Telegram, Slack and Feishu")
     parser.add_argument("--config", help=CONFIG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", help="serve the enabled platforms")
+    run = sub.add_parser("run", help="serve the enabled platforms")
+    run.add_argument("--workers", type=int, default=None, metavar="N",
+                     help="processes on this machine, sharing http.port (default: the config's workers, 1); "
+                          "more than one needs PostgreSQL")
+    run.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by the supervisor
+    run.add_argument("--supervisor-fd", type=int, default=None, help=argparse.SUPPRESS)
     sub.add_parser("chat", help="talk to the agent in this terminal (platform 'local')")
     db = sub.add_parser("db", help="database commands")
     db.add_argument("action", choices=["upgrade"])
@@ -212,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.app.startup_errors import url_password
 
     secrets = config.secret_values() + url_password(config.database.url)
-    setup_logging(config.logging.level, secrets)
+    worker = getattr(args, "worker", None)
+    if worker is None:
+        setup_logging(config.logging.level, secrets)
+    else:  # a worker of `gateway run --workers N`: its lines say which
+        setup_logging(config.logging.level, secrets, f"w{worker}")
     install_hooks()
     try:
         return _command(config, args)
@@ -229,9 +245,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _serve(config: GatewayConfig, args: argparse.Namespace) -> int:
+    """``gateway run``: this process serves (one process, or worker ``--worker K`` of a supervisor),
+    or ``--workers N`` > 1 makes it the supervisor of N workers (``gateway.app.workers``)."""
+    from gateway.app import workers
+
+    if args.worker is not None:
+        asyncio.run(_run(workers.worker_config(config, args.worker), args.supervisor_fd))
+        return 0
+    count = args.workers if args.workers is not None else config.workers
+    workers.check_workers(config, count)
+    if count == 1:
+        asyncio.run(_run(config))
+        return 0
+    return workers.Supervisor(config, count, workers.worker_argv(args.config)).run()
+
+
 def _command(config: GatewayConfig, args: argparse.Namespace) -> int:
     if args.command == "run":
-        asyncio.run(_run(config))
+        return _serve(config, args)
     elif args.command == "chat":
         logging.getLogger().setLevel(logging.WARNING)
         asyncio.run(_chat(config))

@@ -365,10 +365,12 @@ class Gateway:
         if self.serve_http:
             routes = [route for adapter in self.adapters.values() for route in adapter.routes()]
             routes += admin_routes(self)
-            app = build_app(routes, self._ready, self._metrics, CONTENT_TYPE, accepting=lambda: self.started)
+            app = build_app(routes, self._ready, self._metrics, CONTENT_TYPE, accepting=lambda: self.started,
+                            instance=self.instance_id)
             self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self.config.http.host, self.config.http.port)
+            site = web.TCPSite(self._runner, self.config.http.host, self.config.http.port,
+                               reuse_port=self.config.http.reuse_port or None)
             await site.start()
             self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             log.info("http server on %s:%s", self.config.http.host, self.http_port)

@@ -45,6 +45,10 @@ class DatabaseConfig(_Section):
 class HttpConfig(_Section):
     host: str = "127.0.0.1"
     port: int = 8080
+    reuse_port: bool = False
+    """Listen with ``SO_REUSEPORT``: several processes on one host share ``port`` and the kernel
+    spreads connections over them (set for each worker of ``gateway run --workers N``; set it
+    yourself for processes started some other way, e.g. a systemd template unit)."""
 
 
 class LlmConfig(RoutesMixin):
@@ -633,6 +637,9 @@ class GatewayConfig(BaseSettings):
     personas: dict[str, str] = Field(default_factory=dict)
     """Named personas: name -> text added to the system prompt of new sessions (``[[chats]]``
     ``persona = "NAME"``, ``/persona NAME``)."""
+    workers: int = Field(default=1, ge=1, le=64)
+    """Processes ``gateway run`` starts on this machine (``--workers N`` overrides it); more than
+    one needs PostgreSQL (``gateway.app.workers``)."""
     stop_timeout_s: float = Field(default=25.0, ge=0)
     """Graceful stop (SIGTERM): how long running turns may take to finish their step and the
     outbox to drain before the adapters close; a turn cut by it resumes after the restart.

@@ -15,10 +15,12 @@ NOT_READY_RETRY_AFTER_S = 5
 
 def build_app(routes: list[web.RouteDef], ready: Callable[[], Awaitable[bool]],
               metrics: Callable[[], Awaitable[bytes]], metrics_type: str = "text/plain", *,
-              accepting: Callable[[], bool] = lambda: True) -> web.Application:
+              accepting: Callable[[], bool] = lambda: True, instance: str | None = None) -> web.Application:
     """``/healthz`` (liveness: the process serves HTTP), ``/readyz`` (200 while ``ready()``: the
     database answers and every adapter has started; 503 otherwise), ``/metrics`` (Prometheus
-    text) plus the adapters' webhook ``routes``. Request bodies are capped at 1 MiB.
+    text) plus the adapters' webhook ``routes``. Request bodies are capped at 1 MiB. ``/readyz``
+    names the ``instance`` id that answered (with ``gateway run --workers N`` every worker serves
+    the port: a health check sees the worker that accepted its connection).
 
     Readiness gate: while ``accepting()`` is false (start-up until every adapter has started,
     and from the beginning of a stop), every request that may carry an event (any method but
@@ -41,7 +43,8 @@ def build_app(routes: list[web.RouteDef], ready: Callable[[], Awaitable[bool]],
 
     async def readyz(_: web.Request) -> web.Response:
         ok = await ready()
-        return web.json_response({"status": "ready" if ok else "not ready"}, status=200 if ok else 503)
+        body = {"status": "ready" if ok else "not ready", **({"instance": instance} if instance else {})}
+        return web.json_response(body, status=200 if ok else 503)
 
     async def metrics_view(_: web.Request) -> web.Response:
         return web.Response(body=await metrics(), headers={"Content-Type": metrics_type})

@@ -61,10 +61,12 @@ class _RedactedStreamHandler(logging.StreamHandler):
             pass
 
 
-def setup_logging(level: str, secrets: Iterable[str]) -> None:
-    """Configures the root logger (stderr, one line per record) with secret redaction."""
+def setup_logging(level: str, secrets: Iterable[str], tag: str | None = None) -> None:
+    """Configures the root logger (stderr, one line per record) with secret redaction; ``tag``
+    (e.g. ``w2``, a worker of ``gateway run --workers N``) goes in brackets before each logger name."""
     handler = _RedactedStreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    prefix = f"[{tag}] " if tag else ""
+    handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s"))
     handler.addFilter(RedactSecrets(secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]
