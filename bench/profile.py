@@ -1,0 +1,71 @@
+"""Reads a py-spy recording (``py-spy record --format raw``: one collapsed stack per line,
+``frame;frame;... count``) into the top functions by own samples and by total samples.
+
+Without ``--idle`` py-spy samples only threads that are running, so samples are proportional to
+CPU time: ``share`` is a function's part of the process's busy time.
+
+    python -m bench.profile burst.collapsed [--top 25]
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+_FRAME = re.compile(r"^(?P<fn>.*?) \((?P<file>[^:()]*)(?::\d+)?\)$")
+
+
+def _name(frame: str) -> str:
+    """``function (path/to/module.py:123)`` -> ``function (module.py)``, site-packages trimmed to
+    the package path (``sqlalchemy/engine/base.py``)."""
+    found = _FRAME.match(frame.strip())
+    if not found:
+        return frame.strip()
+    path = found["file"]
+    for marker in ("site-packages/", "/lib/python3", "/work/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    if path.startswith(".") or "/" not in path:
+        pass
+    return f"{found['fn']} ({'/'.join(path.split('/')[-3:])})"
+
+
+def summary(path: Path, top: int = 25) -> dict[str, Any]:
+    """``{"samples", "own": [[function, share], ...], "total": [[function, share], ...]}``: the
+    ``top`` functions by samples on top of the stack and by samples anywhere on it (shares of all
+    samples, 0..1)."""
+    own: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    samples = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [_name(f) for f in stack.split(";") if f and not f.startswith("process ")
+                  and not f.startswith("thread ")]
+        if not frames:
+            continue
+        samples += n
+        own[frames[-1]] += n
+        for name in set(frames):
+            total[name] += n
+
+    def table(counter: Counter[str]) -> list[list[Any]]:
+        return [[name, round(n / max(1, samples), 3)] for name, n in counter.most_common(top)]
+
+    return {"samples": samples, "own": table(own), "total": table(total)}
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recording", type=Path)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    print(json.dumps(summary(args.recording, args.top), indent=1))
