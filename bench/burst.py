@@ -16,6 +16,7 @@ functions by own and total samples (``bench.profile``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -28,8 +29,20 @@ from typing import Any
 import aiohttp
 
 from bench.fault_injection import ROOT, TOKEN, _free_port
-from bench.harness import CHAT_BASE, Rig, cpu_seconds, last_user_line, post, rig, rss_mb, update, wait_for
+from bench.harness import (
+    CHAT_BASE,
+    Rig,
+    cpu_seconds,
+    idle_cpu_per_s,
+    last_user_line,
+    post,
+    rig,
+    rss_mb,
+    update,
+    wait_for,
+)
 from bench.overhead import _wait_up
+from bench.profile import recording
 from tests.fakes import openai as oa
 
 
@@ -94,22 +107,13 @@ def run_burst(workdir: Path, *, chats: int = 200, latency_s: float = 2.0, timeou
         asyncio.run(_burst(r.webhook, r, "warm", 5, 900_000, 30))  # imports, first connections
         pid = r.gateway.proc.pid  # type: ignore[union-attr]
         rss_before = rss_mb(pid)
-        spy = None
-        if profile:
-            out = workdir / "burst.collapsed"
-            spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
-                                    "--format", "raw", "--rate", "500", "--gil", "--output", str(out)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(1.0)
-        idle = _idle_cpu_per_s(pid)
+        record = recording(pid, workdir / "burst.collapsed") if profile else contextlib.nullcontext()
+        idle = idle_cpu_per_s(pid)
         cpu_before, wall_before = cpu_seconds(pid), time.monotonic()
-        with _Peak(pid) as peak:
+        with record, _Peak(pid) as peak:
             gateway = asyncio.run(_burst(r.webhook, r, "gw", chats, 0, timeout))
         # the 0.5 s wait for duplicates inside _burst is counted; the idle rate is subtracted
         cpu = cpu_seconds(pid) - cpu_before - idle * (time.monotonic() - wall_before)
-        if spy is not None:
-            spy.send_signal(2)
-            spy.wait(30)
         port = _free_port()
         relay = subprocess.Popen([sys.executable, "-m", "bench.relay", str(port), f"{r.model.url}/v1",
                                   r.telegram.url, TOKEN], cwd=ROOT)
@@ -130,13 +134,6 @@ def run_burst(workdir: Path, *, chats: int = 200, latency_s: float = 2.0, timeou
 
         figures["profile"] = summary(workdir / "burst.collapsed")
     return figures
-
-
-def _idle_cpu_per_s(pid: int) -> float:
-    """The process's CPU seconds per second when idle (heartbeat, sweeper, lease keeper; over 2 s)."""
-    before = cpu_seconds(pid)
-    time.sleep(2.0)
-    return (cpu_seconds(pid) - before) / 2.0
 
 
 if __name__ == "__main__":

@@ -158,6 +158,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def idle_cpu_per_s(pid: int, seconds: float = 2.0) -> float:
+    """Process ``pid``'s CPU seconds per second while nothing is sent to it (heartbeat, sweeper,
+    lease keeper), measured over ``seconds``; benchmarks subtract it from their CPU per turn."""
+    before = cpu_seconds(pid)
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / seconds
+
+
 async def wait_for(predicate: Any, timeout: float, poll_s: float = 0.05) -> bool:
     """Polls ``predicate()`` until true or ``timeout``; returns the last result."""
     deadline = time.monotonic() + timeout

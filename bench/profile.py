@@ -9,8 +9,13 @@ CPU time: ``share`` is a function's part of the process's busy time.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import subprocess
+import sys
+import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,22 @@ def _name(frame: str) -> str:
     if path.startswith(".") or "/" not in path:
         pass
     return f"{found['fn']} ({'/'.join(path.split('/')[-3:])})"
+
+
+@contextlib.contextmanager
+def recording(pid: int, out: Path, rate: int = 500) -> Iterator[Path]:
+    """Records process ``pid`` with py-spy (a dev dependency) into ``out`` while inside: only the
+    thread holding the interpreter lock is sampled (``--gil``: CPU spent in Python), without
+    pausing the process (``--nonblocking``)."""
+    spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
+                            "--format", "raw", "--rate", str(rate), "--gil", "--nonblocking", "--output", str(out)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached
+    try:
+        yield out
+    finally:
+        spy.send_signal(2)  # SIGINT: py-spy writes the file and exits
+        spy.wait(30)
 
 
 def summary(path: Path, top: int = 25) -> dict[str, Any]:

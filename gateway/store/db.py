@@ -30,13 +30,18 @@ def create_db_engine(url: str, pool_size: int = 10) -> Engine:
     much smaller than ``agent.worker_threads`` serves all turns in flight.
     """
     parsed = make_url(url)
+    # Every connection is used through ``write_tx``/``read_tx``, whose transaction is committed or
+    # rolled back before the connection goes back: the pool's own ROLLBACK on return (a round trip
+    # per transaction) would find nothing to reset.
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800)
+        return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800,
+                             pool_reset_on_return=None)
     pool: dict[str, int] = {}
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         pool = {"pool_size": pool_size, "max_overflow": pool_size}
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, pool_reset_on_return=None,
+                           **pool)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:

@@ -41,6 +41,9 @@ UNSETTLED = ("pending", "claimed", "sending")
 INSERT_INBOX = insert(_inbox)
 """Values: the inbox columns."""
 
+INSERT_LANE = insert(_lanes)
+"""Values: ``key``, ``lease_owner``, ``lease_until``, ``generation``."""
+
 LANE_EXISTS = select(_lanes.c.key).where(_lanes.c.key == bindparam("b_key"))
 
 LANE_GENERATION = select(_lanes.c.generation).where(_lanes.c.key == bindparam("b_key"))
