@@ -49,12 +49,14 @@ LANE_EXISTS = select(_lanes.c.key).where(_lanes.c.key == bindparam("b_key"))
 LANE_GENERATION = select(_lanes.c.generation).where(_lanes.c.key == bindparam("b_key"))
 
 PENDING_BATCH = (
-    select(_inbox.c.id, _inbox.c.payload, _inbox.c.user_id)
+    select(_inbox.c.id, _inbox.c.payload, _inbox.c.user_id,
+           select(_lanes.c.generation).where(_lanes.c.key == bindparam("b_key")).scalar_subquery()
+           .label("generation"))
     .where(_inbox.c.session_key == bindparam("b_key"), _inbox.c.status == "pending")
     .order_by(_inbox.c.id)
     .limit(bindparam("b_limit"))
 )
-"""The oldest ``b_limit`` pending rows of session key ``b_key``."""
+"""The oldest ``b_limit`` pending rows of session key ``b_key``, each with the lane's ``generation``."""
 
 ANY_PENDING = select(_inbox.c.id).where(_inbox.c.session_key == bindparam("b_key"),
                                         _inbox.c.status == "pending").limit(1)

@@ -212,10 +212,10 @@ class Store:
                     if cancel == "if_busy":
                         condition += [_lanes.c.lease_owner.is_not(None), _lanes.c.lease_until >= now]
                     conn.execute(update(_lanes).where(*condition).values(generation=_lanes.c.generation + 1))
-                # The reply is queued under the lane's current generation (else a later claim would
-                # take it for a reply of a stopped turn and drop it).
-                generation = conn.execute(q.LANE_GENERATION, {"b_key": session_key}).scalar_one_or_none() or 0
                 if control_reply is not None:
+                    # The reply is queued under the lane's current generation (else a later claim
+                    # would take it for a reply of a stopped turn and drop it).
+                    generation = conn.execute(q.LANE_GENERATION, {"b_key": session_key}).scalar_one_or_none() or 0
                     self._queue(conn, control_reply, None, session_key, generation, now)
         except IntegrityError:
             return False
@@ -358,9 +358,8 @@ class Store:
         rows = conn.execute(q.PENDING_BATCH, {"b_key": key, "b_limit": limit}).all()
         if not rows:
             return [], 0
-        generation = conn.execute(q.LANE_GENERATION, {"b_key": key}).scalar()
         return [PendingInbound(row.id, key, InboundMessage.from_dict(row.payload), row.user_id)
-                for row in rows], int(generation or 0)
+                for row in rows], int(rows[0].generation or 0)
 
     def lane_exists(self, key: str) -> bool:
         """Whether the session key has been used before (the bot is part of that conversation)."""
