@@ -9,15 +9,39 @@ PostgreSQL: a plain pooled engine (psycopg 3).
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def json_dumps(value: Any) -> str:
+    """JSON columns' serializer: orjson (several times faster than ``json`` on the payloads, metas
+    and addresses every turn writes), compact, non-ASCII kept as UTF-8, NaN and infinities as
+    ``null`` (PostgreSQL's JSON has no NaN); ``json.dumps`` for what orjson refuses (integers beyond
+    64 bits, keys of mixed types)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return json.dumps(value)
+
+
+def json_loads(text: str | bytes) -> Any:
+    """JSON columns' deserializer: orjson, falling back to ``json.loads`` (what ``json_dumps``
+    wrote through its fallback)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 def create_db_engine(url: str, pool_size: int = 10) -> Engine:
@@ -35,13 +59,13 @@ def create_db_engine(url: str, pool_size: int = 10) -> Engine:
     # per transaction) would find nothing to reset.
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800,
-                             pool_reset_on_return=None)
+                             pool_reset_on_return=None, json_serializer=json_dumps, json_deserializer=json_loads)
     pool: dict[str, int] = {}
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         pool = {"pool_size": pool_size, "max_overflow": pool_size}
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, pool_reset_on_return=None,
-                           **pool)
+                           json_serializer=json_dumps, json_deserializer=json_loads, **pool)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:
