@@ -9,7 +9,8 @@ once); threads above that end after ``idle_s`` without work.
 A turn waiting for a model provider's call slot (``[[llm.providers]] max_concurrency``) is
 *parked* (``parked()``): it does not count as in flight, so the pool may start work for other
 providers meanwhile and a slow model with a small limit cannot hold every slot. Parked turns are
-bounded too: at most ``max_in_flight`` of them (threads never exceed twice ``max_in_flight``).
+bounded too: at most ``max_in_flight`` of them (a wait beyond that keeps its place in flight), so
+threads never exceed twice ``max_in_flight``.
 A parked turn that gets its slot goes on at once (in flight may then briefly exceed the bound by
 the number of turns that were parked).
 """
@@ -110,13 +111,16 @@ class TurnPool(Executor):
             yield
             return
         with self._cond:
-            self._parked += 1
-            self._wake()
+            park = self._parked < self.max_in_flight  # beyond that many parked, a wait holds its place
+            if park:
+                self._parked += 1
+                self._wake()
         try:
             yield
         finally:
-            with self._cond:
-                self._parked -= 1
+            if park:
+                with self._cond:
+                    self._parked -= 1
 
     # -- inside --------------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -125,8 +129,8 @@ class TurnPool(Executor):
             return
         if self._idle > len(self._queue) - 1:
             self._cond.notify()
-        elif self._threads < 2 * self.max_in_flight:
-            self._spawn()
+        elif self._threads - self._parked < self.max_in_flight:
+            self._spawn()  # threads not parked (idle or in flight) never exceed the bound
 
     def _spawn(self) -> None:
         thread = threading.Thread(target=self._work, name=f"{self.name}_{self._started}", daemon=True)
