@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError

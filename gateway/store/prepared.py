@@ -186,3 +186,13 @@ SETTLE_JOB_RUN = (
             platform_message_ids=bindparam("b_ids", type_=_job_runs.c.platform_message_ids.type),
             error=bindparam("b_error"), finished_at=bindparam("b_now"))
 )
+
+# -- a new chat's first turn ------------------------------------------------------------------
+INSERT_SESSION = insert(_sessions)
+"""Values: the session columns."""
+
+SET_LANE_SESSION = update(_lanes).where(_lanes.c.key == bindparam("b_key"))
+"""Parameters: ``b_key`` and ``session_id`` (the SET column)."""
+
+INSERT_ADDRESS = insert(_addresses)
+"""Values: ``session_id``, ``chat_key``, ``address``, ``last_used_at``."""

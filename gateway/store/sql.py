@@ -402,9 +402,9 @@ class Store:
         session_id = uuid.uuid4().hex
         now = time.time()
         with write_tx(self.engine) as conn:
-            conn.execute(insert(_sessions).values(id=session_id, key=key, system_prompt=system_prompt,
-                                                  created_at=now, updated_at=now, owner_user_id=owner_user_id))
-            if conn.execute(update(_lanes).where(_lanes.c.key == key).values(session_id=session_id)).rowcount == 0:
+            conn.execute(q.INSERT_SESSION, {"id": session_id, "key": key, "system_prompt": system_prompt,
+                                            "created_at": now, "updated_at": now, "owner_user_id": owner_user_id})
+            if conn.execute(q.SET_LANE_SESSION, {"b_key": key, "session_id": session_id}).rowcount == 0:
                 conn.execute(insert(_lanes).values(key=key, session_id=session_id, lease_until=0.0, generation=0))
         return session_id
 
@@ -571,8 +571,8 @@ class Store:
             touched = conn.execute(q.TOUCH_ADDRESS, {"b_session": session_id, "b_chat": chat_key, "b_now": now,
                                                      "b_address": a.to_dict()}).rowcount
             if not touched:
-                conn.execute(insert(_addresses).values(session_id=session_id, chat_key=chat_key,
-                                                       address=a.to_dict(), last_used_at=now))
+                conn.execute(q.INSERT_ADDRESS, {"session_id": session_id, "chat_key": chat_key,
+                                                "address": a.to_dict(), "last_used_at": now})
 
     @staticmethod
     def _queue(conn: Any, reply: OutboundMessage, session_id: str | None, session_key: str | None,
