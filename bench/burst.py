@@ -45,6 +45,9 @@ from bench.overhead import _wait_up
 from bench.profile import recording
 from tests.fakes import openai as oa
 
+TELEGRAM_WEBHOOK_CONNECTIONS = 40
+"""Bot API setWebhook ``max_connections`` default: how many webhook requests Telegram has open."""
+
 
 class _Peak:
     """Samples a process's RSS every ``every_s`` on a thread; ``peak`` is the largest seen (MiB)."""
@@ -76,7 +79,9 @@ async def _burst(url: str, r: Rig, tag: str, chats: int, first_chat: int, timeou
     before = len(r.telegram.calls("sendMessage"))
     tokens = {CHAT_BASE + first_chat + c: f"{tag}-{c:05d}" for c in range(chats)}
     started = time.monotonic()
-    connector = aiohttp.TCPConnector(limit=min(chats, 256))
+    # Telegram delivers a bot's webhooks over at most 40 connections at once (setWebhook
+    # max_connections, default 40), kept alive.
+    connector = aiohttp.TCPConnector(limit=TELEGRAM_WEBHOOK_CONNECTIONS)
     async with aiohttp.ClientSession(connector=connector) as http:
         await asyncio.gather(*(post(http, url, update(chat, 1, token)) for chat, token in tokens.items()))
     posted = time.monotonic() - started

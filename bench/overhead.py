@@ -126,7 +126,9 @@ def run_overhead(workdir: Path, *, messages: int = 1000, rate: float = 50.0, cha
             relay.wait(10)
     figures = {"rate_per_s": rate, "messages": messages, "chats": chats, "gateway": gateway, "floor": floor,
                "added_by_gateway_ms": {q: round(gateway["overhead"][q] - floor["overhead"][q], 2)
-                                       for q in ("p50_ms", "p99_ms")}}
+                                       for q in ("p50_ms", "p99_ms")},
+               "p50_ratio_to_floor": {leg: round(gateway[leg]["p50_ms"] / max(floor[leg]["p50_ms"], 1e-6), 2)
+                                      for leg in ("inbound_to_model", "model_to_platform", "overhead")}}
     if profile:
         figures["profile"] = summary(workdir / "overhead.collapsed")
     return figures

@@ -76,9 +76,17 @@ def summary(path: Path, top: int = 25) -> dict[str, Any]:
             total[name] += n
 
     def table(counter: Counter[str]) -> list[list[Any]]:
-        return [[name, round(n / max(1, samples), 3)] for name, n in counter.most_common(top)]
+        kept = [(name, n) for name, n in counter.most_common() if not name.endswith(_GENERIC)][:top]
+        return [[name, round(n / max(1, samples), 3)] for name, n in kept]
 
     return {"samples": samples, "own": table(own), "total": table(total)}
+
+
+_GENERIC = ("threading.py)", "<frozen runpy>)", "asyncio/runners.py)", "asyncio/base_events.py)",
+            "gateway/__main__.py)", "gateway/app/cli.py)", "concurrent/futures/thread.py)", "gateway/bus/pool.py)",
+            "contextlib.py)", "asyncio/events.py)", "gateway/ops/metrics.py)")
+"""Frames on (nearly) every stack of their thread (thread start, the event loop, the pools): left
+out of the tables, which would otherwise open with them."""
 
 
 if __name__ == "__main__":
@@ -88,5 +96,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recording", type=Path)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--markdown", action="store_true", help="two Markdown tables instead of JSON")
     args = parser.parse_args()
-    print(json.dumps(summary(args.recording, args.top), indent=1))
+    figures = summary(args.recording, args.top)
+    if not args.markdown:
+        print(json.dumps(figures, indent=1))
+    else:
+        for title in ("own", "total"):
+            print(f"\n{figures['samples']} samples; by {title} samples:\n\n| function | share |\n|---|---|")
+            for name, share in figures[title]:
+                print(f"| `{name}` | {100 * share:.1f} % |")
