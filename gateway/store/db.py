@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
+import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,9 @@ def create_db_engine(url: str, pool_size: int = 10) -> Engine:
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, pool_reset_on_return=None,
                            json_serializer=json_dumps, json_deserializer=json_loads, **pool)
 
+    if pool:  # a file: several connections, one writer at a time (":memory:" has one connection)
+        _WRITERS[engine] = threading.RLock()
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
@@ -89,10 +94,22 @@ def create_db_engine(url: str, pool_size: int = 10) -> Engine:
     return engine
 
 
+_WRITERS: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
+"""SQLite engine -> the lock its write transactions take in this process (see ``write_tx``)."""
+
+
 @contextlib.contextmanager
 def write_tx(engine: Engine) -> Iterator[Connection]:
-    """A write transaction (``BEGIN IMMEDIATE`` on SQLite), committed on success."""
-    with engine.connect().execution_options(sqlite_immediate=True) as conn, conn.begin():
+    """A write transaction (``BEGIN IMMEDIATE`` on SQLite), committed on success.
+
+    SQLite has one writer at a time: on an SQLite engine (``create_db_engine``) this process's
+    writers first queue on a lock, so a burst of turns waits in line instead of each polling the
+    database lock through SQLite's busy handler (every poll takes the interpreter lock: hundreds
+    of them starved the event loop's own inbox writes, and cost CPU). Writers of other processes
+    still meet the busy timeout."""
+    lock = _WRITERS.get(engine)
+    with lock if lock is not None else contextlib.nullcontext(), \
+            engine.connect().execution_options(sqlite_immediate=True) as conn, conn.begin():
         yield conn
 
 
