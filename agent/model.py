@@ -5,10 +5,13 @@ Synchronous on purpose: turns run on worker threads (DESIGN §2), one blocking c
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import httpx2  # the openai SDK's HTTP client (its dependency)
 import openai
 from openai.types.chat import ChatCompletion
 
@@ -18,6 +21,10 @@ from agent.streaming import StreamAccumulator, new_call_id
 __all__ = ["ChatModel", "ModelError", "ModelReply", "OnText", "OpenAIChatModel", "Usage"]
 
 _AUTH: Any = {"security": {"bearer_auth": True}}
+
+CLIENT_SHARDS = 8
+"""Clients (connection pools) per model client; threads use them in turn (``OpenAIChatModel._client``).
+Together they allow the SDK's defaults: 1,000 connections, 100 kept alive."""
 
 OnText = Callable[[str], None]
 """Called during a streamed model call with the step's text so far (not just the delta)."""
@@ -89,7 +96,34 @@ class OpenAIChatModel:
         self.temperature = temperature
         self.stream = stream
         self.stream_options = stream_options
-        self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries)
+        self._connect: dict[str, Any] = {"base_url": base_url, "api_key": api_key, "timeout": timeout_s,
+                                         "max_retries": max_retries}
+        self._shards: list[openai.OpenAI | None] = [None] * CLIENT_SHARDS
+        self._shard_lock = threading.Lock()
+        self._next_shard = itertools.count()
+        self._local = threading.local()
+
+    @property
+    def _client(self) -> openai.OpenAI:
+        """The calling thread's client: one of ``CLIENT_SHARDS``, assigned to threads in turn.
+
+        The SDK's connection pool (httpx) probes the socket of every idle keep-alive connection
+        on each request and again on each response; after a burst one client holds up to 100 of
+        them, which cost more CPU than the call itself. Shards split the pool: each holds a share of
+        the connections (and keeps a share of the idle ones), so a request scans a few."""
+        shard = getattr(self._local, "shard", None)
+        if shard is None:
+            shard = self._local.shard = next(self._next_shard) % CLIENT_SHARDS
+        client = self._shards[shard]
+        if client is None:
+            with self._shard_lock:
+                client = self._shards[shard]
+                if client is None:
+                    limits = httpx2.Limits(max_connections=1000 // CLIENT_SHARDS,
+                                          max_keepalive_connections=-(-100 // CLIENT_SHARDS))
+                    client = self._shards[shard] = openai.OpenAI(
+                        **self._connect, http_client=openai.DefaultHttpxClient(limits=limits))
+        return client
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                  on_text: OnText | None = None) -> ModelReply:

@@ -197,11 +197,14 @@ class HealthBoard:
         providers: by name.
         settings: the breaker and cooldown settings.
         clock: monotonic seconds (tests).
+        waiting: entered while a call waits for a provider's ``max_concurrency`` slot.
     """
 
     def __init__(self, providers: Mapping[str, Provider], settings: HealthSettings | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 waiting: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext) -> None:
         settings = settings or HealthSettings()
+        self.waiting = waiting
         self.providers = dict(providers)
         self.health = {name: ProviderHealth(name, settings, clock, p.key_env) for name, p in providers.items()}
         self._slots = {name: threading.BoundedSemaphore(p.max_concurrency)
@@ -213,13 +216,20 @@ class HealthBoard:
     @contextlib.contextmanager
     def slot(self, provider: str) -> Iterator[None]:
         """Holds one of the provider's ``max_concurrency`` call slots (waits for one; FIFO is not
-        guaranteed); no-op without a limit."""
+        guaranteed); no-op without a limit. A call that has to wait does so inside ``waiting()``
+        (the gateway's turn pool then counts the turn as parked, not in flight: a slow provider
+        with a small limit cannot hold every worker while other providers' turns wait)."""
         semaphore = self._slots.get(provider)
         if semaphore is None:
             yield
             return
-        with semaphore:
+        if not semaphore.acquire(blocking=False):
+            with self.waiting():
+                semaphore.acquire()
+        try:
             yield
+        finally:
+            semaphore.release()
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Every provider's ``ProviderHealth.snapshot`` plus ``base_url``, sorted by name."""

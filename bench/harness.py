@@ -40,8 +40,12 @@ class Rig:
 
 
 def write_config(workdir: Path, telegram: FakeTelegram, model: FakeOpenAI, port: int, *, db_url: str,
-                 worker_threads: int = 32, pool_size: int = 10, history_window: int = 40) -> Path:
-    """A webhook-mode gateway config pointed at the fakes (logs at WARNING)."""
+                 worker_threads: int | None = None, max_turns_in_flight: int | None = None, pool_size: int = 10,
+                 history_window: int = 40) -> Path:
+    """A webhook-mode gateway config pointed at the fakes (logs at WARNING); the turn pool's keys
+    are left at their defaults unless given."""
+    pool = "".join(f"{k} = {v}\n" for k, v in (("worker_threads", worker_threads),
+                                               ("max_turns_in_flight", max_turns_in_flight)) if v is not None)
     path = workdir / "bench.toml"
     path.write_text(f"""
 [database]
@@ -54,8 +58,7 @@ base_url = "{model.url}/v1"
 api_key_env = "FAULT_OPENAI_KEY"
 max_retries = 0
 [agent]
-worker_threads = {worker_threads}
-history_window = {history_window}
+{pool}history_window = {history_window}
 [tools]
 browser_enabled = false
 [bus]
@@ -153,6 +156,14 @@ def cpu_seconds(pid: int) -> float:
 
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu_per_s(pid: int, seconds: float = 2.0) -> float:
+    """Process ``pid``'s CPU seconds per second while nothing is sent to it (heartbeat, sweeper,
+    lease keeper), measured over ``seconds``; benchmarks subtract it from their CPU per turn."""
+    before = cpu_seconds(pid)
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / seconds
 
 
 async def wait_for(predicate: Any, timeout: float, poll_s: float = 0.05) -> bool:

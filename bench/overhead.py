@@ -15,6 +15,7 @@ this process). ``python -m bench.overhead --images``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import subprocess
 import sys
@@ -26,7 +27,20 @@ from typing import Any
 import aiohttp
 
 from bench.fault_injection import ROOT, TOKEN, _free_port
-from bench.harness import CHAT_BASE, Rig, last_user_line, ms, percentile, post, rig, update, wait_for
+from bench.harness import (
+    CHAT_BASE,
+    Rig,
+    cpu_seconds,
+    idle_cpu_per_s,
+    last_user_line,
+    ms,
+    percentile,
+    post,
+    rig,
+    update,
+    wait_for,
+)
+from bench.profile import recording, summary
 from tests.fakes import openai as oa
 
 _MESSAGE_IDS = itertools.count(10_000)
@@ -81,13 +95,24 @@ async def _drive(url: str, rig_: Rig, tag: str, messages: int, rate: float, chat
 
 
 def run_overhead(workdir: Path, *, messages: int = 1000, rate: float = 50.0, chats: int = 50,
-                 warmup: int = 20) -> dict[str, Any]:
-    """Runs gateway and floor at the same rate; returns both and the difference at p50/p99."""
+                 warmup: int = 20, profile: bool = False) -> dict[str, Any]:
+    """Runs gateway and floor at the same rate; returns both and the difference at p50/p99, and
+    the gateway's CPU per turn (process CPU time / turns, its idle rate subtracted). ``chats`` =
+    ``messages``: every turn is the first of a new chat. ``profile``: a py-spy summary of the
+    gateway's run (``bench.profile``)."""
     stamps = _Stamps()
     with rig(workdir) as r:
         r.model.responder = stamps.responder
         asyncio.run(_drive(r.webhook, r, "warm", warmup, rate, chats, stamps, 30))
-        gateway = asyncio.run(_drive(r.webhook, r, "gw", messages, rate, chats, stamps, 60 + messages / rate))
+        pid = r.gateway.proc.pid  # type: ignore[union-attr]
+        idle = idle_cpu_per_s(pid)
+        record = recording(pid, workdir / "overhead.collapsed") if profile else contextlib.nullcontext()
+        with record:
+            cpu_before, wall_before = cpu_seconds(pid), time.monotonic()
+            gateway = asyncio.run(_drive(r.webhook, r, "gw", messages, rate, chats, stamps, 60 + messages / rate))
+            cpu = cpu_seconds(pid) - cpu_before - idle * (time.monotonic() - wall_before)
+        gateway["cpu_ms_per_turn"] = round(1000 * max(cpu, 0.0) / max(1, gateway["completed"]), 2)
+        gateway["idle_cpu_ms_per_s"] = round(1000 * idle, 2)
         port = _free_port()
         relay = subprocess.Popen([sys.executable, "-m", "bench.relay", str(port), f"{r.model.url}/v1",
                                   r.telegram.url, TOKEN], cwd=ROOT)
@@ -99,9 +124,14 @@ def run_overhead(workdir: Path, *, messages: int = 1000, rate: float = 50.0, cha
         finally:
             relay.terminate()
             relay.wait(10)
-    return {"rate_per_s": rate, "messages": messages, "chats": chats, "gateway": gateway, "floor": floor,
-            "added_by_gateway_ms": {q: round(gateway["overhead"][q] - floor["overhead"][q], 2)
-                                    for q in ("p50_ms", "p99_ms")}}
+    figures = {"rate_per_s": rate, "messages": messages, "chats": chats, "gateway": gateway, "floor": floor,
+               "added_by_gateway_ms": {q: round(gateway["overhead"][q] - floor["overhead"][q], 2)
+                                       for q in ("p50_ms", "p99_ms")},
+               "p50_ratio_to_floor": {leg: round(gateway[leg]["p50_ms"] / max(floor[leg]["p50_ms"], 1e-6), 2)
+                                      for leg in ("inbound_to_model", "model_to_platform", "overhead")}}
+    if profile:
+        figures["profile"] = summary(workdir / "overhead.collapsed")
+    return figures
 
 
 async def _wait_up(url: str, timeout: float = 15) -> None:

@@ -40,7 +40,8 @@ def build_relay(model_url: str, telegram_url: str, token: str) -> web.Applicatio
         return web.json_response({"ok": True})
 
     async def on_startup(_: web.Application) -> None:
-        state["http"] = aiohttp.ClientSession()
+        # no connection cap: the floor of a burst is one model latency, not waves of 100
+        state["http"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
     async def on_cleanup(_: web.Application) -> None:
         await state["http"].close()

@@ -41,7 +41,7 @@ def run_rss(workdir: Path, *, stored: int = 10_000, active: int = 500, latency_s
     _seed(Store(engine), stored, 4)
     engine.dispose()
     seed_s = time.monotonic() - started
-    with rig(workdir, db_url=db_url, worker_threads=active, pool_size=50) as r:
+    with rig(workdir, db_url=db_url, max_turns_in_flight=max(512, active), pool_size=50) as r:
         pid = r.gateway.proc.pid  # type: ignore[union-attr]
         time.sleep(0.5)
         idle = rss_mb(pid)

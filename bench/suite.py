@@ -5,7 +5,11 @@ loopback fakes and prints JSON figures. Run on demand, not in the test run:
     python -m bench.suite --short    # tiny sizes (the test suite runs this so it cannot rot)
     python -m bench.suite --only overhead,load_time
 
-Figures: (a) ``overhead`` per turn p50/p99 at 50 msg/s beside a bare-relay floor; (b)
+Figures: ``burst``: 200 and 500 first messages of new chats at once with a 2 s model, seconds
+to the last reply beside the relay floor's, CPU ms per turn, peak RSS, lost and duplicated replies
+(``bench.burst``); ``overhead_sequential``: update -> model request and reply -> ``sendMessage``
+medians and CPU ms per turn, one new chat at a time (10 msg/s); (a) ``overhead`` per turn p50/p99
+at 50 msg/s beside a bare-relay floor; (b)
 ``throughput`` at 100 and 500 concurrent conversations with a 2 s model vs the ceiling; (c)
 ``rss`` with 10k stored and 500 active sessions; (d, e) ``long_conversation``: prefix stability
 and input tokens at turn 10/100/500; (f) ``load_time`` of 100 vs 100,000 transcript messages;
@@ -26,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.burst import run_burst
 from bench.overhead import run_image_overhead, run_overhead
 from bench.prompt import run_long_conversation
 from bench.restart import run_restart
@@ -33,6 +38,9 @@ from bench.storage import run_load_time, run_rss
 from bench.throughput import run_throughput
 
 FULL: dict[str, Callable[[Path], Any]] = {
+    "burst": lambda d: [run_burst(d / "c200", chats=200, latency_s=2.0),
+                        run_burst(d / "c500", chats=500, latency_s=2.0)],
+    "overhead_sequential": lambda d: run_overhead(d, messages=300, rate=10.0, chats=300),
     "overhead": lambda d: run_overhead(d, messages=1000, rate=50.0, chats=50),
     "image_overhead": lambda d: run_image_overhead(d, messages=100, rate=2.0),
     "throughput": lambda d: [run_throughput(d / "c100", conversations=100, rounds=3, latency_s=2.0),
@@ -44,6 +52,8 @@ FULL: dict[str, Callable[[Path], Any]] = {
 }
 
 SHORT: dict[str, Callable[[Path], Any]] = {
+    "burst": lambda d: [run_burst(d, chats=5, latency_s=0.2, timeout=20)],
+    "overhead_sequential": lambda d: run_overhead(d, messages=5, rate=10.0, chats=5, warmup=2),
     "overhead": lambda d: run_overhead(d, messages=10, rate=50.0, chats=5, warmup=2),
     "throughput": lambda d: [run_throughput(d, conversations=5, rounds=1, latency_s=0.2, timeout=20)],
     "rss": lambda d: run_rss(d, stored=20, active=5, latency_s=0.3),

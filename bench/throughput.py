@@ -1,7 +1,7 @@
 """(b) Throughput and completion with many concurrent conversations and a slow model.
 
 Each of ``conversations`` DMs sends ``rounds`` messages, each after the previous reply (a closed
-loop). With a model latency of ``L`` s and ``agent.worker_threads`` = conversations, the ceiling
+loop). With a model latency of ``L`` s and every conversation in flight at once, the ceiling
 is conversations / L turns per second; the figure is how close the gateway gets.
 """
 
@@ -74,7 +74,7 @@ def _run(workdir: Path, conversations: int, rounds: int, latency_s: float, timeo
          db_url: str | None) -> dict[str, Any]:
     # PostgreSQL: pool_size + overflow connections each; stay well below max_connections (100).
     extra = {"db_url": db_url, "pool_size": 20} if db_url else {"pool_size": 50}
-    with rig(workdir, worker_threads=conversations, **extra) as r:
+    with rig(workdir, max_turns_in_flight=max(512, conversations), **extra) as r:
         r.model.responder = lambda req: oa.delay(latency_s, oa.text(f"re: {last_user_line(req)}", pieces=1))
         pid = r.gateway.proc.pid  # type: ignore[union-attr]
         cpu_before = cpu_seconds(pid)

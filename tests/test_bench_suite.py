@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.suite import run_suite
 
 
+@pytest.mark.timeout(360)  # eight gateway subprocesses one after another (minutes on a loaded machine)
 def test_bench_suite_short_mode(tmp_path):
     figures = run_suite(tmp_path, short=True)
+    (burst,) = figures["burst"]
+    assert burst["gateway"]["answered"] == 5 and burst["floor"]["answered"] == 5
+    assert burst["gateway"]["lost"] == [] and burst["gateway"]["duplicated"] == []
+    assert burst["ratio_to_floor"] > 0 and burst["gateway_cpu_ms_per_turn"] > 0 and burst["rss_peak_mb"] > 0
+    sequential = figures["overhead_sequential"]["gateway"]
+    assert sequential["completed"] == 5 and sequential["cpu_ms_per_turn"] > 0
     overhead = figures["overhead"]
     assert overhead["gateway"]["completed"] == 10 and overhead["floor"]["completed"] == 10
     assert overhead["gateway"]["overhead"]["p50_ms"] > 0

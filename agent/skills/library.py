@@ -13,8 +13,11 @@ needing a tool the turns do not have, and a folder without ``SKILL.md`` (logged)
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from agent.skills.skill import NAME_RULE, SKILL_FILE, Skill, SkillError, parse_skill, problems
 
@@ -39,6 +42,8 @@ class SkillLibrary:
 
     def __init__(self, dirs: Sequence[Path | str]) -> None:
         self.dirs = [Path(d) for d in dirs]
+        self._catalogues: dict[tuple[Any, ...], str] = {}
+        self._lock = threading.Lock()
 
     def folders(self) -> dict[str, Path]:
         """Skill folder by folder name (later directories override earlier ones)."""
@@ -104,11 +109,42 @@ class SkillLibrary:
     def catalogue(self, tools: Iterable[str] | None = None, names: Iterable[str] | None = None) -> str:
         """The catalogue block for a system prompt: one line per usable skill (``skills(tools)``:
         name, description, when to use), sorted by name; with ``names``, only those skills.
-        ``""`` when there is none. Deterministic: the same skills give the same bytes."""
-        wanted = set(names) if names is not None else None
+        ``""`` when there is none. Deterministic: the same skills give the same bytes.
+
+        Reparsed only when a file or folder under ``dirs`` changed (``_fingerprint``: paths, sizes
+        and modification times, one directory walk): every new session asks for it, and parsing
+        the front matter and checking every skill costs milliseconds."""
+        wanted = None if names is None else tuple(sorted(set(names)))
+        key = (_fingerprint(self.dirs), None if tools is None else tuple(sorted(set(tools))), wanted)
+        with self._lock:
+            cached = self._catalogues.get(key)
+        if cached is not None:
+            return cached
         lines = [f"- {s.name}: {s.description} Use when: {s.when_to_use}" for s in self.skills(tools).values()
                  if wanted is None or s.name in wanted]
-        return "\n".join([CATALOGUE_HEADER, *lines]) if lines else ""
+        text = "\n".join([CATALOGUE_HEADER, *lines]) if lines else ""
+        with self._lock:
+            if len(self._catalogues) > 8:  # a changed tree or toolset: the old entries are dead
+                self._catalogues.clear()
+            self._catalogues[key] = text
+        return text
+
+
+def _fingerprint(dirs: Sequence[Path]) -> tuple[tuple[str, int, int, int], ...]:
+    """``(path, inode, size, mtime_ns)`` of every folder and file under ``dirs`` (symlinks as
+    themselves; unreadable or missing ones left out): equal fingerprints mean the same skills."""
+    out: list[tuple[str, int, int, int]] = []
+    for root in dirs:
+        for folder, subfolders, files in os.walk(root):
+            subfolders.sort()
+            for name in [".", *sorted(files)]:
+                path = os.path.join(folder, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                out.append((path, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
 
 
 def _subfolders(root: Path) -> list[Path]:

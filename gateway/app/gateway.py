@@ -32,6 +32,7 @@ from agent.tools import ToolRegistry
 from gateway.admin.views import admin_routes
 from gateway.bus.conversation import ConversationContext
 from gateway.bus.lanes import SessionBus
+from gateway.bus.pool import TurnPool
 from gateway.bus.turns import TurnRunner
 from gateway.core.config import GatewayConfig
 from gateway.core.ports import Adapter, can_send_files
@@ -163,9 +164,13 @@ class Gateway:
             self.tools.add(tool)
         llm = config.llm
         self.providers = llm.build_providers(config.secret)  # keys are read once, here
+        # Turn workers: elastic up to agent.max_turns_in_flight; a turn waiting for a provider's
+        # max_concurrency slot is parked (not in flight), so a slow provider cannot hold them all.
+        self._workers = TurnPool(config.agent.turns_in_flight(), warm=config.agent.worker_threads, name="turn")
         self.provider_health = HealthBoard(self.providers, HealthSettings(
             failures_to_open=llm.breaker_failures, open_s=llm.breaker_open_s,
-            rate_limit_cooldown_s=llm.rate_limit_cooldown_s, auth_recheck_s=llm.auth_recheck_s))
+            rate_limit_cooldown_s=llm.rate_limit_cooldown_s, auth_recheck_s=llm.auth_recheck_s),
+            waiting=self._workers.parked)
         self.missing_model_keys = {name: p.key_env for name in llm.routed_providers()
                                    if (p := self.providers[name]).key_missing and p.key_env}
         """Provider -> the unset variable that should hold its key (servers that need none still answer)."""
@@ -225,7 +230,6 @@ class Gateway:
             trusted=lambda message, user_id: self.inbound.trusted(message), media=self.media,
             conversation=self.conversation, files=self.outbox_files, chats=self.chats,
         )
-        self._workers = ThreadPoolExecutor(config.agent.worker_threads, thread_name_prefix="turn")
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
         self.delivery = Delivery(
             store=self.store, adapters=self.adapters, instance_id=self.instance_id, run_db=self.run_db,

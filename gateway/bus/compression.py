@@ -115,6 +115,26 @@ class Compressor:
         self.retry_after_s = retry_after_s
         self._failed: dict[str, float] = {}  # session id -> monotonic time of its last failed summary
         self._lock = threading.Lock()
+        # The fixed part's estimate (system prompt + tool schemas) for the last few pairs: every turn
+        # of a process sends the same tools list (rendered once) and a handful of prompts, and
+        # serialising the schemas to count them cost more than the rest of the projection.
+        self._fixed: dict[tuple[str, int], tuple[list[dict[str, Any]], int]] = {}
+
+    def _fixed_tokens(self, system_prompt: str, tools: list[dict[str, Any]]) -> int:
+        """Estimated tokens of the system message and the tool schemas (cached per prompt text and
+        tools list object: ``ToolRegistry.schemas`` renders its list once; the list is kept
+        referenced, so its id is not reused)."""
+        key = (system_prompt, id(tools))
+        with self._lock:
+            hit = self._fixed.get(key)
+        if hit is not None and hit[0] is tools:
+            return hit[1]
+        tokens = message_tokens({"role": "system", "content": system_prompt}) + request_tokens([], tools)
+        with self._lock:
+            if len(self._fixed) >= 64:
+                self._fixed.clear()
+            self._fixed[key] = (tools, tokens)
+        return tokens
 
     def project(self, *, session_id: str, system_prompt: str, tools: list[dict[str, Any]],
                 summary: Summary | None, window: list[StoredMessage], model: ChatModel,
@@ -132,7 +152,7 @@ class Compressor:
         forced = window_tokens is not None
         policy = self.policy if window_tokens is None else \
             dataclasses.replace(self.policy, context_window_tokens=window_tokens)
-        fixed = message_tokens({"role": "system", "content": system_prompt}) + request_tokens([], tools)
+        fixed = self._fixed_tokens(system_prompt, tools)
         summary_text = summary.text if summary is not None else None
         turns = split_turns(window)
         costs = [request_tokens(render_history(turn, images)) for turn in turns]

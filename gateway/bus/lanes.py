@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 
 from gateway.core.errors import TurnInterrupted
 from gateway.core.types import ChatAddress, InboundMessage
@@ -53,7 +53,7 @@ class SessionBus:
     """
 
     def __init__(self, *, store: Store, run_turn: Callable[[Sequence[PendingInbound], int], str],
-                 workers: ThreadPoolExecutor, instance_id: str, lease_s: float, sweep_interval_s: float,
+                 workers: Executor, instance_id: str, lease_s: float, sweep_interval_s: float,
                  busy_policy: str, on_turn_start: Callable[[ChatAddress], None],
                  on_turn_end: Callable[[ChatAddress], None], on_replies: Callable[[], None],
                  album_wait_s: float = 0.0, merges: Callable[[InboundMessage], bool] | None = None) -> None:

@@ -252,9 +252,20 @@ class TurnRunner:
 
         unwritten: list[NewMessage] = []
         plan: list[PlanMessage] = []  # the turn's progress message, once opened
+        # Files come only from tool calls (send_file): a turn that made none, in this run or in an
+        # earlier run of it (resumed), has none, and the read is skipped.
+        called: list[bool] = [False]
+        found: dict[str | None, list[OutboundAttachment]] = {}
+
+        def files_for(session_id: str | None) -> list[OutboundAttachment]:
+            if not called[0]:
+                return []
+            if session_id not in found:
+                found[session_id] = self._files_for(session_id, turn_id)
+            return found[session_id]
 
         def finish(status: str, text: str | None, session_id: str | None, stop_reason: str = "none") -> str:
-            files = self._files_for(session_id, turn_id) if text is not None else []
+            files = files_for(session_id) if text is not None else []
             if files:  # the files send_file recorded go with the reply; the transcript names them
                 _name_files(unwritten, files)
             replies = [] if text is None else [
@@ -307,6 +318,7 @@ class TurnRunner:
         spec = chats.spec(opened.settings) if chats is not None else self.spec  # the session's, for its life
         compressor = self._compressor_for(chats.window_tokens(opened.settings) if chats is not None else None)
         session_id, system_prompt, window = opened.session_id, opened.system_prompt, list(opened.window)
+        called[0] = any(m.turn_id == turn_id and (m.role == "tool" or m.tool_calls) for m in window)
         fresh = not window and opened.summary is None  # nothing before this turn: a thread never seen
         span.set_attribute("gen_ai.conversation.id", session_id)
         # User messages are written with the turn's first step (or its end), not before: until then
@@ -361,6 +373,7 @@ class TurnRunner:
                 fields.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
             unwritten.append(NewMessage(turn_id, msg["role"], msg.get("content"), fields))
             if msg.get("tool_calls") or msg["role"] == "tool":
+                called[0] = True
                 # Durable before any tool runs: a resumed turn must see which calls were made.
                 self.store.append_messages(session_id, list(unwritten))
                 unwritten.clear()
@@ -447,7 +460,7 @@ class TurnRunner:
         if outcome.stop_reason not in ("stop", "length"):
             log.info("turn %s stopped by %s after %d model calls ($%.4f)", turn_id, outcome.stop_reason,
                      outcome.steps, outcome.cost_usd)
-        sends_files = bool(self._files_for(session_id, turn_id))
+        sends_files = bool(files_for(session_id))
         if getattr(model, "fell_back", False):
             notes.append(_(NO_VISION_NOTE))
         told = "".join(f"{line}\n" for line in dict.fromkeys(notes))
@@ -457,7 +470,8 @@ class TurnRunner:
             reply += self.memory.refusal_notice([self.redact(p.message.text) for p in batch])
         status = finish("done", reply, session_id, outcome.stop_reason)
         if self.memory is not None:
-            self.memory.after_turn(key=key, session_id=session_id, turn_ids=[f"in{p.inbox_id}" for p in batch])
+            self.memory.after_turn(key=key, session_id=session_id, turn_ids=[f"in{p.inbox_id}" for p in batch],
+                                   user_texts=[self.redact(p.message.text) for p in batch])
         return status
 
     def _files_for(self, session_id: str | None, turn_id: str) -> list[OutboundAttachment]:

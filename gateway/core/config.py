@@ -134,8 +134,19 @@ class AgentConfig(_Section):
     history_window: int = 200
     """Transcript messages loaded per turn at most (after the latest summary's cut): bounds each
     turn's read; compression starts before the loaded rows reach it."""
-    worker_threads: int = 32
-    """Threads running turns; a turn holds one while it waits on the model."""
+    max_turns_in_flight: int = Field(default=512, ge=1)
+    """Most turns running at once on this instance (each holds a thread while it waits on the
+    model; threads start on demand). Beyond it messages wait in the inbox, nothing is dropped.
+    Turns waiting for a provider's ``max_concurrency`` slot do not count (``gateway.bus.pool``)."""
+    worker_threads: int = Field(default=8, ge=0)
+    """Turn threads started at once and kept while idle (more start on demand, up to
+    ``max_turns_in_flight``). Deprecated as the bound on turns in flight: a value above
+    ``max_turns_in_flight`` raises that bound to it."""
+
+    def turns_in_flight(self) -> int:
+        """The effective bound: ``max_turns_in_flight``, or ``worker_threads`` when larger (configs
+        written when that key was the pool's size keep at least that many turns in flight)."""
+        return max(self.max_turns_in_flight, self.worker_threads)
     tool_timeout_s: float = Limits.tool_timeout_s
     """Per-call timeout of tools that do not set their own."""
     tool_retries: int = Limits.tool_retries

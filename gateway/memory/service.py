@@ -140,10 +140,16 @@ class MemoryService:
             return None
 
     # -- write-back --------------------------------------------------------------------------
-    def after_turn(self, *, key: str, session_id: str, turn_ids: Sequence[str]) -> None:
+    def after_turn(self, *, key: str, session_id: str, turn_ids: Sequence[str],
+                   user_texts: Sequence[str] | None = None) -> None:
         """Promotes the turn's explicit requests now and queues the proposal call (see module doc).
-        Never raises."""
+        ``user_texts``: the turn's user messages as stored, when the caller has them: with proposals
+        off and no explicit request among them there is nothing to do, and the transcript is not
+        read. Never raises."""
         try:
+            if user_texts is not None and not self.promote and \
+                    not any(explicit_request(text) for text in user_texts if text):
+                return
             owner = owner_for(key)
             turn = self.turn_messages(session_id, turn_ids)
             saved = self.save_explicit(owner, turn)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from agent.tracing import set_capture_content
+from agent.tracing import set_capture_content, tracing_on
 
 if TYPE_CHECKING:
     from gateway.core.config import GatewayConfig
@@ -28,7 +28,11 @@ tracer = trace.get_tracer("agent-gateway.gateway")
 @contextmanager
 def span(name: str, attributes: dict[str, Any] | None = None) -> Iterator[Span]:
     """A gateway span. An exception marks it failed with its type only: exception messages
-    (a database error's SQL parameters, say) may hold message text, which stays off traces."""
+    (a database error's SQL parameters, say) may hold message text, which stays off traces.
+    Without a tracer provider it is the invalid span, the context untouched (``tracing_on``)."""
+    if not tracing_on():
+        yield trace.INVALID_SPAN
+        return
     with tracer.start_as_current_span(name, attributes=attributes, record_exception=False,
                                       set_status_on_exception=False) as current:
         try:

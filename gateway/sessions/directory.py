@@ -40,6 +40,11 @@ _inbox = table(InboxRow)
 _messages = table(MessageRow)
 _link_failures = table(LinkFailureRow)
 
+_INSERT_USER = insert(_users)
+"""Values: ``id``, ``approved``, ``created_at`` (built once: a new sender's first message runs it)."""
+_INSERT_IDENTITY = insert(_identities)
+"""Values: the identity columns."""
+
 _IDENTIFY = (
     select(_identities.c.user_id, _users.c.approved, _users.c.language)
     .select_from(_identities.join(_users, _users.c.id == _identities.c.user_id))
@@ -132,11 +137,11 @@ class Directory:
         user_id, now = uuid.uuid4().hex, time.time()
         try:
             with write_tx(self.engine) as conn:
-                conn.execute(insert(_users).values(id=user_id, approved=False, created_at=now))
-                conn.execute(insert(_identities).values(
-                    user_id=user_id, platform=address.platform, tenant=address.tenant,
-                    platform_user_id=sender.user_id, display_name=sender.display_name or sender.username,
-                    created_at=now))
+                conn.execute(_INSERT_USER, {"id": user_id, "approved": False, "created_at": now})
+                conn.execute(_INSERT_IDENTITY, {
+                    "user_id": user_id, "platform": address.platform, "tenant": address.tenant,
+                    "platform_user_id": sender.user_id, "display_name": sender.display_name or sender.username,
+                    "created_at": now})
         except IntegrityError:  # created concurrently by another instance: read theirs
             return self.identify(message)
         return Identity(user_id, False)

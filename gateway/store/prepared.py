@@ -41,17 +41,22 @@ UNSETTLED = ("pending", "claimed", "sending")
 INSERT_INBOX = insert(_inbox)
 """Values: the inbox columns."""
 
+INSERT_LANE = insert(_lanes)
+"""Values: ``key``, ``lease_owner``, ``lease_until``, ``generation``."""
+
 LANE_EXISTS = select(_lanes.c.key).where(_lanes.c.key == bindparam("b_key"))
 
 LANE_GENERATION = select(_lanes.c.generation).where(_lanes.c.key == bindparam("b_key"))
 
 PENDING_BATCH = (
-    select(_inbox.c.id, _inbox.c.payload, _inbox.c.user_id)
+    select(_inbox.c.id, _inbox.c.payload, _inbox.c.user_id,
+           select(_lanes.c.generation).where(_lanes.c.key == bindparam("b_key")).scalar_subquery()
+           .label("generation"))
     .where(_inbox.c.session_key == bindparam("b_key"), _inbox.c.status == "pending")
     .order_by(_inbox.c.id)
     .limit(bindparam("b_limit"))
 )
-"""The oldest ``b_limit`` pending rows of session key ``b_key``."""
+"""The oldest ``b_limit`` pending rows of session key ``b_key``, each with the lane's ``generation``."""
 
 ANY_PENDING = select(_inbox.c.id).where(_inbox.c.session_key == bindparam("b_key"),
                                         _inbox.c.status == "pending").limit(1)
@@ -181,3 +186,13 @@ SETTLE_JOB_RUN = (
             platform_message_ids=bindparam("b_ids", type_=_job_runs.c.platform_message_ids.type),
             error=bindparam("b_error"), finished_at=bindparam("b_now"))
 )
+
+# -- a new chat's first turn ------------------------------------------------------------------
+INSERT_SESSION = insert(_sessions)
+"""Values: the session columns."""
+
+SET_LANE_SESSION = update(_lanes).where(_lanes.c.key == bindparam("b_key"))
+"""Parameters: ``b_key`` and ``session_id`` (the SET column)."""
+
+INSERT_ADDRESS = insert(_addresses)
+"""Values: ``session_id``, ``chat_key``, ``address``, ``last_used_at``."""

@@ -6,11 +6,13 @@ never directly on the main loop (DESIGN §2).
 
 from __future__ import annotations
 
+import functools
+import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -50,14 +52,35 @@ def _is_lock_error(exc: BaseException) -> bool:
     )
 
 
-retry_locked = retry(
+_retry_locked = retry(
     retry=retry_if_exception(_is_lock_error),
     wait=wait_random_exponential(multiplier=0.01, max=0.5),
-    stop=stop_after_attempt(6),
+    stop=stop_after_attempt(5),  # after the plain first attempt below: 6 in all
     reraise=True,
 )
-"""Retries a whole write transaction, with jitter, when SQLite's busy timeout ran out (or PostgreSQL
-reported a deadlock); after the last attempt the error surfaces — a row is never dropped silently."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def retry_locked(fn: F) -> F:
+    """Retries a whole write transaction, with jitter, when SQLite's busy timeout ran out (or
+    PostgreSQL reported a deadlock), up to 6 attempts (tenacity); after the last attempt the error
+    surfaces — a row is never dropped silently. The first attempt is a plain call: tenacity's
+    per-call set-up (a fresh ``Retrying`` and its state) is paid only once a lock error happened."""
+    retried = _retry_locked(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OperationalError as exc:
+            if not _is_lock_error(exc):
+                raise
+        time.sleep(random.uniform(0, 0.01))  # tenacity's first wait (wait_random_exponential, multiplier 0.01)
+        return retried(*args, **kwargs)
+
+    call.retry = retried.retry  # type: ignore[attr-defined]  # tenacity's interface (statistics, tests)
+    return call  # type: ignore[return-value]
 
 _inbox = table(InboxRow)
 _lanes = table(LaneRow)
@@ -191,10 +214,10 @@ class Store:
                     if cancel == "if_busy":
                         condition += [_lanes.c.lease_owner.is_not(None), _lanes.c.lease_until >= now]
                     conn.execute(update(_lanes).where(*condition).values(generation=_lanes.c.generation + 1))
-                # The reply is queued under the lane's current generation (else a later claim would
-                # take it for a reply of a stopped turn and drop it).
-                generation = conn.execute(q.LANE_GENERATION, {"b_key": session_key}).scalar_one_or_none() or 0
                 if control_reply is not None:
+                    # The reply is queued under the lane's current generation (else a later claim
+                    # would take it for a reply of a stopped turn and drop it).
+                    generation = conn.execute(q.LANE_GENERATION, {"b_key": session_key}).scalar_one_or_none() or 0
                     self._queue(conn, control_reply, None, session_key, generation, now)
         except IntegrityError:
             return False
@@ -298,22 +321,25 @@ class Store:
         and the lane's generation, with the lease held until ``next_or_release`` gives it up.
         """
         now = time.time()
-        with write_tx(self.engine) as conn:
-            claimed = conn.execute(q.CLAIM_LANE, {"b_key": key, "b_owner": owner, "b_now": now,
-                                                  "b_until": now + lease_s}).rowcount == 1
-            if claimed:
+        try:
+            with write_tx(self.engine) as conn:
+                claimed = conn.execute(q.CLAIM_LANE, {"b_key": key, "b_owner": owner, "b_now": now,
+                                                      "b_until": now + lease_s}).rowcount == 1
+                if not claimed:
+                    if conn.execute(q.LANE_EXISTS, {"b_key": key}).first() is not None:
+                        return None  # leased by another instance: it drains what waits
+                    # The lane's first use (a new chat): its row is created leased to us, in this
+                    # transaction. Another instance creating it at the same moment (PostgreSQL)
+                    # makes the insert fail: then the lane exists, and the claim is tried again.
+                    conn.execute(q.INSERT_LANE, {"key": key, "lease_owner": owner, "lease_until": now + lease_s,
+                                                 "generation": 0})
                 batch, generation = self._batch(conn, key, limit)
                 if batch:
                     return batch, generation
                 conn.execute(q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
                 return None
-            if conn.execute(q.LANE_EXISTS, {"b_key": key}).first() is not None:
-                return None  # leased by another instance: it drains what waits
-        # The lane's first use: ``claim_lane`` creates its row (settling a race to create it), leased
-        # to us; then the above finds the row ours.
-        if not self.claim_lane(key, owner, lease_s):
-            return None
-        return self.claim_next(key, owner, lease_s, limit)
+        except IntegrityError:
+            return self.claim_next(key, owner, lease_s, limit)
 
     @retry_locked
     def next_or_release(self, key: str, owner: str, limit: int = 1) -> tuple[list[PendingInbound], int, bool]:
@@ -334,9 +360,8 @@ class Store:
         rows = conn.execute(q.PENDING_BATCH, {"b_key": key, "b_limit": limit}).all()
         if not rows:
             return [], 0
-        generation = conn.execute(q.LANE_GENERATION, {"b_key": key}).scalar()
         return [PendingInbound(row.id, key, InboundMessage.from_dict(row.payload), row.user_id)
-                for row in rows], int(generation or 0)
+                for row in rows], int(rows[0].generation or 0)
 
     def lane_exists(self, key: str) -> bool:
         """Whether the session key has been used before (the bot is part of that conversation)."""
@@ -370,11 +395,9 @@ class Store:
                 after = summary.covers_to_id if summary is not None else 0
                 return OpenSession(row.id, row.system_prompt, self._window(conn, row.id, window, after),
                                    row.updated_at, summary, row.settings)
-        session_id = self.new_session(key, build_system_prompt(), owner_user_id, settings())
-        with read_tx(self.engine) as conn:
-            created = conn.execute(select(_sessions.c.system_prompt, _sessions.c.settings)
-                                   .where(_sessions.c.id == session_id)).one()
-        return OpenSession(session_id, created.system_prompt, [], None, settings=created.settings)
+        prompt, made = build_system_prompt(), settings()
+        session_id = self.new_session(key, prompt, owner_user_id, made)
+        return OpenSession(session_id, prompt, [], None, settings=made)  # what was just stored
 
     @retry_locked
     def new_session(self, key: str, system_prompt: str, owner_user_id: str | None,
@@ -385,10 +408,10 @@ class Store:
         session_id = uuid.uuid4().hex
         now = time.time()
         with write_tx(self.engine) as conn:
-            conn.execute(insert(_sessions).values(id=session_id, key=key, system_prompt=system_prompt,
-                                                  created_at=now, updated_at=now, owner_user_id=owner_user_id,
-                                                  settings=settings))
-            if conn.execute(update(_lanes).where(_lanes.c.key == key).values(session_id=session_id)).rowcount == 0:
+            conn.execute(q.INSERT_SESSION, {"id": session_id, "key": key, "system_prompt": system_prompt,
+                                            "created_at": now, "updated_at": now, "owner_user_id": owner_user_id,
+                                            "settings": settings})
+            if conn.execute(q.SET_LANE_SESSION, {"b_key": key, "session_id": session_id}).rowcount == 0:
                 conn.execute(insert(_lanes).values(key=key, session_id=session_id, lease_until=0.0, generation=0))
         return session_id
 
@@ -561,8 +584,8 @@ class Store:
             touched = conn.execute(q.TOUCH_ADDRESS, {"b_session": session_id, "b_chat": chat_key, "b_now": now,
                                                      "b_address": a.to_dict()}).rowcount
             if not touched:
-                conn.execute(insert(_addresses).values(session_id=session_id, chat_key=chat_key,
-                                                       address=a.to_dict(), last_used_at=now))
+                conn.execute(q.INSERT_ADDRESS, {"session_id": session_id, "chat_key": chat_key,
+                                                "address": a.to_dict(), "last_used_at": now})
 
     @staticmethod
     def _queue(conn: Any, reply: OutboundMessage, session_id: str | None, session_key: str | None,
