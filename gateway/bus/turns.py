@@ -31,6 +31,7 @@ from gateway.bus.compression import Compressor, FitOnOverflow, Projection
 from gateway.bus.context import user_meta
 from gateway.bus.conversation import ConversationContext
 from gateway.core.errors import TurnInterrupted
+from gateway.core.providers import DEFAULT_PROVIDER
 from gateway.core.session_keys import is_dm_key
 from gateway.core.types import CURRENT_MESSAGE, InboundMessage, OutboundAttachment, OutboundMessage
 from gateway.core.window import WindowPolicy
@@ -42,9 +43,12 @@ from gateway.media.render import has_images, refs_of
 from gateway.media.service import NO_VISION_NOTE, note_line
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.telemetry import span as traced
+from gateway.ops.usage import Calendar
+from gateway.ops.usage_command import usage_reply
+from gateway.ops.usage_limits import LIMITED, UsageLimits
 from gateway.sessions.commands import LANE_COMMANDS, CommandContext, CommandHandler, Commands
 from gateway.sessions.resets import ResetPolicy
-from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage
+from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage, UsageEntry
 from gateway.tools.approvals import ApprovalPolicy, ChatApprover
 from gateway.tools.approvals_store import Approvals
 
@@ -120,6 +124,8 @@ class TurnRunner:
             platform's announcement only).
         files: the files ``send_file`` recorded (``gateway.delivery.files``): a turn's reply
             carries those of its turn (``None``: replies carry no files).
+        usage: the limits checked before a turn's model call and ``/usage`` (``None``: neither;
+            each model call's usage is recorded either way, with days in UTC).
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
@@ -133,7 +139,9 @@ class TurnRunner:
                  memory: MemoryService | None = None,
                  trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True,
                  conversation: ConversationContext | None = None, media: MediaService | None = None,
-                 files: OutboxFiles | None = None) -> None:
+                 files: OutboxFiles | None = None, usage: UsageLimits | None = None) -> None:
+        self.usage = usage
+        self.calendar = usage.calendar if usage is not None else Calendar()
         self.memory = memory
         self.conversation = conversation
         self.media = media
@@ -246,13 +254,17 @@ class TurnRunner:
             with traced("finish_turn", attributes={"gateway.replies": len(replies)}):
                 self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
                                        generation=generation, messages=list(unwritten),
-                                       merged_status="cancelled" if status == "cancelled" else "merged",
+                                       merged_status=status if status in ("cancelled", LIMITED) else "merged",
                                        stream_key=[reply_key, *(p.key for p in plan)])
             span.set_attributes({"gateway.turn.outcome": status, "gateway.stop_reason": stop_reason})
             if self.metrics is not None:
                 self.metrics.turns.labels(status, stop_reason).inc()
             return status
 
+        chat_key = f"{message.address.platform}:{message.address.tenant}:{message.address.chat_id}"
+        if self.usage is not None and len(batch) == 1 and message.command == "usage":
+            return finish("done", usage_reply(self.usage, user_id=last.user_id, chat_key=chat_key,
+                                              is_admin=self.is_admin(message)), None, "command")
         if self.commands is not None and len(batch) == 1 and message.command in LANE_COMMANDS:
             direct = self.commands.run(CommandContext(message, key, last.user_id, is_dm_key(key),
                                                       self.is_admin(message), self.spec.model))
@@ -262,6 +274,13 @@ class TurnRunner:
             direct = self.job_commands(message)
             if direct is not None:
                 return finish("done", direct, None, "command")
+
+        if self.usage is not None and self.usage.any:  # before anything costs: no model call over a limit
+            refusal = self.usage.check(inbox_id=last.inbox_id, user_id=last.user_id, chat_key=chat_key)
+            if refusal is not None:
+                say = self.usage.tell(refusal, last.inbox_id)  # once per period, not once per message
+                log.info("turn %s refused by limits.%s (%s)", turn_id, refusal.limit, "told" if say else "silent")
+                return finish(LIMITED, refusal.text if say else None, None, "limit")
 
         owner = last.user_id if is_dm_key(key) else None
         with traced("load_session") as load:
@@ -323,9 +342,12 @@ class TurnRunner:
 
         def record(msg: dict[str, Any], usage: Usage | None, meta: dict[str, Any] | None) -> None:
             fields = {"tool_calls": msg.get("tool_calls"), "tool_call_id": msg.get("tool_call_id"), "meta": meta}
+            entry = None
             if usage is not None:
                 fields.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
-            unwritten.append(NewMessage(turn_id, msg["role"], msg.get("content"), fields))
+                entry = self.usage_entry(usage, meta, user_id=last.user_id, chat_key=chat_key, session_key=key,
+                                         platform=message.platform)
+            unwritten.append(NewMessage(turn_id, msg["role"], msg.get("content"), fields, entry))
             if msg.get("tool_calls") or msg["role"] == "tool":
                 # Durable before any tool runs: a resumed turn must see which calls were made.
                 self.store.append_messages(session_id, list(unwritten))
@@ -425,6 +447,18 @@ class TurnRunner:
         if self.memory is not None:
             self.memory.after_turn(key=key, session_id=session_id, turn_ids=[f"in{p.inbox_id}" for p in batch])
         return status
+
+    def usage_entry(self, usage: Usage, meta: dict[str, Any] | None, *, user_id: str | None, chat_key: str,
+                    session_key: str | None, platform: str) -> UsageEntry:
+        """The ``usage`` row of one model call, from the step's usage and the facts ``run_turn``
+        recorded beside it (``provider``, ``model``, ``cost_usd``), dated today in ``limits.timezone``."""
+        facts = meta or {}
+        return UsageEntry(user_id=user_id, chat_key=chat_key, session_key=session_key, platform=platform,
+                          provider=facts.get("provider") or DEFAULT_PROVIDER,
+                          model=facts.get("model") or self.spec.model,
+                          day=self.calendar.day(), prompt_tokens=usage.prompt_tokens,
+                          cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
+                          cost_usd=float(facts.get("cost_usd") or 0.0))
 
     def _files_for(self, session_id: str | None, turn_id: str) -> list[OutboundAttachment]:
         """The files ``send_file`` recorded during the turn (none without a session or file store)."""

@@ -79,9 +79,14 @@ class PushRunner:
 
         final: list[int] = []  # the row id of the latest answer without tool calls
 
+        chat_key = f"{job.target.platform}:{job.target.tenant}:{job.target.chat_id}"
+
         def record(msg: dict[str, Any], usage: Usage | None, meta: dict[str, Any] | None) -> None:
+            entry = None if usage is None else self.turns.usage_entry(  # counted, under no user
+                usage, meta, user_id=None, chat_key=chat_key, session_key=f"job:{job.id}",
+                platform=job.target.platform)
             row_id = self.turns.store.append_message(
-                session_id, turn_id, msg["role"], msg.get("content"),
+                session_id, turn_id, msg["role"], msg.get("content"), usage=entry,
                 tool_calls=msg.get("tool_calls"), tool_call_id=msg.get("tool_call_id"), meta=meta,
                 prompt_tokens=usage.prompt_tokens if usage else None,
                 completion_tokens=usage.completion_tokens if usage else None,

@@ -23,6 +23,7 @@ HELP = (
     "/sessions - your conversations\n"
     "/resume ID - continue one of them\n"
     "/status - model, conversation, usage, queue, the current plan\n"
+    "/usage - what you spent today and this month, and your limits\n"
     "/skills - the procedures I can load, and their versions\n"
     "/link - get a code to join another account of yours (Telegram, Slack, Feishu)\n"
     "/link CODE - join this account to the one that made CODE\n"
@@ -41,6 +42,7 @@ MENU: tuple[tuple[str, str, frozenset[str]], ...] = (
     ("sessions", "List your conversations", frozenset({"dm"})),
     ("resume", "Continue a conversation: /resume ID", frozenset({"dm"})),
     ("status", "Model, conversation and usage", frozenset({"dm", "group"})),
+    ("usage", "Your spend today and this month, and your limits", frozenset({"dm", "group"})),
     ("skills", "Skills and their versions", frozenset({"dm", "group"})),
     ("link", "Link another account of yours", frozenset({"dm"})),
     ("unlink", "Unlink this account", frozenset({"dm"})),

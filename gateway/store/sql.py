@@ -6,6 +6,7 @@ never directly on the main loop (DESIGN §2).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from gateway.store.models import (
     SessionAddressRow,
     SessionRow,
     SummaryRow,
+    UsageRow,
     table,
 )
 from gateway.store.text import storable, storable_text
@@ -70,6 +72,7 @@ _job_runs = table(JobRunRow)
 SETTLED = frozenset({"sent", "unconfirmed", "failed"})
 """Final outbox states; a scheduled report's run takes its outbox row's final state."""
 _summaries = table(SummaryRow)
+_usage = table(UsageRow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,14 +125,36 @@ class OpenSession:
 
 
 @dataclass(frozen=True, slots=True)
+class UsageEntry:
+    """One model call's usage, stored with its assistant message (a ``usage`` row keyed by the
+    message's id). Tokens as the API reported them (``cached_tokens`` are part of
+    ``prompt_tokens``); ``cost_usd`` at the configured price; ``day`` is ``YYYY-MM-DD`` in
+    ``limits.timezone``; ``chat_key`` is ``platform:tenant:chat_id``."""
+
+    user_id: str | None
+    chat_key: str
+    session_key: str | None
+    platform: str
+    provider: str
+    model: str
+    day: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
+@dataclass(frozen=True, slots=True)
 class NewMessage:
     """A transcript message to append: ``fields`` holds the optional columns (``tool_calls``,
-    ``tool_call_id``, ``meta``, ``platform_message_id``, token counts)."""
+    ``tool_call_id``, ``meta``, ``platform_message_id``, token counts); ``usage``, on an assistant
+    message, is its model call's usage row, written in the same transaction."""
 
     turn_id: str | None
     role: str
     content: str | None
     fields: dict[str, Any]
+    usage: UsageEntry | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,12 +429,12 @@ class Store:
 
     @retry_locked
     def append_message(self, session_id: str, turn_id: str | None, role: str, content: str | None,
-                       **fields: Any) -> int:
-        """Appends one transcript message; returns its id. ``fields``: ``tool_calls``,
-        ``tool_call_id``, ``name``, ``meta``, ``platform_message_id``, ``prompt_tokens``,
-        ``completion_tokens``."""
+                       usage: UsageEntry | None = None, **fields: Any) -> int:
+        """Appends one transcript message (and its model call's ``usage`` row); returns its id.
+        ``fields``: ``tool_calls``, ``tool_call_id``, ``name``, ``meta``, ``platform_message_id``,
+        ``prompt_tokens``, ``completion_tokens``."""
         with write_tx(self.engine) as conn:
-            return self._append(conn, session_id, [NewMessage(turn_id, role, content, fields)])[0]
+            return self._append(conn, session_id, [NewMessage(turn_id, role, content, fields, usage)])[0]
 
     @retry_locked
     def add_meta(self, message_id: int, values: dict[str, Any]) -> None:
@@ -435,6 +460,9 @@ class Store:
             result = conn.execute(q.INSERT_MESSAGE, {"session_id": session_id, "turn_id": m.turn_id, "role": m.role,
                                                      "content": content, "created_at": now, **m.fields})
             ids.append(int(result.inserted_primary_key[0]))
+            if m.usage is not None:  # the call is counted once: with its message, keyed by its id
+                conn.execute(insert(_usage).values(call_key=f"message:{ids[-1]}", turn_id=m.turn_id,
+                                                   created_at=now, **dataclasses.asdict(m.usage)))
         first_user = next((m.content for m in messages if m.role == "user" and m.content), None)
         if first_user:  # the session's title: its first user message, whichever write carries it
             conn.execute(q.SET_TITLE, {"b_session": session_id, "b_title": " ".join(first_user.split())[:80]})
