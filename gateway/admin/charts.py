@@ -69,7 +69,7 @@ def bar_chart(values: Mapping[str, float], *, title: str, label: Callable[[float
 def stacked_chart(series: Mapping[str, Mapping[str, int]], days: Sequence[str], *, title: str) -> Markup:
     """Stacked bars per day, one colour per series (``{name: {YYYY-MM-DD: count}}``), with a legend."""
     totals = [sum(s.get(day, 0) for s in series.values()) for day in days]
-    top = _scale(max(totals, default=0))
+    top = float(max(4, math.ceil(max(totals, default=0) / 4) * 4))  # whole numbers on the axis
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     slot = plot_w / max(1, len(days))
     body = []
