@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
+from agent.delegate import CHILD_PROMPT
 from gateway.store.models import InboxRow, OutboxRow, UsageRow
 from tests.conftest import gateway_config, start_gateway
 from tests.fakes import openai as oa
@@ -123,6 +124,7 @@ async def test_chat_daily_limit_stops_everyone_in_the_group(tmp_path, fake_teleg
     assert texts(fake_telegram, group)[1] == ("💸 This chat has used today's budget ($0.0080 of $0.0050), so I did "
                                               f"not answer. It resets at {tomorrow_utc()}.")
     assert len(fake_openai.requests) == 1
+    assert statuses(gateway, group) == ["done", "limited"]
     fake_telegram.inject(dm_update("hi in private", 203, user_id=bob))  # Bob's own DM is another chat
     await wait_until(lambda: texts(fake_telegram, bob) == ["noted"], timeout=15, what="Bob's DM answer")
     assert len(fake_openai.requests) == 2
@@ -154,3 +156,31 @@ async def test_admin_usage_shows_everyone(tmp_path, fake_telegram, fake_openai, 
                                    UsageRow.cached_tokens, UsageRow.completion_tokens, UsageRow.chat_key)).all()
     assert [tuple(r[:6]) for r in rows] == [("telegram", "default", "gpt-4o-mini", 1500, 1000, 20)] * 2
     assert all(r.chat_key.endswith(f":{user}") for r in rows)
+
+
+async def test_sub_agent_calls_are_counted_for_the_user(tmp_path, fake_telegram, fake_openai, running):
+    fake_openai.reset()
+    parent, child, final = oa.usage(800, 10, cached_tokens=500), oa.usage(300, 30), oa.usage(900, 15, cached_tokens=800)
+
+    def respond(request):
+        messages = request["messages"]
+        if messages[0]["content"] == CHILD_PROMPT:
+            return oa.text("the child found 42", usage=child)
+        if messages[-1]["role"] == "tool":
+            return oa.text("It is 42.", usage=final)
+        return oa.tool_calls(oa.call("delegate", {"task": "find the number"}), usage=parent)
+
+    fake_openai.responder = respond
+    config = gateway_config(tmp_path, fake_openai, fake_telegram, agent={"prices": {"gpt-4o-mini": PRICE}})
+    gateway = await start_gateway(config, running)
+    chat = 5571031
+    fake_telegram.inject(dm_update("what is the number?", 401, user_id=chat))
+    await wait_until(lambda: texts(fake_telegram, chat) == ["It is 42."], timeout=20, what="the answer")
+    assert len(fake_openai.requests) == 3
+    fake_telegram.inject(command("/usage", 402, chat))
+    await wait_until(lambda: len(texts(fake_telegram, chat)) == 2, timeout=15, what="/usage")
+    # (300*10 + 500*1 + 10*100) + (300*10 + 30*100) + (100*10 + 800*1 + 15*100) per 1M = $0.0138
+    assert "$0.0138 · 2000 tokens in (1300 of them cached), 55 out · 3 model calls" in texts(fake_telegram, chat)[1]
+    with gateway.engine.connect() as conn:
+        keys = conn.execute(select(UsageRow.call_key).order_by(UsageRow.id)).scalars().all()
+    assert len(keys) == 3 and len(set(keys)) == 3

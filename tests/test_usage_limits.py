@@ -56,7 +56,7 @@ def test_usage_is_written_with_its_message_once_and_kept_with_the_turn(engine):
     session_id = store.new_session("telegram:1:5550001", "system", "u1")
     ids = store.append_messages(session_id, [
         NewMessage("in1", "assistant", None, {"tool_calls": [], "prompt_tokens": 1500, "completion_tokens": 20},
-                   entry("2026-03-15", 0.008)),
+                   (entry("2026-03-15", 0.008),)),
         NewMessage("in1", "tool", "result", {"tool_call_id": "c1"})])
     with engine.connect() as conn:
         rows = conn.execute(select(UsageRow.call_key, UsageRow.turn_id, UsageRow.cached_tokens)).all()
@@ -71,7 +71,7 @@ def test_finish_turn_writes_the_final_calls_usage_in_its_transaction(engine):
     session_id = store.new_session("telegram:1:5550001", "system", "u1")
     reply = OutboundMessage(message.address, "answer", idempotency_key="in1-x:0")
     final = NewMessage("in1", "assistant", "answer", {"prompt_tokens": 1700, "completion_tokens": 50},
-                       entry("2026-03-15", 0.0085))
+                       (entry("2026-03-15", 0.0085),))
     store.finish_turn([pending.inbox_id], "done", [reply], session_id=session_id, messages=[final])
     with engine.connect() as conn:
         costs = conn.execute(select(UsageRow.cost_usd)).scalars().all()
@@ -93,7 +93,8 @@ def test_monthly_limit_counts_this_months_days_in_the_zone_and_resets_on_the_fir
     daily = limits(engine, now, user_daily_usd=1.0, timezone="Asia/Shanghai").check(
         inbox_id=1, user_id="u1", chat_key=CHAT)
     assert daily is not None and daily.text.endswith("It resets at 2026-03-17 00:00 Asia/Shanghai.")
-    assert limits(engine, now, user_daily_usd=1.0).check(inbox_id=1, user_id="u1", chat_key=CHAT) is None  # UTC: the 15th
+    in_utc = limits(engine, now, user_daily_usd=1.0)  # in UTC it is still the 15th: nothing spent that day
+    assert in_utc.check(inbox_id=1, user_id="u1", chat_key=CHAT) is None
 
 
 def test_chat_limit_sums_every_user_of_the_chat(engine):

@@ -340,14 +340,26 @@ class TurnRunner:
             unwritten.append(NewMessage(turn_id, "assistant", told, {"meta": {"stop_reason": "media"}}))
             return finish("done", notice + told, session_id, "media")
 
+        children: list[UsageEntry] = []  # sub-agents' model calls, not yet stored
+        children_lock = threading.Lock()
+
+        def child_usage(usage: Usage, meta: dict[str, Any]) -> None:
+            entry = self.usage_entry(usage, meta, user_id=last.user_id, chat_key=chat_key, session_key=key,
+                                     platform=message.platform)
+            with children_lock:
+                children.append(entry)
+
         def record(msg: dict[str, Any], usage: Usage | None, meta: dict[str, Any] | None) -> None:
             fields = {"tool_calls": msg.get("tool_calls"), "tool_call_id": msg.get("tool_call_id"), "meta": meta}
-            entry = None
+            entries = []
             if usage is not None:
                 fields.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
-                entry = self.usage_entry(usage, meta, user_id=last.user_id, chat_key=chat_key, session_key=key,
-                                         platform=message.platform)
-            unwritten.append(NewMessage(turn_id, msg["role"], msg.get("content"), fields, entry))
+                entries.append(self.usage_entry(usage, meta, user_id=last.user_id, chat_key=chat_key,
+                                                session_key=key, platform=message.platform))
+            with children_lock:  # sub-agents' calls so far are stored with this message
+                entries += children
+                children.clear()
+            unwritten.append(NewMessage(turn_id, msg["role"], msg.get("content"), fields, tuple(entries)))
             if msg.get("tool_calls") or msg["role"] == "tool":
                 # Durable before any tool runs: a resumed turn must see which calls were made.
                 self.store.append_messages(session_id, list(unwritten))
@@ -407,7 +419,7 @@ class TurnRunner:
                                should_stop=should_stop, on_text=stream.on_text if stream is not None else None,
                                context=RunContext(session_id=session_id, turn_id=turn_id,
                                                   approver=self._approver(last, turn_id), redact=self.redact,
-                                                  state=state))
+                                                  state=state, on_child_usage=child_usage))
         except ModelError as exc:
             log.warning("turn %s failed: %s", turn_id, exc)
             return finish("failed", f"⚠️ {exc.user_message}", session_id, "model_error")

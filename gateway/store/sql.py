@@ -147,14 +147,15 @@ class UsageEntry:
 @dataclass(frozen=True, slots=True)
 class NewMessage:
     """A transcript message to append: ``fields`` holds the optional columns (``tool_calls``,
-    ``tool_call_id``, ``meta``, ``platform_message_id``, token counts); ``usage``, on an assistant
-    message, is its model call's usage row, written in the same transaction."""
+    ``tool_call_id``, ``meta``, ``platform_message_id``, token counts); ``usage``: the ``usage`` rows
+    written in the same transaction, keyed by the message (an assistant message's own model call,
+    and the sub-agent calls made before it was stored)."""
 
     turn_id: str | None
     role: str
     content: str | None
     fields: dict[str, Any]
-    usage: UsageEntry | None = None
+    usage: Sequence[UsageEntry] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,8 +430,8 @@ class Store:
 
     @retry_locked
     def append_message(self, session_id: str, turn_id: str | None, role: str, content: str | None,
-                       usage: UsageEntry | None = None, **fields: Any) -> int:
-        """Appends one transcript message (and its model call's ``usage`` row); returns its id.
+                       usage: Sequence[UsageEntry] = (), **fields: Any) -> int:
+        """Appends one transcript message (and its ``usage`` rows, see ``NewMessage``); returns its id.
         ``fields``: ``tool_calls``, ``tool_call_id``, ``name``, ``meta``, ``platform_message_id``,
         ``prompt_tokens``, ``completion_tokens``."""
         with write_tx(self.engine) as conn:
@@ -460,9 +461,9 @@ class Store:
             result = conn.execute(q.INSERT_MESSAGE, {"session_id": session_id, "turn_id": m.turn_id, "role": m.role,
                                                      "content": content, "created_at": now, **m.fields})
             ids.append(int(result.inserted_primary_key[0]))
-            if m.usage is not None:  # the call is counted once: with its message, keyed by its id
-                conn.execute(insert(_usage).values(call_key=f"message:{ids[-1]}", turn_id=m.turn_id,
-                                                   created_at=now, **dataclasses.asdict(m.usage)))
+            for number, used in enumerate(m.usage):  # counted once: with the message, keyed by its id
+                conn.execute(insert(_usage).values(call_key=f"message:{ids[-1]}" + (f":{number}" if number else ""),
+                                                   turn_id=m.turn_id, created_at=now, **dataclasses.asdict(used)))
         first_user = next((m.content for m in messages if m.role == "user" and m.content), None)
         if first_user:  # the session's title: its first user message, whichever write carries it
             conn.execute(q.SET_TITLE, {"b_session": session_id, "b_title": " ".join(first_user.split())[:80]})
