@@ -90,19 +90,21 @@ class UsageLimits:
             if refusal is not None:
                 return refusal
         notice_period = f"{today}#{int(self.clock() // NOTICE_EVERY_S)}"
-        checks: list[tuple[str, float | None, str, dict[str, str | None], str]] = [
-            ("user_monthly_usd", c.user_monthly_usd, f"user:{user_id}", {"user_id": user_id, "first": first},
-             self.calendar.show(self.calendar.next_month())),
-            ("user_daily_usd", c.user_daily_usd, f"user:{user_id}", {"user_id": user_id, "first": today},
-             self.calendar.show(self.calendar.next_day())),
-            ("chat_daily_usd", c.chat_daily_usd, f"chat:{chat_key}", {"chat_key": chat_key, "first": today},
-             self.calendar.show(self.calendar.next_day())),
-        ]
+        calendar = self.calendar
+        next_day, next_month = calendar.show(calendar.next_day()), calendar.show(calendar.next_month())
+        # (limit name, limit, notice subject, what is summed, when it resets)
+        checks: list[tuple[str, float, str, dict[str, str], str]] = []
+        if user_id is not None and c.user_monthly_usd is not None:
+            checks.append(("user_monthly_usd", c.user_monthly_usd, f"user:{user_id}",
+                           {"user_id": user_id, "first_day": first, "last_day": last}, next_month))
+        if user_id is not None and c.user_daily_usd is not None:
+            checks.append(("user_daily_usd", c.user_daily_usd, f"user:{user_id}",
+                           {"user_id": user_id, "first_day": today, "last_day": today}, next_day))
+        if c.chat_daily_usd is not None:
+            checks.append(("chat_daily_usd", c.chat_daily_usd, f"chat:{chat_key}",
+                           {"chat_key": chat_key, "first_day": today, "last_day": today}, next_day))
         for name, limit, subject, scope, reset in checks:
-            if limit is None or (name.startswith("user") and user_id is None):
-                continue
-            spent = self.ledger.cost(first_day=scope["first"] or today, last_day=last if "month" in name else today,
-                                     user_id=scope.get("user_id"), chat_key=scope.get("chat_key"))
+            spent = self.ledger.cost(**scope)
             if spent >= limit:
                 text = LIMIT_REPLIES[name].format(spent=usd(spent), limit=usd(limit), reset=reset)
                 return Refusal(name, text, subject, notice_period)
