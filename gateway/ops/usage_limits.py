@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, insert, select
+from sqlalchemy import Connection, Engine, and_, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from gateway.core.config import LimitsConfig
-from gateway.ops.usage import Calendar, Totals, UsageLedger
+from gateway.ops.usage import Calendar, Totals, UsageLedger, spent
 from gateway.ops.usage_texts import LIMIT_REPLIES
 from gateway.store.db import read_tx, write_tx
 from gateway.store.models import InboxRow, LimitNoticeRow, table
@@ -85,10 +85,17 @@ class UsageLimits:
             return None
         today = self.calendar.day()
         first, last = self.calendar.month_days(today)
-        if user_id is not None and c.user_messages_per_minute is not None:
-            refusal = self._per_minute(inbox_id, user_id, c.user_messages_per_minute)
-            if refusal is not None:
-                return refusal
+        with read_tx(self.engine) as conn:  # one transaction, a few indexed reads
+            if user_id is not None and c.user_messages_per_minute is not None:
+                refusal = self._per_minute(conn, inbox_id, user_id, c.user_messages_per_minute)
+                if refusal is not None:
+                    return refusal
+            return self._cost_limits(conn, user_id, chat_key, today, first, last)
+
+    def _cost_limits(self, conn: Connection, user_id: str | None, chat_key: str, today: str, first: str,
+                     last: str) -> Refusal | None:
+        """The first cost limit over: the user's month, the user's day, the chat's day."""
+        c = self.config
         notice_period = f"{today}#{int(self.clock() // NOTICE_EVERY_S)}"
         calendar = self.calendar
         next_day, next_month = calendar.show(calendar.next_day()), calendar.show(calendar.next_month())
@@ -104,23 +111,22 @@ class UsageLimits:
             checks.append(("chat_daily_usd", c.chat_daily_usd, f"chat:{chat_key}",
                            {"chat_key": chat_key, "first_day": today, "last_day": today}, next_day))
         for name, limit, subject, scope, reset in checks:
-            spent = self.ledger.cost(**scope)
-            if spent >= limit:
-                text = LIMIT_REPLIES[name].format(spent=usd(spent), limit=usd(limit), reset=reset)
+            cost = spent(conn, **scope)
+            if cost >= limit:
+                text = LIMIT_REPLIES[name].format(spent=usd(cost), limit=usd(limit), reset=reset)
                 return Refusal(name, text, subject, notice_period)
         return None
 
-    def _per_minute(self, inbox_id: int, user_id: str, limit: int) -> Refusal | None:
+    def _per_minute(self, conn: Connection, inbox_id: int, user_id: str, limit: int) -> Refusal | None:
         """Over ``limit`` when, counting this message, more than ``limit`` of the user's messages
         received up to it in the last ``WINDOW_S`` were not refused."""
-        with read_tx(self.engine) as conn:
-            received = conn.execute(select(_inbox.c.received_at).where(_inbox.c.id == inbox_id)).scalar()
-            if received is None:
-                return None
-            count, oldest = conn.execute(
-                select(func.count(), func.min(_inbox.c.received_at)).where(and_(
-                    _inbox.c.user_id == user_id, _inbox.c.received_at > received - WINDOW_S,
-                    _inbox.c.received_at <= received, _inbox.c.id < inbox_id, _inbox.c.status != LIMITED))).one()
+        received = conn.execute(select(_inbox.c.received_at).where(_inbox.c.id == inbox_id)).scalar()
+        if received is None:
+            return None
+        count, oldest = conn.execute(
+            select(func.count(), func.min(_inbox.c.received_at)).where(and_(
+                _inbox.c.user_id == user_id, _inbox.c.received_at > received - WINDOW_S,
+                _inbox.c.received_at <= received, _inbox.c.id < inbox_id, _inbox.c.status != LIMITED))).one()
         if count + 1 <= limit:
             return None
         reset = float(oldest) + WINDOW_S  # the oldest counted message leaves the window
