@@ -25,7 +25,7 @@ from agent.budget import Limits, initial_note
 from agent.cache import AgentCache, AgentSpec
 from agent.context import RunContext
 from agent.loop import run_turn
-from agent.model import ModelError, Usage
+from agent.model import ModelError, ModelReply, Usage
 from agent.tracing import end_agent, invoke_agent
 from gateway.bus.compression import Compressor, FitOnOverflow, Projection
 from gateway.bus.context import user_meta
@@ -380,9 +380,16 @@ class TurnRunner:
         agent = self.agents.get(self.spec)
         # Fitted before the first model call (a summary, when one is due, is made and stored here;
         # its failure only means the plain window is sent).
+        def summary_usage(reply: ModelReply) -> UsageEntry:
+            price = self.limits.price_of(reply.model or self.spec.model, reply.provider)
+            facts = {"provider": reply.provider, "model": reply.model,
+                     "cost_usd": price.cost(reply.usage) if price is not None else 0.0}
+            return self.usage_entry(reply.usage, facts, user_id=last.user_id, chat_key=chat_key, session_key=key,
+                                    platform=message.platform)
+
         projection = self.compressor.project(session_id=session_id, system_prompt=system_prompt,
                                              tools=agent.tools.schemas(), summary=opened.summary, window=window,
-                                             model=agent.model,
+                                             model=agent.model, usage_of=summary_usage,
                                              images=self.media.policy(agent.model.model) if self.media else None)
 
         def with_images(fitted: Projection) -> Projection:
@@ -399,6 +406,7 @@ class TurnRunner:
                               lambda tokens: with_images(self.compressor.project(
                                   session_id=session_id, system_prompt=system_prompt, tools=agent.tools.schemas(),
                                   summary=opened.summary, window=window, model=agent.model, window_tokens=tokens,
+                                  usage_of=summary_usage,
                                   images=self.media.policy(agent.model.model) if self.media else None)))
         stream = None
         if self.streams is not None:

@@ -485,13 +485,21 @@ class Store:
 
     @retry_locked
     def save_summary(self, session_id: str, covers_to_id: int, text: str, prompt_tokens: int | None = None,
-                     completion_tokens: int | None = None) -> None:
+                     completion_tokens: int | None = None, usage: Sequence[UsageEntry] = ()) -> None:
         """Stores a summary of every message of ``session_id`` with ``id <= covers_to_id``; later
-        turns load it instead of those messages."""
+        turns load it instead of those messages. ``usage``: the summary call's ``usage`` row, written
+        in the same transaction (keyed ``summary:<id>``)."""
+        now = time.time()
         with write_tx(self.engine) as conn:
-            conn.execute(insert(_summaries).values(session_id=session_id, covers_to_id=covers_to_id, text=text,
-                                                   prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                                   created_at=time.time()))
+            result = conn.execute(insert(_summaries).values(
+                session_id=session_id, covers_to_id=covers_to_id, text=text, prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens, created_at=now))
+            key = result.inserted_primary_key
+            assert key is not None
+            summary_id = int(key[0])
+            for number, used in enumerate(usage):
+                conn.execute(insert(_usage).values(call_key=f"summary:{summary_id}" + (f":{number}" if number else ""),
+                                                   turn_id=None, created_at=now, **dataclasses.asdict(used)))
 
     def latest_summary(self, session_id: str) -> Summary | None:
         """The session's newest summary, or ``None``."""
