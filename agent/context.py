@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from agent.bridge import AsyncBridge
     from agent.budget import Budget, Limits
     from agent.guard import Provenance
-    from agent.model import ChatModel
+    from agent.model import ChatModel, Usage
     from agent.tools import Tool, ToolRegistry
     from agent.turn_state import TurnState
 
@@ -44,6 +44,9 @@ class RunContext:
             errors); ``None``: no redaction.
         state: the turn's plan and loaded skills (``agent.turn_state``); the loop makes one when
             the caller passes none, and sub-agents share their parent's.
+        on_child_usage: called with each model call of a sub-agent (``delegate``): its usage and
+            the facts its loop records beside it (``provider``, ``model``, ``cost_usd``); called on
+            the sub-agent's thread. ``None``: not reported (sub-agents write no transcript).
     """
 
     session_id: str = ""
@@ -61,6 +64,7 @@ class RunContext:
     redact: Callable[[str], str] | None = None
     provenance: Provenance | None = None
     state: TurnState | None = None
+    on_child_usage: Callable[[Usage, dict[str, Any]], None] | None = None
 
 
 Approver = Callable[[RunContext, "Tool", dict[str, Any]], "str | None"]

@@ -11,9 +11,11 @@ budget ends returns ``budget exhausted`` and what it managed; ``/stop`` stops ch
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from agent.context import RunContext
 from agent.loop import run_turn
+from agent.model import Usage
 from agent.tools import Tool
 from agent.tracing import end_agent, invoke_agent
 
@@ -46,7 +48,8 @@ def delegate(ctx: RunContext, task: str, toolset: list[str] | None = None) -> st
                       turn_id=ctx.turn_id) as span:
         outcome = run_turn(system_prompt=CHILD_PROMPT, history=history, model=ctx.model,
                            tools=ctx.tools.subset(names), bridge=ctx.bridge, limits=ctx.limits,
-                           record=lambda *_: None, should_stop=ctx.should_stop, budget=reservation, context=child_ctx)
+                           record=lambda _message, usage, meta: _report(ctx, usage, meta),
+                           should_stop=ctx.should_stop, budget=reservation, context=child_ctx)
         end_agent(span, stop_reason=outcome.stop_reason, steps=outcome.steps,
                   input_tokens=sum(u.prompt_tokens for u in outcome.usage),
                   output_tokens=sum(u.completion_tokens for u in outcome.usage), cost_usd=outcome.cost_usd)
@@ -55,6 +58,12 @@ def delegate(ctx: RunContext, task: str, toolset: list[str] | None = None) -> st
     if outcome.stop_reason in BUDGET_REASONS:
         return f"budget exhausted ({outcome.stop_reason}) after {outcome.steps} model calls. {outcome.reply}"
     return outcome.reply or "(the sub-agent gave no answer)"
+
+
+def _report(ctx: RunContext, usage: Usage | None, meta: dict[str, Any] | None) -> None:
+    """Hands a sub-agent's model call to ``ctx.on_child_usage`` (its messages are not stored)."""
+    if usage is not None and ctx.on_child_usage is not None:
+        ctx.on_child_usage(usage, meta or {})
 
 
 def delegate_tool() -> Tool:

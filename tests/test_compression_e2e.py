@@ -133,6 +133,11 @@ def test_300_turns_fit_the_window_keep_early_facts_and_stop_growing(rig, fake_op
     with store.engine.connect() as conn:  # the summary calls' usage is kept with each summary
         costs = conn.exec_driver_sql("SELECT prompt_tokens, completion_tokens FROM summaries").all()
     assert len(costs) == len(summaries) and all(p > 0 and c > 0 for p, c in costs)
+    with store.engine.connect() as conn:  # and counted once each in usage, for the turn's chat
+        counted = conn.exec_driver_sql("SELECT prompt_tokens, completion_tokens, chat_key FROM usage "
+                                       "WHERE call_key LIKE 'summary:%'").all()
+    assert sorted((p, c) for p, c, _ in counted) == sorted(tuple(c) for c in costs)
+    assert {chat for _, _, chat in counted} == {"telegram:1:42"}
     transcript = store.transcript(session_id)
     assert sum(1 for m in transcript if m.role == "user") == 300  # the transcript keeps everything
 

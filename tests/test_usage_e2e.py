@@ -5,6 +5,7 @@ included) in each of the shapes servers stream them in; the gateway counts each 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import pytest
 
@@ -66,6 +67,45 @@ async def test_reported_usage_is_counted_once_per_step_and_shown_as_reported(
         for kind, figure in (("input", 3200), ("output", 70), ("cached_input", 2500)):
             assert f'gateway_model_tokens_total{{kind="{kind}",model="gpt-4o-mini"}} {figure}.0' in metrics
         assert 'gateway_model_cost_usd_total{model="gpt-4o-mini"} 0.0165' in metrics
+    finally:
+        await page.close()
+        await operator.http.close()
+
+
+async def test_admin_usage_page_charts_cost_per_day_and_turns_per_platform(tmp_path, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.responder = lambda request: oa.text("fine", usage=STEP_2)  # $0.0085 each
+    config = gateway_config(tmp_path, fake_openai, web=ADMIN, agent={"prices": {"gpt-4o-mini": PRICE}})
+    gateway = await start_gateway(config, running)
+    base = base_of(gateway)
+    page, operator = WebClient(base), Operator(base)
+    try:
+        status, _, response = await operator.get("/admin/usage")  # not logged in: to the login page
+        assert status == 302 and response.headers["Location"].startswith("/admin/login")
+        await page.open()
+        page.listen()
+        for number in range(2):
+            await page.say(f"question {number}")
+            await wait_until(lambda n=number: len([e for e in page.of("row") if e["role"] == "assistant"]) == n + 1,
+                             timeout=20, what="the answer")
+        await operator.login()
+        status, html, _ = await operator.get("/admin/usage")
+        assert status == 200
+        today = datetime.now(UTC).date().isoformat()
+        cost_chart = re.search(r'<figure class="chart" id="cost-chart">(.*?)</figure>', html, re.DOTALL).group(1)
+        assert cost_chart.startswith("<svg") and f"<title>{today}: $0.0170</title>" in cost_chart
+        assert cost_chart.count("<rect") == 30  # one bar a day, the last 30 days
+        turns_chart = re.search(r'<figure class="chart" id="turns-chart">(.*?)</figure>', html, re.DOTALL).group(1)
+        assert f"<title>{today} web: 2</title>" in turns_chart and ">web</text>" in turns_chart
+        assert "<script" not in html
+        assert re.search(r"<td>default</td><td><code>gpt-4o-mini</code></td><td>2</td><td>3400</td><td>3000</td>"
+                         r"<td>100</td><td>\$0\.0170</td>", html), html
+
+        async with page.http.get(f"{base}/metrics") as response:
+            metrics = await response.text()
+        assert 'gateway_provider_cost_usd_total{model="gpt-4o-mini",provider="default"} 0.017' in metrics
+        assert 'gateway_provider_tokens_total{kind="cached_input",model="gpt-4o-mini",provider="default"} 3000.0' \
+            in metrics
     finally:
         await page.close()
         await operator.http.close()

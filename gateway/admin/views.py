@@ -1,4 +1,5 @@
-"""The admin pages under ``/admin``: sessions, transcripts, users, jobs, approvals, adapters' health.
+"""The admin pages under ``/admin``: sessions, transcripts, users, jobs, approvals, usage (cost per day
+and turns per platform as SVG charts, ``gateway.admin.charts``), adapters' health.
 
 Server-rendered (Jinja2, autoescaped: names, messages and tool output show as text). Read-mostly;
 the few changes go through the same code as the chat commands: ``/approve`` and ``/deny``
@@ -25,9 +26,11 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from agent.model import Usage
 from gateway.admin.auth import CSRF_FIELD, AdminAuth
+from gateway.admin.charts import bar_chart, stacked_chart
 from gateway.admin.limits import LoginLimiter
 from gateway.admin.queries import AdminQueries
 from gateway.admin.sessions import AdminSessions
+from gateway.ops.usage_limits import usd
 from gateway.scheduler.planner import format_address, job_schedule, local_time, next_fire_of
 from gateway.tools.approvals import decide_reply
 
@@ -39,6 +42,8 @@ log = logging.getLogger("gateway.admin")
 TEMPLATES = Path(__file__).with_name("templates")
 FLASH_COOKIE = "gw_admin_flash"
 CHECK_TIMEOUT_S = 5.0
+CHART_DAYS = 30
+"""Days the usage charts show (today and the 29 before)."""
 DECIDED_BY = "web-admin"
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
        "base-uri 'none'")
@@ -95,6 +100,7 @@ class AdminSite:
             web.post("/admin/jobs/{job_id}/{op:pause|resume|run}", self._action(self._job_action)),
             web.get("/admin/approvals", self._page(self._approvals)),
             web.post("/admin/approvals/{approval_id}/{op:approve|deny}", self._action(self._approval_action)),
+            web.get("/admin/usage", self._page(self._usage)),
             web.get("/admin/health", self._page(self._health)),
             web.get("/admin/files/{sha256}", self._thumbnail),
         ]
@@ -232,6 +238,24 @@ class AdminSite:
 
     async def _approvals(self, _: web.Request) -> tuple[str, dict[str, Any]]:
         return "approvals.html", {"approvals": await self.gateway.run_db(self.queries.pending_approvals)}
+
+    async def _usage(self, _: web.Request) -> tuple[str, dict[str, Any]]:
+        limits = self.gateway.runner.usage
+        if limits is None:
+            raise web.HTTPNotFound(text="Usage is not recorded by this gateway.")
+        ledger = limits.ledger
+
+        def load() -> dict[str, Any]:
+            days = ledger.last_days(CHART_DAYS)
+            today, month = limits.report_totals()
+            first, last = limits.calendar.month_days(days[-1])
+            return {"days": CHART_DAYS, "zone": limits.calendar.zone_name, "today_day": days[-1],
+                    "today": today, "month": month, "models": ledger.by_model(first_day=first, last_day=last),
+                    "users": ledger.by_user(first_day=first, last_day=last),
+                    "cost_chart": bar_chart(ledger.daily_cost(days), title="Cost per day (USD)", label=usd),
+                    "turns_chart": stacked_chart(ledger.daily_turns(days), days, title="Turns per platform per day")}
+
+        return "usage.html", {**await self.gateway.run_db(load), "usd": usd}
 
     async def _health(self, _: web.Request) -> tuple[str, dict[str, Any]]:
         gateway = self.gateway

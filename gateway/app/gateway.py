@@ -60,6 +60,7 @@ from gateway.ops.http import build_app
 from gateway.ops.instance import InstanceGuard, default_instance_id, exit_now
 from gateway.ops.instance_store import InstanceStore
 from gateway.ops.metrics import CONTENT_TYPE, GatewayMetrics, MeteredModel, timed
+from gateway.ops.usage_limits import UsageLimits
 from gateway.scheduler.commands import JobCommands
 from gateway.scheduler.planner import JobPlanner
 from gateway.scheduler.push_run import PushRunner
@@ -229,6 +230,7 @@ class Gateway:
             metrics=self.metrics, memory=self.memory,
             trusted=lambda message, user_id: self.inbound.trusted(message), media=self.media,
             conversation=self.conversation, files=self.outbox_files, chats=self.chats,
+            usage=UsageLimits(self.engine, config.limits),
         )
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
         self.delivery = Delivery(

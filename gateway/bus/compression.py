@@ -36,12 +36,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.model import ChatModel, ModelError, ModelReply, OnText, Usage
+from agent.model import ChatModel, ModelError, ModelReply, OnText
 from agent.tokens import message_tokens, request_tokens, text_tokens
 from gateway.bus.context import render_history, render_user
 from gateway.core.window import WindowPolicy
 from gateway.media.render import ImagePolicy
-from gateway.store.sql import Store, StoredMessage, Summary
+from gateway.store.sql import Store, StoredMessage, Summary, UsageEntry
 
 log = logging.getLogger("gateway.bus.compression")
 
@@ -138,14 +138,16 @@ class Compressor:
 
     def project(self, *, session_id: str, system_prompt: str, tools: list[dict[str, Any]],
                 summary: Summary | None, window: list[StoredMessage], model: ChatModel,
-                window_tokens: int | None = None, images: ImagePolicy | None = None) -> Projection:
+                window_tokens: int | None = None, images: ImagePolicy | None = None,
+                usage_of: Callable[[ModelReply], UsageEntry] | None = None) -> Projection:
         """The history to send for this turn, fitted into the window (see the module doc).
 
         ``window``: the rows after ``summary``'s cut, oldest first, ending with the new user
         message(s); ``images``: this turn's image policy (default: the one given at construction).
         ``window_tokens`` forces a compression for that window (a model refused the request as too
         long: ``FitOnOverflow``), whatever the estimate says and even within the wait after a
-        failed summary. Never raises for a failed summary call (the plain window is sent instead);
+        failed summary. ``usage_of`` gives the ``usage`` row of a summary call (stored with the
+        summary). Never raises for a failed summary call (the plain window is sent instead);
         raises only on database faults.
         """
         images = images if images is not None else self.images
@@ -170,9 +172,10 @@ class Compressor:
         if keep > 0 and (forced or self._may_try(session_id)):
             older = [row for turn in turns[:keep] for row in turn if row.id]
             try:
-                summary_text, usage = self._summarise(model, summary_text, older, policy)
-                self.store.save_summary(session_id, older[-1].id, summary_text, usage.prompt_tokens,
-                                        usage.completion_tokens)
+                summary_text, reply = self._summarise(model, summary_text, older, policy)
+                self.store.save_summary(session_id, older[-1].id, summary_text, reply.usage.prompt_tokens,
+                                        reply.usage.completion_tokens,
+                                        usage=(usage_of(reply),) if usage_of is not None else ())
                 compressed = True
                 log.info("session %s: summarised %d messages up to id %d", session_id, len(older), older[-1].id)
             except Exception as exc:  # any failure: the turn goes on with the plain window
@@ -211,10 +214,10 @@ class Compressor:
         return first
 
     def _summarise(self, model: ChatModel, previous: str | None, rows: list[StoredMessage],
-                   policy: WindowPolicy) -> tuple[str, Usage]:
+                   policy: WindowPolicy) -> tuple[str, ModelReply]:
         """One model call condensing ``previous`` + ``rows``: the text (capped to the policy) and
-        the call's usage. Raises whatever the model client raises, or ``ValueError`` on an empty
-        answer."""
+        the call's reply (its usage, provider and model). Raises whatever the model client
+        raises, or ``ValueError`` on an empty answer."""
         words = max(50, policy.summary_tokens * 3 // 4)
         budget = int(policy.context_window_tokens * (policy.threshold - policy.summary_ratio))
         budget -= text_tokens(previous or "") + text_tokens(SUMMARY_PROMPT) + 64
@@ -236,7 +239,7 @@ class Compressor:
         cap = policy.summary_tokens * 4
         if len(text.encode()) > cap:
             text = text.encode()[:cap].decode(errors="ignore") + " [cut]"
-        return text, reply.usage
+        return text, reply
 
     @staticmethod
     def _projection(summary: str | None, turns: list[list[StoredMessage]], first: int, tokens: int,

@@ -26,7 +26,7 @@ from agent.budget import Limits, initial_note
 from agent.cache import AgentCache, AgentSpec
 from agent.context import RunContext
 from agent.loop import run_turn
-from agent.model import ModelError, Usage
+from agent.model import ModelError, ModelReply, Usage
 from agent.tracing import end_agent, invoke_agent
 from gateway.bus.compression import Compressor, FitOnOverflow, Projection
 from gateway.bus.context import user_meta
@@ -34,6 +34,7 @@ from gateway.bus.conversation import ConversationContext
 from gateway.bus.error_texts import model_error_text
 from gateway.core.errors import TurnInterrupted
 from gateway.core.i18n import N_, _, using
+from gateway.core.providers import DEFAULT_PROVIDER
 from gateway.core.session_keys import is_dm_key
 from gateway.core.types import CURRENT_MESSAGE, InboundMessage, OutboundAttachment, OutboundMessage
 from gateway.core.window import WindowPolicy
@@ -45,9 +46,12 @@ from gateway.media.render import has_images, refs_of
 from gateway.media.service import NO_VISION_NOTE, note_line
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.telemetry import span as traced
+from gateway.ops.usage import Calendar
+from gateway.ops.usage_command import usage_reply
+from gateway.ops.usage_limits import LIMITED, UsageLimits
 from gateway.sessions.commands import LANE_COMMANDS, CommandContext, CommandHandler, Commands
 from gateway.sessions.resets import ResetPolicy
-from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage
+from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage, UsageEntry
 from gateway.tools.approvals import ApprovalPolicy, ChatApprover
 from gateway.tools.approvals_store import Approvals
 
@@ -127,6 +131,8 @@ class TurnRunner:
         chats: per-chat settings (``gateway.sessions.chat_settings``): a new session's system
             prompt and settings come from its chat's settings, and each turn runs the agent its
             session was created with (``None``: every session gets ``system_prompt`` and ``spec``).
+        usage: the limits checked before a turn's model call and ``/usage`` (``None``: neither;
+            each model call's usage is recorded either way, with days in UTC).
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
@@ -140,8 +146,11 @@ class TurnRunner:
                  memory: MemoryService | None = None,
                  trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True,
                  conversation: ConversationContext | None = None, media: MediaService | None = None,
-                 files: OutboxFiles | None = None, chats: ChatSetup | None = None) -> None:
+                 files: OutboxFiles | None = None, chats: ChatSetup | None = None,
+                 usage: UsageLimits | None = None) -> None:
         self.chats = chats
+        self.usage = usage
+        self.calendar = usage.calendar if usage is not None else Calendar()
         self.memory = memory
         self.conversation = conversation
         self.media = media
@@ -277,13 +286,17 @@ class TurnRunner:
             with traced("finish_turn", attributes={"gateway.replies": len(replies)}):
                 self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
                                        generation=generation, messages=list(unwritten),
-                                       merged_status="cancelled" if status == "cancelled" else "merged",
+                                       merged_status=status if status in ("cancelled", LIMITED) else "merged",
                                        stream_key=[reply_key, *(p.key for p in plan)])
             span.set_attributes({"gateway.turn.outcome": status, "gateway.stop_reason": stop_reason})
             if self.metrics is not None:
                 self.metrics.turns.labels(status, stop_reason).inc()
             return status
 
+        chat_key = f"{message.address.platform}:{message.address.tenant}:{message.address.chat_id}"
+        if self.usage is not None and len(batch) == 1 and message.command == "usage":
+            return finish("done", usage_reply(self.usage, user_id=last.user_id, chat_key=chat_key,
+                                              is_admin=self.is_admin(message)), None, "command")
         if self.commands is not None and len(batch) == 1 and message.command in LANE_COMMANDS:
             direct = self.commands.run(CommandContext(message, key, last.user_id, is_dm_key(key),
                                                       self.is_admin(message), self.spec.model))
@@ -293,6 +306,13 @@ class TurnRunner:
             direct = self.job_commands(message)
             if direct is not None:
                 return finish("done", direct, None, "command")
+
+        if self.usage is not None and self.usage.any:  # before anything costs: no model call over a limit
+            refusal = self.usage.check(inbox_id=last.inbox_id, user_id=last.user_id, chat_key=chat_key)
+            if refusal is not None:
+                say = self.usage.tell(refusal, last.inbox_id)  # once per period, not once per message
+                log.info("turn %s refused by limits.%s (%s)", turn_id, refusal.limit, "told" if say else "silent")
+                return finish(LIMITED, refusal.text if say else None, None, "limit")
 
         owner = last.user_id if is_dm_key(key) else None
         chats = self.chats
@@ -367,11 +387,26 @@ class TurnRunner:
             unwritten.append(NewMessage(turn_id, "assistant", told, {"meta": {"stop_reason": "media"}}))
             return finish("done", notice + told, session_id, "media")
 
+        children: list[UsageEntry] = []  # sub-agents' model calls, not yet stored
+        children_lock = threading.Lock()
+
+        def child_usage(usage: Usage, meta: dict[str, Any]) -> None:
+            entry = self.usage_entry(usage, meta, user_id=last.user_id, chat_key=chat_key, session_key=key,
+                                     platform=message.platform)
+            with children_lock:
+                children.append(entry)
+
         def record(msg: dict[str, Any], usage: Usage | None, meta: dict[str, Any] | None) -> None:
             fields = {"tool_calls": msg.get("tool_calls"), "tool_call_id": msg.get("tool_call_id"), "meta": meta}
+            entries = []
             if usage is not None:
                 fields.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
-            unwritten.append(NewMessage(turn_id, msg["role"], msg.get("content"), fields))
+                entries.append(self.usage_entry(usage, meta, user_id=last.user_id, chat_key=chat_key,
+                                                session_key=key, platform=message.platform))
+            with children_lock:  # sub-agents' calls so far are stored with this message
+                entries += children
+                children.clear()
+            unwritten.append(NewMessage(turn_id, msg["role"], msg.get("content"), fields, tuple(entries)))
             if msg.get("tool_calls") or msg["role"] == "tool":
                 called[0] = True
                 # Durable before any tool runs: a resumed turn must see which calls were made.
@@ -391,12 +426,20 @@ class TurnRunner:
             return self.store.lane_generation(key) != generation
 
         agent = self.agents.get(spec)
+
+        def summary_usage(reply: ModelReply) -> UsageEntry:
+            price = self.limits.price_of(reply.model or spec.model, reply.provider)
+            facts = {"provider": reply.provider, "model": reply.model,
+                     "cost_usd": price.cost(reply.usage) if price is not None else 0.0}
+            return self.usage_entry(reply.usage, facts, user_id=last.user_id, chat_key=chat_key, session_key=key,
+                                    platform=message.platform)
+
         # Fitted before the first model call (a summary, when one is due, is made and stored here;
         # its failure only means the plain window is sent).
         projection = compressor.project(session_id=session_id, system_prompt=system_prompt,
-                                             tools=agent.tools.schemas(), summary=opened.summary, window=window,
-                                             model=agent.model,
-                                             images=self.media.policy(agent.model.model) if self.media else None)
+                                        tools=agent.tools.schemas(), summary=opened.summary, window=window,
+                                        model=agent.model, usage_of=summary_usage,
+                                        images=self.media.policy(agent.model.model) if self.media else None)
 
         def with_images(fitted: Projection) -> Projection:
             """``fitted`` with its image placeholders read from the blob store (only those sent)."""
@@ -412,6 +455,7 @@ class TurnRunner:
                               lambda tokens: with_images(compressor.project(
                                   session_id=session_id, system_prompt=system_prompt, tools=agent.tools.schemas(),
                                   summary=opened.summary, window=window, model=agent.model, window_tokens=tokens,
+                                  usage_of=summary_usage,
                                   images=self.media.policy(agent.model.model) if self.media else None)))
         stream = None
         if self.streams is not None:
@@ -432,7 +476,7 @@ class TurnRunner:
                                should_stop=should_stop, on_text=stream.on_text if stream is not None else None,
                                context=RunContext(session_id=session_id, turn_id=turn_id,
                                                   approver=self._approver(last, turn_id), redact=self.redact,
-                                                  state=state))
+                                                  state=state, on_child_usage=child_usage))
         except ModelError as exc:
             log.warning("turn %s failed: %s", turn_id, exc)
             return finish("failed", f"⚠️ {model_error_text(exc)}", session_id, "model_error")
@@ -473,6 +517,18 @@ class TurnRunner:
             self.memory.after_turn(key=key, session_id=session_id, turn_ids=[f"in{p.inbox_id}" for p in batch],
                                    user_texts=[self.redact(p.message.text) for p in batch])
         return status
+
+    def usage_entry(self, usage: Usage, meta: dict[str, Any] | None, *, user_id: str | None, chat_key: str,
+                    session_key: str | None, platform: str) -> UsageEntry:
+        """The ``usage`` row of one model call, from the step's usage and the facts ``run_turn``
+        recorded beside it (``provider``, ``model``, ``cost_usd``), dated today in ``limits.timezone``."""
+        facts = meta or {}
+        return UsageEntry(user_id=user_id, chat_key=chat_key, session_key=session_key, platform=platform,
+                          provider=facts.get("provider") or DEFAULT_PROVIDER,
+                          model=facts.get("model") or self.spec.model,
+                          day=self.calendar.day(), prompt_tokens=usage.prompt_tokens,
+                          cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
+                          cost_usd=float(facts.get("cost_usd") or 0.0))
 
     def _files_for(self, session_id: str | None, turn_id: str) -> list[OutboundAttachment]:
         """The files ``send_file`` recorded during the turn (none without a session or file store)."""

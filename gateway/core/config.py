@@ -577,6 +577,34 @@ class SessionsConfig(_Section):
         return value
 
 
+class LimitsConfig(_Section):
+    """Spending and rate limits per user and chat (``gateway.ops.usage``), checked from the database
+    before each turn's model call; unset: no limit. A user over one gets one reply saying when it
+    resets, and no model call."""
+
+    user_daily_usd: float | None = Field(default=None, ge=0)
+    """Most USD one user's turns may cost per day (every chat and platform of theirs together)."""
+    user_monthly_usd: float | None = Field(default=None, ge=0)
+    """Most USD one user's turns may cost per calendar month."""
+    chat_daily_usd: float | None = Field(default=None, ge=0)
+    """Most USD the turns of one chat (a DM, a group, a channel) may cost per day, all users together."""
+    user_messages_per_minute: int | None = Field(default=None, ge=1)
+    """Most messages one user may send in any 60 seconds; the ones beyond get no model call."""
+    timezone: str = "UTC"
+    """IANA time zone where a day and a month begin (usage days, resets, the times in replies)."""
+
+    @field_validator("timezone")
+    @classmethod
+    def _check_zone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{value!r} is not an IANA time zone (e.g. 'UTC', 'Asia/Shanghai')") from None
+        return value
+
+
 class TelemetryConfig(_Section):
     """Tracing (OpenTelemetry, GenAI semantic conventions). Metrics are always at ``/metrics``."""
 
@@ -640,6 +668,7 @@ class GatewayConfig(BaseSettings):
     web: WebConfig = Field(default_factory=WebConfig)
     access: AccessConfig = Field(default_factory=AccessConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     i18n: I18nConfig = Field(default_factory=I18nConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)

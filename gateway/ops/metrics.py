@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from agent.budget import Limits
 from agent.model import ChatModel, ModelReply, OnText, Usage
+from gateway.core.providers import DEFAULT_PROVIDER
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -70,6 +71,8 @@ class GatewayMetrics:
                                           registry=r)
         self.provider_tokens = Counter("gateway_provider_tokens", "Tokens of the answers of each provider and model "
                                        "(input, output, cached_input)", [*labels, "kind"], registry=r)
+        self.provider_cost = Counter("gateway_provider_cost_usd", "Cost in USD of the answers of each provider and "
+                                     "model, at the configured price (cache discount included)", labels, registry=r)
         self.provider_available = Gauge("gateway_provider_available", "1 while calls may go to the provider (ok, "
                                         "half-open), 0 while it cools down after a 429, its circuit is open or it is "
                                         "down (401/403)", ["provider"], registry=r)
@@ -149,7 +152,9 @@ class MeteredModel:
         answered = reply.model or self.model
         self._metrics.model_seconds.labels(answered, "ok").observe(time.monotonic() - started)
         price = self._limits.price_of(answered, reply.provider)
-        self._metrics.observe_usage(answered, reply.usage, price.cost(reply.usage) if price is not None else 0.0)
+        cost = price.cost(reply.usage) if price is not None else 0.0
+        self._metrics.observe_usage(answered, reply.usage, cost)
+        self._metrics.provider_cost.labels(reply.provider or DEFAULT_PROVIDER, answered).inc(cost)
         return reply
 
     def __getattr__(self, name: str) -> Any:

@@ -11,6 +11,7 @@ push into a chat whose session is busy is delivered anyway (the outbox keeps onl
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -27,7 +28,7 @@ from gateway.delivery.files import REPLY_TARGET, transcript_refs
 from gateway.delivery.progress import resumed_state
 from gateway.scheduler.planner import job_schedule, local_time
 from gateway.scheduler.store import Job, JobStore, RunClaim
-from gateway.store.sql import StoredMessage
+from gateway.store.sql import StoredMessage, UsageEntry
 
 log = logging.getLogger("gateway.scheduler.push_run")
 
@@ -79,9 +80,26 @@ class PushRunner:
 
         final: list[int] = []  # the row id of the latest answer without tool calls
 
+        chat_key = f"{job.target.platform}:{job.target.tenant}:{job.target.chat_id}"
+
+        children: list[UsageEntry] = []  # sub-agents' model calls, stored with the next message
+        children_lock = threading.Lock()
+
+        def child_usage(usage: Usage, meta: dict[str, Any]) -> None:
+            entry = self.turns.usage_entry(usage, meta, user_id=None, chat_key=chat_key, session_key=f"job:{job.id}",
+                                           platform=job.target.platform)
+            with children_lock:
+                children.append(entry)
+
         def record(msg: dict[str, Any], usage: Usage | None, meta: dict[str, Any] | None) -> None:
+            entries = [] if usage is None else [self.turns.usage_entry(  # counted, under no user
+                usage, meta, user_id=None, chat_key=chat_key, session_key=f"job:{job.id}",
+                platform=job.target.platform)]
+            with children_lock:
+                entries += children
+                children.clear()
             row_id = self.turns.store.append_message(
-                session_id, turn_id, msg["role"], msg.get("content"),
+                session_id, turn_id, msg["role"], msg.get("content"), usage=entries,
                 tool_calls=msg.get("tool_calls"), tool_call_id=msg.get("tool_call_id"), meta=meta,
                 prompt_tokens=usage.prompt_tokens if usage else None,
                 completion_tokens=usage.completion_tokens if usage else None,
@@ -97,7 +115,7 @@ class PushRunner:
                                limits=self.turns.limits, record=record, should_stop=lost,
                                context=RunContext(session_id=session_id, turn_id=turn_id,
                                                   approver=self._deny_unattended,
-                                                  state=resumed_state(window, turn_id)))
+                                                  state=resumed_state(window, turn_id), on_child_usage=child_usage))
         except ModelError as exc:
             log.warning("push run %s of job %s failed: %s", claim.run_id, job.id, exc)
             return self._fail(claim, exc.user_message, once)

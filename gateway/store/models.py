@@ -97,6 +97,7 @@ class InboxRow(Base):
         UniqueConstraint("platform", "tenant", "platform_message_id", name="uq_inbox_platform_message"),
         Index("ix_inbox_key_status_id", "session_key", "status", "id"),
         Index("ix_inbox_status", "status"),
+        Index("ix_inbox_user_received", "user_id", "received_at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -525,6 +526,59 @@ class AttachmentRow(Base):
     mime_type: Mapped[str] = mapped_column(String(255))
     size: Mapped[int] = mapped_column(BigInteger)
     name: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class UsageRow(Base):
+    """One model call's tokens and cost, written in the transaction that writes the call's
+    assistant message (``Store.append_messages``, ``Store.finish_turn``): a step is counted exactly
+    once, as its message is stored once (``call_key`` = ``message:<messages.id>``, unique). Kept when
+    the session is deleted (what was spent stays spent). Summed by ``gateway.ops.usage``: per
+    user, chat, provider and model, per ``day`` (``YYYY-MM-DD`` in ``limits.timezone`` when the call
+    was made; a month is the range of its days)."""
+
+    __tablename__ = "usage"
+    __table_args__ = (
+        UniqueConstraint("call_key", name="uq_usage_call"),
+        Index("ix_usage_user_day", "user_id", "day"),
+        Index("ix_usage_chat_day", "chat_key", "day"),
+        Index("ix_usage_day", "day"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    call_key: Mapped[str] = mapped_column(String(96))
+    turn_id: Mapped[str | None] = mapped_column(String(64))
+    user_id: Mapped[str | None] = mapped_column(String(32))
+    """The requester (``inbox.user_id``); ``None`` for a scheduled report's run."""
+    chat_key: Mapped[str] = mapped_column(String(255))
+    """``platform:tenant:chat_id`` of the chat the turn answered (as ``outbox.chat_key``)."""
+    session_key: Mapped[str | None] = mapped_column(String(255))
+    platform: Mapped[str] = mapped_column(String(32))
+    provider: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(128))
+    day: Mapped[str] = mapped_column(String(10))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    """Every prompt token, cached ones included (as the API reports them)."""
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    """Of ``prompt_tokens``, those served from the provider's cache (not counted again)."""
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    """At the configured price when the call was made, cache discount included."""
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class LimitNoticeRow(Base):
+    """That a user (or chat) over a limit was told so, once per ``period`` (``gateway.ops.usage``):
+    the messages after it get no reply until the period changes. ``inbox_id`` is the message that
+    was answered, so a rerun of that turn after a crash answers it again (the outbox dedupes)."""
+
+    __tablename__ = "limit_notices"
+
+    subject: Mapped[str] = mapped_column(String(255), primary_key=True)
+    """``user:<id>`` or ``chat:<chat key>``."""
+    limit_name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    period: Mapped[str] = mapped_column(String(32), primary_key=True)
+    inbox_id: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import random
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from gateway.store.models import (
     SessionAddressRow,
     SessionRow,
     SummaryRow,
+    UsageRow,
     table,
 )
 from gateway.store.text import storable, storable_text
@@ -93,6 +95,7 @@ _job_runs = table(JobRunRow)
 SETTLED = frozenset({"sent", "unconfirmed", "failed"})
 """Final outbox states; a scheduled report's run takes its outbox row's final state."""
 _summaries = table(SummaryRow)
+_usage = table(UsageRow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +150,37 @@ class OpenSession:
 
 
 @dataclass(frozen=True, slots=True)
+class UsageEntry:
+    """One model call's usage, stored with its assistant message (a ``usage`` row keyed by the
+    message's id). Tokens as the API reported them (``cached_tokens`` are part of
+    ``prompt_tokens``); ``cost_usd`` at the configured price; ``day`` is ``YYYY-MM-DD`` in
+    ``limits.timezone``; ``chat_key`` is ``platform:tenant:chat_id``."""
+
+    user_id: str | None
+    chat_key: str
+    session_key: str | None
+    platform: str
+    provider: str
+    model: str
+    day: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
+@dataclass(frozen=True, slots=True)
 class NewMessage:
     """A transcript message to append: ``fields`` holds the optional columns (``tool_calls``,
-    ``tool_call_id``, ``meta``, ``platform_message_id``, token counts)."""
+    ``tool_call_id``, ``meta``, ``platform_message_id``, token counts); ``usage``: the ``usage`` rows
+    written in the same transaction, keyed by the message (an assistant message's own model call,
+    and the sub-agent calls made before it was stored)."""
 
     turn_id: str | None
     role: str
     content: str | None
     fields: dict[str, Any]
+    usage: Sequence[UsageEntry] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,12 +467,12 @@ class Store:
 
     @retry_locked
     def append_message(self, session_id: str, turn_id: str | None, role: str, content: str | None,
-                       **fields: Any) -> int:
-        """Appends one transcript message; returns its id. ``fields``: ``tool_calls``,
-        ``tool_call_id``, ``name``, ``meta``, ``platform_message_id``, ``prompt_tokens``,
-        ``completion_tokens``."""
+                       usage: Sequence[UsageEntry] = (), **fields: Any) -> int:
+        """Appends one transcript message (and its ``usage`` rows, see ``NewMessage``); returns its id.
+        ``fields``: ``tool_calls``, ``tool_call_id``, ``name``, ``meta``, ``platform_message_id``,
+        ``prompt_tokens``, ``completion_tokens``."""
         with write_tx(self.engine) as conn:
-            return self._append(conn, session_id, [NewMessage(turn_id, role, content, fields)])[0]
+            return self._append(conn, session_id, [NewMessage(turn_id, role, content, fields, usage)])[0]
 
     @retry_locked
     def add_meta(self, message_id: int, values: dict[str, Any]) -> None:
@@ -472,6 +498,9 @@ class Store:
             result = conn.execute(q.INSERT_MESSAGE, {"session_id": session_id, "turn_id": m.turn_id, "role": m.role,
                                                      "content": content, "created_at": now, **m.fields})
             ids.append(int(result.inserted_primary_key[0]))
+            for number, used in enumerate(m.usage):  # counted once: with the message, keyed by its id
+                conn.execute(insert(_usage).values(call_key=f"message:{ids[-1]}" + (f":{number}" if number else ""),
+                                                   turn_id=m.turn_id, created_at=now, **dataclasses.asdict(used)))
         first_user = next((m.content for m in messages if m.role == "user" and m.content), None)
         if first_user:  # the session's title: its first user message, whichever write carries it
             conn.execute(q.SET_TITLE, {"b_session": session_id, "b_title": " ".join(first_user.split())[:80]})
@@ -493,13 +522,21 @@ class Store:
 
     @retry_locked
     def save_summary(self, session_id: str, covers_to_id: int, text: str, prompt_tokens: int | None = None,
-                     completion_tokens: int | None = None) -> None:
+                     completion_tokens: int | None = None, usage: Sequence[UsageEntry] = ()) -> None:
         """Stores a summary of every message of ``session_id`` with ``id <= covers_to_id``; later
-        turns load it instead of those messages."""
+        turns load it instead of those messages. ``usage``: the summary call's ``usage`` row, written
+        in the same transaction (keyed ``summary:<id>``)."""
+        now = time.time()
         with write_tx(self.engine) as conn:
-            conn.execute(insert(_summaries).values(session_id=session_id, covers_to_id=covers_to_id, text=text,
-                                                   prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                                   created_at=time.time()))
+            result = conn.execute(insert(_summaries).values(
+                session_id=session_id, covers_to_id=covers_to_id, text=text, prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens, created_at=now))
+            key = result.inserted_primary_key
+            assert key is not None
+            summary_id = int(key[0])
+            for number, used in enumerate(usage):
+                conn.execute(insert(_usage).values(call_key=f"summary:{summary_id}" + (f":{number}" if number else ""),
+                                                   turn_id=None, created_at=now, **dataclasses.asdict(used)))
 
     def latest_summary(self, session_id: str) -> Summary | None:
         """The session's newest summary, or ``None``."""
