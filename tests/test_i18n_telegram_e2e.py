@@ -80,6 +80,28 @@ async def test_the_pairing_reply_is_in_the_users_language(tmp_path, fake_telegra
     assert "/approve_user " in reply
 
 
+async def test_a_chinese_user_over_the_daily_limit_is_told_in_chinese_and_the_model_is_not_asked(
+        tmp_path, fake_telegram, fake_openai, running):
+    """The spending limit's reply (``limits.user_daily_usd``) in the sender's language, its figures
+    and reset time filled in; no model request for the refused message."""
+    from datetime import UTC, datetime, timedelta
+
+    fake_openai.reset()
+    fake_openai.responder = lambda request: oa.text("巴黎。", usage=oa.usage(1500, 20, cached_tokens=1000))
+    price = {"input": 10.0, "cached_input": 1.0, "output": 100.0}  # $0.0080 for that call
+    config = gateway_config(tmp_path, fake_openai, fake_telegram, agent={"prices": {"gpt-4o-mini": price}},
+                            limits={"user_daily_usd": 0.005})
+    await start_gateway(config, running)
+    chat = 5559231
+    fake_telegram.inject(in_language(dm_update("法国的首都？", 9331, user_id=chat), "zh-hans"))
+    assert (await answered(fake_telegram, chat, 1)) == ["巴黎。"]
+    fake_telegram.inject(in_language(dm_update("西班牙呢？", 9332, user_id=chat), "zh-hans"))
+    reply = (await answered(fake_telegram, chat, 2))[1]
+    tomorrow = f"{(datetime.now(UTC) + timedelta(days=1)).date().isoformat()} 00:00 UTC"
+    assert reply == f"💸 你今天的预算已用完（$0.0050 中已用 $0.0080），所以我没有回答。额度将于 {tomorrow} 重置。"
+    assert len(fake_openai.requests) == 1
+
+
 async def test_the_language_command_persists_across_instances(tmp_path, fake_telegram, fake_openai, running):
     """``/language en`` by a Chinese client is stored with the user (``users.language``): a second
     gateway on the same database answers in English; ``/language auto`` goes back to the app's language.

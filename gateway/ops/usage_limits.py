@@ -20,6 +20,7 @@ from sqlalchemy import Connection, Engine, and_, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from gateway.core.config import LimitsConfig
+from gateway.core.i18n import _
 from gateway.ops.usage import Calendar, Totals, UsageLedger, spent
 from gateway.ops.usage_texts import LIMIT_REPLIES
 from gateway.store.db import read_tx, write_tx
@@ -113,7 +114,7 @@ class UsageLimits:
         for name, limit, subject, scope, reset in checks:
             cost = spent(conn, **scope)
             if cost >= limit:
-                text = LIMIT_REPLIES[name].format(spent=usd(cost), limit=usd(limit), reset=reset)
+                text = _(LIMIT_REPLIES[name], spent=usd(cost), limit=usd(limit), reset=reset)
                 return Refusal(name, text, subject, notice_period)
         return None
 
@@ -131,8 +132,8 @@ class UsageLimits:
             return None
         reset = float(oldest) + WINDOW_S  # the oldest counted message leaves the window
         wait = max(1, int(reset - self.clock() + 0.999))
-        text = LIMIT_REPLIES["user_messages_per_minute"].format(
-            limit=limit, reset=self.calendar.show(datetime.fromtimestamp(reset, UTC), seconds=True), wait=wait)
+        text = _(LIMIT_REPLIES["user_messages_per_minute"],
+                 limit=limit, reset=self.calendar.show(datetime.fromtimestamp(reset, UTC), seconds=True), wait=wait)
         return Refusal("user_messages_per_minute", text, f"user:{user_id}", f"until {reset:.3f}")
 
     def tell(self, refusal: Refusal, inbox_id: int) -> bool:

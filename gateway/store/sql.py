@@ -6,9 +6,9 @@ never directly on the main loop (DESIGN §2).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
-import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Sequence
