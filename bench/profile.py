@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+_REPO = str(Path(__file__).resolve().parents[1]) + "/"
+"""This checkout's root: frames of the project's own files are shown relative to it."""
 _FRAME = re.compile(r"^(?P<fn>.*?) \((?P<file>[^:()]*)(?::\d+)?\)$")
 
 
@@ -29,12 +31,10 @@ def _name(frame: str) -> str:
     if not found:
         return frame.strip()
     path = found["file"]
-    for marker in ("site-packages/", "/lib/python3", "/work/"):
+    for marker in ("site-packages/", "/lib/python3", _REPO):
         if marker in path:
             path = path.split(marker, 1)[1]
             break
-    if path.startswith(".") or "/" not in path:
-        pass
     return f"{found['fn']} ({'/'.join(path.split('/')[-3:])})"
 
 
