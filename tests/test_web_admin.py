@@ -301,3 +301,29 @@ async def test_a_logout_on_one_instance_ends_the_session_on_another_and_a_new_pa
 def _cookie_of(operator: Operator) -> str:
     value = next(c.value for c in operator.http.cookie_jar if c.key == "gw_admin")
     return f"gw_admin={value}"
+
+
+async def test_bodies_that_are_not_forms_get_400_not_a_server_error(tmp_path, fake_openai, running):
+    """Bytes not in the form's charset, an unknown charset, a broken multipart body and a CSRF
+    token with non-ASCII characters, before and after login: a 400 or 403, never a 500."""
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    operator = Operator(base_of(gateway))
+    bad = [("application/x-www-form-urlencoded", b"\xff"),
+           ("application/x-www-form-urlencoded; charset=bogus-charset", b"password=x"),
+           ("multipart/form-data; boundary=x", b"garbage")]
+    try:
+        await operator.get("/admin/login")
+        for path in ("/admin/login", "/admin/logout"):
+            for content_type, body in bad:
+                async with operator.http.post(base_of(gateway) + path, data=body, allow_redirects=False,
+                                              headers={"Content-Type": content_type}) as response:
+                    assert response.status == 400, (path, content_type, response.status)
+        await operator.login()
+        async with operator.http.post(base_of(gateway) + "/admin/logout", data=b"csrf=%ff&x=%ff",
+                                      headers={"Content-Type": "application/x-www-form-urlencoded"},
+                                      allow_redirects=False) as response:
+            assert response.status == 403
+        status, _, _ = await operator.get("/admin/sessions")
+        assert status == 200  # still logged in: nothing happened
+    finally:
+        await operator.http.close()

@@ -100,4 +100,4 @@ class AdminAuth:
         nonce = request.cookies.get(NONCE_COOKIE)
         if not nonce or not isinstance(token, str) or not token:
             return False
-        return hmac.compare_digest(token, self.csrf_token(nonce))
+        return hmac.compare_digest(token.encode("utf-8", "surrogatepass"), self.csrf_token(nonce).encode())

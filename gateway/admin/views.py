@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 from aiohttp import web
+from aiohttp.web_request import FileField
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from multidict import MultiDictProxy
 
 from agent.model import Usage
 from gateway.admin.auth import CSRF_FIELD, AdminAuth
@@ -130,7 +132,7 @@ class AdminSite:
     def _action(self, handler: Action) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         @functools.wraps(handler)
         async def action(request: web.Request) -> web.StreamResponse:
-            form = await request.post()
+            form = await _read_form(request)
             if not await self._logged_in(request):
                 return web.Response(status=403, text="Not logged in: open /admin/login first.")
             if not self.auth.csrf_ok(request, form.get(CSRF_FIELD)):
@@ -159,7 +161,7 @@ class AdminSite:
                             error=None)
 
     async def _login(self, request: web.Request) -> web.StreamResponse:
-        form = await request.post()
+        form = await _read_form(request)
         if not self.auth.csrf_ok(request, form.get(CSRF_FIELD)):
             return web.Response(status=403, text="CSRF token missing or wrong: reload the page and try again.")
         target = _safe_next(str(form.get("next", "")))
@@ -321,6 +323,21 @@ class AdminSite:
         return self.price.cost(Usage(prompt_tokens=row["prompt_tokens"] or 0,
                                      completion_tokens=row["completion_tokens"] or 0,
                                      cached_tokens=row.get("cached_tokens") or 0)), True
+
+
+
+async def _read_form(request: web.Request) -> MultiDictProxy[str | bytes | bytearray | FileField]:
+    """The POST's form fields; a body that is not a readable form (bytes that are not in its
+    charset, an unknown charset, a broken multipart body) is answered 400, never a 500.
+
+    Raises:
+        web.HTTPBadRequest: the body cannot be read as a form.
+    """
+    try:
+        return await request.post()
+    except (UnicodeDecodeError, LookupError, ValueError, AssertionError) as exc:
+        problem = type(exc).__name__
+        raise web.HTTPBadRequest(text=f"The form could not be read ({problem}): send it from the page.") from None
 
 
 def _safe_next(target: str | None) -> str:
