@@ -219,3 +219,16 @@ def test_the_filter_never_raises_and_never_lets_an_unchecked_record_through():
     record = logging.LogRecord("x", logging.WARNING, __file__, 1, "token %s", (Broken(),), None)
     assert RedactSecrets(["hook-secret-value-0001"]).filter(record) is True
     assert record.getMessage() == UNCHECKED and record.exc_info is None
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    (b'[database\nurl = "x"\n', "is not valid TOML: Expected ']' at the end of a table declaration (at line 1"),
+    (b'[llm]\nmodel = "\xff"\n', "is not UTF-8 (byte 15)"),
+])
+def test_a_broken_config_file_is_one_line_and_exit_2(tmp_path, body, expected):
+    path = tmp_path / "gateway.toml"
+    path.write_bytes(body)
+    result = run_gateway(path, {})
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: config file {path} {expected}"), result.stderr

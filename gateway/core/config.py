@@ -753,7 +753,8 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
     """Loads the TOML file at ``path`` (or ``$GATEWAY_CONFIG``; none is fine) with env overrides.
 
     Raises:
-        ConfigError: the file is missing or a value is invalid (message says which key).
+        ConfigError: the file is missing, unreadable, not UTF-8 or not TOML (message says where),
+            or a value is invalid (message says which key).
     """
     from pydantic import ValidationError
 
@@ -761,6 +762,17 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
     toml_path = Path(path) if path else None
     if toml_path is not None and not toml_path.is_file():
         raise ConfigError(f"config file not found: {toml_path}")
+    if toml_path is not None:  # read once here so a broken file is one clear line, not a traceback
+        import tomllib
+
+        try:
+            tomllib.loads(toml_path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {toml_path} is not UTF-8 (byte {exc.start})") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {toml_path} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {toml_path} cannot be read: {exc.strerror}") from None
 
     class _Loaded(GatewayConfig):
         model_config = SettingsConfigDict(toml_file=toml_path)
