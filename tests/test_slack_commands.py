@@ -106,3 +106,17 @@ def test_the_deploy_manifest_is_what_the_default_configuration_serves():
 def test_the_preview_mark_is_the_gateways():
     assert PREVIEW_MARK == PREVIEW_SUFFIX
     assert without_mark("half a sentence" + PREVIEW_SUFFIX) == "half a sentence"
+
+
+def test_a_menu_description_splits_into_what_it_does_and_its_usage_hint():
+    """Slack shows ``description`` and ``usage_hint`` side by side: an admins-only aside keeps its
+    words, the arguments go to the hint (never half a parenthesis in each)."""
+    from adapters.slack.manifest import split_usage
+
+    assert split_usage("model", "This chat's model (admins: /model NAME)") == ("This chat's model (admins)", "NAME")
+    assert split_usage("resume", "Continue a conversation: /resume ID") == ("Continue a conversation", "ID")
+    assert split_usage("new", "Start a fresh conversation") == ("Start a fresh conversation", "")
+    manifest = slack_manifest(load_config(None), SLACK_URL_EXAMPLE)
+    for entry in manifest["features"]["slash_commands"]:
+        assert entry["description"].count("(") == entry["description"].count(")"), entry
+        assert entry.get("usage_hint", "").count("(") == entry.get("usage_hint", "").count(")"), entry

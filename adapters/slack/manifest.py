@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -33,11 +34,24 @@ BOT_EVENTS: tuple[str, ...] = (
 """The bot events the adapter listens to (every other event it gets is acked and ignored)."""
 
 
+def split_usage(name: str, description: str) -> tuple[str, str]:
+    """A menu description split into what the command does and what follows it (Slack's
+    ``usage_hint``): ``"Continue a conversation: /resume ID"`` -> ``("Continue a conversation", "ID")``,
+    ``"This chat's model (admins: /model NAME)"`` -> ``("This chat's model (admins)", "NAME")``,
+    ``"Start a fresh conversation"`` -> (unchanged, ``""``)."""
+    aside = re.fullmatch(rf"(.*?)\s*\(([^()]*?):\s*/{re.escape(name)} ([^()]+)\)", description)
+    if aside:
+        return f"{aside[1]} ({aside[2]})", aside[3].strip()
+    marker = f": /{name} "
+    if marker in description:
+        head, hint = description.split(marker, 1)
+        return head, hint.strip()
+    return description, ""
+
+
 def usage_hint(name: str, description: str) -> str:
-    """What follows the command in its menu description (``"Continue a conversation: /resume ID"``
-    -> ``"ID"``), ``""`` when it takes nothing."""
-    marker = f"/{name} "
-    return description.split(marker, 1)[1].strip() if marker in description else ""
+    """What follows the command in its menu description (``split_usage``), ``""`` when nothing."""
+    return split_usage(name, description)[1]
 
 
 def build_manifest(commands: Iterable[tuple[str, str, str]], *, mode: str, request_url: str,
@@ -56,9 +70,8 @@ def build_manifest(commands: Iterable[tuple[str, str, str]], *, mode: str, reque
     events = mode == "events"
     slash = []
     for slack_name, command, description in commands:
-        entry: dict[str, Any] = {"command": slack_name, "description": description.split(": /", 1)[0][:2000],
-                                 "should_escape": False}
-        hint = usage_hint(command, description)
+        said, hint = split_usage(command, description)
+        entry: dict[str, Any] = {"command": slack_name, "description": said[:2000], "should_escape": False}
         if hint:
             entry["usage_hint"] = hint
         if events:
