@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_demo_prints_the_conversation_and_nothing_else(tmp_path, page_server):
     lines = ["hello there", "my favourite colour is teal, keep that in mind please",
-             f"what does {page_server.url}/page say?"]
+             f"what does {page_server.url}/page say?", "/help"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GATEWAY__HTTP__PORT": "0"}
     env.pop("DEMO_LOG", None)
     done = subprocess.run([sys.executable, "-m", "tests.fakes.demo"], input="\n".join(lines) + "\n", cwd=tmp_path,
@@ -27,7 +27,7 @@ def test_the_demo_prints_the_conversation_and_nothing_else(tmp_path, page_server
     assert re.fullmatch(r"Gateway running against fakes \(Telegram http://127\.0\.0\.1:\d+, model "
                         r"http://127\.0\.0\.1:\d+\); health: http://127\.0\.0\.1:\d+/healthz\. "
                         r"Type a message, Ctrl-D to quit\.", out[0])
-    assert out[1:] == [
+    assert out[1:14] == [
         "alice> hello there",
         "bot>   You said: hello there",
         f"alice> {lines[1]}",
@@ -42,6 +42,8 @@ def test_the_demo_prints_the_conversation_and_nothing_else(tmp_path, page_server
         "⦁ The release ships the durable inbox.",
         "⦁ Codename: amber-falcon-42.",
     ]
+    assert out[14:16] == ["alice> /help", "bot>   I am an AI assistant. Write to me in a DM, or mention me (or reply "
+                                           "to me) in a group."]  # a command, as Telegram's apps send it
     with sqlite3.connect(tmp_path / "data" / "demo.db") as db:
         assert db.execute("SELECT type, text FROM memories").fetchall() == [
             ("fact", "My favourite colour is teal, keep that in mind please")]

@@ -73,7 +73,11 @@ def environment(telegram: FakeTelegram, model: FakeOpenAI) -> dict[str, str]:
 def dm(text: str, message_id: int) -> dict[str, Any]:
     user = {"id": 5550001, "is_bot": False, "first_name": "Alice", "username": "alice_example"}
     chat = {"id": 5550001, "first_name": "Alice", "type": "private"}
-    return {"message": {"message_id": message_id, "from": user, "chat": chat, "date": int(time.time()), "text": text}}
+    message: dict[str, Any] = {"message_id": message_id, "from": user, "chat": chat, "date": int(time.time()),
+                               "text": text}
+    if text.startswith("/"):  # as Telegram's clients send a command: a bot_command entity over it
+        message["entities"] = [{"type": "bot_command", "offset": 0, "length": len(text.split()[0])}]
+    return {"message": message}
 
 
 def read_line(prompt: str = "alice> ") -> str:
