@@ -183,3 +183,14 @@ def test_a_language_choice_is_kept_with_the_user_and_follows_link_and_unlink(db_
         assert detached.user_id != other.user_id and detached.language == "zh_CN"
     finally:
         engine.dispose()
+
+
+def test_sentences_are_joined_as_each_language_writes_them():
+    """English puts a space between sentences, Chinese none (``/files`` once read "…文件。 文件在…")."""
+    from gateway.core.i18n import _, sentences, using
+
+    with using("zh_CN"):
+        text = sentences(_("I keep no files of yours."), _("Files are kept as long as their conversation."))
+        assert " " not in text and text.startswith("我没有保存你的文件。")
+    with using("en"):
+        assert sentences("One.", "", "Two.") == "One. Two."

@@ -589,11 +589,15 @@ class SlackAdapter:
             except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
                 log.debug("users.info %s failed: %s", uid, type(exc).__name__)
                 return
+            if not isinstance(user, dict):  # not the documented object: nothing to learn from it
+                log.warning("users.info %s: unexpected user of type %s", uid, type(user).__name__)
+                return
             if isinstance(user.get("locale"), str) and user["locale"]:
                 if len(self._locales) > _MAX_REMEMBERED:
                     self._locales.clear()
                 self._locales[uid] = (str(user["locale"]), now + NAME_TTL_S)
-            profile = user.get("profile") or {}
+            profile = user.get("profile")
+            profile = profile if isinstance(profile, dict) else {}
             name = profile.get("display_name") or profile.get("real_name") or user.get("real_name") or user.get("name")
             if name:
                 names[uid] = str(name)

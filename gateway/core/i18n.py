@@ -173,6 +173,13 @@ def ngettext(singular: str, plural: str, n: int, /, **values: Any) -> str:
     return text.format(**values) if values else text
 
 
+def sentences(*parts: str) -> str:
+    """Translated sentences joined as the current language writes them: a space between them in
+    English, nothing in Chinese (its full stop ``。`` ends a sentence without one)."""
+    glue = "" if _current.get().startswith("zh") else " "
+    return glue.join(part for part in parts if part)
+
+
 def translate(locale: str | None, message: str, /, **values: Any) -> str:
     """``message`` in ``locale`` (explicit, for texts made outside a reply: menus)."""
     with using(locale):

@@ -9,7 +9,7 @@ reads right; the model is then told the file is no longer stored.
 
 from __future__ import annotations
 
-from gateway.core.i18n import _, ngettext
+from gateway.core.i18n import _, ngettext, sentences
 from gateway.core.types import InboundMessage
 from gateway.media.index import MediaIndex
 from gateway.media.render import human_size
@@ -34,10 +34,10 @@ class MediaCommands:
             kept = (_("Files are deleted {days:g} days after they were sent.", days=self.retention_days)
                     if self.retention_days else _("Files are kept as long as their conversation."))
             if not files:
-                return _("I keep no files of yours.") + " " + kept
-            return (ngettext("I keep {n} file you sent ({size}).", "I keep {n} files you sent ({size}).", files,
-                             n=files, size=human_size(size))
-                    + " " + kept + " " + _("/forget_files deletes all of them now."))
+                return sentences(_("I keep no files of yours."), kept)
+            return sentences(ngettext("I keep {n} file you sent ({size}).", "I keep {n} files you sent ({size}).",
+                                      files, n=files, size=human_size(size)),
+                             kept, _("/forget_files deletes all of them now."))
         done = self.index.forget_user(user_id)
         if not done.files:
             return _("I keep no files of yours; nothing to delete.")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import re
 
-from gateway.core.i18n import N_, _
+from gateway.core.i18n import N_, _, sentences
 from gateway.core.types import InboundMessage
 from gateway.scheduler.planner import (
     TARGET_FORMS,
@@ -151,7 +151,7 @@ class JobCommands:
     def _list(self, requester: Requester) -> str:
         jobs = self.jobs.list_jobs(requester.key)
         if not jobs:
-            return _("You have no scheduled reports.") + " " + usage().splitlines()[0]
+            return sentences(_("You have no scheduled reports."), usage().splitlines()[0])
         last = self.jobs.last_runs([job.id for job in jobs])
         return _("Your scheduled reports:") + "\n" + "\n".join(describe_job(job, last.get(job.id)) for job in jobs)
 
