@@ -67,3 +67,16 @@ async def test_the_web_chat_follows_the_browsers_languages(tmp_path, fake_openai
         assert page.of("reply")[0]["text"] == NOTHING_TO_STOP_ZH  # no German catalog: the next language
     finally:
         await page.close()
+
+
+async def test_a_slack_slash_command_is_answered_in_the_users_locale(tmp_path, fake_slack, fake_openai, running):
+    """``/stop`` typed as a slash command (signed form POST): the locale comes from ``users.info``
+    as for messages, so the ephemeral answer is Chinese for a ``zh-CN`` user."""
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_slack=fake_slack), running)
+    fake_slack.users["U0LI000001"], fake_slack.locales["U0LI000001"] = "Li", "zh-CN"
+    shown = len(fake_slack.ephemeral)
+    fields = fake_slack.command_payload("/stop", user="U0LI000001", channel="D0LANGLI01")
+    delivery = await fake_slack.post_command(f"http://127.0.0.1:{gateway.http_port}/slack/events", fields)
+    assert delivery.status == 200
+    await wait_until(lambda: fake_slack.ephemeral[shown:], what="the ephemeral answer")
+    assert [a["text"] for a in fake_slack.ephemeral[shown:]] == [NOTHING_TO_STOP_ZH]

@@ -463,7 +463,8 @@ class SlackAdapter:
         inbox as the command message it stands for, then acked (empty: the answer comes
         ephemerally through the outbox). A raised store leaves it unacked (HTTP 500), so Slack tells
         the user it failed and nothing is half done. A command the gateway does not have is
-        acked with an ephemeral line saying so, nothing stored."""
+        acked with an ephemeral line saying so, nothing stored. The user's locale comes from
+        ``users.info`` as for messages (within ``NAME_LOOKUP_TIMEOUT_S``, well inside Slack's 3 s)."""
         if self._identity is None or self._sink is None:
             raise RuntimeError("slack adapter not started")
         result = command_to_inbound(body, self._slash or SlashCommands(()), self._identity.team_id)
@@ -471,6 +472,10 @@ class SlackAdapter:
             log.info("slack slash command %s is not one of ours; answered so", result[:40])
             await ack(response_type="ephemeral", text=f"{result[:40]} is not a command of this assistant.")
             return
+        await self._display_names({result.sender.user_id})  # its locale, as for messages (cached an hour)
+        locale = self._locales.get(result.sender.user_id)
+        if locale is not None and locale[1] > time.monotonic():
+            result = dataclasses.replace(result, language=locale[0])
         await self._sink(result)
         self._last_seen.pop(result.address, None)  # no message to react to: no stale 👀 on an older one
         await ack()
