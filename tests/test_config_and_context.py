@@ -100,3 +100,16 @@ def test_context_window_settings_are_checked():
     assert policy.compress_at == 4800 and policy.hard_limit == 7200
     with pytest.raises(ValueError):
         LlmConfig(compress_threshold=0.95)
+
+
+def test_a_typo_in_an_environment_override_or_a_chat_rules_platform_is_an_error(monkeypatch):
+    """``GATEWAY__NOSUCH__KEY`` names no section and ``platform = "slak"`` no platform: both would
+    otherwise be ignored silently (the README promises unknown keys are errors)."""
+    monkeypatch.setenv("GATEWAY__NOSUCH__KEY", "1")
+    with pytest.raises(ConfigError, match="unknown setting in the environment: GATEWAY__NOSUCH__KEY"):
+        load_config(None)
+    monkeypatch.delenv("GATEWAY__NOSUCH__KEY")
+    monkeypatch.setenv("GATEWAY__HTTP__PORT", "8123")  # a real section still works
+    assert load_config(None).http.port == 8123
+    with pytest.raises(ConfigError, match=r"chats\.0\.platform"):
+        load_config(None, chats=[{"platform": "slak", "persona": "terse"}])

@@ -50,8 +50,9 @@ class ChatRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    platform: str | None = None
-    """``telegram``, ``slack``, ``feishu``, ``web``, ``local``."""
+    platform: Literal["telegram", "slack", "feishu", "web", "local"] | None = None
+    """``telegram``, ``slack``, ``feishu`` (Lark too), ``web``, ``local``: a typo is a start-up error,
+    not a rule that never matches."""
     chat: str | None = None
     """The platform's chat id (``-1001234567890``, ``C0123``, ``oc_…``)."""
     thread: str | None = None

@@ -774,6 +774,12 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
         except OSError as exc:
             raise ConfigError(f"config file {toml_path} cannot be read: {exc.strerror}") from None
 
+    stray = sorted(name for name in os.environ if name.upper().startswith("GATEWAY__")
+                   and name[len("GATEWAY__"):].split("__")[0].lower() not in GatewayConfig.model_fields)
+    if stray:  # pydantic-settings skips variables that name no field; a typo must not go unnoticed
+        raise ConfigError(f"unknown setting in the environment: {stray[0]} (GATEWAY__<SECTION>__<KEY>; "
+                          f"no {stray[0][len('GATEWAY__'):].split('__')[0].lower()!r} in the configuration)")
+
     class _Loaded(GatewayConfig):
         model_config = SettingsConfigDict(toml_file=toml_path)
 
