@@ -138,7 +138,8 @@ def test_several_workers_on_sqlite_are_refused_with_one_line(tmp_path):
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: --workers 3 needs PostgreSQL"), done.stderr
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: 3 workers (--workers or the workers key) need PostgreSQL"), done.stderr
     assert not (tmp_path / "gw.db").exists()
 
 

@@ -74,9 +74,10 @@ def check_workers(config: GatewayConfig, workers: int) -> None:
     """Raises ``ConfigError`` (one line) when ``workers`` processes cannot share this configuration:
     fewer than 1 or more than ``MAX_WORKERS``, or several on SQLite."""
     if not 1 <= workers <= MAX_WORKERS:
-        raise ConfigError(f"--workers must be between 1 and {MAX_WORKERS}, not {workers}")
+        raise ConfigError(f"workers (--workers or the workers key) must be between 1 and {MAX_WORKERS}, not {workers}")
     if workers > 1 and make_url(config.database.url).get_backend_name() == "sqlite":
-        raise ConfigError(f"--workers {workers} needs PostgreSQL (database.url): SQLite has one write lock, "
+        raise ConfigError(f"{workers} workers (--workers or the workers key) need PostgreSQL (database.url): "
+                          "SQLite has one write lock, "
                           "so more processes wait for each other instead of answering faster; "
                           "run one process on SQLite")
 

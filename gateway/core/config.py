@@ -786,8 +786,9 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
     try:
         loaded = _Loaded(**overrides)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        problems = "; ".join(  # a check of the whole file has no key to name (``loc`` empty)
+            (f"{'.'.join(str(p) for p in err['loc'])}: " if err["loc"] else "")
+            + err["msg"].removeprefix("Value error, ") for err in exc.errors()
         )
         raise ConfigError(f"invalid configuration: {problems}") from None
     return GatewayConfig.model_validate(loaded.model_dump())
