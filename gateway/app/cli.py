@@ -272,10 +272,19 @@ def _command(config: GatewayConfig, args: argparse.Namespace) -> int:
     elif args.command == "pairing":
         return _approve(config, args.code)
     elif args.command == "slack-manifest":
+        from urllib.parse import urlsplit
+
         import yaml
 
         from gateway.app.wiring import slack_manifest
 
+        if config.slack.mode == "events":
+            where = urlsplit(args.url)
+            if where.scheme != "https" or not where.hostname:
+                raise ConfigError(f"--url must be the public https URL of /slack/events, not {args.url!r}")
+            if args.url == SLACK_URL_EXAMPLE:
+                print(f"note: no --url given: the manifest names {SLACK_URL_EXAMPLE}; pass "
+                      "--url https://your.host/slack/events", file=sys.stderr)
         print(MANIFEST_HEADER + yaml.safe_dump(slack_manifest(config, args.url), sort_keys=False, allow_unicode=True),
               end="")
     elif args.command == "doctor":
