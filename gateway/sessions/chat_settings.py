@@ -11,12 +11,13 @@ change applies to the next message.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -29,6 +30,7 @@ from gateway.core.i18n import N_, _
 from gateway.core.providers import DEFAULT_ROUTE
 from gateway.core.types import InboundMessage
 from gateway.store.db import read_tx, write_tx
+from gateway.store.fast import execute as run
 from gateway.store.models import ChatSettingRow, table
 from gateway.store.sql import Store, retry_locked
 from gateway.tools.catalog import expand_toolset
@@ -70,19 +72,45 @@ OFF_WORDS = frozenset({"off", "none", "default", "-"})
 """``/persona off`` (or one of these) removes the chat's persona."""
 
 
+_GET = select(*(getattr(_chat_settings.c, n) for n in OVERRIDABLE)).where(
+    _chat_settings.c.platform == bindparam("b_platform"), _chat_settings.c.tenant == bindparam("b_tenant"),
+    _chat_settings.c.chat_id == bindparam("b_chat"))
+
+CACHE_S = 1.0
+"""How long a chat's settings read from the database are reused by this process (a message is
+read about four times on its way: receive, lane, new session). A change made through this process
+applies at once; one made through another instance within this long."""
+
+CACHE_MAX = 10_000
+"""Chats whose settings are cached at most (the oldest half is dropped beyond it)."""
+
+
 class ChatOverrides:
     """The ``chat_settings`` table: what admins set in chats, one row per chat (all its threads)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, cache_s: float = CACHE_S) -> None:
         self.engine = engine
+        self.cache_s = cache_s
+        self._cache: dict[tuple[str, str, str], tuple[float, dict[str, str]]] = {}
+        self._lock = threading.Lock()
 
     def get(self, platform: str, tenant: str, chat_id: str) -> dict[str, str]:
-        """The settings set in the chat (``route``, ``persona``, ``busy_policy``; unset ones left out)."""
+        """The settings set in the chat (``route``, ``persona``, ``busy_policy``; unset ones left out);
+        a read at most ``cache_s`` old (see ``CACHE_S``)."""
+        key = (platform, tenant, chat_id)
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached is not None and now - cached[0] < self.cache_s:
+            return dict(cached[1])
         with read_tx(self.engine) as conn:
-            row = conn.execute(select(*(getattr(_chat_settings.c, n) for n in OVERRIDABLE)).where(
-                _chat_settings.c.platform == platform, _chat_settings.c.tenant == tenant,
-                _chat_settings.c.chat_id == chat_id)).first()
-        return {} if row is None else {n: v for n, v in zip(OVERRIDABLE, row, strict=True) if v is not None}
+            row = run(conn, _GET, {"b_platform": platform, "b_tenant": tenant, "b_chat": chat_id}).first()
+        found = {} if row is None else {n: v for n, v in zip(OVERRIDABLE, row, strict=True) if v is not None}
+        with self._lock:
+            if len(self._cache) >= CACHE_MAX:
+                for old in list(self._cache)[: CACHE_MAX // 2]:
+                    del self._cache[old]
+            self._cache[key] = (now, found)
+        return dict(found)
 
     @retry_locked
     def set(self, platform: str, tenant: str, chat_id: str, name: str, value: str | None, by: str) -> None:
@@ -93,6 +121,8 @@ class ChatOverrides:
         """
         if name not in OVERRIDABLE:
             raise ValueError(f"not a chat setting: {name}")
+        with self._lock:
+            self._cache.pop((platform, tenant, chat_id), None)
         where = (_chat_settings.c.platform == platform, _chat_settings.c.tenant == tenant,
                  _chat_settings.c.chat_id == chat_id)
         values = {name: value, "updated_by": by, "updated_at": time.time()}
@@ -104,6 +134,9 @@ class ChatOverrides:
         except IntegrityError:  # another instance inserted the chat's row meanwhile: ours goes over it
             with write_tx(self.engine) as conn:
                 conn.execute(update(_chat_settings).where(*where).values(**values))
+        finally:
+            with self._lock:
+                self._cache.pop((platform, tenant, chat_id), None)
 
 
 @dataclass(frozen=True)

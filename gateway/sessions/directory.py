@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from gateway.core.i18n import _
 from gateway.core.types import InboundMessage
 from gateway.store.db import read_tx, write_tx
+from gateway.store.fast import execute as run
 from gateway.store.models import (
     CodeRow,
     IdentityRow,
@@ -130,15 +131,15 @@ class Directory:
         """The sender's user; creates the user and identity on first contact."""
         address, sender = message.address, message.sender
         with read_tx(self.engine) as conn:
-            row = conn.execute(_IDENTIFY, {"b_platform": address.platform, "b_tenant": address.tenant,
+            row = run(conn, _IDENTIFY, {"b_platform": address.platform, "b_tenant": address.tenant,
                                            "b_user": sender.user_id}).first()
         if row is not None:
             return Identity(row.user_id, bool(row.approved), row.language)
         user_id, now = uuid.uuid4().hex, time.time()
         try:
             with write_tx(self.engine) as conn:
-                conn.execute(_INSERT_USER, {"id": user_id, "approved": False, "created_at": now})
-                conn.execute(_INSERT_IDENTITY, {
+                run(conn, _INSERT_USER, {"id": user_id, "approved": False, "created_at": now})
+                run(conn, _INSERT_IDENTITY, {
                     "user_id": user_id, "platform": address.platform, "tenant": address.tenant,
                     "platform_user_id": sender.user_id, "display_name": sender.display_name or sender.username,
                     "created_at": now})

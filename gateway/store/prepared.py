@@ -23,6 +23,7 @@ from gateway.store.models import (
     SessionAddressRow,
     SessionRow,
     SummaryRow,
+    UsageRow,
     table,
 )
 
@@ -34,6 +35,7 @@ _sessions = table(SessionRow)
 _addresses = table(SessionAddressRow)
 _summaries = table(SummaryRow)
 _job_runs = table(JobRunRow)
+_usage = table(UsageRow)
 
 UNSETTLED = ("pending", "claimed", "sending")
 
@@ -116,6 +118,9 @@ TURN_TEXTS = (
 (text columns only: no JSON decoded)."""
 
 INSERT_MESSAGE = insert(_messages)
+
+INSERT_USAGE = insert(_usage)
+"""Values: the usage columns (one model call)."""
 
 SET_TITLE = (
     update(_sessions)

@@ -22,6 +22,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_
 from gateway.core.types import ChatAddress, InboundMessage, OutboundAttachment, OutboundMessage
 from gateway.store import prepared as q
 from gateway.store.db import read_tx, write_tx
+from gateway.store.fast import execute as run
 from gateway.store.models import (
     Base,
     InboxRow,
@@ -228,7 +229,7 @@ class Store:
         now = time.time()
         try:
             with write_tx(self.engine) as conn:
-                conn.execute(q.INSERT_INBOX, {
+                run(conn, q.INSERT_INBOX, {
                     "platform": message.platform, "tenant": message.address.tenant,
                     "platform_message_id": storable_text(message.message_id), "session_key": session_key,
                     "user_id": user_id, "payload": storable(message.to_dict()),
@@ -243,7 +244,7 @@ class Store:
                 if control_reply is not None:
                     # The reply is queued under the lane's current generation (else a later claim
                     # would take it for a reply of a stopped turn and drop it).
-                    generation = conn.execute(q.LANE_GENERATION, {"b_key": session_key}).scalar_one_or_none() or 0
+                    generation = run(conn, q.LANE_GENERATION, {"b_key": session_key}).scalar_one_or_none() or 0
                     self._queue(conn, control_reply, None, session_key, generation, now)
         except IntegrityError:
             return False
@@ -299,7 +300,7 @@ class Store:
         now = time.time()
         for _ in range(2):
             with write_tx(self.engine) as conn:
-                result = conn.execute(q.CLAIM_LANE, {"b_key": key, "b_owner": owner, "b_now": now,
+                result = run(conn, q.CLAIM_LANE, {"b_key": key, "b_owner": owner, "b_now": now,
                                                      "b_until": now + lease_s})
                 if result.rowcount == 1:
                     return True
@@ -333,8 +334,8 @@ class Store:
     def release_lane(self, key: str, owner: str) -> bool:
         """Gives the lease up; returns whether rows still wait for ``key`` (stored meanwhile)."""
         with write_tx(self.engine) as conn:
-            conn.execute(q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
-            waiting = conn.execute(q.ANY_PENDING, {"b_key": key}).first()
+            run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
+            waiting = run(conn, q.ANY_PENDING, {"b_key": key}).first()
         return waiting is not None
 
     @retry_locked
@@ -349,20 +350,20 @@ class Store:
         now = time.time()
         try:
             with write_tx(self.engine) as conn:
-                claimed = conn.execute(q.CLAIM_LANE, {"b_key": key, "b_owner": owner, "b_now": now,
+                claimed = run(conn, q.CLAIM_LANE, {"b_key": key, "b_owner": owner, "b_now": now,
                                                       "b_until": now + lease_s}).rowcount == 1
                 if not claimed:
-                    if conn.execute(q.LANE_EXISTS, {"b_key": key}).first() is not None:
+                    if run(conn, q.LANE_EXISTS, {"b_key": key}).first() is not None:
                         return None  # leased by another instance: it drains what waits
                     # The lane's first use (a new chat): its row is created leased to us, in this
                     # transaction. Another instance creating it at the same moment (PostgreSQL)
                     # makes the insert fail: then the lane exists, and the claim is tried again.
-                    conn.execute(q.INSERT_LANE, {"key": key, "lease_owner": owner, "lease_until": now + lease_s,
+                    run(conn, q.INSERT_LANE, {"key": key, "lease_owner": owner, "lease_until": now + lease_s,
                                                  "generation": 0})
                 batch, generation = self._batch(conn, key, limit)
                 if batch:
                     return batch, generation
-                conn.execute(q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
+                run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
                 return None
         except IntegrityError:
             return self.claim_next(key, owner, lease_s, limit)
@@ -377,13 +378,13 @@ class Store:
             batch, generation = self._batch(conn, key, limit)
             if batch:
                 return batch, generation, False
-            conn.execute(q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
-            waiting = conn.execute(q.ANY_PENDING, {"b_key": key}).first() is not None
+            run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
+            waiting = run(conn, q.ANY_PENDING, {"b_key": key}).first() is not None
         return [], 0, waiting
 
     @staticmethod
     def _batch(conn: Any, key: str, limit: int) -> tuple[list[PendingInbound], int]:
-        rows = conn.execute(q.PENDING_BATCH, {"b_key": key, "b_limit": limit}).all()
+        rows = run(conn, q.PENDING_BATCH, {"b_key": key, "b_limit": limit}).all()
         if not rows:
             return [], 0
         return [PendingInbound(row.id, key, InboundMessage.from_dict(row.payload), row.user_id)
@@ -415,7 +416,7 @@ class Store:
         long the transcript is); created (prompt built once and stored, with ``settings()``) on
         first use."""
         with read_tx(self.engine) as conn:
-            row = conn.execute(q.CURRENT_SESSION, {"b_key": key}).first()
+            row = run(conn, q.CURRENT_SESSION, {"b_key": key}).first()
             if row is not None:
                 summary = self._summary(conn, row.id) if window else None
                 after = summary.covers_to_id if summary is not None else 0
@@ -434,10 +435,10 @@ class Store:
         session_id = uuid.uuid4().hex
         now = time.time()
         with write_tx(self.engine) as conn:
-            conn.execute(q.INSERT_SESSION, {"id": session_id, "key": key, "system_prompt": system_prompt,
+            run(conn, q.INSERT_SESSION, {"id": session_id, "key": key, "system_prompt": system_prompt,
                                             "created_at": now, "updated_at": now, "owner_user_id": owner_user_id,
                                             "settings": settings})
-            if conn.execute(q.SET_LANE_SESSION, {"b_key": key, "session_id": session_id}).rowcount == 0:
+            if run(conn, q.SET_LANE_SESSION, {"b_key": key, "session_id": session_id}).rowcount == 0:
                 conn.execute(insert(_lanes).values(key=key, session_id=session_id, lease_until=0.0, generation=0))
         return session_id
 
@@ -495,15 +496,15 @@ class Store:
         now = time.time()
         for m in messages:
             content = storable_text(m.content) if m.content else m.content  # a tool result may hold NUL
-            result = conn.execute(q.INSERT_MESSAGE, {"session_id": session_id, "turn_id": m.turn_id, "role": m.role,
+            result = run(conn, q.INSERT_MESSAGE, {"session_id": session_id, "turn_id": m.turn_id, "role": m.role,
                                                      "content": content, "created_at": now, **m.fields})
             ids.append(int(result.inserted_primary_key[0]))
             for number, used in enumerate(m.usage):  # counted once: with the message, keyed by its id
-                conn.execute(insert(_usage).values(call_key=f"message:{ids[-1]}" + (f":{number}" if number else ""),
-                                                   turn_id=m.turn_id, created_at=now, **dataclasses.asdict(used)))
+                run(conn, q.INSERT_USAGE, {"call_key": f"message:{ids[-1]}" + (f":{number}" if number else ""),
+                                           "turn_id": m.turn_id, "created_at": now, **dataclasses.asdict(used)})
         first_user = next((m.content for m in messages if m.role == "user" and m.content), None)
         if first_user:  # the session's title: its first user message, whichever write carries it
-            conn.execute(q.SET_TITLE, {"b_session": session_id, "b_title": " ".join(first_user.split())[:80]})
+            run(conn, q.SET_TITLE, {"b_session": session_id, "b_title": " ".join(first_user.split())[:80]})
         return ids
 
     def load_window(self, session_id: str, limit: int) -> list[StoredMessage]:
@@ -516,7 +517,7 @@ class Store:
         """``(id, role, content)`` of the messages of ``turn_ids`` among the newest ``scan``
         transcript messages, oldest first."""
         with read_tx(self.engine) as conn:
-            rows = conn.execute(q.TURN_TEXTS, {"b_session": session_id, "b_limit": scan,
+            rows = run(conn, q.TURN_TEXTS, {"b_session": session_id, "b_limit": scan,
                                                "b_turns": list(turn_ids)}).all()
         return [(row.id, row.role, row.content) for row in rows]
 
@@ -545,12 +546,12 @@ class Store:
 
     @staticmethod
     def _summary(conn: Any, session_id: str) -> Summary | None:
-        row = conn.execute(q.LATEST_SUMMARY, {"b_session": session_id}).first()
+        row = run(conn, q.LATEST_SUMMARY, {"b_session": session_id}).first()
         return Summary(row.covers_to_id, row.text) if row is not None else None
 
     @staticmethod
     def _window(conn: Any, session_id: str, limit: int, after_id: int = 0) -> list[StoredMessage]:
-        rows = conn.execute(q.WINDOW, {"b_session": session_id, "b_after": after_id, "b_limit": limit}).all()
+        rows = run(conn, q.WINDOW, {"b_session": session_id, "b_after": after_id, "b_limit": limit}).all()
         return [StoredMessage(*row) for row in reversed(rows)]
 
     @retry_locked
@@ -605,23 +606,23 @@ class Store:
                 self._queue(conn, reply, session_id, session_key, generation, now)
             stream_keys = [stream_key] if isinstance(stream_key, str) else list(stream_key or ())
             if stream_keys:
-                conn.execute(q.CANCEL_STREAMS, {"b_keys": stream_keys})
+                run(conn, q.CANCEL_STREAMS, {"b_keys": stream_keys})
             *earlier, last = inbox_ids
             if earlier:
-                conn.execute(q.FINISH_INBOX_MANY, {"b_ids": earlier, "status": merged_status, "finished_at": now})
-            conn.execute(q.FINISH_INBOX, {"b_id": last, "status": status, "finished_at": now})
+                run(conn, q.FINISH_INBOX_MANY, {"b_ids": earlier, "status": merged_status, "finished_at": now})
+            run(conn, q.FINISH_INBOX, {"b_id": last, "status": status, "finished_at": now})
 
     @staticmethod
     def _touch_session(conn: Any, session_id: str, replies: Sequence[OutboundMessage], now: float) -> None:
         """Last use and the chats the session was used from (the title is set by ``_append``)."""
-        conn.execute(q.TOUCH_SESSION, {"b_session": session_id, "b_now": now})
+        run(conn, q.TOUCH_SESSION, {"b_session": session_id, "b_now": now})
         for reply in replies[:1]:
             a = reply.address
             chat_key = f"{a.platform}:{a.tenant}:{a.chat_id}"
-            touched = conn.execute(q.TOUCH_ADDRESS, {"b_session": session_id, "b_chat": chat_key, "b_now": now,
+            touched = run(conn, q.TOUCH_ADDRESS, {"b_session": session_id, "b_chat": chat_key, "b_now": now,
                                                      "b_address": a.to_dict()}).rowcount
             if not touched:
-                conn.execute(q.INSERT_ADDRESS, {"session_id": session_id, "chat_key": chat_key,
+                run(conn, q.INSERT_ADDRESS, {"session_id": session_id, "chat_key": chat_key,
                                                 "address": a.to_dict(), "last_used_at": now})
 
     @staticmethod
@@ -629,7 +630,7 @@ class Store:
                generation: int, now: float) -> None:
         """Inserts an outbox row unless its idempotency key is already queued. A ``streaming`` row
         of the same key (the turn's preview) becomes ``pending`` with the final text instead."""
-        row = conn.execute(q.OUTBOX_BY_KEY, {"b_key": reply.idempotency_key}).first()
+        row = run(conn, q.OUTBOX_BY_KEY, {"b_key": reply.idempotency_key}).first()
         if row is not None:
             if row.status == "streaming":
                 conn.execute(update(_outbox).where(_outbox.c.id == row.id).values(
@@ -637,7 +638,7 @@ class Store:
                     next_attempt_at=now, attachments=_attachments(reply)))
             return
         a = reply.address
-        conn.execute(q.INSERT_OUTBOX, {
+        run(conn, q.INSERT_OUTBOX, {
             "idempotency_key": reply.idempotency_key, "session_id": session_id, "session_key": session_key,
             "chat_key": _chat_key(a), "generation": generation, "address": a.to_dict(), "text": reply.text,
             "reply_to_id": reply.reply_to_id, "status": "pending", "attempts": 0,
@@ -701,7 +702,7 @@ class Store:
         items: list[OutboxItem] = []
         with write_tx(self.engine) as conn:
             while True:
-                rows = conn.execute(q.DUE_OUTBOX, {"b_now": now, "b_limit": limit}).all()
+                rows = run(conn, q.DUE_OUTBOX, {"b_now": now, "b_limit": limit}).all()
                 stale = [r.id for r in rows if r.lane_generation is not None and r.lane_generation > r.generation]
                 if not stale:
                     break
@@ -709,7 +710,7 @@ class Store:
                 conn.execute(update(_outbox).where(_outbox.c.id.in_(stale))
                              .values(status="cancelled", error="turn stopped before delivery"))
             for row in rows:
-                claimed = conn.execute(q.CLAIM_OUTBOX_ROW, {"b_id": row.id, "b_now": now, "b_owner": owner,
+                claimed = run(conn, q.CLAIM_OUTBOX_ROW, {"b_id": row.id, "b_now": now, "b_owner": owner,
                                                             "b_until": now + claim_s,
                                                             "b_attempts": row.attempts + 1}).rowcount
                 if claimed:
@@ -732,7 +733,7 @@ class Store:
                             unconfirmed=row.status == "sending",
                         )
                     )
-            more = len(rows) >= limit or (bool(items) and conn.execute(
+            more = len(rows) >= limit or (bool(items) and run(conn,
                 q.PENDING_IN_CHATS, {"b_chats": sorted({_chat_key(i.message.address) for i in items})}).first()
                 is not None)
         return ClaimedOutbox(items, more)
@@ -772,11 +773,11 @@ class Store:
 
     def _settle(self, outbox_id: int, owner: str, **values: Any) -> bool:
         with write_tx(self.engine) as conn:
-            result = conn.execute(q.SETTLE_OUTBOX, {"b_id": outbox_id, "b_owner": owner, **values})
+            result = run(conn, q.SETTLE_OUTBOX, {"b_id": outbox_id, "b_owner": owner, **values})
             if result.rowcount == 1 and values.get("status") in SETTLED:
                 # A scheduled report's run is settled with its answer, in the same transaction:
                 # "delivered" (with the platform's message ids) only once the platform returned them.
-                conn.execute(q.SETTLE_JOB_RUN, {"b_id": outbox_id, "b_status": values["status"],
+                run(conn, q.SETTLE_JOB_RUN, {"b_id": outbox_id, "b_status": values["status"],
                                                 "b_ids": values.get("platform_message_ids"),
                                                 "b_error": values.get("error"), "b_now": time.time()})
         return result.rowcount == 1

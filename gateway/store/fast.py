@@ -1,0 +1,247 @@
+"""Runs the statements every turn runs straight on the driver's cursor, on SQLite.
+
+SQLAlchemy's ``Connection.execute`` of a statement built once (``gateway.store.prepared``) still
+spends some 60 µs of Python per call on SQLite (the compiled cache's lookup, an execution context,
+parameter construction, event dispatch, a ``CursorResult``) against about 10 µs for the driver's
+own ``execute``; a turn of a new chat runs some 40 of them. ``execute`` compiles a statement once
+per set of parameter names with SQLAlchemy (the same SQL text ``Connection.execute`` would send, the
+same bind and result processing: JSON columns through ``json_dumps``/``json_loads``, booleans) and
+afterwards only binds values and runs the text on the transaction's own DBAPI connection.
+
+It falls back to ``Connection.execute`` (same result interface) where a plan cannot be made in
+advance (other dialects: PostgreSQL's round trip costs far more than the Python; ``text()``;
+Python-side defaults computed per row; values rendered into the SQL) and while the engine has
+statement listeners (``before_cursor_execute``/``after_cursor_execute``: tracing instrumentation,
+tests counting statements), so they see every statement. The SQLAlchemy connection keeps
+owning the transaction: ``BEGIN``, ``COMMIT`` and ``ROLLBACK`` go through it as before.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Delete, Insert, Select, Update
+from sqlalchemy.sql import Executable as ClauseElement
+
+_Processor = Callable[[Any], Any] | None
+
+
+class _Plan:
+    """One statement compiled for one set of parameter names: SQL text, the order of its ``?``
+    parameters with their bind processors and fixed values, and the result columns' names and
+    result processors (``names`` is ``None`` for a statement that returns no rows)."""
+
+    __slots__ = ("binds", "names", "processors", "row", "sql")
+
+    def __init__(self, sql: str, binds: list[tuple[str, Any, _Processor]], names: list[str] | None,
+                 processors: list[_Processor]) -> None:
+        self.sql = sql
+        self.binds = binds
+        self.names = names
+        self.processors = processors if any(p is not None for p in processors) else []
+        self.row = _row_class(names) if names is not None else None
+
+
+class FastRow(tuple):
+    """A result row: a tuple whose items are also attributes by column name (``row.payload``),
+    as SQLAlchemy's ``Row`` (a ``collections.namedtuple`` per column list); ``_mapping`` gives
+    ``{name: value}``."""
+
+    __slots__ = ()
+    _fields: tuple[str, ...] = ()
+
+    @property
+    def _mapping(self) -> dict[str, Any]:
+        return dict(zip(self._fields, self, strict=True))
+
+
+_ROW_CLASSES: dict[tuple[str, ...], type[FastRow]] = {}
+
+
+def _row_class(names: Sequence[str]) -> type[FastRow]:
+    key = tuple(names)
+    cls = _ROW_CLASSES.get(key)
+    if cls is None:
+        base = collections.namedtuple("Row", key, rename=True)  # type: ignore[misc]
+        cls = _ROW_CLASSES[key] = type("FastRow", (base,), {"__slots__": (), "_mapping": FastRow._mapping})
+    return cls
+
+
+class FastResult:
+    """What ``execute`` returns: the subset of SQLAlchemy's ``CursorResult`` the store uses
+    (``first``, ``all``, ``scalar``, ``scalar_one``, ``scalar_one_or_none``, iteration,
+    ``rowcount``, ``inserted_primary_key``)."""
+
+    __slots__ = ("_lastrowid", "_rows", "rowcount")
+
+    def __init__(self, rows: list[FastRow], rowcount: int, lastrowid: int | None) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+        self._lastrowid = lastrowid
+
+    def all(self) -> list[FastRow]:
+        return self._rows
+
+    def __iter__(self) -> Iterator[FastRow]:
+        return iter(self._rows)
+
+    def first(self) -> FastRow | None:
+        return self._rows[0] if self._rows else None
+
+    def scalar(self) -> Any:
+        return self._rows[0][0] if self._rows else None
+
+    def scalar_one_or_none(self) -> Any:
+        if len(self._rows) > 1:
+            raise ValueError("more than one row")
+        return self.scalar()
+
+    def scalar_one(self) -> Any:
+        if len(self._rows) != 1:
+            raise ValueError(f"expected one row, got {len(self._rows)}")
+        return self._rows[0][0]
+
+    @property
+    def inserted_primary_key(self) -> tuple[int | None]:
+        """The new row's integer primary key (SQLite ``lastrowid``)."""
+        return (self._lastrowid,)
+
+
+MAX_PLANS = 512
+"""Plans kept at most (statements x parameter-name sets); past it statements run through SQLAlchemy."""
+
+_PLANS: dict[tuple[Any, ...], _Plan | None] = {}
+_PLANS_LOCK = threading.Lock()
+_EXPANDING: dict[tuple[Any, ...], tuple[str, ...]] = {}  # (statement, names) -> its expanding parameters
+_KEEP: dict[int, ClauseElement] = {}
+
+
+def _plan(conn: Connection, statement: ClauseElement, values: Mapping[str, Any]) -> _Plan | None:
+    """Compiles ``statement`` for parameters named as ``values``' keys (and, for an expanding ``IN``
+    parameter, for its list's length); ``None`` when it cannot run planned."""
+    if not isinstance(statement, Select | Insert | Update | Delete):
+        return None  # text(): its result columns are known only once it ran
+    dialect = conn.dialect
+    keys = set(values)
+    compiled: Any = statement.compile(dialect=dialect, column_keys=sorted(keys))
+    if compiled.insert_prefetch or compiled.update_prefetch:
+        return None  # Python-side defaults computed per execution
+    by_name = {name: bind for bind, name in compiled.bind_names.items()}  # rendered name -> parameter
+    if any(bind.literal_execute or (bind.callable is not None and name not in keys) for name, bind in by_name.items()):
+        return None  # rendered or computed per execution
+    processors_in = {name: bind.type.dialect_impl(dialect).bind_processor(dialect) for name, bind in by_name.items()}
+    sql, order = compiled.string, list(compiled.positiontup or ())
+    fixed = {name: bind.value for name, bind in by_name.items() if name not in keys}
+    expanded: dict[str, tuple[str, int]] = {}  # "b_ids_2" -> ("b_ids", 1): an element of a list given
+    if any(bind.expanding for bind in by_name.values()):
+        state = compiled.construct_expanded_state({k: v for k, v in values.items() if k in by_name})
+        sql, order = state.statement, list(state.positiontup or ())
+        for name, names in state.parameter_expansion.items():
+            for index, element in enumerate(names):
+                processors_in[element] = processors_in.get(name)
+                if name in keys:
+                    expanded[element] = (name, index)
+                else:  # a list the statement carries itself: ``status IN ('claimed', 'sending')``
+                    fixed[element] = state.parameters[element]
+    binds: list[tuple[str, Any, _Processor]] = []
+    for name in order:
+        processor = processors_in.get(name)
+        if name in expanded:
+            binds.append((expanded[name][0], expanded[name][1], processor))
+        elif name in keys:
+            binds.append((name, _NO_VALUE, processor))
+        elif name in fixed:
+            binds.append((name, _Fixed(fixed[name]), processor))
+        else:
+            return None
+    names = None
+    processors: list[_Processor] = []
+    if compiled._result_columns:
+        names, processors = [], []
+        for entry in compiled._result_columns:
+            names.append(entry[0])
+            processors.append(entry[3].dialect_impl(dialect).result_processor(dialect, None))
+    return _Plan(sql, binds, names, processors)
+
+
+class _Fixed:
+    """A value the statement carries itself (a literal in its WHERE clause, a column default)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+_NO_VALUE = object()
+
+
+def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any] | None = None) -> Any:
+    """Runs ``statement`` (built once, e.g. ``gateway.store.prepared``) with ``params`` in ``conn``'s
+    transaction; returns a ``FastResult`` on SQLite, SQLAlchemy's ``CursorResult`` elsewhere (both
+    give ``first``/``all``/``scalar*``/``rowcount``/``inserted_primary_key``).
+
+    Raises what the driver raises, as SQLAlchemy's exceptions (``OperationalError`` for a locked
+    database, ``IntegrityError`` for a constraint), so callers' retries and handling see the same
+    errors either way."""
+    values = params or {}
+    dispatch = conn.dispatch
+    if conn.dialect.name != "sqlite" or dispatch.before_cursor_execute or dispatch.after_cursor_execute:
+        return conn.execute(statement, dict(values))  # (statement listeners: instrumentation sees every one)
+    cache_key: tuple[Any, ...] = (id(statement), frozenset(values))
+    expanding = _EXPANDING.get(cache_key)
+    if expanding is None:
+        compiled: Any = statement.compile(  # type: ignore[attr-defined]
+            dialect=conn.dialect, column_keys=sorted(values))
+        expanding = _EXPANDING[cache_key] = tuple(name for bind, name in compiled.bind_names.items()
+                                                  if bind.expanding and name in values)
+    if expanding:  # a plan per length of each expanding list
+        cache_key += tuple(len(values[name]) for name in expanding)
+    plan = _PLANS.get(cache_key, _NO_VALUE)
+    if plan is _NO_VALUE:
+        if len(_PLANS) >= MAX_PLANS:  # statements built per call were passed: not worth a plan each
+            return conn.execute(statement, dict(values))
+        with _PLANS_LOCK:
+            plan = _PLANS[cache_key] = _plan(conn, statement, values)
+            _KEEP[id(statement)] = statement  # its id stays its own while the plan exists
+    if plan is None:
+        return conn.execute(statement, dict(values))
+    assert isinstance(plan, _Plan)
+    args = []
+    for name, how, processor in plan.binds:
+        if how is _NO_VALUE:
+            value = values[name]
+        elif how.__class__ is int:
+            value = values[name][how]
+        else:
+            value = how.value
+        args.append(processor(value) if processor is not None else value)
+    driver = conn.connection.driver_connection
+    try:
+        cursor = driver.execute(plan.sql, args)  # type: ignore[union-attr]
+    except Exception as exc:
+        raise _translated(conn, exc, plan.sql, args) from exc
+    rows: list[FastRow] = []
+    if plan.row is not None:
+        raw = cursor.fetchall()
+        if plan.processors:
+            procs = plan.processors
+            raw = [tuple(p(v) if p is not None else v for p, v in zip(procs, r, strict=True)) for r in raw]
+        cls = plan.row
+        rows = [tuple.__new__(cls, r) for r in raw]
+    result = FastResult(rows, cursor.rowcount, cursor.lastrowid)
+    cursor.close()
+    return result
+
+
+def _translated(conn: Connection, exc: Exception, sql: str, args: list[Any]) -> Exception:
+    """The driver's exception as SQLAlchemy would raise it (``sqlalchemy.exc.DBAPIError`` subclasses)."""
+    from sqlalchemy import exc as sa_exc
+
+    dbapi = conn.dialect.loaded_dbapi
+    if isinstance(exc, dbapi.Error):
+        return sa_exc.DBAPIError.instance(sql, args, exc, dbapi.Error, dialect=conn.dialect)
+    return exc
