@@ -152,7 +152,7 @@ def test_keyword_search_runs_on_the_full_text_index(memories):
             conn.exec_driver_sql("VACUUM ANALYZE memories")
             plan = conn.execute(text(f"EXPLAIN {store._PG_SEARCH.text}"), {**params, "query": "茶 | 龙"}).scalars()
         else:
-            plan = conn.execute(text(f"EXPLAIN QUERY PLAN {store._SQLITE_SEARCH.text}"),
+            plan = conn.execute(text(f"EXPLAIN QUERY PLAN {store._SQLITE_SEARCH.element.text}"),
                                 {**params, "query": '"茶" OR "龙"'}).all()
         plan = " ".join(str(line) for line in plan)
     assert ("ix_memories_fts" in plan) if conn.dialect.name == "postgresql" else ("VIRTUAL TABLE INDEX" in plan)

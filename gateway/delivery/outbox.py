@@ -178,6 +178,13 @@ class Delivery:
 
         async def on_part(platform_id: str) -> None:
             prior.append(platform_id)
+            if not message.attachments:
+                # Text parts follow each other at once: the id is written by the next part's
+                # ``mark_sending`` or by ``mark_sent`` (a crash in between leaves this delivered part
+                # "unconfirmed": skipped by the retry, never sent twice).
+                return
+            # A file's upload comes before its part is visible, and may take long: what was
+            # delivered is recorded now, so a crash during the upload redoes only the file.
             if not await self._run_db(self.store.mark_progress, item.id, self.instance_id, list(prior), self.claim_s):
                 raise ClaimLost(f"outbox row {item.id} was reclaimed by another instance")
 

@@ -24,6 +24,7 @@ from sqlalchemy import Engine, bindparam, insert, or_, select, text, update
 
 from gateway.memory.terms import index_text
 from gateway.store.db import read_tx, write_tx
+from gateway.store.fast import execute as run
 from gateway.store.models import MemoryRow, table
 from gateway.store.sql import retry_locked
 
@@ -46,10 +47,11 @@ _PG_SEARCH = text(
     f"ORDER BY ts_rank({_PG_VECTOR}, to_tsquery('english', :query), 1) DESC, id DESC "
     "LIMIT :limit")
 _SQLITE_SEARCH = text(
-    "SELECT memories.* FROM memories_fts JOIN memories ON memories.id = memories_fts.rowid "
+    f"SELECT {', '.join(f'memories.{c.name}' for c in _memories.c)} "
+    "FROM memories_fts JOIN memories ON memories.id = memories_fts.rowid "
     "WHERE memories_fts MATCH :query AND memories.owner = :owner "
     "AND memories.superseded_by IS NULL ORDER BY bm25(memories_fts), memories.id DESC "
-    "LIMIT :limit")
+    "LIMIT :limit").columns(*_memories.c)  # typed columns: JSON decoded, and planned (gateway.store.fast)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +174,7 @@ class MemoryStore:
                 rows = conn.execute(_PG_SEARCH, {"owner": owner, "query": " | ".join(words), "limit": limit}).all()
             else:
                 query = " OR ".join(f'"{w}"' for w in words)
-                rows = conn.execute(_SQLITE_SEARCH, {"owner": owner, "query": query, "limit": limit}).all()
+                rows = run(conn, _SQLITE_SEARCH, {"owner": owner, "query": query, "limit": limit}).all()
         return [_memory(r) for r in rows]
 
     def with_embeddings(self, owner: str, limit: int = 2000) -> list[Memory]:

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Delete, Insert, Select, Update
+from sqlalchemy import Connection, Delete, Insert, Select, TextualSelect, Update
 from sqlalchemy.sql import Executable as ClauseElement
 
 _Processor = Callable[[Any], Any] | None
@@ -122,8 +122,8 @@ _KEEP: dict[int, ClauseElement] = {}
 def _plan(conn: Connection, statement: ClauseElement, values: Mapping[str, Any]) -> _Plan | None:
     """Compiles ``statement`` for parameters named as ``values``' keys (and, for an expanding ``IN``
     parameter, for its list's length); ``None`` when it cannot run planned."""
-    if not isinstance(statement, Select | Insert | Update | Delete):
-        return None  # text(): its result columns are known only once it ran
+    if not isinstance(statement, Select | Insert | Update | Delete | TextualSelect):
+        return None  # a bare text(): its result columns are known only once it ran
     dialect = conn.dialect
     keys = set(values)
     compiled: Any = statement.compile(dialect=dialect, column_keys=sorted(keys))

@@ -749,14 +749,16 @@ class Store:
 
     @retry_locked
     def mark_sending(self, outbox_id: int, owner: str, platform_message_ids: Sequence[str], claim_s: float) -> bool:
-        """Marks that a part's API call is about to start: from now until ``mark_progress`` /
-        ``mark_sent``, a crash leaves the part unconfirmed."""
+        """Marks that a part's API call is about to start, with the ids of the parts delivered before
+        it: from now until ``mark_progress``, the next part's ``mark_sending`` or ``mark_sent``, a
+        crash leaves this part unconfirmed (a retry skips it rather than risk sending it twice)."""
         return self._settle(outbox_id, owner, status="sending", platform_message_ids=list(platform_message_ids),
                             claim_until=time.time() + claim_s)
 
     @retry_locked
     def mark_progress(self, outbox_id: int, owner: str, platform_message_ids: Sequence[str], claim_s: float) -> bool:
-        """Records the parts of a multi-part reply delivered so far and extends the claim."""
+        """Records the parts of a reply with files delivered so far and extends the claim (before a
+        file's upload, which may take long; text parts are recorded by the next ``mark_sending``)."""
         return self._settle(outbox_id, owner, status="claimed", platform_message_ids=list(platform_message_ids),
                             claim_until=time.time() + claim_s)
 
