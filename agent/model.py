@@ -6,6 +6,7 @@ Synchronous on purpose: turns run on worker threads (DESIGN §2), one blocking c
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from typing import Any, Protocol
 
 import httpx2  # the openai SDK's HTTP client (its dependency)
 import openai
+import orjson
 from openai.types.chat import ChatCompletion
 
 from agent.model_errors import ModelError, from_api_error
@@ -149,7 +151,7 @@ class OpenAIChatModel:
             # The client's typed ``create`` walks every message through its TypedDict transform
             # (milliseconds per call, growing with the history); our messages are already wire
             # JSON, so they are posted as they are, keeping the client's auth, retries and errors.
-            return self._whole(self._client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion,
+            return self._whole(self._client.post("/chat/completions", body=request_json(kwargs), cast_to=ChatCompletion,
                                                  options=_AUTH))
         except openai.APIError as exc:  # status, connection, timeout, a stream that broke off
             raise from_api_error(exc) from exc  # agent.model_errors: its reason decides failover
@@ -158,7 +160,7 @@ class OpenAIChatModel:
         acc = StreamAccumulator()
         body = {**kwargs, "stream": True, "stream_options": {"include_usage": True}} if self.stream_options \
             else {**kwargs, "stream": True}
-        stream = self._client.post("/chat/completions", body=body, cast_to=ChatCompletion, options=_AUTH,
+        stream = self._client.post("/chat/completions", body=request_json(body), cast_to=ChatCompletion, options=_AUTH,
                                    stream=True, stream_cls=_ChunkStream)
         with stream:
             for chunk in stream:
@@ -199,6 +201,17 @@ class _ChunkStream(openai.Stream[object]):
                 for _ in events:  # the server ends the body right after [DONE]
                     pass
             yield event
+
+
+def request_json(body: dict[str, Any]) -> bytes:
+    """The request body as compact UTF-8 JSON bytes (the SDK posts bytes as they are): orjson, or the
+    standard library's encoder with the same output where orjson refuses a value (a lone surrogate,
+    an integer beyond 64 bits), so a session's system + tools prefix stays byte-identical."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+        return text.encode("utf-8", "backslashreplace")  # a lone surrogate becomes its JSON escape
 
 
 def _usage(raw: dict[str, Any] | None) -> Usage:

@@ -243,3 +243,20 @@ async def test_async_client(fake):
     resp = await aclient.chat.completions.create(model=MODEL, messages=[user()])
     assert resp.choices[0].message.content == "async ok"
     await aclient.close()
+
+
+def test_the_model_client_posts_json_the_api_reads(fake):
+    """``agent.model`` posts its own JSON bytes (orjson): non-ASCII as UTF-8, and what orjson refuses
+    (a lone surrogate from a tool result, an integer beyond 64 bits) still as valid JSON, with the
+    rest of the body encoded the same way (the session's prefix keeps its bytes)."""
+    from agent.model import OpenAIChatModel, request_json
+
+    model = OpenAIChatModel(base_url=f"{fake.url}/v1", api_key="sk-test", model=MODEL, max_retries=0)
+    fake.script(text("ok"))
+    system = {"role": "system", "content": "你是助手"}
+    odd = {"role": "user", "content": "bad \ud800 half"}
+    assert model.complete([system, odd], []).content == "ok"
+    assert fake.last_request["json"]["messages"] == [system, odd]
+    plain, fallback = request_json({"messages": [system]}), request_json({"messages": [system, odd], "n": 2**70})
+    assert fallback.startswith(plain[:-2]) and "你是助手".encode() in plain
+    assert json.loads(fallback) == {"messages": [system, odd], "n": 2**70}
