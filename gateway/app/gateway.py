@@ -74,7 +74,7 @@ from gateway.sessions.directory import Directory
 from gateway.sessions.group_context import GroupContextStore
 from gateway.sessions.resets import ResetPolicy
 from gateway.store.db import create_db_engine, upgrade
-from gateway.store.sql import Store
+from gateway.store.sql import OutboxItem, Store
 from gateway.tools.approvals import ApprovalPolicy
 from gateway.tools.approvals_store import Approvals
 from gateway.tools.catalog import build_catalog, build_workspace, expand_toolset, mcp_specs
@@ -230,6 +230,7 @@ class Gateway:
             metrics=self.metrics, memory=self.memory,
             trusted=lambda message, user_id: self.inbound.trusted(message), media=self.media,
             conversation=self.conversation, files=self.outbox_files, chats=self.chats,
+            deliver=self._deliver_now, claim=(self.instance_id, config.delivery.claim_s),
             usage=UsageLimits(self.engine, config.limits),
         )
         self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
@@ -260,7 +261,7 @@ class Gateway:
             instance_id=self.instance_id,
             lease_s=config.bus.lease_s, sweep_interval_s=config.bus.sweep_interval_s,
             busy_policy=config.bus.busy_policy,
-            on_turn_start=self.typing.start, on_turn_end=self.typing.end, on_replies=self.delivery.wake,
+            on_turn_start=self.typing.start, on_turn_end=self.typing.end,
             album_wait_s=config.media.album_wait_s,
             merges=lambda message: self.chats.busy_policy(message) == "merge",
         )
@@ -327,9 +328,19 @@ class Gateway:
             await asyncio.sleep(MEDIA_EXPIRY_INTERVAL_S)
 
     def _wake_delivery(self) -> None:
-        """Thread-safe ``delivery.wake`` (worker threads queue approval prompts)."""
+        """Thread-safe ``delivery.wake`` (worker threads queue approval prompts and replies)."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self.delivery.wake)
+
+    def _deliver_now(self, items: list[OutboxItem]) -> None:
+        """Thread-safe ``delivery.send_claimed``: a turn's reply, queued claimed, is sent at once
+        (when the loop is already closed, the claim expires and the row is claimed again)."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self.delivery.send_claimed, items)
+        except RuntimeError:
+            log.debug("main loop closed; reply %s sent after its claim expires", [i.id for i in items])
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:

@@ -43,7 +43,8 @@ class SessionBus:
             lane frees are answered in one turn) or ``interrupt`` (handled at receive time: a new
             message cancels the running turn; then like ``queue``).
         on_turn_start / on_turn_end: called on the main loop with the chat address (typing).
-        on_replies: called on the main loop after a turn queued replies (wakes delivery).
+        on_replies: called on the main loop after each turn (``None``: nothing; the gateway's turn
+            runner hands its replies to delivery itself).
         merges: whether the messages waiting in a lane are answered together, asked with the first
             of them (per-chat busy policies; blocking, on the worker thread); ``None``: ``busy_policy``
             decides for every lane.
@@ -55,7 +56,7 @@ class SessionBus:
     def __init__(self, *, store: Store, run_turn: Callable[[Sequence[PendingInbound], int], str],
                  workers: Executor, instance_id: str, lease_s: float, sweep_interval_s: float,
                  busy_policy: str, on_turn_start: Callable[[ChatAddress], None],
-                 on_turn_end: Callable[[ChatAddress], None], on_replies: Callable[[], None],
+                 on_turn_end: Callable[[ChatAddress], None], on_replies: Callable[[], None] | None = None,
                  album_wait_s: float = 0.0, merges: Callable[[InboundMessage], bool] | None = None) -> None:
         self.album_wait_s = album_wait_s
         self.merges = merges
@@ -163,7 +164,8 @@ class SessionBus:
                 finally:
                     self._call_main(self._on_turn_end, address)
                 self.turns_done += 1
-                self._call_main(self._on_replies)
+                if self._on_replies is not None:
+                    self._call_main(self._on_replies)
                 if self._stopping.is_set():
                     break  # the next rows wait for the next start (the lease is given up below)
                 # The next rows, or the lease given up when none wait (one transaction). A message

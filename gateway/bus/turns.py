@@ -51,7 +51,7 @@ from gateway.ops.usage_command import usage_reply
 from gateway.ops.usage_limits import LIMITED, UsageLimits
 from gateway.sessions.commands import LANE_COMMANDS, CommandContext, CommandHandler, Commands
 from gateway.sessions.resets import ResetPolicy
-from gateway.store.sql import NewMessage, PendingInbound, Store, StoredMessage, UsageEntry
+from gateway.store.sql import NewMessage, OutboxItem, PendingInbound, Store, StoredMessage, UsageEntry
 from gateway.tools.approvals import ApprovalPolicy, ChatApprover
 from gateway.tools.approvals_store import Approvals
 
@@ -115,7 +115,6 @@ class TurnRunner:
         policy: which calls need approval.
         redact: removes configured secrets from user text and tool results before the model
             (and the transcript) sees them.
-        wake: tells delivery an approval prompt was queued (thread-safe).
         memory: long-term memory: recalled into the newest user message's meta before the turn,
             written back after it (``None``: no memory).
         trusted: ``(message, user id) -> bool``: may the turn's requester approve their own calls
@@ -133,6 +132,11 @@ class TurnRunner:
             session was created with (``None``: every session gets ``system_prompt`` and ``spec``).
         usage: the limits checked before a turn's model call and ``/usage`` (``None``: neither;
             each model call's usage is recorded either way, with days in UTC).
+        wake: tells delivery that rows were queued for ``claim_due`` (thread-safe): approval
+            prompts, and a turn's replies not handed to ``deliver``.
+        deliver: takes the reply a turn queued already claimed (``Store.finish_turn``'s ``claim``,
+            with ``claim`` = ``(instance id, delivery.claim_s)``) to send it at once (thread-safe);
+            ``None``: every reply is queued *pending* and ``wake`` is called.
     """
 
     def __init__(self, *, store: Store, agents: AgentCache, spec: AgentSpec, bridge: AsyncBridge | None,
@@ -147,7 +151,11 @@ class TurnRunner:
                  trusted: Callable[[InboundMessage, str], bool] = lambda message, user_id: True,
                  conversation: ConversationContext | None = None, media: MediaService | None = None,
                  files: OutboxFiles | None = None, chats: ChatSetup | None = None,
-                 usage: UsageLimits | None = None) -> None:
+                 usage: UsageLimits | None = None,
+                 deliver: Callable[[list[OutboxItem]], None] | None = None,
+                 claim: tuple[str, float] = ("", 30.0)) -> None:
+        self.deliver = deliver
+        self.claim = claim
         self.chats = chats
         self.usage = usage
         self.calendar = usage.calendar if usage is not None else Calendar()
@@ -225,6 +233,14 @@ class TurnRunner:
             self._attempt_done(last.inbox_id)
             return outcome
 
+    def _hand_over(self, claimed: Sequence[OutboxItem], replies: Sequence[OutboundMessage]) -> None:
+        """After a turn queued ``replies``: the ones queued claimed go to ``deliver`` (sent at once),
+        and delivery is woken for the others (``claim_due`` hands them out)."""
+        if claimed and self.deliver is not None:
+            self.deliver(list(claimed))
+        if len(claimed) < len(replies):
+            self.wake()
+
     def _attempt_failed(self, inbox_id: int) -> int:
         with self._generations_lock:
             self._failures[inbox_id] = self._failures.get(inbox_id, 0) + 1
@@ -245,6 +261,7 @@ class TurnRunner:
         self.store.finish_turn([p.inbox_id for p in batch], "failed", [reply], session_key=last.session_key,
                                generation=generation,
                                stream_key=[reply.idempotency_key, plan_key(reply.idempotency_key)])
+        self._hand_over([], [reply])
         self._attempt_done(last.inbox_id)
         if self.metrics is not None:
             self.metrics.turns.labels("failed", "gave_up").inc()
@@ -284,10 +301,11 @@ class TurnRunner:
             shown = plan[0].final() if plan and text is not None else None
             replies = [shown, *replies] if shown is not None else replies  # the plan's last state first
             with traced("finish_turn", attributes={"gateway.replies": len(replies)}):
-                self.store.finish_turn(inbox_ids, status, replies, session_id=session_id, session_key=key,
-                                       generation=generation, messages=list(unwritten),
-                                       merged_status=status if status in ("cancelled", LIMITED) else "merged",
-                                       stream_key=[reply_key, *(p.key for p in plan)])
+                claimed = self.store.finish_turn(
+                    inbox_ids, status, replies, session_id=session_id, session_key=key, generation=generation,
+                    messages=list(unwritten), merged_status=status if status in ("cancelled", LIMITED) else "merged",
+                    stream_key=[reply_key, *(p.key for p in plan)], claim=self.claim if self.deliver else None)
+            self._hand_over(claimed, replies)
             span.set_attributes({"gateway.turn.outcome": status, "gateway.stop_reason": stop_reason})
             if self.metrics is not None:
                 self.metrics.turns.labels(status, stop_reason).inc()

@@ -4,6 +4,9 @@ The one owner of delivery retries. Rows of one chat go out strictly in order (th
 out at most the oldest unsettled row per chat), different chats in parallel. A platform's
 retry-after is honoured, and no other call goes to a chat while its reply waits to be retried.
 
+A turn's reply usually arrives already claimed (``Store.finish_turn``'s ``claim``) and is sent at
+once (``send_claimed``); every other row waits for a pass (``wake``, or the poll).
+
 Exactly once: a row is claimed (``claimed``), and each part is marked ``sending`` right before
 its API call and recorded right after. A streamed reply's row carries its preview's id
 (``OutboundMessage.edit_id``): part 1 is delivered as an edit of the preview, never as a new
@@ -63,10 +66,34 @@ class Delivery:
         self._in_pass = False
         self._last_pass_empty = False  # the last finished pass ended on a claim that found nothing due
         self._pass_done = asyncio.Event()
+        self._direct: set[asyncio.Task[None]] = set()  # sends of rows claimed when queued (send_claimed)
+        self._wakes = 0
         self.sent = 0
 
     def wake(self) -> None:
+        self._wakes += 1
         self._wake.set()
+
+    def send_claimed(self, items: list[OutboxItem]) -> None:
+        """Sends rows this instance claimed when they were queued (``Store.finish_turn``'s ``claim``:
+        a turn's reply, sent without waiting for a ``claim_due`` pass). Main loop only. While
+        stopping, nothing new is sent: the claims expire and the rows are claimed again."""
+        if self._task is None or self._closing:
+            return
+        for item in items:
+            task = asyncio.create_task(self._send_direct(item), name=f"deliver-{item.id}")
+            self._direct.add(task)
+            task.add_done_callback(self._direct.discard)
+
+    async def _send_direct(self, item: OutboxItem) -> None:
+        wakes = self._wakes
+        try:
+            await self._send(item)
+        except Exception:
+            log.exception("delivery of outbox row %s failed; it is claimed again when its claim expires", item.id)
+        if self._wakes != wakes:
+            # Rows queued meanwhile may have waited behind this one (chat order): look again.
+            self.wake()
 
     def chat_waiting(self, platform: str, tenant: str, chat_id: str) -> bool:
         """Whether a reply to this chat waits for a retry (rate limit): no other call may go to
@@ -93,6 +120,11 @@ class Delivery:
         self.wake()
         while True:
             now = time.time()  # a retry already due was claimed by that pass, here or elsewhere
+            if self._direct:  # replies sent as they were queued: they finish first
+                done, _ = await asyncio.wait(set(self._direct), timeout=max(0.0, deadline - loop.time()))
+                if not done and loop.time() >= deadline:
+                    return False
+                continue
             if self._passes >= want and self._last_pass_empty and \
                     not any(now < until <= wall_deadline for until in self._waiting.values()):
                 return True
@@ -114,14 +146,16 @@ class Delivery:
             return
         self._closing = True
         self.wake()
+        tasks = [self._task, *self._direct]
         try:
-            await asyncio.wait_for(asyncio.shield(self._task), grace_s)
+            await asyncio.wait_for(asyncio.shield(asyncio.gather(*tasks, return_exceptions=True)), grace_s)
         except TimeoutError:
             log.warning("delivery: sends still in flight after %.0f s; stopping them", grace_s)
         except Exception:
             pass  # the task's own failure was logged by it
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._task = None
 
     async def _run(self) -> None:

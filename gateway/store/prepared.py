@@ -140,6 +140,10 @@ TOUCH_ADDRESS = (
 # -- outbox -----------------------------------------------------------------------------------
 INSERT_OUTBOX = insert(_outbox)
 
+UNSETTLED_IN_CHAT = select(_outbox.c.id).where(_outbox.c.chat_key == bindparam("b_chat"),
+                                               _outbox.c.status.in_(UNSETTLED)).limit(1)
+"""Any unsettled row of chat ``b_chat`` (a reply queued now must wait behind it: chat order)."""
+
 OUTBOX_BY_KEY = select(_outbox.c.id, _outbox.c.status).where(_outbox.c.idempotency_key == bindparam("b_key"))
 
 CANCEL_STREAMS = (

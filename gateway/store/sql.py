@@ -584,9 +584,17 @@ class Store:
         merged_status: str = "merged",
         messages: Sequence[NewMessage] = (),
         stream_key: str | Sequence[str] | None = None,
-    ) -> None:
+        claim: tuple[str, float] | None = None,
+    ) -> list[OutboxItem]:
         """Queues ``replies`` and marks the turn's inbox rows in one transaction: the last row gets
         ``status``, earlier ones (answered together by a merged turn) ``merged_status``.
+
+        ``claim`` = ``(owner, claim_s)``: a single new reply whose chat has no unsettled row before
+        it, of a turn whose lane generation has not moved on, is queued already *claimed* by
+        ``owner`` (as ``claim_due`` would, in the same transaction) and returned, for the caller to
+        send at once; otherwise it stays *pending* for ``claim_due`` and nothing is returned. A
+        claim not acted on (a crash) is freed when the instance id is taken over, or expires after
+        ``claim_s``; the row is then claimed again like any other.
 
         A reply whose idempotency key is already queued (a resumed turn) is not queued again; a
         ``streaming`` row of the same key gets the final text and becomes ``pending``. The turn's
@@ -602,8 +610,12 @@ class Store:
                 self._append(conn, session_id, messages)
             if session_id is not None:
                 self._touch_session(conn, session_id, replies, now)
+            claimed: list[OutboxItem] = []
             for reply in replies:
-                self._queue(conn, reply, session_id, session_key, generation, now)
+                owner = claim if claim is not None and len(replies) == 1 else None
+                item = self._queue(conn, reply, session_id, session_key, generation, now, owner)
+                if item is not None:
+                    claimed.append(item)
             stream_keys = [stream_key] if isinstance(stream_key, str) else list(stream_key or ())
             if stream_keys:
                 run(conn, q.CANCEL_STREAMS, {"b_keys": stream_keys})
@@ -611,6 +623,7 @@ class Store:
             if earlier:
                 run(conn, q.FINISH_INBOX_MANY, {"b_ids": earlier, "status": merged_status, "finished_at": now})
             run(conn, q.FINISH_INBOX, {"b_id": last, "status": status, "finished_at": now})
+        return claimed
 
     @staticmethod
     def _touch_session(conn: Any, session_id: str, replies: Sequence[OutboundMessage], now: float) -> None:
@@ -627,24 +640,37 @@ class Store:
 
     @staticmethod
     def _queue(conn: Any, reply: OutboundMessage, session_id: str | None, session_key: str | None,
-               generation: int, now: float) -> None:
+               generation: int, now: float, claim: tuple[str, float] | None = None) -> OutboxItem | None:
         """Inserts an outbox row unless its idempotency key is already queued. A ``streaming`` row
-        of the same key (the turn's preview) becomes ``pending`` with the final text instead."""
+        of the same key (the turn's preview) becomes ``pending`` with the final text instead.
+        With ``claim`` (see ``finish_turn``) a new row goes in claimed when its chat has no
+        unsettled row and its lane's generation is still ``generation``, and is returned."""
         row = run(conn, q.OUTBOX_BY_KEY, {"b_key": reply.idempotency_key}).first()
         if row is not None:
             if row.status == "streaming":
                 conn.execute(update(_outbox).where(_outbox.c.id == row.id).values(
                     text=reply.text, reply_to_id=reply.reply_to_id, status="pending", generation=generation,
                     next_attempt_at=now, attachments=_attachments(reply)))
-            return
+            return None
         a = reply.address
-        run(conn, q.INSERT_OUTBOX, {
+        chat_key = _chat_key(a)
+        if claim is not None and run(conn, q.UNSETTLED_IN_CHAT, {"b_chat": chat_key}).first() is not None:
+            claim = None  # an earlier reply of the chat goes first: claim_due hands this one out after it
+        if claim is not None and session_key is not None and \
+                (run(conn, q.LANE_GENERATION, {"b_key": session_key}).scalar() or 0) > generation:
+            claim = None  # the turn was stopped (/stop, an interrupt): claim_due cancels the row
+        owner, claim_s = claim if claim is not None else (None, 0.0)
+        result = run(conn, q.INSERT_OUTBOX, {
             "idempotency_key": reply.idempotency_key, "session_id": session_id, "session_key": session_key,
-            "chat_key": _chat_key(a), "generation": generation, "address": a.to_dict(), "text": reply.text,
-            "reply_to_id": reply.reply_to_id, "status": "pending", "attempts": 0,
-            "buttons": [list(b) for b in reply.buttons] or None, "next_attempt_at": now, "claim_until": 0.0,
+            "chat_key": chat_key, "generation": generation, "address": a.to_dict(), "text": reply.text,
+            "reply_to_id": reply.reply_to_id, "status": "claimed" if owner else "pending",
+            "attempts": 1 if owner else 0, "buttons": [list(b) for b in reply.buttons] or None,
+            "next_attempt_at": now, "claim_until": now + claim_s if owner else 0.0, "claimed_by": owner,
             "created_at": now, "attachments": _attachments(reply),
         })
+        if owner is None:
+            return None
+        return OutboxItem(int(result.inserted_primary_key[0]), 1, reply)
 
     # -- streamed previews -------------------------------------------------------------------
     def chat_clear(self, address: ChatAddress, idempotency_key: str) -> bool:
