@@ -1,0 +1,79 @@
+"""A turn's reply queued already claimed (``Store.finish_turn(claim=...)``): only when nothing in its
+chat is unsettled and its lane was not stopped; a claim a dead process held is freed when its id
+is taken over, so the reply goes out after the restart at once (real SQLite, the store's own API)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage, Sender
+from gateway.ops.instance_store import InstanceRecord, InstanceStore
+from gateway.store.db import create_db_engine, upgrade
+from gateway.store.sql import Store
+
+CHAT = ChatAddress("telegram", "", "42")
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'claim.db'}")
+    upgrade(engine)
+    yield Store(engine)
+    engine.dispose()
+
+
+def _turn(store: Store, n: int, key: str = "telegram::dm:42") -> int:
+    message = InboundMessage(address=CHAT, message_id=str(n), chat_type="dm", sender=Sender("7"), text=f"m{n}")
+    assert store.insert_inbound(message, key, user_id="u1")
+    claimed = store.claim_next(key, "me", 30.0, 1)
+    assert claimed is not None
+    return claimed[0][0].inbox_id
+
+
+def _reply(n: int) -> OutboundMessage:
+    return OutboundMessage(CHAT, f"answer {n}", idempotency_key=f"in{n}:0")
+
+
+def test_a_reply_is_queued_claimed_only_when_its_chat_is_clear(store) -> None:
+    first = _turn(store, 1)
+    items = store.finish_turn([first], "done", [_reply(1)], session_key="telegram::dm:42", claim=("me", 30.0))
+    assert [i.message.text for i in items] == ["answer 1"] and items[0].attempts == 1
+    row = store.outbox_rows()[0]
+    assert (row["status"], row["claimed_by"], row["attempts"]) == ("claimed", "me", 1)
+    assert store.claim_due("other", 10, 30.0).items == []  # nobody else may take it while claimed
+
+    store.release_lane("telegram::dm:42", "me")
+    second = _turn(store, 2)  # the first reply is still unsettled: the second waits behind it
+    assert store.finish_turn([second], "done", [_reply(2)], session_key="telegram::dm:42", claim=("me", 30.0)) == []
+    assert [r["status"] for r in store.outbox_rows()] == ["claimed", "pending"]
+    assert store.mark_sent(items[0].id, "me", ["900"])
+    assert [i.message.text for i in store.claim_due("me", 10, 30.0).items] == ["answer 2"]
+
+
+def test_a_stopped_turn_s_reply_is_not_queued_claimed(store) -> None:
+    inbox_id = _turn(store, 1)
+    interrupting = InboundMessage(address=CHAT, message_id="2", chat_type="dm", sender=Sender("7"), text="new")
+    store.insert_inbound(interrupting, "telegram::dm:42", cancel="always", user_id="u1")  # the lane moves on
+    assert store.finish_turn([inbox_id], "done", [_reply(1)], session_key="telegram::dm:42", generation=0,
+                             claim=("me", 30.0)) == []
+    assert store.claim_due("me", 10, 30.0).items == []  # claim_due cancels it: never sent
+    assert store.outbox_rows()[0]["status"] == "cancelled"
+
+
+def test_a_dead_owner_s_claim_is_freed_when_its_id_is_taken_over(store) -> None:
+    instances = InstanceStore(store.engine)
+    now = time.time()
+    record = InstanceRecord(id="me", boot="b1", host="h", pid=1, pid_scope="s", pid_start=None, started_at=now,
+                            heartbeat_at=now)
+    assert instances.take(record, None) is not None
+    items = store.finish_turn([_turn(store, 1)], "done", [_reply(1)], session_key="telegram::dm:42",
+                              claim=("me", 30.0))
+    assert items  # ... and the process dies before sending it
+    restarted = InstanceRecord(id="me", boot="b2", host="h", pid=2, pid_scope="s", pid_start=None,
+                               started_at=now + 1, heartbeat_at=now + 1)
+    released = instances.take(restarted, "b1")
+    assert released is not None and released.replies == 1
+    assert [i.message.text for i in store.claim_due("me", 10, 30.0).items] == ["answer 1"]
