@@ -18,6 +18,8 @@ TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]
     # A function, not the template r"\1***": templates are compiled by importing ``re`` at call
     # time, which fails while the interpreter shuts down (log records from finalizers).
     (re.compile(r"(?i)\b(authorization:\s*bearer\s+)[A-Za-z0-9._~+/=-]{12,}"), lambda m: m.group(1) + "***"),
+    # The password of a URL's userinfo (RFC 3986 §3.2.1): a proxy or base URL, a database URL.
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/?#@]+:)[^\s/?#@]+@"), lambda m: m.group(1) + "***@"),
 )
 MIN_SECRET_LEN = 6
 """Shorter configured values are not redacted (they would mangle ordinary words)."""

@@ -28,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
+from bench.config import fakes_config
 from tests.fakes import openai as oa
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
@@ -54,31 +55,10 @@ def _update(token: str, chat: int, message_id: int) -> dict[str, Any]:
 
 
 def _config(workdir: Path, telegram: FakeTelegram, model: FakeOpenAI, port: int, db_url: str) -> Path:
-    path = workdir / "gateway.toml"
-    path.write_text(f"""
-[database]
-url = "{db_url}"
-[http]
-port = {port}
-[llm]
-base_url = "{model.url}/v1"
-api_key_env = "FAULT_OPENAI_KEY"
-max_retries = 0
-[bus]
-lease_s = 1.5
-sweep_interval_s = 0.3
-[delivery]
-backoff_base_s = 0.05
-claim_s = 2
-[telegram]
-enabled = true
-token_env = "FAULT_TELEGRAM_TOKEN"
-base_url = "{telegram.url}"
-poll_timeout_s = 1
-[logging]
-level = "WARNING"
-""")
-    return path
+    return fakes_config(
+        workdir / "gateway.toml", telegram_fake=telegram, model_fake=model, port=port, db_url=db_url, mode="polling",
+        bus={"lease_s": 1.5, "sweep_interval_s": 0.3}, delivery={"backoff_base_s": 0.05, "claim_s": 2},
+        telegram={"poll_timeout_s": 1})
 
 
 def _unconfirmed(db_url: str) -> set[str]:

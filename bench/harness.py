@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.config import fakes_config
 from bench.fault_injection import TOKEN, GatewayProcess, _free_port
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
@@ -44,41 +45,14 @@ def write_config(workdir: Path, telegram: FakeTelegram, model: FakeOpenAI, port:
                  history_window: int = 40) -> Path:
     """A webhook-mode gateway config pointed at the fakes (logs at WARNING); the turn pool's keys
     are left at their defaults unless given."""
-    pool = "".join(f"{k} = {v}\n" for k, v in (("worker_threads", worker_threads),
-                                               ("max_turns_in_flight", max_turns_in_flight)) if v is not None)
-    path = workdir / "bench.toml"
-    path.write_text(f"""
-[database]
-url = "{db_url}"
-pool_size = {pool_size}
-[http]
-port = {port}
-[llm]
-base_url = "{model.url}/v1"
-api_key_env = "FAULT_OPENAI_KEY"
-max_retries = 0
-[agent]
-{pool}history_window = {history_window}
-[tools]
-browser_enabled = false
-[bus]
-sweep_interval_s = 1.0
-[memory]
-promote = false  # the turn path only: memory proposals are one extra, off-path model call per turn
-[media]
-directory = "{workdir / 'media'}"
-[delivery]
-backoff_base_s = 0.05
-[telegram]
-enabled = true
-mode = "webhook"
-token_env = "FAULT_TELEGRAM_TOKEN"
-webhook_secret_env = "FAULT_WEBHOOK_SECRET"
-base_url = "{telegram.url}"
-[logging]
-level = "WARNING"
-""")
-    return path
+    pool = {k: v for k, v in (("worker_threads", worker_threads), ("max_turns_in_flight", max_turns_in_flight))
+            if v is not None}
+    # memory.promote off: the turn path only (memory proposals are one extra, off-path model call per turn)
+    return fakes_config(
+        workdir / "bench.toml", telegram_fake=telegram, model_fake=model, port=port, db_url=db_url,
+        database={"pool_size": pool_size}, agent={**pool, "history_window": history_window},
+        tools={"browser_enabled": False}, bus={"sweep_interval_s": 1.0}, memory={"promote": False},
+        media={"directory": str(workdir / "media")}, delivery={"backoff_base_s": 0.05})
 
 
 @contextlib.contextmanager

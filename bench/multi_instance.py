@@ -22,6 +22,7 @@ import aiohttp
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from bench.config import fakes_config
 from bench.fault_injection import TOKEN, GatewayProcess, _free_port
 from tests.fakes import openai as oa
 from tests.fakes.openai import FakeOpenAI
@@ -32,36 +33,10 @@ PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
 def _config(workdir: Path, name: str, telegram: FakeTelegram, model: FakeOpenAI, port: int, db_url: str) -> Path:
-    path = workdir / f"{name}.toml"
-    path.write_text(f"""
-instance_id = "{name}"
-[database]
-url = "{db_url}"
-pool_size = 20
-[http]
-port = {port}
-[llm]
-base_url = "{model.url}/v1"
-api_key_env = "FAULT_OPENAI_KEY"
-max_retries = 0
-[agent]
-worker_threads = 32
-[bus]
-lease_s = 5
-sweep_interval_s = 0.5
-[delivery]
-backoff_base_s = 0.05
-claim_s = 10
-[telegram]
-enabled = true
-mode = "webhook"
-token_env = "FAULT_TELEGRAM_TOKEN"
-webhook_secret_env = "FAULT_WEBHOOK_SECRET"
-base_url = "{telegram.url}"
-[logging]
-level = "WARNING"
-""")
-    return path
+    return fakes_config(
+        workdir / f"{name}.toml", telegram_fake=telegram, model_fake=model, port=port, db_url=db_url,
+        top={"instance_id": name}, database={"pool_size": 20}, agent={"worker_threads": 32},
+        bus={"lease_s": 5, "sweep_interval_s": 0.5}, delivery={"backoff_base_s": 0.05, "claim_s": 10})
 
 
 def scratch_database(admin_url: str = PG_ADMIN_URL) -> tuple[str, Any]:

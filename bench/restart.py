@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.config import fakes_config
 from bench.fault_injection import TOKEN, GatewayProcess, _free_port, _token, _update
 from tests.fakes import openai as oa
 from tests.fakes.openai import FakeOpenAI
@@ -36,31 +37,10 @@ CHAT_BUSY = 8_100_002
 def write_config(workdir: Path, telegram: FakeTelegram, model: FakeOpenAI, port: int, *, db_url: str,
                  lease_s: float) -> Path:
     """A polling-mode config with production defaults except the fakes' URLs (and ``lease_s``)."""
-    path = workdir / "restart.toml"
-    path.write_text(f"""
-[database]
-url = "{db_url}"
-[http]
-port = {port}
-[llm]
-base_url = "{model.url}/v1"
-api_key_env = "FAULT_OPENAI_KEY"
-max_retries = 0
-[tools]
-browser_enabled = false
-[bus]
-lease_s = {lease_s}
-[memory]
-promote = false
-[telegram]
-enabled = true
-mode = "polling"
-token_env = "FAULT_TELEGRAM_TOKEN"
-base_url = "{telegram.url}"
-[logging]
-level = "INFO"
-""")
-    return path
+    return fakes_config(
+        workdir / "restart.toml", telegram_fake=telegram, model_fake=model, port=port, db_url=db_url, mode="polling",
+        tools={"browser_enabled": False}, bus={"lease_s": lease_s}, memory={"promote": False},
+        logging={"level": "INFO"})
 
 
 def wait_ready(gateway: GatewayProcess, timeout: float = 60.0) -> float:

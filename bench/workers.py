@@ -37,6 +37,7 @@ from typing import Any
 import aiohttp
 from sqlalchemy import create_engine, text
 
+from bench.config import fakes_config
 from bench.fault_injection import ROOT, TOKEN, _free_port
 from bench.harness import SECRET, WEBHOOK_PATH, cpu_seconds, last_user_line, post, update
 from tests.fakes import openai as oa
@@ -50,44 +51,13 @@ CHAT_BASE = 7_000_000
 def write_config(workdir: Path, telegram: FakeTelegram, model: FakeOpenAI, port: int, *, db_url: str, workers: int,
                  worker_threads: int = 200, pool_size: int = 8, mode: str = "webhook") -> Path:
     """A gateway config for ``workers`` processes pointed at the fakes (PostgreSQL ``db_url``)."""
-    path = workdir / f"workers{workers}.toml"
-    path.write_text(f"""
-instance_id = "{INSTANCE_ID}"
-workers = {workers}
-stop_timeout_s = 10
-[database]
-url = "{db_url}"
-pool_size = {pool_size}
-[http]
-port = {port}
-[llm]
-base_url = "{model.url}/v1"
-api_key_env = "FAULT_OPENAI_KEY"
-max_retries = 0
-[agent]
-worker_threads = {worker_threads}
-[tools]
-browser_enabled = false
-[bus]
-lease_s = 6
-sweep_interval_s = 0.5
-[memory]
-promote = false
-[media]
-directory = "{workdir / 'media'}"
-[delivery]
-backoff_base_s = 0.05
-[telegram]
-enabled = true
-mode = "{mode}"
-token_env = "FAULT_TELEGRAM_TOKEN"
-webhook_secret_env = "FAULT_WEBHOOK_SECRET"
-base_url = "{telegram.url}"
-poll_timeout_s = 1
-[logging]
-level = "INFO"
-""")
-    return path
+    return fakes_config(
+        workdir / f"workers{workers}.toml", telegram_fake=telegram, model_fake=model, port=port, db_url=db_url,
+        mode=mode, top={"instance_id": INSTANCE_ID, "workers": workers, "stop_timeout_s": 10},
+        database={"pool_size": pool_size}, agent={"worker_threads": worker_threads}, tools={"browser_enabled": False},
+        bus={"lease_s": 6, "sweep_interval_s": 0.5}, memory={"promote": False},
+        media={"directory": str(workdir / "media")}, delivery={"backoff_base_s": 0.05}, telegram={"poll_timeout_s": 1},
+        logging={"level": "INFO"})
 
 
 @dataclass

@@ -340,3 +340,21 @@ async def test_feishu_long_connection_acknowledges_unreadable_events(tmp_path, f
     await wait_until(lambda: wanted <= set(replies()), timeout=60, what="every readable event answered")
     await asyncio.sleep(0.5)
     check("feishu", cases, [200] * len(cases), replies(), caplog, fake_openai, kinds=3)
+
+
+async def test_an_oversized_request_line_is_refused_with_one_warning(gateway, caplog) -> None:
+    """A request line over aiohttp's 8 KB is answered 400 by the server; the log says so in one
+    WARNING line (``gateway.ops.logs.BadRequestsBriefly``), not an ERROR with a traceback."""
+    from gateway.ops.logs import quiet_bad_requests
+
+    quiet_bad_requests()  # as ``setup_logging`` does for ``gateway run``
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
+    writer.write(b"POST /telegram/webhook?" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    await writer.drain()
+    status_line = (await asyncio.wait_for(reader.readline(), 10)).decode()
+    writer.close()
+    assert status_line.split()[1] == "400"
+    await asyncio.sleep(0.1)
+    server = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert server and all(r.levelno == logging.WARNING and not r.exc_info for r in server)
+    assert "400 LineTooLong" in server[-1].getMessage()

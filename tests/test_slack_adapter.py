@@ -184,3 +184,18 @@ async def test_native_stream_appends_extensions_and_falls_back_to_chat_update(ad
                                  api_url=f"{fake_slack.url}/api/")
     assert (await other_process.edit(thread, third, "Begun here, edited there …")).ok
     assert messages[third]["streaming"] is False and messages[third]["text"] == "Begun here, edited there …"
+
+
+async def test_doctor_names_the_slack_setting_a_refused_token_came_from(tmp_path, fake_slack, fake_openai, capsys,
+                                                                         monkeypatch):
+    """``gateway doctor`` with a bot token Slack refuses: one line naming ``slack.bot_token_env``,
+    as ``gateway run`` says it, not the SDK's multi-line error (and never the token)."""
+    from gateway.app.doctor import run_doctor
+    from tests.conftest import gateway_config
+
+    monkeypatch.setenv("GATEWAY_TEST_SLACK_BOT_TOKEN", "xoxb-revoked-0009")
+    assert await run_doctor(gateway_config(tmp_path, fake_openai, fake_slack=fake_slack)) == 1
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("[FAIL] slack:"))
+    assert "GATEWAY_TEST_SLACK_BOT_TOKEN" in line and "rejected by Slack" in line and "invalid_auth" in line
+    assert "xoxb-revoked" not in out and "The server responded with" not in out

@@ -198,7 +198,8 @@ async def test_flood_control_is_retried_after_retry_after(tmp_path, fake_telegra
 
 
 @pytest.mark.parametrize("mode", ["webhook"])
-async def test_webhook_checks_secret_and_stores_nothing_on_401(tmp_path, fake_telegram, fake_openai, running, mode):
+async def test_webhook_checks_secret_and_stores_nothing_on_401(tmp_path, fake_telegram, fake_openai, running, mode,
+                                                              caplog):
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.text("via webhook")
     config = gateway_config(tmp_path, fake_openai, fake_telegram, telegram={"mode": mode})
@@ -210,6 +211,10 @@ async def test_webhook_checks_secret_and_stores_nothing_on_401(tmp_path, fake_te
     status = await fake_telegram.post_webhook(url, dm_update("sneaky", 9602, user_id=5551006), "")
     assert status == 401
     assert gateway.store.count_inbox("pending") + gateway.store.count_inbox("done") == 0
+    rejected = [r.getMessage() for r in caplog.records if "rejected with 401" in r.getMessage()]
+    assert rejected == ["telegram webhook rejected with 401: wrong secret token",
+                        "telegram webhook rejected with 401: no secret token header"]
+    assert not any("wrong-secret" in r.getMessage() for r in caplog.records)  # never the token sent
 
     secret = "webhook-secret-0123456789"
     assert await fake_telegram.post_webhook(url, dm_update("hello hook", 9603, user_id=5551006), secret) == 200

@@ -95,3 +95,12 @@ def test_redactor_removes_configured_secrets_and_token_shapes():
     cleaned = redact(text)
     for leaked in ("hunter2-secret-value", "AAAbbbCCC", "xoxb-1234", "xapp-1-A0", "sk-proj-abc"):
         assert leaked not in cleaned
+
+
+def test_redactor_removes_the_password_of_a_url_and_keeps_other_at_signs():
+    redact = Redactor()
+    assert redact("GET https://bob:s3cr3t-pw@tg-proxy.example.com/bot/getMe") == \
+        "GET https://bob:***@tg-proxy.example.com/bot/getMe"
+    assert redact("postgresql+psycopg://gw:p%40ss@db:5432/gateway") == "postgresql+psycopg://gw:***@db:5432/gateway"
+    for kept in ("http://example.com/a@b", "mailto:me@example.org", "meet 10:30@home", "https://bob@host/x"):
+        assert redact(kept) == kept

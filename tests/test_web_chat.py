@@ -34,7 +34,8 @@ def test_a_post_becomes_a_dm_from_the_browser_user_and_commands_are_parsed():
     plain = message_from_post({"id": "a1b2c3d4e6", "text": "hi /there"}, "u1")
     assert (plain.command, plain.text, plain.sender.display_name) == (None, "hi /there", "Web user")
     for body, error in [([], "JSON object"), ({"id": "x", "text": "hi"}, "id must be"),
-                        ({"id": "a1b2c3d4e5", "text": "  "}, "empty"),
+                        ({"id": "a1b2c3d4e5", "text": "  "}, "empty"), ({"id": "a1b2c3d4e5"}, "empty"),
+                        ({"id": "a1b2c3d4e5", "text": 123}, "text must be a string, not int"),
                         ({"id": "a1b2c3d4e5", "text": "x" * 16_001}, "too long"),
                         ({"id": "a1b2c3d4e5", "text": "hi", "name": 5}, "name must be")]:
         try:
@@ -93,8 +94,13 @@ async def test_bad_posts_get_clear_errors_and_a_retry_is_not_a_second_message(tm
             assert response.status == 401 and "reload the page" in (await response.json())["error"]
         await page.open()
         async with page.http.post(f"{base}/web/messages", data=b"{not json",
-                                  headers={"X-Requested-With": "gateway-web"}) as response:
+                                  headers={"X-Requested-With": "gateway-web",
+                                           "Content-Type": "application/json"}) as response:
             assert response.status == 400 and "not JSON" in (await response.json())["error"]
+        async with page.http.post(f"{base}/web/messages", data=b'{"id": "abcdefgh", "text": "hi"}',
+                                  headers={"X-Requested-With": "gateway-web",
+                                           "Content-Type": "text/plain"}) as response:
+            assert response.status == 415 and "application/json" in (await response.json())["error"]
         async with page.http.post(f"{base}/web/messages", data=b'{"id": "abcdefgh", "text": "hi"}',
                                   headers={"X-Requested-With": "gateway-web",
                                            "Content-Type": "application/json; charset=nosuch"}) as response:

@@ -399,7 +399,14 @@ class SlackAdapter:
             task.cancel()
 
     async def check(self) -> str:
-        auth = await self.client.auth_test()
+        """``gateway doctor``: ``auth.test`` with the bot token. Raises ``CredentialRejected`` when
+        Slack refuses the token (as at start-up), ``SlackApiError`` for any other error."""
+        try:
+            auth = await self.client.auth_test()
+        except SlackApiError as exc:
+            if (rejected := _rejected(exc, "bot_token_env")) is None:
+                raise
+            raise rejected from exc
         return f"bot {auth.get('user')} ({auth.get('user_id')}, bot id {auth.get('bot_id')}) " \
                f"in workspace {auth.get('team')} ({auth.get('team_id')})"
 

@@ -339,6 +339,10 @@ class TelegramAdapter:
         and again) and logged once; only a failed inbox write answers 500."""
         secret = header_bytes(request.headers.get("X-Telegram-Bot-Api-Secret-Token"))
         if not self._webhook_secret or not hmac.compare_digest(secret, self._webhook_secret.encode()):
+            # which check failed, never the token (as the Slack and Feishu adapters log theirs)
+            refused = "no webhook secret configured" if not self._webhook_secret else \
+                "no secret token header" if not secret else "wrong secret token"
+            log.warning("telegram webhook rejected with 401: %s", refused)
             return web.json_response({"ok": False, "error": "unauthorized"}, status=401)
         try:
             data = load_json(await request.read())

@@ -200,6 +200,8 @@ class WebAdapter:
             return _error(401, "no web identity: reload the page")
         if self._sink is None:
             return _error(503, "the gateway is starting; try again")
+        if request.content_type != "application/json":
+            return _error(415, f"Content-Type must be application/json, not {request.content_type!r}")
         try:  # decoded with the Content-Type's charset (the page sends UTF-8)
             body = load_json((await request.read()).decode(request.charset or "utf-8"))
         except (LookupError, UnicodeEncodeError):

@@ -85,8 +85,8 @@ def message_from_post(body: Any, user_id: str, now: float | None = None, check: 
     platforms' own command syntax is.
 
     Raises:
-        WebInputError: not an object, no or bad ``id``, empty or over ``MAX_TEXT_CHARS`` text, a
-            ``name`` that is not a string.
+        WebInputError: not an object, no or bad ``id``, a ``text`` that is not a string, empty
+            (no text and no files) or over ``MAX_TEXT_CHARS`` text, a ``name`` that is not a string.
     """
     if not isinstance(body, dict):
         raise WebInputError("the request body must be a JSON object")
@@ -94,8 +94,12 @@ def message_from_post(body: Any, user_id: str, now: float | None = None, check: 
     if not isinstance(message_id, str) or not _MESSAGE_ID.match(message_id):
         raise WebInputError("id must be 8-64 letters, digits, '-' or '_'")
     attachments = files_from_post(body.get("files"), user_id, check or (lambda *_: False))
-    if not isinstance(text, str) or (not text.strip() and not attachments):
-        raise WebInputError("the message is empty")
+    if text is not None and not isinstance(text, str):
+        raise WebInputError(f"text must be a string, not {type(text).__name__}")
+    if not text or (not text.strip() and not attachments):
+        if not attachments:
+            raise WebInputError("the message is empty")
+        text = ""
     if len(text) > MAX_TEXT_CHARS:
         raise WebInputError(f"the message is too long ({len(text)} characters; at most {MAX_TEXT_CHARS})")
     if not isinstance(name, str):

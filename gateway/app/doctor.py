@@ -9,6 +9,8 @@ from typing import Any
 
 import openai
 
+from agent.redact import Redactor
+from gateway.app.startup_errors import describe, url_password
 from gateway.core.config import GatewayConfig
 from gateway.core.errors import ConfigError
 
@@ -17,6 +19,7 @@ async def run_doctor(config: GatewayConfig) -> int:
     """Prints one line per check (``ok`` / ``FAIL`` / ``warn``); returns 0 when nothing failed
     (warnings do not fail), else 1."""
     failures = 0
+    redact = Redactor(config.secret_values() + url_password(config.database.url))
 
     def report(ok: bool, what: str, detail: str) -> None:
         nonlocal failures
@@ -52,8 +55,8 @@ async def run_doctor(config: GatewayConfig) -> int:
         try:
             detail = await adapter.check()
             report(True, adapter.platform, detail)
-        except Exception as exc:
-            report(False, adapter.platform, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # one line, the setting at fault named, as `gateway run` says it
+            report(False, adapter.platform, describe(exc, config, redact, f"{adapter.platform} check"))
     await _check_tools(config, report)
     _check_access(config, report, warn)
     _check_skills(config, report)

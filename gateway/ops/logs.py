@@ -49,6 +49,23 @@ class RedactSecrets(logging.Filter):
         return True
 
 
+class BadRequestsBriefly(logging.Filter):
+    """For ``aiohttp.server``: a request the HTTP parser refused (a request line or header over
+    8 KB, a malformed line: the client got its 400 already) becomes one WARNING line naming the
+    error, not an ERROR with a traceback. Other records pass unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            reason = " ".join(str(error.message).split())[:120]
+            record.msg, record.args = f"{record.getMessage()}: {error.code} {type(error).__name__} ({reason})", None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 class _RedactedStreamHandler(logging.StreamHandler):
     """A stderr handler whose own failures print one plain line (the standard ``handleError``
     prints the record's unredacted message and arguments)."""
@@ -75,6 +92,14 @@ def setup_logging(level: str, secrets: Iterable[str], tag: str | None = None) ->
     # (openai 3.x ships its own httpx fork, ``httpx2``/``httpcore2``.)
     for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "telegram.ext", "apscheduler", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet_bad_requests()
+
+
+def quiet_bad_requests() -> None:
+    """Installs ``BadRequestsBriefly`` on ``aiohttp.server`` (once)."""
+    server = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, BadRequestsBriefly) for f in server.filters):
+        server.addFilter(BadRequestsBriefly())
 
 
 def install_hooks() -> None:

@@ -121,6 +121,7 @@ async def main_async(args: argparse.Namespace) -> None:
     from gateway.app.gateway import Gateway
     from gateway.app.wiring import build_adapters
     from gateway.core.config import load_config
+    from gateway.core.errors import ConfigError
     from gateway.ops.logs import setup_logging
 
     with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
@@ -130,17 +131,24 @@ async def main_async(args: argparse.Namespace) -> None:
         if args.fakes_only:
             print("Fakes are running. Start the gateway in another shell with:\n")
             print("  " + " \\\n  ".join(f"{k}={v}" for k, v in env.items()) + " \\\n  make run\n")
-            print("Then type lines here to send them as Telegram DMs (Ctrl-C to stop).")
+            print("Then type lines here to send them as Telegram DMs (Ctrl-C to stop).", flush=True)
             try:
                 await converse(telegram, None)
-            except (EOFError, KeyboardInterrupt):
+            except EOFError:  # no terminal (or Ctrl-D): the fakes keep serving the gateway
+                print("No more input; the fakes keep running for the gateway (Ctrl-C to stop).", flush=True)
+                await asyncio.Event().wait()
+            except KeyboardInterrupt:
                 return
             return
         os.environ.update(env)
         config = load_config(None)
         setup_logging(os.environ.get("DEMO_LOG", "WARNING"), ["sk-test", TOKEN])
         gateway = Gateway(config, build_adapters(config))
-        await gateway.start()
+        try:
+            await gateway.start()
+        except ConfigError as exc:  # e.g. `make run` on the same demo database: one line, as `gateway run`
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
         print(f"Gateway running against fakes (Telegram {telegram.url}, model {model.url}); "
               f"health: http://127.0.0.1:{gateway.http_port}/healthz. Type a message, Ctrl-D to quit.")
         try:
