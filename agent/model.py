@@ -151,8 +151,8 @@ class OpenAIChatModel:
             # The client's typed ``create`` walks every message through its TypedDict transform
             # (milliseconds per call, growing with the history); our messages are already wire
             # JSON, so they are posted as they are, keeping the client's auth, retries and errors.
-            return self._whole(self._client.post("/chat/completions", body=request_json(kwargs), cast_to=ChatCompletion,
-                                                 options=_AUTH))
+            return self._whole(self._client.post("/chat/completions", content=request_json(kwargs),
+                                                 cast_to=ChatCompletion, options=_AUTH))
         except openai.APIError as exc:  # status, connection, timeout, a stream that broke off
             raise from_api_error(exc) from exc  # agent.model_errors: its reason decides failover
 
@@ -160,7 +160,8 @@ class OpenAIChatModel:
         acc = StreamAccumulator()
         body = {**kwargs, "stream": True, "stream_options": {"include_usage": True}} if self.stream_options \
             else {**kwargs, "stream": True}
-        stream = self._client.post("/chat/completions", body=request_json(body), cast_to=ChatCompletion, options=_AUTH,
+        stream = self._client.post("/chat/completions", content=request_json(body), cast_to=ChatCompletion,
+                                   options=_AUTH,
                                    stream=True, stream_cls=_ChunkStream)
         with stream:
             for chunk in stream:

@@ -257,6 +257,7 @@ def test_the_model_client_posts_json_the_api_reads(fake):
     odd = {"role": "user", "content": "bad \ud800 half"}
     assert model.complete([system, odd], []).content == "ok"
     assert fake.last_request["json"]["messages"] == [system, odd]
+    assert fake.last_request["headers"]["content-type"] == "application/json"
     plain, fallback = request_json({"messages": [system]}), request_json({"messages": [system, odd], "n": 2**70})
     assert fallback.startswith(plain[:-2]) and "你是助手".encode() in plain
     assert json.loads(fallback) == {"messages": [system, odd], "n": 2**70}

@@ -10,6 +10,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.adapter import SlackAdapter, signature_problem
+from gateway.core.errors import CredentialRejected
 from gateway.core.types import ChatAddress, OutboundMessage
 from tests.fakes.slack import TEXT_LIMIT, FakeSlack
 
@@ -87,9 +88,9 @@ async def test_edit_updates_own_message_only(adapter, fake_slack):
 async def test_check_reports_identity_and_fails_on_a_bad_token(adapter, fake_slack):
     assert "U0BOT00001" in await adapter.check() and "T0FAKE0001" in await adapter.check()
     wrong = SlackAdapter(bot_token="xoxb-wrong", signing_secret="s", api_url=f"{fake_slack.url}/api/")
-    with pytest.raises(SlackApiError) as raised:
+    with pytest.raises(CredentialRejected) as raised:  # as at start-up: the setting is named
         await wrong.check()
-    assert raised.value.response["error"] == "invalid_auth"
+    assert (raised.value.settings, raised.value.reason) == (("bot_token_env",), "invalid_auth")
 
 
 @pytest.mark.filterwarnings("ignore:The top-level `text` argument is missing")

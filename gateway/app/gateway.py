@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import dataclasses
 import functools
 import logging
@@ -338,7 +339,9 @@ class Gateway:
         if self._loop is None:
             return
         try:
-            self._loop.call_soon_threadsafe(self.delivery.send_claimed, items)
+            # A context of its own, as the delivery loop's: the send is not part of the turn's trace
+            # (its span would be a child of the turn's, which has ended) nor of its language.
+            self._loop.call_soon_threadsafe(self.delivery.send_claimed, items, context=contextvars.Context())
         except RuntimeError:
             log.debug("main loop closed; reply %s sent after its claim expires", [i.id for i in items])
 
