@@ -77,7 +77,8 @@ class Delivery:
     def send_claimed(self, items: list[OutboxItem]) -> None:
         """Sends rows this instance claimed when they were queued (``Store.finish_turn``'s ``claim``:
         a turn's reply, sent without waiting for a ``claim_due`` pass). Main loop only. While
-        stopping, nothing new is sent: the claims expire and the rows are claimed again."""
+        stopping, nothing new is sent: the graceful stop frees this instance's claims
+        (``InstanceStore.release``), so the next start, or another instance, sends them."""
         if self._task is None or self._closing:
             return
         for item in items:
