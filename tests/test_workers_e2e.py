@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,16 +25,22 @@ pytestmark = pytest.mark.timeout(240)
 W1, W2 = f"{INSTANCE_ID}-w1", f"{INSTANCE_ID}-w2"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def pg_scratch() -> tuple[str, Any]:
+    """A scratch PostgreSQL database ``(url, drop)``; skipped when PostgreSQL is unreachable, except
+    in CI (``CI`` set), where that is a failure."""
     from bench.multi_instance import scratch_database
 
     try:
-        db_url, drop = scratch_database()
+        return scratch_database()
     except Exception as exc:
         if os.environ.get("CI"):
             raise
         pytest.skip(f"PostgreSQL unreachable ({type(exc).__name__})")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    db_url, drop = pg_scratch()
     try:
         with rig(tmp_path_factory.mktemp("workers"), db_url, 2, worker_threads=32) as r:
             yield r
@@ -146,15 +153,9 @@ def test_several_workers_on_sqlite_are_refused_with_one_line(tmp_path):
 def test_telegram_long_polling_with_two_workers_has_one_poller(tmp_path):
     """Polling mode: the receiver lease lets one worker poll ``getUpdates`` (two pollers would get
     409 Conflict from Telegram, and from the fake); every update is answered once."""
-    from bench.multi_instance import scratch_database
     from bench.workers import CHAT_BASE
 
-    try:
-        db_url, drop = scratch_database()
-    except Exception as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"PostgreSQL unreachable ({type(exc).__name__})")
+    db_url, drop = pg_scratch()
     chats = 20
     try:
         with rig(tmp_path, db_url, 2, worker_threads=8, mode="polling") as r:
@@ -181,14 +182,7 @@ def test_a_start_up_error_of_the_workers_stops_the_supervisor_with_status_2(tmp_
     import subprocess
     import sys
 
-    from bench.multi_instance import scratch_database
-
-    try:
-        db_url, drop = scratch_database()
-    except Exception as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"PostgreSQL unreachable ({type(exc).__name__})")
+    db_url, drop = pg_scratch()
     config = tmp_path / "gateway.toml"
     config.write_text(f'workers = 2\n[database]\nurl = "{db_url}"\n[http]\nport = 0\n'
                       '[telegram]\nenabled = true\nmode = "webhook"\ntoken_env = "NO_SUCH_TOKEN_VAR"\n'
