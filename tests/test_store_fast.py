@@ -82,3 +82,21 @@ def test_errors_are_sqlalchemy_errors(engine) -> None:
         fast.execute(conn, q.INSERT_INBOX, _inbox(1))  # the same platform message: unique
     with read_tx(engine) as conn:  # rolled back as a whole
         assert conn.execute(text("SELECT count(*) FROM inbox")).scalar() == 0
+
+
+def test_statements_built_per_call_beyond_the_plan_cap_still_run(engine, monkeypatch) -> None:
+    """Past ``MAX_PLANS`` a statement never seen runs through SQLAlchemy, and nothing of it is kept
+    (a statement built per call must not leave an entry that a later one with its id would reuse)."""
+    from sqlalchemy import bindparam, select
+
+    from gateway.store.models import InboxRow, table
+
+    monkeypatch.setattr(fast, "MAX_PLANS", 0)
+    inbox = table(InboxRow)
+    with write_tx(engine) as conn:
+        fast.execute(conn, q.INSERT_INBOX, _inbox(1))  # planned earlier in this process, or run plainly
+        for _ in range(3):
+            ad_hoc = select(inbox.c.id).where(inbox.c.id.in_(bindparam("b_ids", expanding=True)))
+            assert fast.execute(conn, ad_hoc, {"b_ids": [1, 2]}).scalar() == 1
+            assert (id(ad_hoc), frozenset({"b_ids"})) not in fast._EXPANDING
+            assert id(ad_hoc) not in fast._KEEP

@@ -194,10 +194,14 @@ def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any
     cache_key: tuple[Any, ...] = (id(statement), frozenset(values))
     expanding = _EXPANDING.get(cache_key)
     if expanding is None:
+        if len(_PLANS) >= MAX_PLANS:  # statements built per call were passed: not worth a plan each
+            return conn.execute(statement, dict(values))
         compiled: Any = statement.compile(  # type: ignore[attr-defined]
             dialect=conn.dialect, column_keys=sorted(values))
-        expanding = _EXPANDING[cache_key] = tuple(name for bind, name in compiled.bind_names.items()
-                                                  if bind.expanding and name in values)
+        with _PLANS_LOCK:  # kept alive with its entry: its id is never another statement's
+            _KEEP[id(statement)] = statement
+            expanding = _EXPANDING[cache_key] = tuple(name for bind, name in compiled.bind_names.items()
+                                                      if bind.expanding and name in values)
     if expanding:  # a plan per length of each expanding list
         cache_key += tuple(len(values[name]) for name in expanding)
     plan = _PLANS.get(cache_key, _NO_VALUE)
@@ -206,7 +210,6 @@ def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any
             return conn.execute(statement, dict(values))
         with _PLANS_LOCK:
             plan = _PLANS[cache_key] = _plan(conn, statement, values)
-            _KEEP[id(statement)] = statement  # its id stays its own while the plan exists
     if plan is None:
         return conn.execute(statement, dict(values))
     assert isinstance(plan, _Plan)
