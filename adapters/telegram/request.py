@@ -5,9 +5,16 @@ bookkeeping; the gateway already runs aiohttp, whose client does the same work f
 that. Behaviour is PTB's: form-encoded parameters, multipart when files are sent, PTB's timeout
 defaults, ``TimedOut`` / ``NetworkError`` on transport failures. One addition: ``getUpdates``
 results are checked (``adapters.telegram.wire.checked_updates``) before PTB parses them.
+
+Proxies come from the environment (``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY``, ``NO_PROXY``; a
+password may be in the URL), read when the client starts: aiohttp's ``trust_env`` would scan the
+whole environment again on every call.
 """
 
 from __future__ import annotations
+
+import urllib.request
+from urllib.parse import urlsplit
 
 import aiohttp
 from telegram._utils.defaultvalue import DefaultValue
@@ -32,6 +39,8 @@ class AiohttpRequest(BaseRequest):
         self._write_timeout = write_timeout
         self._connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._proxies: dict[str, str] = {}
+        self._proxy_for: dict[tuple[str, str], str | None] = {}
 
     @property
     def read_timeout(self) -> float | None:
@@ -39,10 +48,25 @@ class AiohttpRequest(BaseRequest):
 
     async def initialize(self) -> None:
         if self._session is None or self._session.closed:
+            self._proxies = urllib.request.getproxies_environment()
+            self._proxy_for = {}
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._limit), trust_env=True,
+                connector=aiohttp.TCPConnector(limit=self._limit), trust_env=False,
                 headers={"User-Agent": self.USER_AGENT},
             )
+
+    def proxy(self, url: str) -> str | None:
+        """The proxy URL for ``url`` from the environment read at ``initialize`` (the scheme's
+        ``*_PROXY``, else ``ALL_PROXY``), or ``None`` when there is none or ``NO_PROXY`` names the
+        host; kept per scheme and host."""
+        parts = urlsplit(url)
+        key = (parts.scheme, parts.hostname or "")
+        if key not in self._proxy_for:
+            proxy = self._proxies.get(parts.scheme) or self._proxies.get("all")
+            if proxy and urllib.request.proxy_bypass_environment(key[1], self._proxies):
+                proxy = None
+            self._proxy_for[key] = proxy or None
+        return self._proxy_for[key]
 
     async def shutdown(self) -> None:
         if self._session is not None and not self._session.closed:
@@ -77,7 +101,8 @@ class AiohttpRequest(BaseRequest):
         elif request_data is not None:
             body = request_data.json_parameters
         try:
-            async with self._session.request(method, url, data=body, timeout=timeout) as response:
+            async with self._session.request(method, url, data=body, timeout=timeout,
+                                             proxy=self.proxy(url)) as response:
                 payload = await response.read()
                 if response.status == 200 and url.endswith("/getUpdates"):
                     payload = checked_updates(payload)

@@ -73,29 +73,31 @@ def create_db_engine(url: str, pool_size: int = 10) -> Engine:
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:
-        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
+        dbapi_conn.isolation_level = None  # write_tx and read_tx issue BEGIN themselves
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA busy_timeout=5000")
         cur.close()
 
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        # Straight on the driver's connection: every transaction runs this, and a statement
-        # through SQLAlchemy's execution path costs more than the BEGIN itself. A lock timeout is
-        # raised as SQLAlchemy's OperationalError, like any statement's (``retry_locked``).
-        statement = "BEGIN IMMEDIATE" if conn.get_execution_options().get("sqlite_immediate", False) else "BEGIN"
-        try:
-            conn.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
-        except sqlite3.OperationalError as exc:
-            raise OperationalError(statement, None, exc) from exc
-
     return engine
 
 
 _WRITERS: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
 """SQLite engine -> the lock its write transactions take in this process (see ``write_tx``)."""
+
+
+def _sqlite_begin(conn: Connection, statement: str) -> None:
+    """Starts the transaction on the driver's connection (``isolation_level=None``: the driver
+    issues no ``BEGIN`` of its own; SQLAlchemy's commit and rollback end this one). Issued here
+    rather than from a ``begin`` event listener: a listener on the engine puts every connection,
+    transaction and statement of the process on SQLAlchemy's event-dispatch path, which cost more
+    than the ``BEGIN`` itself. A lock timeout is SQLAlchemy's ``OperationalError``, like any
+    statement's (``retry_locked``)."""
+    try:
+        conn.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
+    except sqlite3.OperationalError as exc:
+        raise OperationalError(statement, None, exc) from exc
 
 
 @contextlib.contextmanager
@@ -108,16 +110,21 @@ def write_tx(engine: Engine) -> Iterator[Connection]:
     of them starved the event loop's own inbox writes, and cost CPU). Writers of other processes
     still meet the busy timeout."""
     lock = _WRITERS.get(engine)
-    with lock if lock is not None else contextlib.nullcontext(), \
-            engine.connect().execution_options(sqlite_immediate=True) as conn, conn.begin():
-        yield conn
+    with lock if lock is not None else contextlib.nullcontext(), engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            _sqlite_begin(conn, "BEGIN IMMEDIATE")
+        with conn.begin():
+            yield conn
 
 
 @contextlib.contextmanager
 def read_tx(engine: Engine) -> Iterator[Connection]:
     """A read-only transaction (deferred; WAL readers never wait on writers)."""
-    with engine.connect() as conn, conn.begin():
-        yield conn
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            _sqlite_begin(conn, "BEGIN")
+        with conn.begin():
+            yield conn
 
 
 MIGRATION_LOCK_ID = 0x6761_7465  # PostgreSQL advisory lock key: instances migrate one at a time
