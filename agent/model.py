@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,6 +18,7 @@ import orjson
 from openai.types.chat import ChatCompletion
 
 from agent.model_errors import ModelError, from_api_error
+from agent.model_http import StreamingEndpoint
 from agent.streaming import StreamAccumulator, new_call_id
 
 __all__ = ["ChatModel", "ModelError", "ModelReply", "OnText", "OpenAIChatModel", "Usage"]
@@ -100,32 +101,39 @@ class OpenAIChatModel:
         self.stream_options = stream_options
         self._connect: dict[str, Any] = {"base_url": base_url, "api_key": api_key, "timeout": timeout_s,
                                          "max_retries": max_retries}
-        self._shards: list[openai.OpenAI | None] = [None] * CLIENT_SHARDS
+        self._shards: list[tuple[openai.OpenAI, StreamingEndpoint] | None] = [None] * CLIENT_SHARDS
         self._shard_lock = threading.Lock()
         self._next_shard = itertools.count()
         self._local = threading.local()
 
     @property
     def _client(self) -> openai.OpenAI:
-        """The calling thread's client: one of ``CLIENT_SHARDS``, assigned to threads in turn.
+        """The calling thread's SDK client (``_shard``)."""
+        return self._shard[0]
+
+    @property
+    def _shard(self) -> tuple[openai.OpenAI, StreamingEndpoint]:
+        """The calling thread's client and its streaming endpoint: one of ``CLIENT_SHARDS``,
+        assigned to threads in turn.
 
         The SDK's connection pool (httpx) probes the socket of every idle keep-alive connection
         on each request and again on each response; after a burst one client holds up to 100 of
         them, which cost more CPU than the call itself. Shards split the pool: each holds a share of
         the connections (and keeps a share of the idle ones), so a request scans a few."""
-        shard = getattr(self._local, "shard", None)
+        index = getattr(self._local, "shard", None)
+        if index is None:
+            index = self._local.shard = next(self._next_shard) % CLIENT_SHARDS
+        shard = self._shards[index]
         if shard is None:
-            shard = self._local.shard = next(self._next_shard) % CLIENT_SHARDS
-        client = self._shards[shard]
-        if client is None:
             with self._shard_lock:
-                client = self._shards[shard]
-                if client is None:
+                shard = self._shards[index]
+                if shard is None:
                     limits = httpx2.Limits(max_connections=1000 // CLIENT_SHARDS,
                                           max_keepalive_connections=-(-100 // CLIENT_SHARDS))
-                    client = self._shards[shard] = openai.OpenAI(
-                        **self._connect, http_client=openai.DefaultHttpxClient(limits=limits))
-        return client
+                    http = openai.DefaultHttpxClient(limits=limits)
+                    client = openai.OpenAI(**self._connect, http_client=http)
+                    shard = self._shards[index] = (client, StreamingEndpoint(client, http))
+        return shard
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                  on_text: OnText | None = None) -> ModelReply:
@@ -160,13 +168,9 @@ class OpenAIChatModel:
         acc = StreamAccumulator()
         body = {**kwargs, "stream": True, "stream_options": {"include_usage": True}} if self.stream_options \
             else {**kwargs, "stream": True}
-        stream = self._client.post("/chat/completions", content=request_json(body), cast_to=ChatCompletion,
-                                   options=_AUTH,
-                                   stream=True, stream_cls=_ChunkStream)
-        with stream:
-            for chunk in stream:
-                if isinstance(chunk, dict) and acc.add(chunk) is not None and on_text is not None:
-                    on_text(acc.text)
+        for chunk in self._shard[1].events(request_json(body)):
+            if isinstance(chunk, dict) and acc.add(chunk) is not None and on_text is not None:
+                on_text(acc.text)
         return ModelReply(acc.text or None, acc.tool_calls(), acc.finish_reason or "stop", _usage(acc.usage))
 
     @staticmethod
@@ -181,27 +185,6 @@ class OpenAIChatModel:
         ]
         usage = _usage(response.usage.model_dump() if response.usage is not None else None)
         return ModelReply(message.content, tool_calls, choice.finish_reason or "stop", usage)
-
-
-class _ChunkStream(openai.Stream[object]):
-    """The SDK's SSE stream of chat-completion chunks, with two differences:
-
-    - chunks arrive as the JSON the server sent (``object``: the SDK passes it through untouched;
-      ``StreamAccumulator`` reads dicts, and building a ``ChatCompletionChunk`` per chunk only to
-      dump it again cost more than the rest of the call against a fast server);
-    - after ``data: [DONE]`` the rest of the body (the HTTP/1.1 chunked terminator) is read before
-      the SDK closes the response, so the connection goes back to the pool. The SDK's sync stream
-      stops reading at ``[DONE]`` and closes it (its async stream drains), so every streamed call
-      paid a new TCP (and TLS) connection.
-    """
-
-    def _iter_events(self) -> Iterator[Any]:  # openai._streaming.ServerSentEvent
-        events = super()._iter_events()
-        for event in events:
-            if event.data.startswith("[DONE]"):
-                for _ in events:  # the server ends the body right after [DONE]
-                    pass
-            yield event
 
 
 def request_json(body: dict[str, Any]) -> bytes:

@@ -240,7 +240,14 @@ if __name__ == "__main__":
     parser.add_argument("--images", action="store_true", help="text turns beside photo turns")
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--rate", type=float, default=10.0)
+    parser.add_argument("--chats", type=int, default=None,
+                        help="text turns spread over this many chats (= --messages: each a new chat)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        run = run_image_overhead if args.images else run_overhead
-        print(json.dumps(run(Path(tmp), messages=args.messages, rate=args.rate), indent=2))
+        if args.images:
+            figures = run_image_overhead(Path(tmp), messages=args.messages, rate=args.rate)
+        elif args.chats:
+            figures = run_overhead(Path(tmp), messages=args.messages, rate=args.rate, chats=args.chats)
+        else:
+            figures = run_overhead(Path(tmp), messages=args.messages, rate=args.rate)
+        print(json.dumps(figures, indent=2))
