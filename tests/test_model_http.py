@@ -5,6 +5,7 @@ raw SSE server on loopback."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Iterator
 
@@ -137,8 +138,8 @@ class RawSSE:
 
 
 def _chunk(content: str) -> str:
-    return '{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":%s}}]}' % (
-        f'"{content}"')
+    return json.dumps({"id": "c", "object": "chat.completion.chunk",
+                       "choices": [{"index": 0, "delta": {"content": content}}]})
 
 
 @pytest.fixture
@@ -161,8 +162,7 @@ def test_sse_as_servers_write_it_comments_event_names_crlf_and_multiline_data(ra
 
 def test_an_error_event_inside_the_stream_is_a_model_error(raw_sse):
     body = (f"data: {_chunk('partial')}\n\n"
-            'data: {"error":{"message":"The server had an error while processing your request","type":"server_error"}}\n\n'
-            ).encode()
+            'data: {"error":{"message":"The server had an error","type":"server_error"}}\n\n').encode()
     with raw_sse(body) as server, pytest.raises(ModelError) as raised:
         _model(server.url, retries=2).complete(MESSAGES, [])
     assert raised.value.reason == "stream"
