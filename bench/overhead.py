@@ -95,13 +95,14 @@ async def _drive(url: str, rig_: Rig, tag: str, messages: int, rate: float, chat
 
 
 def run_overhead(workdir: Path, *, messages: int = 1000, rate: float = 50.0, chats: int = 50,
-                 warmup: int = 20, profile: bool = False) -> dict[str, Any]:
+                 warmup: int = 20, profile: bool = False, db_url: str | None = None) -> dict[str, Any]:
     """Runs gateway and floor at the same rate; returns both and the difference at p50/p99, and
     the gateway's CPU per turn (process CPU time / turns, its idle rate subtracted). ``chats`` =
     ``messages``: every turn is the first of a new chat. ``profile``: a py-spy summary of the
-    gateway's run (``bench.profile``)."""
+    gateway's run (``bench.profile``). ``db_url``: the gateway's database (default: a fresh SQLite
+    file in ``workdir``)."""
     stamps = _Stamps()
-    with rig(workdir) as r:
+    with rig(workdir, **({"db_url": db_url} if db_url else {})) as r:
         r.model.responder = stamps.responder
         asyncio.run(_drive(r.webhook, r, "warm", warmup, rate, chats, stamps, 30))
         pid = r.gateway.proc.pid  # type: ignore[union-attr]
@@ -242,12 +243,25 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=10.0)
     parser.add_argument("--chats", type=int, default=None,
                         help="text turns spread over this many chats (= --messages: each a new chat)")
+    parser.add_argument("--postgres", action="store_true",
+                        help="the gateway on a scratch PostgreSQL database (bench.multi_instance.PG_ADMIN_URL)")
+    parser.add_argument("--profile", action="store_true", help="a py-spy summary of the gateway's run")
     args = parser.parse_args()
+    drop = None
     with tempfile.TemporaryDirectory() as tmp:
         if args.images:
             figures = run_image_overhead(Path(tmp), messages=args.messages, rate=args.rate)
-        elif args.chats:
-            figures = run_overhead(Path(tmp), messages=args.messages, rate=args.rate, chats=args.chats)
         else:
-            figures = run_overhead(Path(tmp), messages=args.messages, rate=args.rate)
+            options: dict[str, Any] = {"profile": args.profile}
+            if args.chats:
+                options["chats"] = args.chats
+            if args.postgres:
+                from bench.multi_instance import scratch_database
+
+                options["db_url"], drop = scratch_database()
+            try:
+                figures = run_overhead(Path(tmp), messages=args.messages, rate=args.rate, **options)
+            finally:
+                if drop is not None:
+                    drop()
         print(json.dumps(figures, indent=2))

@@ -1,26 +1,34 @@
 """The planned statement path (``gateway.store.fast``) gives what SQLAlchemy's ``Connection.execute``
-gives, on a real SQLite file: rows (JSON decoded, labels as attributes), row counts, new primary
-keys, lists in ``IN``, literals the statement carries, and SQLAlchemy's exceptions."""
+gives, on a real SQLite file and on PostgreSQL (psycopg): rows (JSON decoded, labels as
+attributes), row counts, new primary keys, lists in ``IN``, literals the statement carries, and
+SQLAlchemy's exceptions."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from sqlalchemy import text
+from sqlalchemy import bindparam, select, text
 from sqlalchemy.exc import IntegrityError
 
 from gateway.store import fast
 from gateway.store import prepared as q
 from gateway.store.db import create_db_engine, read_tx, upgrade, write_tx
+from gateway.store.models import InboxRow, table
 
 
 @pytest.fixture
-def engine(tmp_path: Path):
-    engine = create_db_engine(f"sqlite:///{tmp_path / 'fast.db'}")
+def engine(db_url: str):
+    engine = create_db_engine(db_url)
     upgrade(engine)
     yield engine
     engine.dispose()
+
+
+def _planned(engine, statement) -> bool:
+    """Did ``statement`` run planned (not through SQLAlchemy's ``Connection.execute``)?"""
+    return any(key[0] == id(statement) for key in fast._PLANS if fast._PLANS[key] is not None)
+
+
+_INBOX = table(InboxRow)
 
 
 def _inbox(n: int, key: str = "telegram::1") -> dict:
@@ -32,27 +40,36 @@ def _inbox(n: int, key: str = "telegram::1") -> dict:
 def test_planned_statements_match_sqlalchemy(engine) -> None:
     with write_tx(engine) as conn:
         ids = [fast.execute(conn, q.INSERT_INBOX, _inbox(n)).inserted_primary_key[0] for n in range(3)]
-        assert ids == [1, 2, 3]
-        assert conn.execute(q.INSERT_INBOX, _inbox(3)).inserted_primary_key[0] == 4
+        first = ids[0]  # PostgreSQL's sequence is not reset between tests
+        assert isinstance(first, int) and ids == [first, first + 1, first + 2]
+        assert conn.execute(q.INSERT_INBOX, _inbox(3)).inserted_primary_key[0] == first + 3
         fast.execute(conn, q.INSERT_LANE, {"key": "telegram::1", "lease_owner": None, "lease_until": 0.0,
                                            "generation": 7})
+    assert _planned(engine, q.INSERT_INBOX)
     with read_tx(engine) as conn:
         planned = fast.execute(conn, q.PENDING_BATCH, {"b_key": "telegram::1", "b_limit": 3}).all()
         plain = conn.execute(q.PENDING_BATCH, {"b_key": "telegram::1", "b_limit": 3}).all()
     assert [tuple(r) for r in planned] == [tuple(r) for r in plain]
     assert planned[0].payload == {"text": "m0", "nested": {"ü": [1, 2.5, None]}}
-    assert planned[0].generation == 7 and planned[0]._mapping["id"] == 1
+    assert planned[0].generation == 7 and planned[0]._mapping["id"] == first
+    with read_tx(engine) as conn:  # a float column: PostgreSQL's numeric result processing by type code
+        when = select(_INBOX.c.received_at, _INBOX.c.finished_at).where(_INBOX.c.id == bindparam("b_id"))
+        assert tuple(fast.execute(conn, when, {"b_id": first}).first()) == (100.0, None) == \
+            tuple(conn.execute(when, {"b_id": first}).first())
+    assert _planned(engine, q.PENDING_BATCH)
     with write_tx(engine) as conn:  # an expanding IN of two, then of one: a plan each
-        assert fast.execute(conn, q.FINISH_INBOX_MANY, {"b_ids": [1, 2], "status": "merged",
+        assert fast.execute(conn, q.FINISH_INBOX_MANY, {"b_ids": [first, first + 1], "status": "merged",
                                                         "finished_at": 5.0}).rowcount == 2
-        assert fast.execute(conn, q.FINISH_INBOX_MANY, {"b_ids": [3], "status": "done",
+        assert fast.execute(conn, q.FINISH_INBOX_MANY, {"b_ids": [first + 2], "status": "done",
                                                         "finished_at": 6.0}).rowcount == 1
         assert fast.execute(conn, q.FINISH_INBOX_MANY, {"b_ids": [], "status": "done",
                                                         "finished_at": 6.0}).rowcount == 0
-        rows = conn.execute(text("SELECT id, status, finished_at FROM inbox ORDER BY id")).all()
-    assert [tuple(r) for r in rows] == [(1, "merged", 5.0), (2, "merged", 5.0), (3, "done", 6.0), (4, "pending", None)]
+        rows = conn.execute(text("SELECT id - :first, status, finished_at FROM inbox ORDER BY id"),
+                            {"first": first}).all()
+    assert [tuple(r) for r in rows] == [(0, "merged", 5.0), (1, "merged", 5.0), (2, "done", 6.0), (3, "pending", None)]
+    assert _planned(engine, q.FINISH_INBOX_MANY)
     with read_tx(engine) as conn:
-        assert fast.execute(conn, q.ANY_PENDING, {"b_key": "telegram::1"}).scalar() == 4
+        assert fast.execute(conn, q.ANY_PENDING, {"b_key": "telegram::1"}).scalar() == first + 3
         assert fast.execute(conn, q.LANE_GENERATION, {"b_key": "telegram::1"}).scalar_one_or_none() == 7
         assert fast.execute(conn, q.LANE_GENERATION, {"b_key": "nope"}).first() is None
 
@@ -68,11 +85,12 @@ def test_a_statement_with_literal_lists_and_json_none(engine) -> None:
         fast.execute(conn, q.INSERT_OUTBOX, row)
         conn.execute(q.INSERT_OUTBOX, {**row, "idempotency_key": "k2"})
         conn.execute(text("UPDATE outbox SET claimed_by = 'me'"))
-        stored = conn.execute(text("SELECT buttons, address FROM outbox ORDER BY id")).all()
+        stored = conn.execute(text("SELECT CAST(buttons AS TEXT), CAST(address AS TEXT) FROM outbox ORDER BY id")).all()
         assert stored[0] == stored[1]
-        settled = fast.execute(conn, q.SETTLE_OUTBOX, {"b_id": 1, "b_owner": "me", "status": "sent"})
+        one = conn.execute(text("SELECT min(id) FROM outbox")).scalar()
+        settled = fast.execute(conn, q.SETTLE_OUTBOX, {"b_id": one, "b_owner": "me", "status": "sent"})
         assert settled.rowcount == 1
-        assert fast.execute(conn, q.SETTLE_OUTBOX, {"b_id": 1, "b_owner": "me", "status": "sent"}).rowcount == 0
+        assert fast.execute(conn, q.SETTLE_OUTBOX, {"b_id": one, "b_owner": "me", "status": "sent"}).rowcount == 0
         assert fast.execute(conn, q.OUTBOX_BY_KEY, {"b_key": "k1"}).first().status == "sent"
 
 
@@ -94,9 +112,9 @@ def test_statements_built_per_call_beyond_the_plan_cap_still_run(engine, monkeyp
     monkeypatch.setattr(fast, "MAX_PLANS", 0)
     inbox = table(InboxRow)
     with write_tx(engine) as conn:
-        fast.execute(conn, q.INSERT_INBOX, _inbox(1))  # planned earlier in this process, or run plainly
+        new = fast.execute(conn, q.INSERT_INBOX, _inbox(1)).inserted_primary_key[0]  # planned earlier, or plainly
         for _ in range(3):
             ad_hoc = select(inbox.c.id).where(inbox.c.id.in_(bindparam("b_ids", expanding=True)))
-            assert fast.execute(conn, ad_hoc, {"b_ids": [1, 2]}).scalar() == 1
-            assert (id(ad_hoc), frozenset({"b_ids"})) not in fast._EXPANDING
+            assert fast.execute(conn, ad_hoc, {"b_ids": [new, new + 1]}).scalar() == new
+            assert not any(key[0] == id(ad_hoc) for key in fast._EXPANDING)
             assert id(ad_hoc) not in fast._KEEP

@@ -1,19 +1,23 @@
-"""Runs the statements every turn runs straight on the driver's cursor, on SQLite.
+"""Runs the statements every turn runs straight on the driver's cursor (SQLite, and PostgreSQL
+through psycopg 3).
 
 SQLAlchemy's ``Connection.execute`` of a statement built once (``gateway.store.prepared``) still
-spends some 60 µs of Python per call on SQLite (the compiled cache's lookup, an execution context,
+spends some 60 µs of Python per call (the compiled cache's lookup, an execution context,
 parameter construction, event dispatch, a ``CursorResult``) against about 10 µs for the driver's
-own ``execute``; a turn of a new chat runs some 40 of them. ``execute`` compiles a statement once
-per set of parameter names with SQLAlchemy (the same SQL text ``Connection.execute`` would send, the
-same bind and result processing: JSON columns through ``json_dumps``/``json_loads``, booleans) and
-afterwards only binds values and runs the text on the transaction's own DBAPI connection.
+own ``execute`` on SQLite; a turn of a new chat runs some 40 of them. On PostgreSQL that Python was
+a fifth of a turn's CPU (the round trips wait without it). ``execute`` compiles a statement once
+per set of parameter names with SQLAlchemy (the same SQL text ``Connection.execute`` would send,
+``?`` or ``%(name)s`` placeholders with psycopg's type casts, the same bind and result processing:
+JSON columns through ``json_dumps``/``json_loads``, booleans) and afterwards only binds values and
+runs the text on the transaction's own DBAPI connection. On PostgreSQL an ``INSERT`` returns its new
+primary key with the ``RETURNING`` SQLAlchemy adds (SQLite: ``lastrowid``).
 
 It falls back to ``Connection.execute`` (same result interface) where a plan cannot be made in
-advance (other dialects: PostgreSQL's round trip costs far more than the Python; ``text()``;
-Python-side defaults computed per row; values rendered into the SQL) and while the engine has
-statement listeners (``before_cursor_execute``/``after_cursor_execute``: tracing instrumentation,
-tests counting statements), so they see every statement. The SQLAlchemy connection keeps
-owning the transaction: ``BEGIN``, ``COMMIT`` and ``ROLLBACK`` go through it as before.
+advance (other drivers; ``text()``; Python-side defaults computed per row; values rendered into
+the SQL) and while the engine has statement listeners (``before_cursor_execute``/
+``after_cursor_execute``: tracing instrumentation, tests counting statements), so they see every
+statement. The SQLAlchemy connection keeps owning the transaction: ``BEGIN``, ``COMMIT`` and
+``ROLLBACK`` go through it as before.
 """
 
 from __future__ import annotations
@@ -30,19 +34,28 @@ _Processor = Callable[[Any], Any] | None
 
 
 class _Plan:
-    """One statement compiled for one set of parameter names: SQL text, the order of its ``?``
-    parameters with their bind processors and fixed values, and the result columns' names and
-    result processors (``names`` is ``None`` for a statement that returns no rows)."""
+    """One statement compiled for one set of parameter names: SQL text, its parameters in
+    placeholder order with their bind processors and fixed values, and the result columns' names
+    and types (``names`` is ``None`` for a statement that returns no rows); the types' result
+    processors are made at the first run, from the driver's type codes in ``cursor.description``
+    (PostgreSQL's numeric processors depend on them), and kept.
+    ``placeholders``: the ``%(name)s`` names in ``binds``' order (``None``: ``?`` placeholders).
+    ``returns_key``: an ``INSERT`` whose ``RETURNING`` gives its new primary key."""
 
-    __slots__ = ("binds", "names", "processors", "row", "sql")
+    __slots__ = ("binds", "dialect", "names", "placeholders", "processors", "returns_key", "row", "sql", "types")
 
     def __init__(self, sql: str, binds: list[tuple[str, Any, _Processor]], names: list[str] | None,
-                 processors: list[_Processor]) -> None:
+                 types: list[Any], dialect: Any, *, placeholders: list[str] | None = None,
+                 returns_key: bool = False) -> None:
         self.sql = sql
         self.binds = binds
-        self.names = names
-        self.processors = processors if any(p is not None for p in processors) else []
-        self.row = _row_class(names) if names is not None else None
+        self.placeholders = placeholders
+        self.returns_key = returns_key
+        self.names = None if returns_key else names
+        self.types = types
+        self.dialect = dialect
+        self.processors: list[_Processor] | None = None if types and not returns_key else []
+        self.row = _row_class(names) if names is not None and not returns_key else None
 
 
 class FastRow(tuple):
@@ -106,9 +119,12 @@ class FastResult:
 
     @property
     def inserted_primary_key(self) -> tuple[int | None]:
-        """The new row's integer primary key (SQLite ``lastrowid``)."""
+        """The new row's integer primary key (SQLite ``lastrowid``; PostgreSQL: from ``RETURNING``)."""
         return (self._lastrowid,)
 
+
+_DRIVERS = frozenset({"pysqlite", "psycopg"})
+"""DBAPI drivers (``dialect.driver``) whose statements run planned; others through SQLAlchemy."""
 
 MAX_PLANS = 512
 """Plans kept at most (statements x parameter-name sets); past it statements run through SQLAlchemy."""
@@ -125,6 +141,9 @@ def _plan(conn: Connection, statement: ClauseElement, values: Mapping[str, Any])
     if not isinstance(statement, Select | Insert | Update | Delete | TextualSelect):
         return None  # a bare text(): its result columns are known only once it ran
     dialect = conn.dialect
+    named = dialect.paramstyle != "qmark"
+    if named and dialect.paramstyle != "pyformat":
+        return None
     keys = set(values)
     compiled: Any = statement.compile(dialect=dialect, column_keys=sorted(keys))
     if compiled.insert_prefetch or compiled.update_prefetch:
@@ -133,12 +152,12 @@ def _plan(conn: Connection, statement: ClauseElement, values: Mapping[str, Any])
     if any(bind.literal_execute or (bind.callable is not None and name not in keys) for name, bind in by_name.items()):
         return None  # rendered or computed per execution
     processors_in = {name: bind.type.dialect_impl(dialect).bind_processor(dialect) for name, bind in by_name.items()}
-    sql, order = compiled.string, list(compiled.positiontup or ())
+    sql, order = compiled.string, list(compiled.positiontup or by_name)
     fixed = {name: bind.value for name, bind in by_name.items() if name not in keys}
     expanded: dict[str, tuple[str, int]] = {}  # "b_ids_2" -> ("b_ids", 1): an element of a list given
     if any(bind.expanding for bind in by_name.values()):
         state = compiled.construct_expanded_state({k: v for k, v in values.items() if k in by_name})
-        sql, order = state.statement, list(state.positiontup or ())
+        sql, order = state.statement, list(state.positiontup or state.parameters)
         for name, names in state.parameter_expansion.items():
             for index, element in enumerate(names):
                 processors_in[element] = processors_in.get(name)
@@ -158,13 +177,20 @@ def _plan(conn: Connection, statement: ClauseElement, values: Mapping[str, Any])
         else:
             return None
     names = None
-    processors: list[_Processor] = []
+    types: list[Any] = []
+    returns_key = isinstance(statement, Insert) and bool(getattr(compiled, "implicit_returning", None))
     if compiled._result_columns:
-        names, processors = [], []
-        for entry in compiled._result_columns:
-            names.append(entry[0])
-            processors.append(entry[3].dialect_impl(dialect).result_processor(dialect, None))
-    return _Plan(sql, binds, names, processors)
+        names = [entry[0] for entry in compiled._result_columns]
+        types = [entry[3].dialect_impl(dialect) for entry in compiled._result_columns]
+    return _Plan(sql, binds, names, types, dialect, placeholders=order if named else None, returns_key=returns_key)
+
+
+def _result_processors(plan: _Plan, description: Sequence[Any] | None) -> list[_Processor]:
+    """The result processors of ``plan``'s columns for the driver's type codes (``[]`` when none
+    converts anything), as SQLAlchemy makes them per result."""
+    codes = [column[1] for column in description] if description else [None] * len(plan.types)
+    processors = [kind.result_processor(plan.dialect, code) for kind, code in zip(plan.types, codes, strict=False)]
+    return processors if any(p is not None for p in processors) else []
 
 
 class _Fixed:
@@ -181,7 +207,7 @@ _NO_VALUE = object()
 
 def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any] | None = None) -> Any:
     """Runs ``statement`` (built once, e.g. ``gateway.store.prepared``) with ``params`` in ``conn``'s
-    transaction; returns a ``FastResult`` on SQLite, SQLAlchemy's ``CursorResult`` elsewhere (both
+    transaction; returns a ``FastResult`` when planned, SQLAlchemy's ``CursorResult`` otherwise (both
     give ``first``/``all``/``scalar*``/``rowcount``/``inserted_primary_key``).
 
     Raises what the driver raises, as SQLAlchemy's exceptions (``OperationalError`` for a locked
@@ -189,9 +215,10 @@ def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any
     errors either way."""
     values = params or {}
     dispatch = conn.dispatch
-    if conn.dialect.name != "sqlite" or dispatch.before_cursor_execute or dispatch.after_cursor_execute:
+    dbapi = conn.dialect.driver
+    if dbapi not in _DRIVERS or dispatch.before_cursor_execute or dispatch.after_cursor_execute:
         return conn.execute(statement, dict(values))  # (statement listeners: instrumentation sees every one)
-    cache_key: tuple[Any, ...] = (id(statement), frozenset(values))
+    cache_key: tuple[Any, ...] = (id(statement), dbapi, frozenset(values))
     expanding = _EXPANDING.get(cache_key)
     if expanding is None:
         if len(_PLANS) >= MAX_PLANS:  # statements built per call were passed: not worth a plan each
@@ -222,25 +249,34 @@ def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any
         else:
             value = how.value
         args.append(processor(value) if processor is not None else value)
+    params: list[Any] | dict[str, Any] = args if plan.placeholders is None else dict(zip(plan.placeholders, args,
+                                                                                        strict=True))
     driver = conn.connection.driver_connection
     try:
-        cursor = driver.execute(plan.sql, args)  # type: ignore[union-attr]
+        cursor = driver.execute(plan.sql, params)  # type: ignore[union-attr]
     except Exception as exc:
-        raise _translated(conn, exc, plan.sql, args) from exc
+        raise _translated(conn, exc, plan.sql, params) from exc
     rows: list[FastRow] = []
+    if plan.returns_key:
+        key = cursor.fetchone()
+        result = FastResult(rows, cursor.rowcount, key[0] if key else None)
+        cursor.close()
+        return result
     if plan.row is not None:
         raw = cursor.fetchall()
-        if plan.processors:
-            procs = plan.processors
+        procs = plan.processors
+        if procs is None:
+            procs = plan.processors = _result_processors(plan, cursor.description)
+        if procs:
             raw = [tuple(p(v) if p is not None else v for p, v in zip(procs, r, strict=True)) for r in raw]
         cls = plan.row
         rows = [tuple.__new__(cls, r) for r in raw]
-    result = FastResult(rows, cursor.rowcount, cursor.lastrowid)
+    result = FastResult(rows, cursor.rowcount, getattr(cursor, "lastrowid", None))
     cursor.close()
     return result
 
 
-def _translated(conn: Connection, exc: Exception, sql: str, args: list[Any]) -> Exception:
+def _translated(conn: Connection, exc: Exception, sql: str, args: list[Any] | dict[str, Any]) -> Exception:
     """The driver's exception as SQLAlchemy would raise it (``sqlalchemy.exc.DBAPIError`` subclasses)."""
     from sqlalchemy import exc as sa_exc
 
