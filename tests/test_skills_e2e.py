@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from agent.skills.library import FINGERPRINT_TTL_S
 from tests.conftest import gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.helpers import wait_until
@@ -51,6 +52,8 @@ async def test_a_running_session_keeps_its_system_prompt_when_a_skill_changes(tm
     fake_telegram.inject(dm_update("and again", 9802, user_id=alice))
     await wait_until(lambda: len(fake_openai.requests) == 2, what="alice's second turn")
     assert system_prompt(fake_openai.requests[1]).encode() == first.encode()  # byte for byte
+
+    await asyncio.sleep(FINGERPRINT_TTL_S)  # the skill folders are walked at most once a second
 
     fake_telegram.inject(dm_update("hi, new here", 9803, user_id=bob))
     await wait_until(lambda: len(fake_openai.requests) == 3, what="bob's first turn")

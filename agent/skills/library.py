@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ from agent.skills.skill import NAME_RULE, SKILL_FILE, Skill, SkillError, parse_s
 log = logging.getLogger("agent.skills")
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
+
+FINGERPRINT_TTL_S = 1.0
+"""How long a walk of the skill directories is trusted (``SkillLibrary.catalogue``)."""
 """The skills shipped with the gateway (``daily-report``, ``summarize-web-page``)."""
 
 CATALOGUE_HEADER = (
@@ -44,6 +48,16 @@ class SkillLibrary:
         self.dirs = [Path(d) for d in dirs]
         self._catalogues: dict[tuple[Any, ...], str] = {}
         self._lock = threading.Lock()
+        self._walked: tuple[float, tuple[tuple[str, int, int, int], ...]] | None = None
+
+    def _fingerprint(self) -> tuple[tuple[str, int, int, int], ...]:
+        """``_fingerprint(dirs)``, walked at most once per ``FINGERPRINT_TTL_S``: a skill added,
+        changed or removed on disk is offered to sessions started a second later."""
+        now = time.monotonic()
+        walked = self._walked
+        if walked is None or now - walked[0] >= FINGERPRINT_TTL_S:
+            walked = self._walked = (now, _fingerprint(self.dirs))
+        return walked[1]
 
     def folders(self) -> dict[str, Path]:
         """Skill folder by folder name (later directories override earlier ones)."""
@@ -112,10 +126,10 @@ class SkillLibrary:
         ``""`` when there is none. Deterministic: the same skills give the same bytes.
 
         Reparsed only when a file or folder under ``dirs`` changed (``_fingerprint``: paths, sizes
-        and modification times, one directory walk): every new session asks for it, and parsing
-        the front matter and checking every skill costs milliseconds."""
+        and modification times, one directory walk, at most once a second): every new session asks
+        for it, and parsing the front matter and checking every skill costs milliseconds."""
         wanted = None if names is None else tuple(sorted(set(names)))
-        key = (_fingerprint(self.dirs), None if tools is None else tuple(sorted(set(tools))), wanted)
+        key = (self._fingerprint(), None if tools is None else tuple(sorted(set(tools))), wanted)
         with self._lock:
             cached = self._catalogues.get(key)
         if cached is not None:
