@@ -14,19 +14,30 @@ keeps the SDK's behaviour where it matters to callers:
   ``error`` object sent inside the stream. ``agent.model_errors`` reads them as before.
 - **Retries** follow the SDK's policy: up to ``max_retries`` more attempts after a timeout, a
   connection failure, 408, 409, 429 or 5xx (``x-should-retry: true|false`` overrides), waiting
-  ``Retry-After`` when the server gives 0-60 s, else 0.5 s doubling up to 8 s, less up to 25 %
-  jitter; a ``Retry-After`` above 60 s is not waited for (the error is raised, so routing can
+  ``Retry-After`` when the server gives 0-120 s, else 0.5 s doubling up to 8 s, less up to 25 %
+  jitter; a ``Retry-After`` above 120 s is not waited for (the error is raised, so routing can
   move on). Only before the first byte of the answer: a stream that broke off is never resent.
+  Any status outside 2xx is an error, as the SDK's ``raise_for_status``.
+- **Server-sent events** are split on CR, LF and CRLF only (not on U+2028 and the other line
+  breaks ``str.splitlines`` knows, which JSON text may hold unescaped) and read as UTF-8 whatever
+  charset the response names (WHATWG HTML, "Interpreting an event stream").
+- After ``[DONE]`` the rest of the body is read, so the connection goes back to the pool (the SDK's
+  sync stream closes it instead: a new connection, and TLS handshake, per call); a failure while
+  reading it does not matter (the answer is complete; the connection is dropped). A server that
+  keeps the body open after ``[DONE]`` delays the answer by the read timeout.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import re
+import ssl
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import httpx2
 import openai
 import orjson
@@ -35,8 +46,16 @@ from agent.model_errors import retry_after_s
 
 INITIAL_RETRY_DELAY_S = 0.5
 MAX_RETRY_DELAY_S = 8.0
-MAX_RETRY_AFTER_S = 60.0
-"""The SDK's own limits (``openai._constants``): a longer ``Retry-After`` is not waited for."""
+MAX_RETRY_AFTER_S = 120.0
+"""The SDK's own limits (``openai._constants``, 3.57): a longer ``Retry-After`` is not waited for."""
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream)
+"""What the SDK reports as ``APIConnectionError`` (``openai._httpx2.request_exceptions``); timeouts
+(``httpx2.TimeoutException``, a ``RequestError`` too) are checked first."""
+
+_DRAIN_ERRORS: tuple[type[BaseException], ...] = (httpx2.TimeoutException, *_CONNECTION_ERRORS)
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 _STATUS_ERRORS: dict[int, type[openai.APIStatusError]] = {
     400: openai.BadRequestError, 401: openai.AuthenticationError, 403: openai.PermissionDeniedError,
@@ -67,7 +86,7 @@ class StreamingEndpoint:
             yield from _data_events(response)
         except httpx2.TimeoutException as exc:
             raise openai.APITimeoutError(request=request) from exc
-        except httpx2.TransportError as exc:
+        except _CONNECTION_ERRORS as exc:
             raise openai.APIConnectionError(request=request) from exc
         finally:
             response.close()
@@ -83,12 +102,12 @@ class StreamingEndpoint:
                     raise openai.APITimeoutError(request=request) from exc
                 time.sleep(_backoff(attempt, None))
                 continue
-            except httpx2.TransportError as exc:
+            except _CONNECTION_ERRORS as exc:
                 if last:
                     raise openai.APIConnectionError(request=request) from exc
                 time.sleep(_backoff(attempt, None))
                 continue
-            if response.status_code < 400:
+            if 200 <= response.status_code < 300:
                 return response
             if last or not _should_retry(response):
                 raise status_error(response)
@@ -123,12 +142,25 @@ def status_error(response: httpx2.Response) -> openai.APIStatusError:
 
 def _should_retry(response: httpx2.Response) -> bool:
     wait = retry_after_s(response.headers)
-    if wait is not None and wait > MAX_RETRY_AFTER_S:
+    if (wait is not None and wait > MAX_RETRY_AFTER_S) or _endless_wait(response.headers):
         return False
     said = response.headers.get("x-should-retry")
     if said in ("true", "false"):
         return said == "true"
     return response.status_code in (408, 409, 429) or response.status_code >= 500
+
+
+def _endless_wait(headers: httpx2.Headers) -> bool:
+    """A ``retry-after(-ms)`` number too large for a float (``1e400``): the SDK takes it as longer
+    than it waits (``retry_after_s`` reads it as no header)."""
+    for name in ("retry-after-ms", "retry-after"):
+        raw = headers.get(name)
+        if raw is not None:
+            try:
+                return math.isinf(float(raw)) and raw.strip().lower() not in ("inf", "+inf", "infinity", "+infinity")
+            except ValueError:
+                continue
+    return False
 
 
 def _backoff(attempt: int, response: httpx2.Response | None) -> float:
@@ -139,26 +171,44 @@ def _backoff(attempt: int, response: httpx2.Response | None) -> float:
     return min(INITIAL_RETRY_DELAY_S * 2.0 ** min(attempt, 1000), MAX_RETRY_DELAY_S) * (1 - 0.25 * random.random())
 
 
+def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The body's lines without their ends (CR, LF or CRLF; a CR at a chunk's end waits for the
+    next chunk, which may start with its LF)."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        held = pending.endswith(b"\r")
+        lines = _LINE_END.split(pending[:-1] if held else pending)
+        pending = lines.pop() + (b"\r" if held else b"")
+        yield from lines
+    if pending:
+        yield from _LINE_END.split(pending.rstrip(b"\r"))
+
+
 def _data_events(response: httpx2.Response) -> Iterator[dict[str, Any]]:
     """Server-sent events (WHATWG HTML, "Interpreting an event stream"): ``data:`` lines joined
     with newlines until a blank line ends the event; comments and other fields skipped. Yields each
-    event's JSON; stops after ``[DONE]`` once the body is read to its end. An ``error`` object in an
-    event raises ``openai.APIError`` (as the SDK's ``Stream`` does), so does an event that is not JSON."""
-    data: list[str] = []
-    done = False
-    for line in response.iter_lines():
+    event's JSON up to ``[DONE]``, then reads the body to its end (errors there ignored: the answer
+    is complete). An ``error`` object in an event raises ``openai.APIError`` (as the SDK's
+    ``Stream`` does), so does an event that is not JSON."""
+    data: list[bytes] = []
+    lines = _lines(response.iter_bytes())
+    for line in lines:
         if line:
-            if line.startswith("data:"):
-                data.append(line[6:] if line.startswith("data: ") else line[5:])
+            if line.startswith(b"data:"):
+                data.append(line[6:] if line.startswith(b"data: ") else line[5:])
             continue
-        if not data or done:
-            data.clear()
+        if not data:
             continue
-        payload = "\n".join(data)
+        payload = b"\n".join(data)
         data.clear()
-        if payload.startswith("[DONE]"):
-            done = True  # read on to the end of the body: the connection is then reusable
-            continue
+        if payload.startswith(b"[DONE]"):
+            try:
+                for _ in lines:  # the connection goes back to the pool once the body is read
+                    pass
+            except _DRAIN_ERRORS:
+                pass  # it is closed instead
+            return
         try:
             event = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:

@@ -1,17 +1,21 @@
 """The streamed model call on the SDK's HTTP client (``agent.model_http``): the SDK's retry policy
 and error types, and server-sent events as servers write them, against the fake OpenAI API and a
-raw SSE server on loopback."""
+raw HTTP server on loopback (bytes as given: chunked bodies split anywhere, connections closed
+early or kept open)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
+import re
+import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
+import httpx2
 import pytest
-from aiohttp import web
 
+from agent import model_http
 from agent.model import ModelError, OpenAIChatModel
 from tests.fakes import openai as oa
 
@@ -58,7 +62,8 @@ def test_retries_stop_at_max_retries_and_the_last_error_is_reported(fake):
      "context_length"),
     (oa.error(401, "Incorrect API key provided", code="invalid_api_key"), "auth"),
     (_fast(500, **{"x-should-retry": "false"}), "server"),
-    (oa.error(429, "Rate limit reached", "requests", headers={"retry-after": "120"}), "rate_limited"),
+    (oa.error(429, "Rate limit reached", "requests", headers={"retry-after": "121"}), "rate_limited"),
+    (oa.error(429, "Rate limit reached", "requests", headers={"retry-after": "1e400"}), "rate_limited"),
 ])
 def test_what_the_sdk_does_not_retry_is_asked_once(fake, reply, reason):
     fake.script(reply)
@@ -68,8 +73,8 @@ def test_what_the_sdk_does_not_retry_is_asked_once(fake, reply, reason):
     assert len(fake.requests) == 1
     if reason == "context_length":
         assert raised.value.limit_tokens == 8192  # read from the SDK-shaped message
-    if reason == "rate_limited":
-        assert raised.value.retry_after == 120.0
+    if reason == "rate_limited" and reply.headers["retry-after"] == "121":
+        assert raised.value.retry_after == 121.0
 
 
 def test_x_should_retry_true_retries_a_4xx(fake):
@@ -93,82 +98,126 @@ def test_a_stream_cut_mid_answer_is_not_resent(fake):
     assert len(fake.requests) == 1
 
 
-class RawSSE:
-    """A server that answers every POST with ``body`` as ``text/event-stream`` (chunked)."""
+class RawServer:
+    """A loopback server that answers every request with ``response`` (raw bytes: status line,
+    headers, body), then closes the connection, or with ``hold_s`` keeps it open that long first."""
 
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-        self.url = ""
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
+    def __init__(self, response: bytes, hold_s: float = 0.0) -> None:
+        self.response, self.hold_s = response, hold_s
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
 
-    def __enter__(self) -> RawSSE:
-        threading.Thread(target=self._serve, daemon=True).start()
-        assert self._ready.wait(5)
-        return self
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._socket.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._loop.stop)
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(65536)
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head)[1])  # type: ignore[index]
+            body = head.split(b"\r\n\r\n", 1)[1]
+            while len(body) < length:
+                body += conn.recv(65536)
+            for i in range(0, len(self.response), 7):  # events split anywhere
+                conn.sendall(self.response[i:i + 7])
+            time.sleep(self.hold_s)
 
-    def _serve(self) -> None:
-        self._loop = asyncio.new_event_loop()
+    def close(self) -> None:
+        self._socket.close()
 
-        async def answer(request: web.Request) -> web.StreamResponse:
-            await request.read()
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            for piece in (self.body[i:i + 7] for i in range(0, len(self.body), 7)):  # events split anywhere
-                await response.write(piece)
-            await response.write_eof()
-            return response
 
-        async def start() -> None:
-            app = web.Application()
-            app.router.add_post("/v1/chat/completions", answer)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-            self._ready.set()
+def _sse(body: bytes, content_type: bytes = b"text/event-stream", end: bool = True, extra: bytes = b"") -> bytes:
+    """An HTTP/1.1 200 with ``body`` in one chunk (and the last chunk when ``end``)."""
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: " + content_type + b"\r\nTransfer-Encoding: chunked\r\n" + extra
+            + b"\r\n" + b"%x\r\n" % len(body) + body + b"\r\n" + (b"0\r\n\r\n" if end else b""))
 
-        self._loop.run_until_complete(start())
-        self._loop.run_forever()
+
+@pytest.fixture
+def raw() -> Iterator[Callable[..., RawServer]]:
+    servers: list[RawServer] = []
+
+    def start(response: bytes, hold_s: float = 0.0) -> RawServer:
+        servers.append(RawServer(response, hold_s))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
 
 
 def _chunk(content: str) -> str:
     return json.dumps({"id": "c", "object": "chat.completion.chunk",
-                       "choices": [{"index": 0, "delta": {"content": content}}]})
+                       "choices": [{"index": 0, "delta": {"content": content}}]}, ensure_ascii=False)
 
 
-@pytest.fixture
-def raw_sse() -> Iterator[type[RawSSE]]:
-    yield RawSSE
+def _model_at(server: RawServer, retries: int = 0, timeout_s: float = 10.0) -> OpenAIChatModel:
+    return OpenAIChatModel(base_url=f"{server.url}/v1", api_key="sk-test", model="gpt-4o-mini",
+                           max_retries=retries, timeout_s=timeout_s)
 
 
-def test_sse_as_servers_write_it_comments_event_names_crlf_and_multiline_data(raw_sse):
+def test_sse_as_servers_write_it_comments_event_names_crlf_and_multiline_data(raw):
     body = (": keep-alive comment\r\n\r\n"
             f"event: message\r\ndata: {_chunk('Hel')}\r\n\r\n"
             f"data:{_chunk('lo')}\n\n"
+            f"data: {_chunk(' you')}\r\r"
             'data: {"id":"c","object":"chat.completion.chunk",\ndata: "choices":[{"index":0,"delta":{},'
             '"finish_reason":"stop"}]}\n\n'
             "retry: 1000\n\n"
             "data: [DONE]\n\n").encode()
-    with raw_sse(body) as server:
-        reply = _model(server.url, retries=0).complete(MESSAGES, [])
-    assert reply.content == "Hello" and reply.finish_reason == "stop"
+    reply = _model_at(raw(_sse(body))).complete(MESSAGES, [])
+    assert reply.content == "Hello you" and reply.finish_reason == "stop"
 
 
-def test_an_error_event_inside_the_stream_is_a_model_error(raw_sse):
+def test_text_with_unicode_line_separators_and_a_wrong_charset_arrives_whole(raw):
+    """JSON may carry U+2028, U+2029 and U+0085 unescaped: they are text, not line ends; the event
+    stream is UTF-8 whatever charset the response names."""
+    text = "a\u2028b\u2029c\x85d café 日本"
+    body = f"data: {_chunk(text)}\n\ndata: [DONE]\n\n".encode()
+    server = raw(_sse(body, content_type=b"text/event-stream; charset=iso-8859-1"))
+    assert _model_at(server).complete(MESSAGES, []).content == text
+
+
+@pytest.mark.parametrize("ending", ["closed without the last chunk", "kept open after [DONE]"])
+def test_an_answer_complete_at_done_is_kept_whatever_the_connection_does_then(raw, ending):
+    body = f"data: {_chunk('hello')}\n\ndata: [DONE]\n\n".encode()
+    server = raw(_sse(body, end=False), hold_s=3.0 if ending == "kept open after [DONE]" else 0.0)
+    assert _model_at(server, timeout_s=1.0).complete(MESSAGES, []).content == "hello"
+
+
+def test_an_error_event_inside_the_stream_is_a_model_error(raw):
     body = (f"data: {_chunk('partial')}\n\n"
             'data: {"error":{"message":"The server had an error","type":"server_error"}}\n\n').encode()
-    with raw_sse(body) as server, pytest.raises(ModelError) as raised:
-        _model(server.url, retries=2).complete(MESSAGES, [])
+    with pytest.raises(ModelError) as raised:
+        _model_at(raw(_sse(body)), retries=2).complete(MESSAGES, [])
     assert raised.value.reason == "stream"
 
 
-def test_an_event_that_is_not_json_is_a_model_error_not_a_crash(raw_sse):
-    with raw_sse(b"data: {not json\n\n") as server, pytest.raises(ModelError) as raised:
-        _model(server.url, retries=0).complete(MESSAGES, [])
+def test_an_event_that_is_not_json_is_a_model_error_not_a_crash(raw):
+    with pytest.raises(ModelError) as raised:
+        _model_at(raw(_sse(b"data: {not json\n\n"))).complete(MESSAGES, [])
     assert raised.value.reason == "stream"
+
+
+@pytest.mark.parametrize(("response", "reason"), [
+    (_sse(b"this is not gzip", extra=b"Content-Encoding: gzip\r\n"), "connection"),
+    (b"HTTP/1.1 300 Multiple Choices\r\nContent-Length: 0\r\n\r\n", "request"),
+])
+def test_undecodable_bodies_and_statuses_outside_2xx_are_model_errors(raw, response, reason):
+    with pytest.raises(ModelError) as raised:
+        _model_at(raw(response)).complete(MESSAGES, [])
+    assert raised.value.reason == reason
+
+
+def test_a_retry_after_up_to_120_s_is_waited_for_as_the_sdk_does():
+    asked = httpx2.Response(429, headers={"retry-after": "90"})
+    assert model_http._backoff(0, asked) == 90.0 and model_http._should_retry(asked)
+    assert not model_http._should_retry(httpx2.Response(429, headers={"retry-after": "121"}))
+    assert 0.375 <= model_http._backoff(0, httpx2.Response(503)) <= 0.5  # 0.5 s less up to 25 %
+    assert 6.0 <= model_http._backoff(5, None) <= 8.0  # doubling, at most 8 s

@@ -118,3 +118,17 @@ def test_statements_built_per_call_beyond_the_plan_cap_still_run(engine, monkeyp
             assert fast.execute(conn, ad_hoc, {"b_ids": [new, new + 1]}).scalar() == new
             assert not any(key[0] == id(ad_hoc) for key in fast._EXPANDING)
             assert id(ad_hoc) not in fast._KEEP
+
+
+def test_an_insert_given_its_key_reports_that_key(engine) -> None:
+    """A string primary key given in the row is the new row's key (as SQLAlchemy reports it), not
+    SQLite's rowid or nothing (psycopg has no ``lastrowid``)."""
+    def session(sid: str) -> dict:
+        return {"id": sid, "key": "telegram::1", "system_prompt": "p", "created_at": 1.0, "updated_at": 1.0,
+                "owner_user_id": None, "title": None, "settings": None}
+
+    with write_tx(engine) as conn:
+        planned = fast.execute(conn, q.INSERT_SESSION, session("s-planned")).inserted_primary_key
+        plain = conn.execute(q.INSERT_SESSION, session("s-plain")).inserted_primary_key
+    assert tuple(planned) == ("s-planned",) and tuple(plain) == ("s-plain",)
+    assert _planned(engine, q.INSERT_SESSION)

@@ -63,7 +63,8 @@ class AiohttpRequest(BaseRequest):
         key = (parts.scheme, parts.hostname or "")
         if key not in self._proxy_for:
             proxy = self._proxies.get(parts.scheme) or self._proxies.get("all")
-            if proxy and urllib.request.proxy_bypass_environment(key[1], self._proxies):
+            # (in the standard library since 3.x, missing from typeshed's stubs)
+            if proxy and urllib.request.proxy_bypass_environment(key[1], self._proxies):  # type: ignore[attr-defined]
                 proxy = None
             self._proxy_for[key] = proxy or None
         return self._proxy_for[key]

@@ -40,14 +40,17 @@ class _Plan:
     processors are made at the first run, from the driver's type codes in ``cursor.description``
     (PostgreSQL's numeric processors depend on them), and kept.
     ``placeholders``: the ``%(name)s`` names in ``binds``' order (``None``: ``?`` placeholders).
-    ``returns_key``: an ``INSERT`` whose ``RETURNING`` gives its new primary key."""
+    ``returns_key``: an ``INSERT`` whose ``RETURNING`` gives its new primary key; ``key_param``: an
+    ``INSERT`` given its primary key as this parameter (the new key is that value)."""
 
-    __slots__ = ("binds", "dialect", "names", "placeholders", "processors", "returns_key", "row", "sql", "types")
+    __slots__ = ("binds", "dialect", "key_param", "names", "placeholders", "processors", "returns_key", "row", "sql",
+                 "types")
 
     def __init__(self, sql: str, binds: list[tuple[str, Any, _Processor]], names: list[str] | None,
                  types: list[Any], dialect: Any, *, placeholders: list[str] | None = None,
-                 returns_key: bool = False) -> None:
+                 returns_key: bool = False, key_param: str | None = None) -> None:
         self.sql = sql
+        self.key_param = key_param
         self.binds = binds
         self.placeholders = placeholders
         self.returns_key = returns_key
@@ -90,7 +93,7 @@ class FastResult:
 
     __slots__ = ("_lastrowid", "_rows", "rowcount")
 
-    def __init__(self, rows: list[FastRow], rowcount: int, lastrowid: int | None) -> None:
+    def __init__(self, rows: list[FastRow], rowcount: int, lastrowid: Any) -> None:
         self._rows = rows
         self.rowcount = rowcount
         self._lastrowid = lastrowid
@@ -118,8 +121,9 @@ class FastResult:
         return self._rows[0][0]
 
     @property
-    def inserted_primary_key(self) -> tuple[int | None]:
-        """The new row's integer primary key (SQLite ``lastrowid``; PostgreSQL: from ``RETURNING``)."""
+    def inserted_primary_key(self) -> tuple[Any]:
+        """The new row's primary key: the value given, else the integer one (SQLite ``lastrowid``;
+        PostgreSQL: from ``RETURNING``)."""
         return (self._lastrowid,)
 
 
@@ -179,10 +183,16 @@ def _plan(conn: Connection, statement: ClauseElement, values: Mapping[str, Any])
     names = None
     types: list[Any] = []
     returns_key = isinstance(statement, Insert) and bool(getattr(compiled, "implicit_returning", None))
+    key_param = None
+    if isinstance(statement, Insert):
+        primary = list(statement.table.primary_key.columns)  # type: ignore[attr-defined]
+        if len(primary) == 1 and primary[0].key in keys:
+            key_param = primary[0].key
     if compiled._result_columns:
         names = [entry[0] for entry in compiled._result_columns]
         types = [entry[3].dialect_impl(dialect) for entry in compiled._result_columns]
-    return _Plan(sql, binds, names, types, dialect, placeholders=order if named else None, returns_key=returns_key)
+    return _Plan(sql, binds, names, types, dialect, placeholders=order if named else None, returns_key=returns_key,
+                 key_param=key_param)
 
 
 def _result_processors(plan: _Plan, description: Sequence[Any] | None) -> list[_Processor]:
@@ -249,17 +259,18 @@ def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any
         else:
             value = how.value
         args.append(processor(value) if processor is not None else value)
-    params: list[Any] | dict[str, Any] = args if plan.placeholders is None else dict(zip(plan.placeholders, args,
-                                                                                        strict=True))
+    bound: list[Any] | dict[str, Any] = args if plan.placeholders is None else dict(zip(plan.placeholders, args,
+                                                                                       strict=True))
     driver = conn.connection.driver_connection
     try:
-        cursor = driver.execute(plan.sql, params)  # type: ignore[union-attr]
+        cursor = driver.execute(plan.sql, bound)  # type: ignore[union-attr]
     except Exception as exc:
-        raise _translated(conn, exc, plan.sql, params) from exc
+        raise _translated(conn, exc, plan.sql, bound) from exc
     rows: list[FastRow] = []
     if plan.returns_key:
         key = cursor.fetchone()
-        result = FastResult(rows, cursor.rowcount, key[0] if key else None)
+        result = FastResult(rows, cursor.rowcount, values[plan.key_param] if plan.key_param is not None
+                            else key[0] if key else None)
         cursor.close()
         return result
     if plan.row is not None:
@@ -271,7 +282,8 @@ def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any
             raw = [tuple(p(v) if p is not None else v for p, v in zip(procs, r, strict=True)) for r in raw]
         cls = plan.row
         rows = [tuple.__new__(cls, r) for r in raw]
-    result = FastResult(rows, cursor.rowcount, getattr(cursor, "lastrowid", None))
+    new_key = values[plan.key_param] if plan.key_param is not None else getattr(cursor, "lastrowid", None)
+    result = FastResult(rows, cursor.rowcount, new_key)
     cursor.close()
     return result
 
