@@ -36,15 +36,14 @@ _Processor = Callable[[Any], Any] | None
 class _Plan:
     """One statement compiled for one set of parameter names: SQL text, its parameters in
     placeholder order with their bind processors and fixed values, and the result columns' names
-    and types (``names`` is ``None`` for a statement that returns no rows); the types' result
+    and types (``row`` is ``None`` for a statement that returns no rows); the types' result
     processors are made at the first run, from the driver's type codes in ``cursor.description``
     (PostgreSQL's numeric processors depend on them), and kept.
     ``placeholders``: the ``%(name)s`` names in ``binds``' order (``None``: ``?`` placeholders).
     ``returns_key``: an ``INSERT`` whose ``RETURNING`` gives its new primary key; ``key_param``: an
     ``INSERT`` given its primary key as this parameter (the new key is that value)."""
 
-    __slots__ = ("binds", "dialect", "key_param", "names", "placeholders", "processors", "returns_key", "row", "sql",
-                 "types")
+    __slots__ = ("binds", "dialect", "key_param", "placeholders", "processors", "returns_key", "row", "sql", "types")
 
     def __init__(self, sql: str, binds: list[tuple[str, Any, _Processor]], names: list[str] | None,
                  types: list[Any], dialect: Any, *, placeholders: list[str] | None = None,
@@ -54,7 +53,6 @@ class _Plan:
         self.binds = binds
         self.placeholders = placeholders
         self.returns_key = returns_key
-        self.names = None if returns_key else names
         self.types = types
         self.dialect = dialect
         self.processors: list[_Processor] | None = None if types and not returns_key else []
