@@ -290,7 +290,8 @@ class TurnRunner:
                 found[session_id] = self._files_for(session_id, turn_id)
             return found[session_id]
 
-        def finish(status: str, text: str | None, session_id: str | None, stop_reason: str = "none") -> str:
+        def finish(status: str, text: str | None, session_id: str | None, stop_reason: str = "none",
+                   before_send: Callable[[], None] | None = None) -> str:
             files = files_for(session_id) if text is not None else []
             if files:  # the files send_file recorded go with the reply; the transcript names them
                 _name_files(unwritten, files)
@@ -305,6 +306,8 @@ class TurnRunner:
                     inbox_ids, status, replies, session_id=session_id, session_key=key, generation=generation,
                     messages=list(unwritten), merged_status=status if status in ("cancelled", LIMITED) else "merged",
                     stream_key=[reply_key, *(p.key for p in plan)], claim=self.claim if self.deliver else None)
+            if before_send is not None:  # after the transcript is written, before the reply can arrive
+                before_send()
             self._hand_over(claimed, replies)
             span.set_attributes({"gateway.turn.outcome": status, "gateway.stop_reason": stop_reason})
             if self.metrics is not None:
@@ -528,12 +531,21 @@ class TurnRunner:
         told = "".join(f"{line}\n" for line in dict.fromkeys(notes))
         answer = outcome.reply.strip() or ("" if sends_files else _("(no answer)"))  # files alone are an answer
         reply = notice + heard + (told + "\n" if told else "") + answer
-        if self.memory is not None:  # a "remember ..." too long to store: said with the reply
-            reply += self.memory.refusal_notice([self.redact(p.message.text) for p in batch])
-        status = finish("done", reply, session_id, outcome.stop_reason)
-        if self.memory is not None:
-            self.memory.after_turn(key=key, session_id=session_id, turn_ids=[f"in{p.inbox_id}" for p in batch],
-                                   user_texts=[self.redact(p.message.text) for p in batch])
+        if self.memory is None:
+            return finish("done", reply, session_id, outcome.stop_reason)
+        memory, texts = self.memory, [self.redact(p.message.text) for p in batch]
+        reply += memory.refusal_notice(texts)  # a "remember ..." too long to store: said with the reply
+
+        def remember() -> None:
+            memory.after_turn(key=key, session_id=session_id, turn_ids=[f"in{p.inbox_id}" for p in batch],
+                              user_texts=texts)
+
+        # What the user asked to remember is stored before the reply can reach them (their next
+        # message, /memory or /forget sees it); the rest of the write-back follows the reply.
+        asked = memory.stores_now(texts)
+        status = finish("done", reply, session_id, outcome.stop_reason, before_send=remember if asked else None)
+        if not asked:
+            remember()
         return status
 
     def usage_entry(self, usage: Usage, meta: dict[str, Any] | None, *, user_id: str | None, chat_key: str,

@@ -4,8 +4,9 @@ Before a turn (``annotate``, on the turn's worker thread): the newest user messa
 is computed once and stored in that message's ``meta`` (``memory``: the block text,
 ``memory_ids``: its entries), so a resumed turn and every later turn render the same bytes and
 the provider's prompt cache stays valid. Entries already shown in the loaded window are not
-repeated. After a turn (``after_turn``): explicit "remember ..." requests are stored at once (the
-next turn sees them); the model-proposed candidates are asked for on the memory thread, off the
+repeated. After a turn (``after_turn``): explicit "remember ..." requests are stored at once, before
+the turn's reply is handed to delivery (the user's next message, ``/memory`` and ``/forget`` see
+them); the model-proposed candidates are asked for on the memory thread, off the
 reply's path (the reply is already queued), and a failure there is only logged.
 
 Owners: a DM conversation's memory belongs to its user (``user:<user id>``; linked accounts are
@@ -160,6 +161,12 @@ class MemoryService:
                 self._pool.submit(self._propose_logged, owner, turn)
         except Exception:
             log.exception("memory write-back failed for session %s", session_id)
+
+    @staticmethod
+    def stores_now(user_texts: Sequence[str]) -> bool:
+        """Whether the turn's user messages ask to remember something ("remember ...": ``after_turn``
+        stores it at once, so the caller runs it before the reply goes out)."""
+        return any(explicit_request(text) for text in user_texts if text)
 
     def turn_messages(self, session_id: str, turn_ids: Sequence[str]) -> list[TurnMessage]:
         """The turn's user messages, tool results and assistant texts from the transcript, in order."""
