@@ -2,9 +2,10 @@
 
 The SDK's request path (options copied through pydantic, the request rebuilt with its headers
 merged, the response wrapped, every server-sent event decoded by its Python SSE decoder) costs a
-third of a streamed call's CPU against a fast server: 1.4-1.7 ms per call through the SDK, 0.9-1.2 ms
-here (one thread, 300 calls, alternating runs). This module sends the request with the client's base URL, headers, key and timeout on that client, and
-keeps the SDK's behaviour where it matters to callers:
+third of a streamed call's CPU against a fast server: 1.4-1.7 ms per call through the SDK,
+0.9-1.2 ms here (one thread, 300 calls, alternating runs). This module sends the request with the
+client's base URL, headers, key and timeout on that client, and keeps the SDK's behaviour where it
+matters to callers:
 
 - **Errors** are the SDK's exception types with the SDK's fields (``status_code``, ``message`` =
   ``"Error code: 429 - <the error's message>"``, ``body`` = the ``error`` object, ``code``,
