@@ -25,10 +25,10 @@ from agent.skills.skill import NAME_RULE, SKILL_FILE, Skill, SkillError, parse_s
 log = logging.getLogger("agent.skills")
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
+"""The skills shipped with the gateway (``daily-report``, ``summarize-web-page``)."""
 
 FINGERPRINT_TTL_S = 1.0
 """How long a walk of the skill directories is trusted (``SkillLibrary.catalogue``)."""
-"""The skills shipped with the gateway (``daily-report``, ``summarize-web-page``)."""
 
 CATALOGUE_HEADER = (
     "## Skills\n"
@@ -50,7 +50,7 @@ class SkillLibrary:
         self._lock = threading.Lock()
         self._walked: tuple[float, tuple[tuple[str, int, int, int], ...]] | None = None
 
-    def _fingerprint(self) -> tuple[tuple[str, int, int, int], ...]:
+    def _recent_fingerprint(self) -> tuple[tuple[str, int, int, int], ...]:
         """``_fingerprint(dirs)``, walked at most once per ``FINGERPRINT_TTL_S``: a skill added,
         changed or removed on disk is offered to sessions started a second later."""
         now = time.monotonic()
@@ -129,7 +129,7 @@ class SkillLibrary:
         and modification times, one directory walk, at most once a second): every new session asks
         for it, and parsing the front matter and checking every skill costs milliseconds."""
         wanted = None if names is None else tuple(sorted(set(names)))
-        key = (self._fingerprint(), None if tools is None else tuple(sorted(set(tools))), wanted)
+        key = (self._recent_fingerprint(), None if tools is None else tuple(sorted(set(tools))), wanted)
         with self._lock:
             cached = self._catalogues.get(key)
         if cached is not None:
