@@ -8,19 +8,17 @@ PostgreSQL: a plain pooled engine (psycopg 3).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
 import threading
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+
+from gateway.store.tx import Tx, TxScope
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -87,44 +85,26 @@ _WRITERS: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDi
 """SQLite engine -> the lock its write transactions take in this process (see ``write_tx``)."""
 
 
-def _sqlite_begin(conn: Connection, statement: str) -> None:
-    """Starts the transaction on the driver's connection (``isolation_level=None``: the driver
-    issues no ``BEGIN`` of its own; SQLAlchemy's commit and rollback end this one). Issued here
-    rather than from a ``begin`` event listener: a listener on the engine puts every connection,
-    transaction and statement of the process on SQLAlchemy's event-dispatch path, which cost more
-    than the ``BEGIN`` itself. A lock timeout is SQLAlchemy's ``OperationalError``, like any
-    statement's (``retry_locked``)."""
-    try:
-        conn.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
-    except sqlite3.OperationalError as exc:
-        raise OperationalError(statement, None, exc) from exc
-
-
-@contextlib.contextmanager
-def write_tx(engine: Engine) -> Iterator[Connection]:
-    """A write transaction (``BEGIN IMMEDIATE`` on SQLite), committed on success.
+def write_tx(engine: Engine) -> TxScope:
+    """A write transaction (``BEGIN IMMEDIATE`` on SQLite), committed on success, rolled back on an
+    exception (which is re-raised): ``with write_tx(engine) as tx: ...``. ``tx`` is a
+    ``gateway.store.tx.Tx``: the store's planned statements run on its driver connection, anything
+    else through the SQLAlchemy ``Connection`` API it offers. Raises SQLAlchemy's exceptions
+    (``OperationalError`` when SQLite's busy timeout ran out, ``sqlalchemy.exc.TimeoutError`` when
+    no pooled connection came within 30 s).
 
     SQLite has one writer at a time: on an SQLite engine (``create_db_engine``) this process's
     writers first queue on a lock, so a burst of turns waits in line instead of each polling the
     database lock through SQLite's busy handler (every poll takes the interpreter lock: hundreds
     of them starved the event loop's own inbox writes, and cost CPU). Writers of other processes
     still meet the busy timeout."""
-    lock = _WRITERS.get(engine)
-    with lock if lock is not None else contextlib.nullcontext(), engine.connect() as conn:
-        if engine.dialect.name == "sqlite":
-            _sqlite_begin(conn, "BEGIN IMMEDIATE")
-        with conn.begin():
-            yield conn
+    return TxScope(engine, "BEGIN IMMEDIATE" if engine.dialect.name == "sqlite" else None, _WRITERS.get(engine))
 
 
-@contextlib.contextmanager
-def read_tx(engine: Engine) -> Iterator[Connection]:
-    """A read-only transaction (deferred; WAL readers never wait on writers)."""
-    with engine.connect() as conn:
-        if engine.dialect.name == "sqlite":
-            _sqlite_begin(conn, "BEGIN")
-        with conn.begin():
-            yield conn
+def read_tx(engine: Engine) -> TxScope:
+    """A read-only transaction (deferred ``BEGIN`` on SQLite: WAL readers never wait on writers);
+    see ``write_tx`` for what it yields and raises."""
+    return TxScope(engine, "BEGIN" if engine.dialect.name == "sqlite" else None, None)
 
 
 MIGRATION_LOCK_ID = 0x6761_7465  # PostgreSQL advisory lock key: instances migrate one at a time
@@ -145,5 +125,10 @@ def upgrade(engine: Engine) -> None:
     with write_tx(engine) as conn:
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})")
-        cfg.attributes["connection"] = conn
+        # Alembic needs SQLAlchemy's Connection, already in this transaction (else it would commit
+        # a transaction of its own, ending the lock's early)
+        connection = conn.sa if isinstance(conn, Tx) else conn
+        if not connection.in_transaction():
+            connection.begin()
+        cfg.attributes["connection"] = connection
         command.upgrade(cfg, "heads")  # every branch: parallel work may add heads before it is chained

@@ -30,6 +30,8 @@ from typing import Any
 from sqlalchemy import Connection, Delete, Insert, Select, TextualSelect, Update
 from sqlalchemy.sql import Executable as ClauseElement
 
+from gateway.store.tx import Tx
+
 _Processor = Callable[[Any], Any] | None
 
 
@@ -259,7 +261,7 @@ def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any
         args.append(processor(value) if processor is not None else value)
     bound: list[Any] | dict[str, Any] = args if plan.placeholders is None else dict(zip(plan.placeholders, args,
                                                                                        strict=True))
-    driver = conn.connection.driver_connection
+    driver = conn.driver if isinstance(conn, Tx) else conn.connection.driver_connection
     try:
         cursor = driver.execute(plan.sql, bound)  # type: ignore[union-attr]
     except Exception as exc:
