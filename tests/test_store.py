@@ -9,7 +9,7 @@ import pytest
 
 from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage, Sender
 from gateway.store.db import create_db_engine, upgrade
-from gateway.store.sql import Store
+from gateway.store.sql import LaneNext, Store
 
 
 @pytest.fixture
@@ -61,6 +61,31 @@ def test_a_lane_is_entered_with_its_batch_and_left_when_nothing_waits(store):
     store.finish_turn([batch[0].inbox_id], "done", [])
     assert store.next_or_release("k", "a") == ([], 0, False)
     assert store.claim_lane("k", "b", 60)  # released with the last read
+
+
+def test_a_turns_last_transaction_reads_the_lanes_next_rows_or_gives_the_lease_up(store):
+    store.insert_inbound(message("5:1", text="first"), "k")
+    store.insert_inbound(message("5:2", text="second"), "k")
+    batch, _ = store.claim_next("k", "a", 60)
+    then = LaneNext("k", "a")
+    store.finish_turn([batch[0].inbox_id], "done", [], then=then)
+    assert then.done and not then.released and [p.message.text for p in then.batch] == ["second"]
+    assert not store.claim_lane("k", "b", 60)  # the lease stays a's for the next turn
+    last = LaneNext("k", "a")
+    store.finish_turn([then.batch[0].inbox_id], "done", [], then=last)
+    assert last.released and last.batch == [] and last.waiting is False
+    assert store.claim_lane("k", "b", 60)  # given up in the turn's own transaction
+
+
+def test_a_failed_finish_leaves_the_lane_step_undone(store):
+    store.insert_inbound(message("5:1"), "k")
+    batch, _ = store.claim_next("k", "a", 60)
+    then = LaneNext("k", "a")
+    with pytest.raises(AttributeError):  # a reply that is not one: the transaction rolls back
+        store.finish_turn([batch[0].inbox_id], "done", [object()], session_key="k", then=then)  # type: ignore[list-item]
+    assert not then.done and not then.released
+    assert not store.claim_lane("k", "b", 60)  # still a's: the caller gives it up itself
+    assert [p.message.text for p in store.next_pending("k")] == ["hi"]  # nothing was finished
 
 
 def test_a_lane_used_for_the_first_time_by_two_instances_has_one_owner(store):

@@ -24,7 +24,7 @@ from concurrent.futures import Executor
 
 from gateway.core.errors import TurnInterrupted
 from gateway.core.types import ChatAddress, InboundMessage
-from gateway.store.sql import PendingInbound, Store
+from gateway.store.sql import LaneNext, PendingInbound, Store
 
 log = logging.getLogger("gateway.bus.lanes")
 
@@ -38,7 +38,9 @@ class SessionBus:
     """Dispatches inbox rows to turns.
 
     Args:
-        run_turn: runs one turn on the calling worker thread: ``(batch, generation) -> status``.
+        run_turn: runs one turn on the calling worker thread: ``(batch, generation, then) -> status``;
+            ``then`` (``LaneNext``) is handed to ``Store.finish_turn``, which reads the lane's next
+            rows or gives its lease up in the turn's last transaction.
         busy_policy: ``queue`` (a turn per message, FIFO), ``merge`` (messages waiting when the
             lane frees are answered in one turn) or ``interrupt`` (handled at receive time: a new
             message cancels the running turn; then like ``queue``).
@@ -53,7 +55,7 @@ class SessionBus:
             turn (``media.album_wait_s``; the platform delivers an album as one message per item).
     """
 
-    def __init__(self, *, store: Store, run_turn: Callable[[Sequence[PendingInbound], int], str],
+    def __init__(self, *, store: Store, run_turn: Callable[[Sequence[PendingInbound], int, LaneNext], str],
                  workers: Executor, instance_id: str, lease_s: float, sweep_interval_s: float,
                  busy_policy: str, on_turn_start: Callable[[ChatAddress], None],
                  on_turn_end: Callable[[ChatAddress], None], on_replies: Callable[[], None] | None = None,
@@ -156,22 +158,27 @@ class SessionBus:
                 batch = self._with_album(key, self._merged(key, batch))
                 address = batch[-1].message.address
                 self._call_main(self._on_turn_start, address)
+                # The next rows, or the lease given up when none wait, are read in the turn's last
+                # transaction (``then``). A message stored between that read and the release would
+                # wait for the sweeper: the release looks once more, and we drain again if so.
+                then = LaneNext(key, self.instance_id, self.batch_size)
                 try:
-                    self._run_turn(batch, generation)
+                    self._run_turn(batch, generation, then)
                 except TurnInterrupted:
                     log.info("lane %s: turn interrupted by the stop; it resumes at the next start", key)
                     break
                 finally:
-                    self._call_main(self._on_turn_end, address)
+                    self._call_main(self._turn_ended, address)
                 self.turns_done += 1
-                if self._on_replies is not None:
-                    self._call_main(self._on_replies)
+                if then.released:
+                    released, waiting = True, then.waiting
+                    break
                 if self._stopping.is_set():
                     break  # the next rows wait for the next start (the lease is given up below)
-                # The next rows, or the lease given up when none wait (one transaction). A message
-                # stored between that read and the release would wait for the sweeper: the release
-                # looks once more, and we drain again if so.
-                batch, generation, waiting = self.store.next_or_release(key, self.instance_id, self.batch_size)
+                if then.done:
+                    batch, generation = then.batch, then.generation
+                else:  # the turn ended without finishing its rows' lane step (no ``finish_turn``)
+                    batch, generation, waiting = self.store.next_or_release(key, self.instance_id, self.batch_size)
             else:
                 released = True
         finally:
@@ -181,6 +188,13 @@ class SessionBus:
                 waiting = self.store.release_lane(key, self.instance_id)
         if waiting:
             self._call_main(self.kick, key)
+
+    def _turn_ended(self, address: ChatAddress) -> None:
+        """On the main loop after a turn: ``on_turn_end`` (typing stops), then ``on_replies`` (one
+        hop from the worker for both)."""
+        self._on_turn_end(address)
+        if self._on_replies is not None:
+            self._on_replies()
 
     def _merged(self, key: str, batch: list[PendingInbound]) -> list[PendingInbound]:
         """``batch`` as the chat's busy policy wants it (``merges``, asked once per turn): its first

@@ -51,7 +51,7 @@ from gateway.ops.usage_command import usage_reply
 from gateway.ops.usage_limits import LIMITED, UsageLimits
 from gateway.sessions.commands import LANE_COMMANDS, CommandContext, CommandHandler, Commands
 from gateway.sessions.resets import ResetPolicy
-from gateway.store.sql import NewMessage, OutboxItem, PendingInbound, Store, StoredMessage, UsageEntry
+from gateway.store.sql import LaneNext, NewMessage, OutboxItem, PendingInbound, Store, StoredMessage, UsageEntry
 from gateway.tools.approvals import ApprovalPolicy, ChatApprover
 from gateway.tools.approvals_store import Approvals
 
@@ -204,9 +204,10 @@ class TurnRunner:
         """The system prompt a new session gets now (stored with it, then never rebuilt)."""
         return self.system_prompt() if callable(self.system_prompt) else self.system_prompt
 
-    def run(self, batch: Sequence[PendingInbound], generation: int) -> str:
+    def run(self, batch: Sequence[PendingInbound], generation: int, then: LaneNext | None = None) -> str:
         """Runs one turn answering ``batch`` (one message, or several merged) to completion and
-        returns its outcome (``done``, ``failed``, ``cancelled``).
+        returns its outcome (``done``, ``failed``, ``cancelled``). ``then``: the lane's next rows are
+        read (or its lease given up) in the turn's last transaction (``Store.finish_turn``).
 
         ``generation`` is the lane generation the turn started under: once the lane's generation
         moves on (``/stop``, an interrupting message) the turn stops at its next step and sends
@@ -221,7 +222,7 @@ class TurnRunner:
         with invoke_agent("assistant", model=self.spec.model, turn_id=f"in{last.inbox_id}") as span, \
                 using(last.message.locale):  # the gateway's own texts in the sender's language
             try:
-                outcome = self._run(batch, generation, span)
+                outcome = self._run(batch, generation, span, then)
             except (*TRANSIENT, TurnInterrupted):
                 raise  # the database is away, or we stop: the rows stay pending and are retried
             except Exception as exc:
@@ -229,7 +230,7 @@ class TurnRunner:
                     raise
                 log.error("turn in%s failed %d times; answering it with an error so the conversation moves on",
                           last.inbox_id, MAX_TURN_ATTEMPTS, exc_info=exc)
-                return self._give_up(batch, generation)
+                return self._give_up(batch, generation, then)
             self._attempt_done(last.inbox_id)
             return outcome
 
@@ -251,7 +252,7 @@ class TurnRunner:
             with self._generations_lock:
                 self._failures.pop(inbox_id, None)
 
-    def _give_up(self, batch: Sequence[PendingInbound], generation: int) -> str:
+    def _give_up(self, batch: Sequence[PendingInbound], generation: int, then: LaneNext | None = None) -> str:
         """Finishes a turn that failed ``MAX_TURN_ATTEMPTS`` times (a bug, or input nothing can
         process) as ``failed`` with an apology, so the messages behind it in the lane run."""
         last = batch[-1]
@@ -260,14 +261,14 @@ class TurnRunner:
                                 reply_to_id=message.reply_to_id)
         self.store.finish_turn([p.inbox_id for p in batch], "failed", [reply], session_key=last.session_key,
                                generation=generation,
-                               stream_key=[reply.idempotency_key, plan_key(reply.idempotency_key)])
+                               stream_key=[reply.idempotency_key, plan_key(reply.idempotency_key)], then=then)
         self._hand_over([], [reply])
         self._attempt_done(last.inbox_id)
         if self.metrics is not None:
             self.metrics.turns.labels("failed", "gave_up").inc()
         return "failed"
 
-    def _run(self, batch: Sequence[PendingInbound], generation: int, span: Span) -> str:
+    def _run(self, batch: Sequence[PendingInbound], generation: int, span: Span, then: LaneNext | None) -> str:
         last = batch[-1]
         message = last.message
         key = last.session_key
@@ -305,7 +306,8 @@ class TurnRunner:
                 claimed = self.store.finish_turn(
                     inbox_ids, status, replies, session_id=session_id, session_key=key, generation=generation,
                     messages=list(unwritten), merged_status=status if status in ("cancelled", LIMITED) else "merged",
-                    stream_key=[reply_key, *(p.key for p in plan)], claim=self.claim if self.deliver else None)
+                    stream_key=[reply_key, *(p.key for p in plan)], claim=self.claim if self.deliver else None,
+                    then=then)
             if before_send is not None:  # after the transcript is written, before the reply can arrive
                 before_send()
             self._hand_over(claimed, replies)

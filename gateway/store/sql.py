@@ -110,6 +110,28 @@ class PendingInbound:
     """The sender's user (identities resolved at receipt)."""
 
 
+@dataclass(slots=True)
+class LaneNext:
+    """What follows a turn in its lane, read in the turn's last transaction (``Store.finish_turn``'s
+    ``then``) instead of a transaction of its own (``Store.next_or_release``): the lane's next
+    pending rows (at most ``limit``) under the lease ``owner`` holds on ``key``, or, when none wait,
+    the lease given up. Filled in only once that transaction committed (``done``); ``batch``,
+    ``generation`` and ``waiting`` are then what ``next_or_release`` returns."""
+
+    key: str
+    owner: str
+    limit: int = 1
+    done: bool = False
+    batch: list[PendingInbound] = dataclasses.field(default_factory=list)
+    generation: int = 0
+    waiting: bool = False
+
+    @property
+    def released(self) -> bool:
+        """The lease was given up (nothing waited when the turn finished)."""
+        return self.done and not self.batch
+
+
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
     """A transcript row as the agent context needs it (a projection of ``messages``)."""
@@ -375,11 +397,14 @@ class Store:
         (empty batch only) is whether a row was stored meanwhile (PostgreSQL: committed between
         the read and the release), which the caller drains again."""
         with write_tx(self.engine) as conn:
-            batch, generation = self._batch(conn, key, limit)
-            if batch:
-                return batch, generation, False
-            run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
-            waiting = run(conn, q.ANY_PENDING, {"b_key": key}).first() is not None
+            return self._next_or_release(conn, key, owner, limit)
+
+    def _next_or_release(self, conn: Any, key: str, owner: str, limit: int) -> tuple[list[PendingInbound], int, bool]:
+        batch, generation = self._batch(conn, key, limit)
+        if batch:
+            return batch, generation, False
+        run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
+        waiting = run(conn, q.ANY_PENDING, {"b_key": key}).first() is not None
         return [], 0, waiting
 
     @staticmethod
@@ -585,6 +610,7 @@ class Store:
         messages: Sequence[NewMessage] = (),
         stream_key: str | Sequence[str] | None = None,
         claim: tuple[str, float] | None = None,
+        then: LaneNext | None = None,
     ) -> list[OutboxItem]:
         """Queues ``replies`` and marks the turn's inbox rows in one transaction: the last row gets
         ``status``, earlier ones (answered together by a merged turn) ``merged_status``.
@@ -602,6 +628,9 @@ class Store:
         (its preview stays as it was); ``stream_key`` may list several (the reply's and the
         plan's, ``gateway.delivery.progress``). ``messages`` (the final transcript messages, not yet
         written) are appended first.
+
+        ``then``: the lane's next rows are read, or its lease given up, in the same transaction
+        (``LaneNext``; one transaction per turn fewer than ``next_or_release`` after it).
         """
         now = time.time()
         with write_tx(self.engine) as conn:
@@ -623,6 +652,10 @@ class Store:
             if earlier:
                 run(conn, q.FINISH_INBOX_MANY, {"b_ids": earlier, "status": merged_status, "finished_at": now})
             run(conn, q.FINISH_INBOX, {"b_id": last, "status": status, "finished_at": now})
+            following = self._next_or_release(conn, then.key, then.owner, then.limit) if then is not None else None
+        if then is not None and following is not None:  # committed: the caller may act on it
+            then.batch, then.generation, then.waiting = following
+            then.done = True
         return claimed
 
     @staticmethod
