@@ -24,6 +24,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from sqlalchemy.exc import IntegrityError
+
 from agent.redact import Redactor
 from gateway.bus.lanes import SessionBus
 from gateway.bus.turns import TurnRunner
@@ -38,7 +40,8 @@ from gateway.sessions.commands import CONTROL_COMMANDS, CommandContext, control_
 from gateway.sessions.directory import Directory, Identity
 from gateway.sessions.group_context import GroupContextStore
 from gateway.sessions.language import language_reply
-from gateway.store.sql import Store
+from gateway.store.db import write_tx
+from gateway.store.sql import Store, retry_locked
 from gateway.store.text import storable_inbound
 from gateway.tools.approvals import decide_reply
 from gateway.tools.approvals_store import Approvals
@@ -115,21 +118,50 @@ class Inbound:
         for a thread message not for us; ``stored`` is whether an allowed non-control message went
         into the inbox (``None``: not stored here); ``interrupts`` whether it was stored under the
         busy policy ``interrupt`` (it cancels a running turn)."""
+        if message.addressed:
+            try:
+                return self._admit_at_once(message)
+            except IntegrityError:
+                pass  # a redelivery, or a sender another instance created meanwhile: step by step below
         identity = self.directory.identify(message)
-        message = dataclasses.replace(message, locale=choose(identity.language, message.language,
-                                                             self.config.i18n.default))
-        key = session_key_for(message, identity.user_id, self.config.sessions.group_scope)
+        message, key = self._keyed(message, identity)
         if not message.addressed and not self.store.lane_exists(key):
             self._keep_as_context(message)  # a thread the bot is not part of: group context at most
             return message, identity, key, "unaddressed", None, False
         decision = decide(message, identity.approved, self.config.access)
         if decision != "allow" or message.command in CONTROL_COMMANDS:
             return message, identity, key, decision, None, False
-        policy = self.busy_policy(message) if self.busy_policy is not None else self.config.bus.busy_policy
-        cancel = "if_busy" if policy == "interrupt" else None
+        cancel = self._cancel(message)
         return message, identity, key, decision, self.store.insert_inbound(message, key, cancel=cancel,
                                                                            user_id=identity.user_id), \
             cancel is not None
+
+    @retry_locked
+    def _admit_at_once(self, message: InboundMessage) -> tuple[InboundMessage, Identity, str, str, bool | None, bool]:
+        """``_admit`` for a message addressed to the bot in one write transaction: the sender's
+        identity read (or created on first contact) and the inbox row written together. Raises
+        ``IntegrityError`` (everything rolled back) for a duplicate or a sender created concurrently
+        elsewhere; ``_admit`` then takes the steps one by one."""
+        cancel = self._cancel(message)  # the chat's settings are read before: no read inside the write
+        with write_tx(self.store.engine) as conn:
+            identity = self.directory.identify_in(conn, message)
+            message, key = self._keyed(message, identity)
+            decision = decide(message, identity.approved, self.config.access)
+            if decision != "allow" or message.command in CONTROL_COMMANDS:
+                return message, identity, key, decision, None, False
+            self.store.insert_inbound_in(conn, message, key, cancel=cancel, user_id=identity.user_id)
+        return message, identity, key, decision, True, cancel is not None
+
+    def _keyed(self, message: InboundMessage, identity: Identity) -> tuple[InboundMessage, str]:
+        """``message`` with its locale chosen, and its session key."""
+        message = dataclasses.replace(message, locale=choose(identity.language, message.language,
+                                                             self.config.i18n.default))
+        return message, session_key_for(message, identity.user_id, self.config.sessions.group_scope)
+
+    def _cancel(self, message: InboundMessage) -> str | None:
+        """``cancel`` for the inbox write: ``if_busy`` under the chat's busy policy ``interrupt``."""
+        policy = self.busy_policy(message) if self.busy_policy is not None else self.config.bus.busy_policy
+        return "if_busy" if policy == "interrupt" else None
 
     def _keep_as_context(self, message: InboundMessage) -> None:
         """Keeps a group message not addressed to the bot as its chat's group context, when that chat

@@ -129,22 +129,38 @@ class Directory:
     @retry_locked
     def identify(self, message: InboundMessage) -> Identity:
         """The sender's user; creates the user and identity on first contact."""
-        address, sender = message.address, message.sender
         with read_tx(self.engine) as conn:
-            row = run(conn, _IDENTIFY, {"b_platform": address.platform, "b_tenant": address.tenant,
-                                           "b_user": sender.user_id}).first()
-        if row is not None:
-            return Identity(row.user_id, bool(row.approved), row.language)
-        user_id, now = uuid.uuid4().hex, time.time()
+            found = self._lookup(conn, message)
+        if found is not None:
+            return found
         try:
             with write_tx(self.engine) as conn:
-                run(conn, _INSERT_USER, {"id": user_id, "approved": False, "created_at": now})
-                run(conn, _INSERT_IDENTITY, {
-                    "user_id": user_id, "platform": address.platform, "tenant": address.tenant,
-                    "platform_user_id": sender.user_id, "display_name": sender.display_name or sender.username,
-                    "created_at": now})
+                return self._create(conn, message)
         except IntegrityError:  # created concurrently by another instance: read theirs
             return self.identify(message)
+
+    def identify_in(self, conn: Connection, message: InboundMessage) -> Identity:
+        """``identify`` inside the caller's write transaction ``conn`` (the inbox write of the same
+        message shares it). Raises ``IntegrityError`` when another instance created the sender at the
+        same moment: the caller rolls back and uses ``identify``."""
+        found = self._lookup(conn, message)
+        return found if found is not None else self._create(conn, message)
+
+    @staticmethod
+    def _lookup(conn: Connection, message: InboundMessage) -> Identity | None:
+        row = run(conn, _IDENTIFY, {"b_platform": message.address.platform, "b_tenant": message.address.tenant,
+                                    "b_user": message.sender.user_id}).first()
+        return Identity(row.user_id, bool(row.approved), row.language) if row is not None else None
+
+    @staticmethod
+    def _create(conn: Connection, message: InboundMessage) -> Identity:
+        address, sender = message.address, message.sender
+        user_id, now = uuid.uuid4().hex, time.time()
+        run(conn, _INSERT_USER, {"id": user_id, "approved": False, "created_at": now})
+        run(conn, _INSERT_IDENTITY, {
+            "user_id": user_id, "platform": address.platform, "tenant": address.tenant,
+            "platform_user_id": sender.user_id, "display_name": sender.display_name or sender.username,
+            "created_at": now})
         return Identity(user_id, False)
 
     @retry_locked

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
@@ -248,29 +248,38 @@ class Store:
         ``control_reply`` is handled outside the lane: its row is stored ``done`` and the reply
         queued under the new generation.
         """
-        now = time.time()
         try:
             with write_tx(self.engine) as conn:
-                run(conn, q.INSERT_INBOX, {
-                    "platform": message.platform, "tenant": message.address.tenant,
-                    "platform_message_id": storable_text(message.message_id), "session_key": session_key,
-                    "user_id": user_id, "payload": storable(message.to_dict()),
-                    "status": "pending" if control_reply is None else "done",
-                    "received_at": message.received_at, "finished_at": None if control_reply is None else now,
-                })
-                if cancel is not None:
-                    condition = [_lanes.c.key == session_key]
-                    if cancel == "if_busy":
-                        condition += [_lanes.c.lease_owner.is_not(None), _lanes.c.lease_until >= now]
-                    conn.execute(update(_lanes).where(*condition).values(generation=_lanes.c.generation + 1))
-                if control_reply is not None:
-                    # The reply is queued under the lane's current generation (else a later claim
-                    # would take it for a reply of a stopped turn and drop it).
-                    generation = run(conn, q.LANE_GENERATION, {"b_key": session_key}).scalar_one_or_none() or 0
-                    self._queue(conn, control_reply, None, session_key, generation, now)
+                self.insert_inbound_in(conn, message, session_key, cancel=cancel, control_reply=control_reply,
+                                       user_id=user_id)
         except IntegrityError:
             return False
         return True
+
+    def insert_inbound_in(self, conn: Connection, message: InboundMessage, session_key: str, *,
+                          cancel: str | None = None, control_reply: OutboundMessage | None = None,
+                          user_id: str | None = None) -> None:
+        """``insert_inbound`` inside the caller's write transaction ``conn`` (the sender's identity
+        is read or created in it too: ``gateway.inbound.receive``). Raises ``IntegrityError`` for a
+        duplicate; the caller rolls back (on PostgreSQL the transaction is spoilt)."""
+        now = time.time()
+        run(conn, q.INSERT_INBOX, {
+            "platform": message.platform, "tenant": message.address.tenant,
+            "platform_message_id": storable_text(message.message_id), "session_key": session_key,
+            "user_id": user_id, "payload": storable(message.to_dict()),
+            "status": "pending" if control_reply is None else "done",
+            "received_at": message.received_at, "finished_at": None if control_reply is None else now,
+        })
+        if cancel is not None:
+            condition = [_lanes.c.key == session_key]
+            if cancel == "if_busy":
+                condition += [_lanes.c.lease_owner.is_not(None), _lanes.c.lease_until >= now]
+            conn.execute(update(_lanes).where(*condition).values(generation=_lanes.c.generation + 1))
+        if control_reply is not None:
+            # The reply is queued under the lane's current generation (else a later claim would
+            # take it for a reply of a stopped turn and drop it).
+            generation = run(conn, q.LANE_GENERATION, {"b_key": session_key}).scalar_one_or_none() or 0
+            self._queue(conn, control_reply, None, session_key, generation, now)
 
     def next_pending(self, session_key: str, limit: int = 1) -> list[PendingInbound]:
         """The oldest ``limit`` pending inbox rows of ``session_key``, in arrival order."""
