@@ -6,12 +6,40 @@ message to its final reply; a *push* is a scheduled delivery.
 
 from __future__ import annotations
 
+import copy
 import time
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 ChatType = Literal["dm", "group", "channel"]
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """``dataclasses.asdict(obj)`` for this module's dataclasses (the same dict: nested dataclasses
+    as dicts, tuples and lists kept as such, dicts copied), without its deep copy of every plain
+    value; a message's dict is built for every inbox row, outbox row and session address."""
+    cls = obj.__class__
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(obj))
+    return {name: _plain(getattr(obj, name)) for name in names}
+
+
+def _plain(value: Any) -> Any:
+    kind = value.__class__
+    if kind in _PLAIN:
+        return value
+    if hasattr(kind, "__dataclass_fields__"):
+        return as_dict(value)
+    if kind is tuple or kind is list:
+        return kind(_plain(v) for v in value)
+    if kind is dict:
+        return {k: _plain(v) for k, v in value.items()}
+    return copy.deepcopy(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +59,8 @@ class ChatAddress:
     thread_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"platform": self.platform, "tenant": self.tenant, "chat_id": self.chat_id,
+                "thread_id": self.thread_id}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChatAddress:
@@ -147,7 +176,7 @@ class MediaRef:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON stored in ``messages.meta["attachments"]`` (``None`` fields left out)."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return {k: v for k, v in as_dict(self).items() if v is not None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MediaRef:
@@ -185,7 +214,7 @@ class ContextMessage:
     partial: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return as_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ContextMessage:
@@ -267,7 +296,7 @@ class InboundMessage:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (stored in the inbox row)."""
-        return asdict(self)
+        return as_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InboundMessage:
@@ -318,7 +347,7 @@ class OutboundAttachment:
     height: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return as_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OutboundAttachment:
