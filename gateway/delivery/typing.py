@@ -13,7 +13,9 @@ TYPING_DELAY_S = 0.5  # a reply faster than this needs no indicator (and saves a
 
 
 class TypingIndicators:
-    """One repeating ``send_typing`` task per chat with a turn running (main loop only).
+    """One repeating ``send_typing`` task per chat with a turn running (main loop only), started
+    ``TYPING_DELAY_S`` after the turn began: until then a timer only (most turns that end sooner cost
+    no task).
 
     Args:
         chat_waiting: ``True`` while a reply to that chat waits in the outbox (the indicator pauses
@@ -23,17 +25,19 @@ class TypingIndicators:
     def __init__(self, adapters: Mapping[str, Adapter], chat_waiting: Callable[[ChatAddress], bool]) -> None:
         self._adapters = adapters
         self._chat_waiting = chat_waiting
-        self._tasks: dict[ChatAddress, asyncio.Task[None]] = {}
+        self._tasks: dict[ChatAddress, asyncio.Task[None] | asyncio.TimerHandle] = {}
 
     def start(self, address: ChatAddress) -> None:
         """A turn for ``address`` began: indicate typing after ``TYPING_DELAY_S``, then every
         ``TYPING_INTERVAL_S`` seconds."""
-        adapter = self._adapters.get(address.platform)
-        if adapter is None or address in self._tasks:
+        if address.platform not in self._adapters or address in self._tasks:
             return
+        self._tasks[address] = asyncio.get_running_loop().call_later(TYPING_DELAY_S, self._begin, address)
+
+    def _begin(self, address: ChatAddress) -> None:
+        adapter = self._adapters[address.platform]
 
         async def keep_typing() -> None:
-            await asyncio.sleep(TYPING_DELAY_S)
             while True:
                 if not self._chat_waiting(address):
                     await adapter.send_typing(address)
