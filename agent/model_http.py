@@ -3,9 +3,11 @@
 The SDK's request path (options copied through pydantic, the request rebuilt with its headers
 merged, the response wrapped, every server-sent event decoded by its Python SSE decoder) costs a
 third of a streamed call's CPU against a fast server: 1.4-1.7 ms per call through the SDK,
-0.9-1.2 ms here (one thread, 300 calls, alternating runs). This module sends the request with the
-client's base URL, headers, key and timeout on that client, and keeps the SDK's behaviour where it
-matters to callers:
+0.9-1.2 ms here (one thread, 300 calls, alternating runs). Building the request once instead of
+with ``build_request`` per call, and reading the stream with fewer layers, took a fifth off that
+(0.51 to 0.40 ms of the thread's CPU; 0.83 to 0.62 ms with the machine loaded; interleaved runs).
+This module sends the request with the client's base URL, headers, cookies, key and timeout on
+that client, and keeps the SDK's behaviour where it matters to callers:
 
 - **Errors** are the SDK's exception types with the SDK's fields (``status_code``, ``message`` =
   ``"Error code: 429 - <the error's message>"``, ``body`` = the ``error`` object, ``code``,
@@ -66,21 +68,39 @@ _STATUS_ERRORS: dict[int, type[openai.APIStatusError]] = {
 
 class StreamingEndpoint:
     """``POST {base_url}chat/completions`` with ``stream: true`` for one ``openai.OpenAI`` client,
-    on ``http`` (the ``httpx2.Client`` that client was built with)."""
+    on ``http`` (the ``httpx2.Client`` that client was built with).
+
+    The request is put together once as ``http.build_request`` would merge it on every call (that
+    merge parses the URL and every header again: about 100 µs a call): the URL, ``http``'s headers
+    under the SDK client's (``Host`` first), the SDK client's timeout. Per call only the body, its
+    ``Content-Length`` and the cookies ``http`` holds (as ``build_request`` adds them) are set; it
+    is sent with ``http.send``, so the client's transport, proxies and mounts, redirects and cookie
+    jar apply as before."""
 
     def __init__(self, client: openai.OpenAI, http: httpx2.Client) -> None:
         self.http = http
-        self.url = f"{str(client.base_url).rstrip('/')}/chat/completions"
+        self.url = httpx2.URL(f"{str(client.base_url).rstrip('/')}/chat/completions")
         merged = {**client.default_headers, **client.auth_headers}
-        self.headers = {name: value for name, value in merged.items() if isinstance(value, str)}  # no Omit markers
-        self.timeout = client.timeout
+        headers = httpx2.Headers(http.headers)
+        headers.update({name: value for name, value in merged.items() if isinstance(value, str)})  # no Omit markers
+        self.headers = httpx2.Headers([(b"Host", self.url.netloc), *headers.raw])
+        self.extensions = {"timeout": httpx2.Timeout(client.timeout).as_dict()}
         self.max_retries = client.max_retries
+
+    def request(self, body: bytes) -> httpx2.Request:
+        """The ``POST`` carrying ``body`` (JSON bytes), headers and cookies as ``http.build_request`` sets them."""
+        request = httpx2.Request("POST", self.url, headers=self.headers, stream=httpx2.ByteStream(body),
+                                 extensions=self.extensions)
+        request.headers["Content-Length"] = str(len(body))
+        if self.http.cookies:
+            self.http.cookies.set_cookie_header(request)
+        return request
 
     def events(self, body: bytes) -> Iterator[dict[str, Any]]:
         """The JSON objects of the stream's ``data:`` events in order, up to ``[DONE]`` (the rest of
         the body is read so the connection goes back to the pool). Raises the SDK's exceptions
         (module docstring); retries as the SDK does before the answer starts."""
-        request = self.http.build_request("POST", self.url, content=body, headers=self.headers, timeout=self.timeout)
+        request = self.request(body)
         response = self._send(request)
         try:
             yield from _data_events(response)
@@ -173,16 +193,22 @@ def _backoff(attempt: int, response: httpx2.Response | None) -> float:
 
 def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
     """The body's lines without their ends (CR, LF or CRLF; a CR at a chunk's end waits for the
-    next chunk, which may start with its LF)."""
+    next chunk, which may start with its LF). A last line without its end is dropped (an event
+    is dispatched only by a blank line)."""
     pending = b""
     for chunk in chunks:
-        pending += chunk
-        held = pending.endswith(b"\r")
-        lines = _LINE_END.split(pending[:-1] if held else pending)
-        pending = lines.pop() + (b"\r" if held else b"")
+        if pending:
+            chunk = pending + chunk
+        if b"\r" in chunk:
+            held = chunk.endswith(b"\r")
+            lines = _LINE_END.split(chunk[:-1] if held else chunk)
+            pending = lines.pop() + (b"\r" if held else b"")
+        else:  # LF only, as most servers write
+            lines = chunk.split(b"\n")
+            pending = lines.pop()
         yield from lines
-    if pending:
-        yield from _LINE_END.split(pending.rstrip(b"\r"))
+    if pending.endswith(b"\r"):
+        yield pending[:-1]
 
 
 def _data_events(response: httpx2.Response) -> Iterator[dict[str, Any]]:
@@ -192,7 +218,8 @@ def _data_events(response: httpx2.Response) -> Iterator[dict[str, Any]]:
     is complete). An ``error`` object in an event raises ``openai.APIError`` (as the SDK's
     ``Stream`` does), so does an event that is not JSON."""
     data: list[bytes] = []
-    lines = _lines(response.iter_bytes())
+    # iter_raw when there is nothing to decode: iter_bytes adds a decoder and a chunker per call
+    lines = _lines(response.iter_bytes() if "content-encoding" in response.headers else response.iter_raw())
     for line in lines:
         if line:
             if line.startswith(b"data:"):
@@ -200,7 +227,7 @@ def _data_events(response: httpx2.Response) -> Iterator[dict[str, Any]]:
             continue
         if not data:
             continue
-        payload = b"\n".join(data)
+        payload = data[0] if len(data) == 1 else b"\n".join(data)
         data.clear()
         if payload.startswith(b"[DONE]"):
             try:

@@ -5,6 +5,7 @@ early or kept open)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import socket
@@ -100,10 +101,12 @@ def test_a_stream_cut_mid_answer_is_not_resent(fake):
 
 class RawServer:
     """A loopback server that answers every request with ``response`` (raw bytes: status line,
-    headers, body), then closes the connection, or with ``hold_s`` keeps it open that long first."""
+    headers, body), then closes the connection, or with ``hold_s`` keeps it open that long first.
+    ``received`` holds each request's head (request line and headers) and body, as sent."""
 
     def __init__(self, response: bytes, hold_s: float = 0.0) -> None:
         self.response, self.hold_s = response, hold_s
+        self.received: list[tuple[bytes, bytes]] = []
         self._socket = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
@@ -125,6 +128,7 @@ class RawServer:
             body = head.split(b"\r\n\r\n", 1)[1]
             while len(body) < length:
                 body += conn.recv(65536)
+            self.received.append((head.split(b"\r\n\r\n", 1)[0], body))
             for i in range(0, len(self.response), 7):  # events split anywhere
                 conn.sendall(self.response[i:i + 7])
             time.sleep(self.hold_s)
@@ -175,6 +179,13 @@ def test_sse_as_servers_write_it_comments_event_names_crlf_and_multiline_data(ra
     assert reply.content == "Hello you" and reply.finish_reason == "stop"
 
 
+def test_an_event_ended_by_a_cr_as_the_bodys_last_byte_is_kept(raw):
+    """A CR at the end of what arrived waits for a possible LF; at the end of the body it is the
+    line end it was (here the blank line that ends the event; no ``[DONE]`` follows)."""
+    body = f"data: {_chunk('hello')}\r\r".encode()
+    assert _model_at(raw(_sse(body))).complete(MESSAGES, []).content == "hello"
+
+
 def test_text_with_unicode_line_separators_and_a_wrong_charset_arrives_whole(raw):
     """JSON may carry U+2028, U+2029 and U+0085 unescaped: they are text, not line ends; the event
     stream is UTF-8 whatever charset the response names."""
@@ -221,3 +232,55 @@ def test_a_retry_after_up_to_120_s_is_waited_for_as_the_sdk_does():
     assert not model_http._should_retry(httpx2.Response(429, headers={"retry-after": "121"}))
     assert 0.375 <= model_http._backoff(0, httpx2.Response(503)) <= 0.5  # 0.5 s less up to 25 %
     assert 6.0 <= model_http._backoff(5, None) <= 8.0  # doubling, at most 8 s
+
+
+def _header(head: bytes, name: str) -> list[str]:
+    return [line.split(":", 1)[1].strip() for line in head.decode().split("\r\n")[1:]
+            if line.split(":", 1)[0].lower() == name]
+
+
+def test_the_request_carries_the_sdk_clients_headers_and_the_http_clients(raw):
+    """What ``http.build_request`` merged: the HTTP client's headers under the SDK client's, ``Host``,
+    the body's ``Content-Length``, the attempt's ``x-stainless-retry-count``."""
+    server = raw(_sse(f"data: {_chunk('hello')}\n\ndata: [DONE]\n\n".encode()))
+    assert _model_at(server).complete(MESSAGES, []).content == "hello"
+    (head, body), = server.received
+    assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert _header(head, "host") == [server.url.removeprefix("http://")]
+    assert _header(head, "content-length") == [str(len(body))] and json.loads(body)["stream"] is True
+    assert _header(head, "authorization") == ["Bearer sk-test"]
+    assert _header(head, "user-agent")[0].startswith("OpenAI/Python")  # the SDK client's, over httpx's
+    assert _header(head, "accept") == ["application/json"] and _header(head, "accept-encoding")  # httpx's
+    assert _header(head, "x-stainless-lang") == ["python"] and _header(head, "x-stainless-retry-count") == ["0"]
+
+
+def test_cookies_the_server_set_are_sent_back_as_the_http_client_keeps_them(raw):
+    """The client's cookie jar (e.g. a load balancer's affinity cookie) applies as it did through
+    ``http.build_request``: stored from a response, sent with the next request."""
+    server = raw(_sse(f"data: {_chunk('hello')}\n\ndata: [DONE]\n\n".encode(),
+                      extra=b"Set-Cookie: __cf_bm=abc123; Path=/\r\nConnection: close\r\n"))  # it closes
+    model = _model_at(server)
+    assert [model.complete(MESSAGES, []).content for _ in range(2)] == ["hello", "hello"]
+    (first, _), (second, _) = server.received
+    assert _header(first, "cookie") == [] and _header(second, "cookie") == ["__cf_bm=abc123"]
+
+
+def test_a_gzip_encoded_stream_is_decoded(raw):
+    body = gzip.compress(f"data: {_chunk('hello')}\n\ndata: [DONE]\n\n".encode())
+    server = raw(_sse(body, extra=b"Content-Encoding: gzip\r\n"))
+    assert _model_at(server).complete(MESSAGES, []).content == "hello"
+
+
+def test_the_http_clients_proxy_from_the_environment_is_used(raw, monkeypatch):
+    """The request goes out through the HTTP client's transports (its proxies and mounts)."""
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    proxy = raw(_sse(f"data: {_chunk('hello')}\n\ndata: [DONE]\n\n".encode()))
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    monkeypatch.setenv("http_proxy", proxy.url)
+    model = OpenAIChatModel(base_url="http://model.invalid/v1", api_key="sk-test", model="gpt-4o-mini",
+                            max_retries=0)
+    assert model.complete(MESSAGES, []).content == "hello"
+    (head, _), = proxy.received
+    assert head.startswith(b"POST http://model.invalid/v1/chat/completions HTTP/1.1\r\n")
+    assert _header(head, "host") == ["model.invalid"]
