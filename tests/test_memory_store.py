@@ -197,7 +197,7 @@ def test_the_migration_keeps_existing_entries_and_goes_back_cleanly(db_url):
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    from gateway.store.db import MIGRATIONS_DIR, write_tx
+    from gateway.store.db import MIGRATIONS_DIR, sa_connection, write_tx
     from gateway.store.models import Base
 
     engine = create_db_engine(db_url)
@@ -210,7 +210,7 @@ def test_the_migration_keeps_existing_entries_and_goes_back_cleanly(db_url):
 
     def migrate(step, target) -> None:
         with write_tx(engine) as conn:
-            cfg.attributes["connection"] = conn
+            cfg.attributes["connection"] = sa_connection(conn)
             step(cfg, target)
 
     migrate(command.upgrade, before)

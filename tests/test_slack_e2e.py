@@ -244,16 +244,16 @@ async def test_event_is_not_acknowledged_until_stored(tmp_path, fake_slack, fake
     fake_openai.responder = lambda req: oa.text("stored at last")
     gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_slack=fake_slack), running)
     since = len(fake_slack.calls("chat.postMessage"))
-    insert = gateway.store.insert_inbound
+    insert = gateway.store.insert_inbound_in
     failures = []
 
-    def failing_once(*args: Any, **kwargs: Any) -> bool:
+    def failing_once(*args: Any, **kwargs: Any) -> None:
         if not failures:
             failures.append(args)
             raise OSError("disk full")
-        return insert(*args, **kwargs)
+        insert(*args, **kwargs)
 
-    gateway.store.insert_inbound = failing_once  # the inbox write fails once
+    gateway.store.insert_inbound_in = failing_once  # the inbox write fails once
     event = message("are you there?", "1735690300.000100")
     first = await fake_slack.post_event(events_url(gateway), event)
     assert first.status == 500  # not acknowledged: Slack will deliver it again

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 from gateway.store.tx import Tx, TxScope
@@ -107,6 +107,12 @@ def read_tx(engine: Engine) -> TxScope:
     return TxScope(engine, "BEGIN" if engine.dialect.name == "sqlite" else None, None)
 
 
+def sa_connection(conn: Connection) -> Connection:
+    """The SQLAlchemy ``Connection`` of a ``write_tx``/``read_tx`` transaction, for what needs the
+    real class (Alembic's migration context): already in that transaction, committed with it."""
+    return conn.sa if isinstance(conn, Tx) else conn
+
+
 MIGRATION_LOCK_ID = 0x6761_7465  # PostgreSQL advisory lock key: instances migrate one at a time
 
 
@@ -125,10 +131,5 @@ def upgrade(engine: Engine) -> None:
     with write_tx(engine) as conn:
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})")
-        # Alembic needs SQLAlchemy's Connection, already in this transaction (else it would commit
-        # a transaction of its own, ending the lock's early)
-        connection = conn.sa if isinstance(conn, Tx) else conn
-        if not connection.in_transaction():
-            connection.begin()
-        cfg.attributes["connection"] = connection
+        cfg.attributes["connection"] = sa_connection(conn)  # in this transaction: the lock's
         command.upgrade(cfg, "heads")  # every branch: parallel work may add heads before it is chained

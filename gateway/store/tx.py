@@ -45,11 +45,13 @@ class Tx:
 
     @property
     def sa(self) -> Connection:
-        """The SQLAlchemy ``Connection`` on this transaction's DBAPI connection (built on first use;
-        it joins the transaction already begun: SQLAlchemy's own begin emits nothing on these
-        drivers)."""
+        """The SQLAlchemy ``Connection`` on this transaction's DBAPI connection, built on first use
+        and already in its transaction (SQLAlchemy's own ``begin`` emits nothing on these drivers),
+        so what uses it (Alembic) never begins and commits one of its own; committed with the
+        ``Tx``."""
         if self._sa is None:
             self._sa = Connection(self.engine, connection=self.connection)
+            self._sa.begin()
         return self._sa
 
     def execute(self, statement: Any, parameters: Any = None, **kwargs: Any) -> Any:
@@ -60,7 +62,7 @@ class Tx:
         return getattr(self.sa, name)
 
     # -- lifecycle (``gateway.store.db``) ----------------------------------------------------
-    def begin(self, statement: str | None) -> None:
+    def start(self, statement: str | None) -> None:
         """Starts the transaction: ``statement`` (``BEGIN`` / ``BEGIN IMMEDIATE`` on SQLite) on the
         driver; ``None`` where the driver begins by itself (psycopg)."""
         if statement is not None:
@@ -69,7 +71,7 @@ class Tx:
             except Exception as exc:
                 raise self.translated(exc, statement) from exc
 
-    def commit(self) -> None:
+    def finish(self) -> None:
         """Commits (through the SQLAlchemy connection when one took part, so it ends its own
         transaction too). Raises SQLAlchemy's exceptions."""
         if self._sa is not None and self._sa.in_transaction():
@@ -80,7 +82,7 @@ class Tx:
         except Exception as exc:
             raise self.translated(exc, "COMMIT") from exc
 
-    def rollback(self) -> None:
+    def abort(self) -> None:
         """Rolls back after a failure; a failure of the rollback itself is not raised (the original
         error is what the caller sees), but a lost connection is invalidated."""
         try:
@@ -91,7 +93,7 @@ class Tx:
         except Exception as exc:
             self.translated(exc, "ROLLBACK")
 
-    def close(self) -> None:
+    def release(self) -> None:
         """Gives the connection back to the pool (dropped instead when it was invalidated)."""
         if self._sa is not None:
             self._sa.close()
@@ -144,9 +146,9 @@ class TxScope:
                 raise
             tx = Tx(engine, fairy)
             try:
-                tx.begin(self._begin)
+                tx.start(self._begin)
             except BaseException:
-                tx.close()
+                tx.release()
                 raise
         except BaseException:
             if lock is not None:
@@ -161,16 +163,16 @@ class TxScope:
         try:
             if kind is None:
                 try:
-                    tx.commit()
+                    tx.finish()
                 except BaseException:
-                    tx.rollback()  # the connection goes back clean
+                    tx.abort()  # the connection goes back clean
                     raise
             else:
-                tx.rollback()
+                tx.abort()
         finally:
             self._tx = None
             try:
-                tx.close()
+                tx.release()
             finally:
                 if self._lock is not None:
                     self._lock.release()
