@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from sqlalchemy import select
 
 from gateway.store.models import InboxRow, MessageRow
@@ -310,3 +311,42 @@ asyncio.run(main())
     done = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "True True", "")
+
+
+class _BodyRecordingTelegram(FakeTelegram):
+    """The fake Bot API, also keeping each request's content type and raw body."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: list[tuple[str, bytes]] = []
+
+    async def _read_params(self, request: web.Request) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        params = await super()._read_params(request)
+        self.bodies.append((request.content_type, await request.read()))  # aiohttp keeps the read body
+        return params
+
+
+async def test_bot_api_parameters_go_as_one_utf8_json_object():
+    """Without files, a call's parameters are one JSON object (the Bot API accepts application/json
+    for every call but uploads): nested objects as objects, numbers as numbers, text as UTF-8."""
+    from adapters.telegram.adapter import TelegramAdapter
+    from gateway.core.types import ChatAddress, OutboundMessage
+
+    with _BodyRecordingTelegram() as fake:
+        adapter = TelegramAdapter(token=fake.token, base_url=fake.url)
+        await adapter.bot.initialize()
+        try:
+            address = ChatAddress("telegram", str(fake.bot_id), "5551104")
+            sent = await adapter.send(OutboundMessage(address, "你好 **世界**", "t1:0", reply_to_id="7",
+                                                      buttons=(("Stop", "/stop"),)))
+        finally:
+            await adapter.bot.shutdown()
+    assert sent.ok
+    content_type, body = fake.bodies[-1]
+    assert content_type == "application/json" and "你好 世界".encode() in body
+    assert json.loads(body) == {
+        "chat_id": 5551104, "text": "你好 世界", "entities": [{"type": "bold", "offset": 3, "length": 2}],
+        "reply_markup": {"inline_keyboard": [[{"text": "Stop", "callback_data": "/stop"}]]},
+        "reply_parameters": {"message_id": 7, "allow_sending_without_reply": True},
+    }
+    assert fake.sent_messages(5551104)[0]["text"] == "你好 世界"
