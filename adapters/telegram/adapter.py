@@ -509,7 +509,7 @@ class TelegramAdapter:
         """One sendMessage of ``chunk`` (text + entities) quoting ``quote``; returns the new message's
         id. Entities Telegram cannot parse ("can't parse entities") are dropped and the text is sent
         again as plain text. Raises PTB's ``TelegramError`` subclasses (see ``_api``)."""
-        entities = [MessageEntity(e.type, e.offset, e.length, url=e.url, language=e.language) for e in chunk.entities]
+        entities = [e.to_api() for e in chunk.entities]  # dicts: PTB MessageEntity objects cost ~13 µs each
         # the parameters in the order bot.send_message puts them on the wire
         params: dict[str, object] = {"chat_id": int(address.chat_id), "text": chunk.text, "entities": entities or None,
                                      "message_thread_id": int(address.thread_id) if address.thread_id else None,
@@ -529,7 +529,7 @@ class TelegramAdapter:
         """Edits the preview into ``chunk`` (editMessageText); returns the id of the message that now
         shows it. "message is not modified" is success. A preview that no longer exists (deleted
         by a user) is replaced by a new message. Raises PTB's ``TelegramError`` subclasses."""
-        entities = [MessageEntity(e.type, e.offset, e.length, url=e.url, language=e.language) for e in chunk.entities]
+        entities = [e.to_api() for e in chunk.entities]
         # the parameters in the order bot.edit_message_text puts them on the wire
         params: dict[str, object] = {"text": chunk.text, "chat_id": int(address.chat_id), "message_id": int(message_id),
                                      "entities": entities or None}

@@ -26,6 +26,8 @@ class Entity:
     language: str | None = None
 
     def to_api(self) -> dict[str, object]:
+        """The Bot API ``MessageEntity`` object, as JSON (unset ``url``/``language`` left out, as
+        python-telegram-bot's ``MessageEntity.to_dict`` leaves them out)."""
         data: dict[str, object] = {"type": self.type, "offset": self.offset, "length": self.length}
         if self.url:
             data["url"] = self.url
