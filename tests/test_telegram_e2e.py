@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from sqlalchemy import select
 
 from gateway.store.models import InboxRow, MessageRow
 from tests.conftest import fixture, gateway_config, start_gateway
 from tests.fakes import openai as oa
+from tests.fakes.telegram import FakeTelegram
 from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def dm_update(text: str, message_id: int, user_id: int = 5550001) -> dict[str, Any]:
@@ -224,3 +231,122 @@ async def test_webhook_checks_secret_and_stores_nothing_on_401(tmp_path, fake_te
         async with http.post(url, data=b"{not json", headers={"X-Telegram-Bot-Api-Secret-Token": secret}) as resp:
             assert resp.status == 200  # malformed: acknowledged, logged, nothing stored
     assert gateway.store.count_inbox("done") == 1
+
+
+async def test_reply_ids_are_the_messages_telegram_created_and_previews_are_edited_in_place():
+    """The adapter reads each sent message's id from the Bot API's answer: the ids it reports are
+    those of the messages Telegram created; a streamed preview is edited in place ("message is not
+    modified" counts as success) and a preview that is gone is replaced by a new message."""
+    from adapters.telegram.adapter import TelegramAdapter
+    from gateway.core.types import ChatAddress, OutboundMessage
+
+    chat = 5551101
+    with FakeTelegram() as fake:
+        adapter = TelegramAdapter(token=fake.token, base_url=fake.url)
+        await adapter.bot.initialize()
+        try:
+            address = ChatAddress("telegram", str(fake.bot_id), str(chat))
+            sent = await adapter.send(OutboundMessage(address, "**Part** one. " + "word " * 1000, "t1:0",
+                                                      buttons=(("Stop", "/stop"),)))
+            created = [str(m["message_id"]) for m in fake.sent_messages(chat)]
+            assert sent.ok and len(created) == 2 and list(sent.platform_message_ids) == created
+            assert "reply_markup" in fake.sent_messages(chat)[-1]  # the buttons, under the last part
+
+            preview = created[0]
+            for _ in range(2):  # the second edit changes nothing: Telegram says "not modified"
+                edited = await adapter.send(OutboundMessage(address, "The **answer**.", "t2:0", edit_id=preview))
+                assert edited.ok and edited.platform_message_ids == (preview,)
+            assert fake.sent_messages(chat)[0]["text"] == "The answer."
+            assert len(fake.calls("editMessageText")) == 2
+
+            replaced = await adapter.send(OutboundMessage(address, "Final", "t3:0", edit_id="9999"))
+            newest = fake.sent_messages(chat)[-1]
+            assert replaced.ok and replaced.platform_message_ids == (str(newest["message_id"]),)
+            assert newest["text"] == "Final"
+        finally:
+            await adapter.bot.shutdown()
+
+
+async def test_a_token_revoked_while_running_fails_sends_and_edits_as_unauthorized():
+    """Telegram answers 401 Unauthorized once the token is revoked; the failed delivery says so."""
+    from adapters.telegram.adapter import TelegramAdapter
+    from gateway.core.types import ChatAddress, OutboundMessage
+
+    with FakeTelegram() as fake:
+        adapter = TelegramAdapter(token=fake.token, base_url=fake.url)
+        await adapter.bot.initialize()
+        try:
+            address = ChatAddress("telegram", str(fake.bot_id), "5551102")
+            preview = await adapter.send(OutboundMessage(address, "draft", "t1:0", format="plain"))
+            fake.token = "7000000001:AAAnotherTokenIssuedByBotFather000"  # @BotFather /revoke
+            sent = await adapter.send(OutboundMessage(address, "hi", "t2:0"))
+            assert (sent.ok, sent.retryable, sent.error) == (False, True, "network: Unauthorized")
+            edited = await adapter.edit(address, preview.platform_message_ids[0], "more")
+            assert (edited.ok, edited.retryable, edited.error) == (False, True, "network: Unauthorized")
+        finally:
+            await adapter.bot.shutdown()
+
+
+def test_sending_and_editing_print_no_warning():
+    """The adapter calls Bot.do_api_request for sendMessage on purpose; PTB's warning about that is
+    silenced for the adapter, so even a process that makes warnings errors sends and edits."""
+    script = """
+import asyncio
+from adapters.telegram.adapter import TelegramAdapter
+from gateway.core.types import ChatAddress, OutboundMessage
+from tests.fakes.telegram import FakeTelegram
+
+async def main():
+    with FakeTelegram() as fake:
+        adapter = TelegramAdapter(token=fake.token, base_url=fake.url)
+        await adapter.bot.initialize()
+        address = ChatAddress("telegram", str(fake.bot_id), "5551103")
+        sent = await adapter.send(OutboundMessage(address, "Hello **there**", "t1:0"))
+        edited = await adapter.edit(address, sent.platform_message_ids[0], "Hello again")
+        await adapter.bot.shutdown()
+        print(sent.ok, edited.ok)
+
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "True True", "")
+
+
+class _BodyRecordingTelegram(FakeTelegram):
+    """The fake Bot API, also keeping each request's content type and raw body."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: list[tuple[str, bytes]] = []
+
+    async def _read_params(self, request: web.Request) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        params = await super()._read_params(request)
+        self.bodies.append((request.content_type, await request.read()))  # aiohttp keeps the read body
+        return params
+
+
+async def test_bot_api_parameters_go_as_one_utf8_json_object():
+    """Without files, a call's parameters are one JSON object (the Bot API accepts application/json
+    for every call but uploads): nested objects as objects, numbers as numbers, text as UTF-8."""
+    from adapters.telegram.adapter import TelegramAdapter
+    from gateway.core.types import ChatAddress, OutboundMessage
+
+    with _BodyRecordingTelegram() as fake:
+        adapter = TelegramAdapter(token=fake.token, base_url=fake.url)
+        await adapter.bot.initialize()
+        try:
+            address = ChatAddress("telegram", str(fake.bot_id), "5551104")
+            sent = await adapter.send(OutboundMessage(address, "你好 **世界**", "t1:0", reply_to_id="7",
+                                                      buttons=(("Stop", "/stop"),)))
+        finally:
+            await adapter.bot.shutdown()
+    assert sent.ok
+    content_type, body = fake.bodies[-1]
+    assert content_type == "application/json" and "你好 世界".encode() in body
+    assert json.loads(body) == {
+        "chat_id": 5551104, "text": "你好 世界", "entities": [{"type": "bold", "offset": 3, "length": 2}],
+        "reply_markup": {"inline_keyboard": [[{"text": "Stop", "callback_data": "/stop"}]]},
+        "reply_parameters": {"message_id": 7, "allow_sending_without_reply": True},
+    }
+    assert fake.sent_messages(5551104)[0]["text"] == "你好 世界"

@@ -99,6 +99,14 @@ def test_hard_split_never_breaks_a_surrogate_pair():
     assert all(c.text.encode("utf-16-le").decode("utf-16-le") == c.text for c in chunks)
 
 
+def test_a_text_of_exactly_the_limit_in_utf16_units_is_one_chunk():
+    """Astral characters count two units, a lone surrogate one (what Telegram counts)."""
+    assert [c.text for c in chunk_text("😀" * 2048, [], 4096)] == ["😀" * 2048]
+    assert [len(c.text) for c in chunk_text("😀" * 2049, [], 4096)] == [2048, 1]
+    assert [c.text for c in chunk_text("\ud83d" + "x" * 4095, [], 4096)] == ["\ud83d" + "x" * 4095]
+    assert len(chunk_text("\ud83d" + "x" * 4096, [], 4096)) == 2
+
+
 def test_whitespace_only_reply_sends_nothing():
     assert format_reply("   \n\n ") == []
 

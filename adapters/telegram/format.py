@@ -26,6 +26,8 @@ class Entity:
     language: str | None = None
 
     def to_api(self) -> dict[str, object]:
+        """The Bot API ``MessageEntity`` object, as JSON (unset ``url``/``language`` left out, as
+        python-telegram-bot's ``MessageEntity.to_dict`` leaves them out)."""
         data: dict[str, object] = {"type": self.type, "offset": self.offset, "length": self.length}
         if self.url:
             data["url"] = self.url
@@ -81,6 +83,8 @@ def chunk_text(text: str, entities: list[Entity], limit: int = MAX_MESSAGE_UTF16
     concatenated equal ``text`` exactly; an entity crossing a cut is clipped into both chunks
     (a code block is closed at the cut and reopened in the next chunk with its language).
     """
+    if len(text.encode("utf-16-le", "surrogatepass")) // 2 <= limit:
+        return [Chunk(text, tuple(entities))]  # fits: no offset table (a Python loop per character)
     # UTF-16 offset of every code point index, for entity mapping.
     offsets = [0] * (len(text) + 1)
     total = 0
@@ -88,8 +92,6 @@ def chunk_text(text: str, entities: list[Entity], limit: int = MAX_MESSAGE_UTF16
         offsets[i] = total
         total += 2 if ord(ch) > 0xFFFF else 1
     offsets[len(text)] = total
-    if total <= limit:
-        return [Chunk(text, tuple(entities))]
 
     chunks: list[Chunk] = []
     start = 0

@@ -4,8 +4,9 @@ Point PTB at it with ``Bot(token, base_url=f"{fake.url}/bot", base_file_url=f"{f
 (or the same two ``ApplicationBuilder`` settings). What is emulated follows PLATFORMS.md §1.4 and the
 Bot API docs (https://core.telegram.org/bots/api): the ``{"ok", "result"}`` / ``{"ok": false,
 "error_code", "description", "parameters"}`` envelope with HTTP status = ``error_code``; PTB's
-form-urlencoded/multipart request bodies (nested objects arrive as JSON strings); ``getUpdates`` long
-polling with offsets and 409 conflicts; per-chat message ids; the 4096-UTF-16-unit text limit (1024 for
+form-urlencoded/multipart request bodies (nested objects arrive as JSON strings) and JSON bodies
+(what the gateway's ``adapters.telegram.request`` sends without files); ``getUpdates`` long polling
+with offsets and 409 conflicts; per-chat message ids; the 4096-UTF-16-unit text limit (1024 for
 captions); command menus per ``BotCommandScope`` with setMyCommands' rules (unique 1-32 character
 ``a-z0-9_`` names, at most 100, descriptions 1-256; else 400 ``BOT_COMMAND_INVALID`` and friends); and
 small HTML / MarkdownV2 checkers that reject what Telegram rejects most often.
