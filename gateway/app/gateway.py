@@ -15,7 +15,6 @@ import logging
 import re
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -75,6 +74,7 @@ from gateway.sessions.directory import Directory
 from gateway.sessions.group_context import GroupContextStore
 from gateway.sessions.resets import ResetPolicy
 from gateway.store.db import create_db_engine, upgrade
+from gateway.store.offload import Offload
 from gateway.store.sql import OutboxItem, Store
 from gateway.tools.approvals import ApprovalPolicy
 from gateway.tools.approvals_store import Approvals
@@ -234,7 +234,7 @@ class Gateway:
             deliver=self._deliver_now, claim=(self.instance_id, config.delivery.claim_s),
             usage=UsageLimits(self.engine, config.limits),
         )
-        self._db_pool = ThreadPoolExecutor(4, thread_name_prefix="db")
+        self._db_pool = Offload(4, "db")
         self.delivery = Delivery(
             store=self.store, adapters=self.adapters, instance_id=self.instance_id, run_db=self.run_db,
             max_attempts=config.delivery.max_attempts, backoff_base_s=config.delivery.backoff_base_s,
@@ -299,9 +299,9 @@ class Gateway:
         return self.chats.system_prompt()
 
     async def run_db(self, fn: Callable[..., T], *args: Any) -> T:
-        """Runs a blocking store call off the main loop (on the small DB pool)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._db_pool, functools.partial(fn, *args))
+        """Runs a blocking store call off the main loop (on the small DB pool, ``Offload``); returns
+        its result or raises its exception."""
+        return await self._db_pool.run(fn, *args)
 
     def _run_on_loop(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """Runs ``coro`` on the main loop from a worker thread and waits at most ``timeout`` s
