@@ -20,13 +20,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 
 from gateway.core.errors import TurnInterrupted
 from gateway.core.types import ChatAddress, InboundMessage
 from gateway.store.sql import LaneNext, PendingInbound, Store
 
 log = logging.getLogger("gateway.bus.lanes")
+
+_Drained = tuple[ChatAddress | None, bool]
+"""What ``SessionBus._drain`` returns: the address of its last turn (its end not yet told to the
+main loop) and whether rows were stored meanwhile."""
 
 MERGE_LIMIT = 20
 """Most messages answered together by one merged turn."""
@@ -123,18 +127,22 @@ class SessionBus:
             self._again.add(key)
             return
         self._active.add(key)
-        assert self._loop is not None
-        future = self._loop.run_in_executor(self._workers, self._drain, key)
-        future.add_done_callback(lambda f, k=key: self._drained(k, f))  # type: ignore[misc]
+        future = self._workers.submit(self._drain, key)
+        future.add_done_callback(lambda f, k=key: self._call_main(self._drained, k, f))  # type: ignore[misc]
 
-    def _drained(self, key: str, future: asyncio.Future[None]) -> None:
+    def _drained(self, key: str, future: Future[_Drained]) -> None:
+        """On the main loop once ``_drain(key)`` ended: its last turn's end (typing stops; one hop
+        for both), and ``key`` drained again when rows were stored meanwhile."""
         self._active.discard(key)
         if future.cancelled():
             return
         if future.exception() is not None:
             log.error("lane %s failed; the sweeper will retry it", key, exc_info=future.exception())
             return
-        if key in self._again:
+        ended, waiting = future.result()
+        if ended is not None:
+            self._turn_ended(ended)
+        if waiting or key in self._again:
             self._again.discard(key)
             self.kick(key)
 
@@ -143,20 +151,27 @@ class SessionBus:
         return not self._active
 
     # -- worker thread -----------------------------------------------------------------------
-    def _drain(self, key: str) -> None:
+    def _drain(self, key: str) -> _Drained:
+        """Runs ``key``'s waiting turns under its lease (worker thread). Returns the address of the
+        last turn, whose end the main loop is told of with the drain's own end (``_drained``: one
+        hop instead of two), and whether rows were stored meanwhile (drain again)."""
         if self._stopping.is_set():
-            return  # queued behind busy workers when the stop began: the rows wait for the next start
+            return None, False  # queued behind busy workers when the stop began: rows wait for the next start
         claimed = self.store.claim_next(key, self.instance_id, self.lease_s, self.batch_size)
         if claimed is None:
-            return  # another instance runs this session (it drains what waits), or nothing waits
+            return None, False  # another instance runs this session (it drains what waits), or nothing waits
         batch, generation = claimed
         with self._held_lock:
             self._held.add(key)
         released = waiting = False
+        ended: ChatAddress | None = None
         try:
             while batch:
                 batch = self._with_album(key, self._merged(key, batch))
                 address = batch[-1].message.address
+                if ended is not None:
+                    self._call_main(self._turn_ended, ended)
+                ended = None
                 self._call_main(self._on_turn_start, address)
                 # The next rows, or the lease given up when none wait, are read in the turn's last
                 # transaction (``then``). A message stored between that read and the release would
@@ -164,11 +179,10 @@ class SessionBus:
                 then = LaneNext(key, self.instance_id, self.batch_size)
                 try:
                     self._run_turn(batch, generation, then)
-                except TurnInterrupted:
-                    log.info("lane %s: turn interrupted by the stop; it resumes at the next start", key)
-                    break
-                finally:
+                except BaseException:
                     self._call_main(self._turn_ended, address)
+                    raise
+                ended = address
                 self.turns_done += 1
                 if then.released:
                     released, waiting = True, then.waiting
@@ -181,13 +195,14 @@ class SessionBus:
                     batch, generation, waiting = self.store.next_or_release(key, self.instance_id, self.batch_size)
             else:
                 released = True
+        except TurnInterrupted:
+            log.info("lane %s: turn interrupted by the stop; it resumes at the next start", key)
         finally:
             with self._held_lock:
                 self._held.discard(key)
             if not released:  # stopping, or a turn or the store raised: give the lease up for the retry
                 waiting = self.store.release_lane(key, self.instance_id)
-        if waiting:
-            self._call_main(self.kick, key)
+        return ended, waiting
 
     def _turn_ended(self, address: ChatAddress) -> None:
         """On the main loop after a turn: ``on_turn_end`` (typing stops), then ``on_replies`` (one
