@@ -50,3 +50,11 @@ def test_addresses_and_outbound_files_are_stored_as_asdict_gives_them():
     attachment = OutboundAttachment("image", "chart.png", "image/png", 2_048, "ab" * 32, caption="Q3", width=640,
                                     height=480)
     assert attachment.to_dict() == dataclasses.asdict(attachment)
+
+
+def test_a_usage_entry_is_stored_with_every_field():
+    from gateway.store.sql import UsageEntry
+
+    entry = UsageEntry("u1", "telegram:1:5", "dm:u1", "telegram", "default", "gpt-4o-mini", "2026-12-01", 120, 64, 30,
+                       0.00042)
+    assert entry.columns() == dataclasses.asdict(entry)

@@ -191,6 +191,14 @@ class UsageEntry:
     completion_tokens: int
     cost_usd: float
 
+    def columns(self) -> dict[str, Any]:
+        """The ``usage`` row's columns for this entry (what ``dataclasses.asdict`` gives, without its
+        deep copy of each value: the fields are plain)."""
+        return {"user_id": self.user_id, "chat_key": self.chat_key, "session_key": self.session_key,
+                "platform": self.platform, "provider": self.provider, "model": self.model, "day": self.day,
+                "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "completion_tokens": self.completion_tokens, "cost_usd": self.cost_usd}
+
 
 @dataclass(frozen=True, slots=True)
 class NewMessage:
@@ -535,7 +543,7 @@ class Store:
             ids.append(int(result.inserted_primary_key[0]))
             for number, used in enumerate(m.usage):  # counted once: with the message, keyed by its id
                 run(conn, q.INSERT_USAGE, {"call_key": f"message:{ids[-1]}" + (f":{number}" if number else ""),
-                                           "turn_id": m.turn_id, "created_at": now, **dataclasses.asdict(used)})
+                                           "turn_id": m.turn_id, "created_at": now, **used.columns()})
         first_user = next((m.content for m in messages if m.role == "user" and m.content), None)
         if first_user:  # the session's title: its first user message, whichever write carries it
             run(conn, q.SET_TITLE, {"b_session": session_id, "b_title": " ".join(first_user.split())[:80]})
@@ -571,7 +579,7 @@ class Store:
             summary_id = int(key[0])
             for number, used in enumerate(usage):
                 conn.execute(insert(_usage).values(call_key=f"summary:{summary_id}" + (f":{number}" if number else ""),
-                                                   turn_id=None, created_at=now, **dataclasses.asdict(used)))
+                                                   turn_id=None, created_at=now, **used.columns()))
 
     def latest_summary(self, session_id: str) -> Summary | None:
         """The session's newest summary, or ``None``."""
