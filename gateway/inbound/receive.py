@@ -24,6 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
 from agent.redact import Redactor
@@ -62,8 +63,9 @@ class Inbound:
         run_db: runs a blocking store call on the main loop's DB pool.
         model_name: the chat model's name now (``/status`` shows it).
         wake_delivery: called on the main loop when a reply was queued here.
-        busy_policy: the busy policy of a message's chat (blocking, on the DB pool; per-chat
-            settings, ``gateway.sessions.chat_settings``); ``None``: ``bus.busy_policy`` everywhere.
+        busy_policy: the busy policy of a message's chat, ``(message, conn)`` (blocking, on the DB
+            pool; per-chat settings, ``gateway.sessions.chat_settings``; ``conn``: read in that
+            transaction, or ``None``); ``None``: ``bus.busy_policy`` everywhere.
 
     Counters ``received``, ``duplicates`` and ``dropped`` count messages stored, refused as
     already stored, and not for the bot (unaddressed, or denied by the access rules).
@@ -73,7 +75,7 @@ class Inbound:
                  runner: TurnRunner, bus: SessionBus, metrics: GatewayMetrics, redact: Redactor,
                  run_db: Callable[..., Awaitable[Any]], model_name: Callable[[], str],
                  wake_delivery: Callable[[], None], group_context: GroupContextStore | None = None,
-                 busy_policy: Callable[[InboundMessage], str] | None = None) -> None:
+                 busy_policy: Callable[[InboundMessage, Connection | None], str] | None = None) -> None:
         self.busy_policy = busy_policy
         self.group_context = group_context
         self.config = config
@@ -142,13 +144,13 @@ class Inbound:
         identity read (or created on first contact) and the inbox row written together. Raises
         ``IntegrityError`` (everything rolled back) for a duplicate or a sender created concurrently
         elsewhere; ``_admit`` then takes the steps one by one."""
-        cancel = self._cancel(message)  # the chat's settings are read before: no read inside the write
         with write_tx(self.store.engine) as conn:
             identity = self.directory.identify_in(conn, message)
             message, key = self._keyed(message, identity)
             decision = decide(message, identity.approved, self.config.access)
             if decision != "allow" or message.command in CONTROL_COMMANDS:
                 return message, identity, key, decision, None, False
+            cancel = self._cancel(message, conn)  # the chat's settings, read in this transaction
             self.store.insert_inbound_in(conn, message, key, cancel=cancel, user_id=identity.user_id)
         return message, identity, key, decision, True, cancel is not None
 
@@ -158,9 +160,10 @@ class Inbound:
                                                              self.config.i18n.default))
         return message, session_key_for(message, identity.user_id, self.config.sessions.group_scope)
 
-    def _cancel(self, message: InboundMessage) -> str | None:
-        """``cancel`` for the inbox write: ``if_busy`` under the chat's busy policy ``interrupt``."""
-        policy = self.busy_policy(message) if self.busy_policy is not None else self.config.bus.busy_policy
+    def _cancel(self, message: InboundMessage, conn: Connection | None = None) -> str | None:
+        """``cancel`` for the inbox write: ``if_busy`` under the chat's busy policy ``interrupt``
+        (``conn``: the chat's settings are read in that transaction)."""
+        policy = self.busy_policy(message, conn) if self.busy_policy is not None else self.config.bus.busy_policy
         return "if_busy" if policy == "interrupt" else None
 
     def _keep_as_context(self, message: InboundMessage) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import bindparam, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from agent.cache import AgentSpec
@@ -94,16 +94,20 @@ class ChatOverrides:
         self._cache: dict[tuple[str, str, str], tuple[float, dict[str, str]]] = {}
         self._lock = threading.Lock()
 
-    def get(self, platform: str, tenant: str, chat_id: str) -> dict[str, str]:
+    def get(self, platform: str, tenant: str, chat_id: str, conn: Connection | None = None) -> dict[str, str]:
         """The settings set in the chat (``route``, ``persona``, ``busy_policy``; unset ones left out);
-        a read at most ``cache_s`` old (see ``CACHE_S``)."""
+        a read at most ``cache_s`` old (see ``CACHE_S``). ``conn``: read in the caller's transaction
+        (the inbox write of a message to the chat) rather than one of its own."""
         key = (platform, tenant, chat_id)
         now = time.monotonic()
         cached = self._cache.get(key)
         if cached is not None and now - cached[0] < self.cache_s:
             return dict(cached[1])
-        with read_tx(self.engine) as conn:
+        if conn is not None:
             row = run(conn, _GET, {"b_platform": platform, "b_tenant": tenant, "b_chat": chat_id}).first()
+        else:
+            with read_tx(self.engine) as own:
+                row = run(own, _GET, {"b_platform": platform, "b_tenant": tenant, "b_chat": chat_id}).first()
         found = {} if row is None else {n: v for n, v in zip(OVERRIDABLE, row, strict=True) if v is not None}
         with self._lock:
             if len(self._cache) >= CACHE_MAX:
@@ -167,16 +171,18 @@ class ChatSetup:
         self.default_spec = default_spec
         self.skills = skills
 
-    def settings(self, message: InboundMessage) -> ChatSettings:
-        """The chat's settings for ``message`` (rules, then the chat's overrides; one DB read)."""
+    def settings(self, message: InboundMessage, conn: Connection | None = None) -> ChatSettings:
+        """The chat's settings for ``message`` (rules, then the chat's overrides; one DB read, in
+        ``conn``'s transaction when given)."""
         address = message.address
-        overrides = self.overrides.get(address.platform, address.tenant, address.chat_id)
+        overrides = self.overrides.get(address.platform, address.tenant, address.chat_id, conn)
         return resolve(self.config.chats, address.platform, address.chat_id, address.thread_id,
                        message.sender.user_id, overrides)
 
-    def busy_policy(self, message: InboundMessage) -> str:
-        """``queue``, ``merge`` or ``interrupt`` for a message to this chat now."""
-        return self.settings(message).busy_policy or self.config.bus.busy_policy
+    def busy_policy(self, message: InboundMessage, conn: Connection | None = None) -> str:
+        """``queue``, ``merge`` or ``interrupt`` for a message to this chat now (``conn``: see
+        ``settings``)."""
+        return self.settings(message, conn).busy_policy or self.config.bus.busy_policy
 
     def persona_text(self, persona: str | None) -> str:
         """A configured persona's text (a name of ``[personas]``), or ``persona`` itself."""
