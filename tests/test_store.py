@@ -9,7 +9,7 @@ import pytest
 
 from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage, Sender
 from gateway.store.db import create_db_engine, upgrade
-from gateway.store.sql import LaneNext, Store
+from gateway.store.sql import LaneNext, Prefetch, Store
 
 
 @pytest.fixture
@@ -75,6 +75,30 @@ def test_a_turns_last_transaction_reads_the_lanes_next_rows_or_gives_the_lease_u
     store.finish_turn([then.batch[0].inbox_id], "done", [], then=last)
     assert last.released and last.batch == [] and last.waiting is False
     assert store.claim_lane("k", "b", 60)  # given up in the turn's own transaction
+
+
+def test_reads_for_the_next_turn_run_in_the_transaction_that_hands_over_its_rows(store):
+    seen: list[tuple[str, list[str]]] = []
+
+    def session_of(conn, batch):  # what a turn reads before it starts, in the claim's transaction
+        opened = store.open_session_in(conn, "k", lambda: "prompt", 10)
+        seen.append((opened.session_id, [p.message.text for p in batch]))
+        return opened.session_id
+
+    store.insert_inbound(message("5:1", text="first"), "k")
+    store.insert_inbound(message("5:2", text="second"), "k")
+    first = Prefetch(session_of)
+    batch, _ = store.claim_next("k", "a", 60, prefetch=first)
+    assert first.value == seen[0][0] and seen[0][1] == ["first"]
+    assert store.current_session_id("k") == first.value  # created with the claim, committed with it
+    then = LaneNext("k", "a", prefetch=Prefetch(session_of))
+    store.finish_turn([batch[0].inbox_id], "done", [], then=then)
+    assert then.prefetch is not None and then.prefetch.value == first.value  # the same session, read again
+    assert seen[1][1] == ["second"]
+    last = LaneNext("k", "a", prefetch=Prefetch(session_of))
+    store.finish_turn([then.batch[0].inbox_id], "done", [], then=last)
+    assert last.released and last.prefetch is not None and last.prefetch.value is None  # no rows: nothing read
+    assert len(seen) == 2
 
 
 def test_a_failed_finish_leaves_the_lane_step_undone(store):

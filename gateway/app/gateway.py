@@ -264,7 +264,7 @@ class Gateway:
             busy_policy=config.bus.busy_policy,
             on_turn_start=self.typing.start, on_turn_end=self.typing.end,
             album_wait_s=config.media.album_wait_s,
-            merges=lambda message: self.chats.busy_policy(message) == "merge",
+            merges=lambda message: self.chats.busy_policy(message) == "merge", prefetch=self.runner.prefetch,
         )
         self.inbound = Inbound(config=config, store=self.store, directory=self.directory, approvals=self.approvals,
                                runner=self.runner, bus=self.bus, metrics=self.metrics, redact=self.redact,

@@ -21,10 +21,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
+from typing import Any
+
+from sqlalchemy import Connection
 
 from gateway.core.errors import TurnInterrupted
 from gateway.core.types import ChatAddress, InboundMessage
-from gateway.store.sql import LaneNext, PendingInbound, Store
+from gateway.store.sql import LaneNext, PendingInbound, Prefetch, Store
 
 log = logging.getLogger("gateway.bus.lanes")
 
@@ -42,9 +45,12 @@ class SessionBus:
     """Dispatches inbox rows to turns.
 
     Args:
-        run_turn: runs one turn on the calling worker thread: ``(batch, generation, then) -> status``;
-            ``then`` (``LaneNext``) is handed to ``Store.finish_turn``, which reads the lane's next
-            rows or gives its lease up in the turn's last transaction.
+        run_turn: runs one turn on the calling worker thread: ``(batch, generation, then, ready) ->
+            status``; ``then`` (``LaneNext``) is handed to ``Store.finish_turn``, which reads the
+            lane's next rows or gives its lease up in the turn's last transaction; ``ready`` is what
+            ``prefetch`` read for the batch (``None``: nothing).
+        prefetch: reads for a turn made in the transaction that hands the lane its rows
+            (``Store.claim_next``, ``finish_turn``): ``(conn, batch) -> ready`` (``Prefetch``).
         busy_policy: ``queue`` (a turn per message, FIFO), ``merge`` (messages waiting when the
             lane frees are answered in one turn) or ``interrupt`` (handled at receive time: a new
             message cancels the running turn; then like ``queue``).
@@ -59,11 +65,13 @@ class SessionBus:
             turn (``media.album_wait_s``; the platform delivers an album as one message per item).
     """
 
-    def __init__(self, *, store: Store, run_turn: Callable[[Sequence[PendingInbound], int, LaneNext], str],
+    def __init__(self, *, store: Store, run_turn: Callable[[Sequence[PendingInbound], int, LaneNext, Any], str],
                  workers: Executor, instance_id: str, lease_s: float, sweep_interval_s: float,
                  busy_policy: str, on_turn_start: Callable[[ChatAddress], None],
                  on_turn_end: Callable[[ChatAddress], None], on_replies: Callable[[], None] | None = None,
-                 album_wait_s: float = 0.0, merges: Callable[[InboundMessage], bool] | None = None) -> None:
+                 album_wait_s: float = 0.0, merges: Callable[[InboundMessage], bool] | None = None,
+                 prefetch: Callable[[Connection, list[PendingInbound]], Any] | None = None) -> None:
+        self.prefetch = prefetch
         self.album_wait_s = album_wait_s
         self.merges = merges
         self.store = store
@@ -157,10 +165,12 @@ class SessionBus:
         hop instead of two), and whether rows were stored meanwhile (drain again)."""
         if self._stopping.is_set():
             return None, False  # queued behind busy workers when the stop began: rows wait for the next start
-        claimed = self.store.claim_next(key, self.instance_id, self.lease_s, self.batch_size)
+        first = Prefetch(self.prefetch) if self.prefetch is not None else None
+        claimed = self.store.claim_next(key, self.instance_id, self.lease_s, self.batch_size, first)
         if claimed is None:
             return None, False  # another instance runs this session (it drains what waits), or nothing waits
         batch, generation = claimed
+        ready = first.value if first is not None else None
         with self._held_lock:
             self._held.add(key)
         released = waiting = False
@@ -176,9 +186,10 @@ class SessionBus:
                 # The next rows, or the lease given up when none wait, are read in the turn's last
                 # transaction (``then``). A message stored between that read and the release would
                 # wait for the sweeper: the release looks once more, and we drain again if so.
-                then = LaneNext(key, self.instance_id, self.batch_size)
+                then = LaneNext(key, self.instance_id, self.batch_size,
+                                Prefetch(self.prefetch) if self.prefetch is not None else None)
                 try:
-                    self._run_turn(batch, generation, then)
+                    self._run_turn(batch, generation, then, ready)
                 except BaseException:
                     self._call_main(self._turn_ended, address)
                     raise
@@ -191,8 +202,10 @@ class SessionBus:
                     break  # the next rows wait for the next start (the lease is given up below)
                 if then.done:
                     batch, generation = then.batch, then.generation
+                    ready = then.prefetch.value if then.prefetch is not None else None
                 else:  # the turn ended without finishing its rows' lane step (no ``finish_turn``)
                     batch, generation, waiting = self.store.next_or_release(key, self.instance_id, self.batch_size)
+                    ready = None
             else:
                 released = True
         except TurnInterrupted:

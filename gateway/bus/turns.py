@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span
-from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy import Connection
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agent.bridge import AsyncBridge
@@ -51,13 +52,22 @@ from gateway.ops.usage_command import usage_reply
 from gateway.ops.usage_limits import LIMITED, UsageLimits
 from gateway.sessions.commands import LANE_COMMANDS, CommandContext, CommandHandler, Commands
 from gateway.sessions.resets import ResetPolicy
-from gateway.store.sql import LaneNext, NewMessage, OutboxItem, PendingInbound, Store, StoredMessage, UsageEntry
+from gateway.store.sql import (
+    LaneNext,
+    NewMessage,
+    OpenSession,
+    OutboxItem,
+    PendingInbound,
+    Store,
+    StoredMessage,
+    UsageEntry,
+)
 from gateway.tools.approvals import ApprovalPolicy, ChatApprover
 from gateway.tools.approvals_store import Approvals
 
 if TYPE_CHECKING:
     from gateway.media.service import MediaService
-    from gateway.memory.service import MemoryService
+    from gateway.memory.service import Candidates, MemoryService
     from gateway.sessions.chat_settings import ChatSetup
 
 log = logging.getLogger("gateway.bus.turns")
@@ -74,6 +84,16 @@ GAVE_UP_TEXT = N_("⚠️ Sorry, something went wrong while answering this messa
 
 TRANSIENT = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)
 """Database faults that pass: a turn failing with one is retried without limit (nothing is lost)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ready:
+    """What ``TurnRunner.prefetch`` read for a lane's turn with its rows: the session (``opened``)
+    and the memory candidates for the message of inbox row ``inbox_id`` (``None``: read at recall)."""
+
+    inbox_id: int
+    opened: OpenSession
+    memory: Candidates | None = None
 
 
 def _name_files(unwritten: list[NewMessage], files: Sequence[OutboundAttachment]) -> None:
@@ -204,10 +224,12 @@ class TurnRunner:
         """The system prompt a new session gets now (stored with it, then never rebuilt)."""
         return self.system_prompt() if callable(self.system_prompt) else self.system_prompt
 
-    def run(self, batch: Sequence[PendingInbound], generation: int, then: LaneNext | None = None) -> str:
+    def run(self, batch: Sequence[PendingInbound], generation: int, then: LaneNext | None = None,
+            ready: Ready | None = None) -> str:
         """Runs one turn answering ``batch`` (one message, or several merged) to completion and
         returns its outcome (``done``, ``failed``, ``cancelled``). ``then``: the lane's next rows are
         read (or its lease given up) in the turn's last transaction (``Store.finish_turn``).
+        ``ready``: what ``prefetch`` read for this lane with its rows.
 
         ``generation`` is the lane generation the turn started under: once the lane's generation
         moves on (``/stop``, an interrupting message) the turn stops at its next step and sends
@@ -222,7 +244,7 @@ class TurnRunner:
         with invoke_agent("assistant", model=self.spec.model, turn_id=f"in{last.inbox_id}") as span, \
                 using(last.message.locale):  # the gateway's own texts in the sender's language
             try:
-                outcome = self._run(batch, generation, span, then)
+                outcome = self._run(batch, generation, span, then, ready)
             except (*TRANSIENT, TurnInterrupted):
                 raise  # the database is away, or we stop: the rows stay pending and are retried
             except Exception as exc:
@@ -268,7 +290,54 @@ class TurnRunner:
             self.metrics.turns.labels("failed", "gave_up").inc()
         return "failed"
 
-    def _run(self, batch: Sequence[PendingInbound], generation: int, span: Span, then: LaneNext | None) -> str:
+    def _new_session_setup(self, message: InboundMessage) -> tuple[Callable[[], str],
+                                                                   Callable[[], dict[str, Any] | None]]:
+        """What a session created for ``message``'s chat now gets: its system prompt and settings
+        (callables: the chat's settings are read only when a session is created)."""
+        chats = self.chats
+        made = functools.cache(lambda: chats.new_session(message) if chats is not None else None)
+
+        def build_prompt() -> str:
+            setup = made()
+            return setup.system_prompt if setup is not None else self.prompt()
+
+        def build_settings() -> dict[str, Any] | None:
+            setup = made()
+            return setup.settings if setup is not None else None
+
+        return build_prompt, build_settings
+
+    def prefetch(self, conn: Connection, batch: list[PendingInbound]) -> Ready | None:
+        """What the turn of ``batch`` reads before it starts, read in the transaction that hands the
+        lane its rows (``gateway.store.sql.Prefetch``): its session (created when the lane has none)
+        and its memory candidates, instead of transactions of their own. ``None`` (the turn reads
+        them itself) for a command, under usage limits (a refused turn opens no session), and when
+        building a new session's prompt failed (the turn then fails the ordinary way). Database
+        errors are raised (the claim is retried)."""
+        last = batch[-1]
+        message = last.message
+        if message.command is not None or (self.usage is not None and self.usage.any):
+            return None
+        key = last.session_key
+        build_prompt, build_settings = self._new_session_setup(message)
+        try:
+            prompt, settings = build_prompt(), build_settings()
+        except SQLAlchemyError:
+            raise
+        except Exception:
+            log.warning("a new session's setup failed ahead of its turn; the turn tries again", exc_info=True)
+            return None
+        opened = self.store.open_session_in(conn, key, lambda: prompt, self.history_window,
+                                            last.user_id if is_dm_key(key) else None, lambda: settings)
+        memory = None
+        # On SQLite a failed read leaves the transaction usable; on PostgreSQL it would spoil the
+        # claim, so there the turn reads its memory itself.
+        if self.memory is not None and not message.attachments and conn.dialect.name == "sqlite":
+            memory = self.memory.candidates(conn, key=key, query=self.redact(message.text))
+        return Ready(last.inbox_id, opened, memory)
+
+    def _run(self, batch: Sequence[PendingInbound], generation: int, span: Span, then: LaneNext | None,
+             ready: Ready | None) -> str:
         last = batch[-1]
         message = last.message
         key = last.session_key
@@ -307,7 +376,10 @@ class TurnRunner:
                     inbox_ids, status, replies, session_id=session_id, session_key=key, generation=generation,
                     messages=list(unwritten), merged_status=status if status in ("cancelled", LIMITED) else "merged",
                     stream_key=[reply_key, *(p.key for p in plan)], claim=self.claim if self.deliver else None,
-                    then=then)
+                    # a turn that stores memory before its reply keeps the lane until that is done (the
+                    # next message, here or on another instance, must find the entry): the bus then
+                    # reads the next rows itself
+                    then=then if before_send is None else None)
             if before_send is not None:  # after the transcript is written, before the reply can arrive
                 before_send()
             self._hand_over(claimed, replies)
@@ -339,18 +411,13 @@ class TurnRunner:
 
         owner = last.user_id if is_dm_key(key) else None
         chats = self.chats
-        made = functools.cache(lambda: chats.new_session(message) if chats is not None else None)
-
-        def build_prompt() -> str:  # the chat's settings are read only when a session is created
-            setup = made()
-            return setup.system_prompt if setup is not None else self.prompt()
-
-        def build_settings() -> dict[str, Any] | None:
-            setup = made()
-            return setup.settings if setup is not None else None
+        build_prompt, build_settings = self._new_session_setup(message)
 
         with traced("load_session") as load:
-            opened = self.store.open_session(key, build_prompt, self.history_window, owner, build_settings)
+            if ready is not None:  # read with the lane's rows, in their transaction
+                opened = ready.opened
+            else:
+                opened = self.store.open_session(key, build_prompt, self.history_window, owner, build_settings)
             load.set_attribute("gateway.messages_loaded", len(opened.window))
         notice = ""
         if self.reset is not None and self.reset.expired(opened.last_used_at):
@@ -392,7 +459,8 @@ class TurnRunner:
                 text = self.redact(pending.message.text)  # a pasted secret never reaches the model
                 if self.memory is not None and pending is last:  # stored with it: replays render the same bytes
                     spoken = " ".join(w for ref in refs_of(meta) if (w := transcript_of(ref)))  # a voice note's words
-                    meta = self.memory.annotate(meta, key=key, query=text or spoken, window=window)
+                    meta = self.memory.annotate(meta, key=key, query=text or spoken, window=window,
+                                                read=ready.memory if ready is not None else None)
                 unwritten.append(NewMessage(pending_turn, "user", text,
                                             {"meta": meta, "platform_message_id": pending.message.message_id}))
                 window.append(StoredMessage(0, pending_turn, "user", text, None, None, None, meta,

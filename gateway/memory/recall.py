@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from sqlalchemy import Connection
+
 from agent.tokens import text_tokens
 from gateway.memory.store import Memory, MemoryStore
 from gateway.memory.terms import similarity, terms, words
@@ -176,14 +178,18 @@ class Recaller:
         self.embed = embed
 
     def recall(self, owner: str, query: str, now: float | None = None, exclude: Iterable[int] = (),
-               query_vector: list[float] | None = None, policy: RecallPolicy | None = None) -> list[Scored]:
+               query_vector: list[float] | None = None, policy: RecallPolicy | None = None,
+               candidates: Sequence[Memory] | None = None) -> list[Scored]:
         """Gates 2 and 3: the owner's entries relevant to ``query``, best first (``exclude``: ids
         left out, e.g. already shown in this conversation). ``query_vector``: the query's
-        embedding when there is one; ``policy``: overrides the recaller's (an explicit search)."""
+        embedding when there is one; ``policy``: overrides the recaller's (an explicit search);
+        ``candidates``: the keyword search's result, already read (``keyword_candidates``)."""
         now = time.time() if now is None else now
         policy = policy or self.policy
         skip = set(exclude)
-        found = {m.id: m for m in self.store.keyword_search(owner, words(query), policy.candidates)}
+        if candidates is None:
+            candidates = self.store.keyword_search(owner, words(query), policy.candidates)
+        found = {m.id: m for m in candidates}
         vectors: dict[int, float] = {}
         if query_vector is not None:
             nearest = sorted(((cosine(query_vector, m.embedding or []), m) for m in self.store.with_embeddings(owner)),
@@ -192,6 +198,11 @@ class Recaller:
                 vectors[memory.id] = cos
                 found.setdefault(memory.id, memory)
         return rescore(query, (m for i, m in found.items() if i not in skip), now, policy, vectors)
+
+    def keyword_candidates(self, conn: Connection, owner: str, query: str) -> list[Memory]:
+        """The keyword search of ``recall`` (the recaller's policy), read in the caller's
+        transaction ``conn``; handed back to ``recall`` as ``candidates``."""
+        return MemoryStore.keyword_search_in(conn, owner, words(query), self.policy.candidates)
 
     def block(self, scored: Sequence[Scored]) -> Block:
         """Gate 4 with the policy's budget."""

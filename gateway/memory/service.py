@@ -20,7 +20,10 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
+
+from sqlalchemy import Connection
 
 from agent.model import ChatModel
 from gateway.core.session_keys import GroupScope, is_dm_key, session_key_for
@@ -49,6 +52,14 @@ REWRITE_PROMPT = (
     "Rewrite the user's message as a short search query (keywords only) for looking up what is known "
     "about the user from earlier conversations. Answer with the query only."
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """Memory entries matching ``query``'s words, read ahead (``MemoryService.candidates``)."""
+
+    query: str
+    memories: list[Memory]
 
 
 def owner_for(key: str) -> str:
@@ -99,15 +110,31 @@ class MemoryService:
         return owner_for(session_key_for(message, identity.user_id, self.group_scope))
 
     # -- load --------------------------------------------------------------------------------
-    def annotate(self, meta: dict[str, Any], *, key: str, query: str,
-                 window: Sequence[StoredMessage]) -> dict[str, Any]:
+    def candidates(self, conn: Connection, *, key: str, query: str) -> Candidates | None:
+        """The keyword candidates ``annotate`` would read for ``query`` in ``key``'s conversation,
+        read in the caller's transaction ``conn`` (a lane's claim); ``None`` when recall needs more
+        than that read (a rewritten query or an embedding: model calls, never inside a
+        transaction) or it failed (``annotate`` then reads them itself)."""
+        if self.rewrite_query or self.embed is not None:
+            return None
+        try:
+            return Candidates(query, self.recaller.keyword_candidates(conn, owner_for(key), query))
+        except Exception:
+            log.warning("memory candidates could not be read with the session; read at recall", exc_info=True)
+            return None
+
+    def annotate(self, meta: dict[str, Any], *, key: str, query: str, window: Sequence[StoredMessage],
+                 read: Candidates | None = None) -> dict[str, Any]:
         """``meta`` of the turn's newest user message with its memory block added (unchanged when
         nothing passes the gates or memory fails: a turn never fails for memory). Counts a hit on
-        each injected entry."""
+        each injected entry. ``read``: ``candidates`` read earlier, used when they are for this
+        ``query``."""
         try:
             shown = {i for row in window if row.role == "user" and row.meta for i in row.meta.get("memory_ids", ())}
+            found = read.memories if read is not None and read.query == query else None
             query = self._query(query)
-            scored = self.recaller.recall(owner_for(key), query, exclude=shown, query_vector=self.query_vector(query))
+            scored = self.recaller.recall(owner_for(key), query, exclude=shown, query_vector=self.query_vector(query),
+                                          candidates=found)
             block = self.recaller.block(scored)
             if not block.ids:
                 return meta

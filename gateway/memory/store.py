@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, insert, or_, select, text, update
+from sqlalchemy import Connection, Engine, bindparam, insert, or_, select, text, update
 
 from gateway.memory.terms import index_text
 from gateway.store.db import read_tx, write_tx
@@ -170,11 +170,20 @@ class MemoryStore:
         if not words:
             return []
         with read_tx(self.engine) as conn:
-            if conn.dialect.name == "postgresql":
-                rows = conn.execute(_PG_SEARCH, {"owner": owner, "query": " | ".join(words), "limit": limit}).all()
-            else:
-                query = " OR ".join(f'"{w}"' for w in words)
-                rows = run(conn, _SQLITE_SEARCH, {"owner": owner, "query": query, "limit": limit}).all()
+            return self.keyword_search_in(conn, owner, words, limit)
+
+    @staticmethod
+    def keyword_search_in(conn: Connection, owner: str, words: Sequence[str], limit: int = 30) -> list[Memory]:
+        """``keyword_search`` in the caller's transaction ``conn`` (a turn's lane claim reads its
+        memory candidates with its session: ``gateway.bus.turns.TurnRunner.prefetch``)."""
+        words = [w for w in dict.fromkeys(words) if w.isalnum()]
+        if not words:
+            return []
+        if conn.dialect.name == "postgresql":
+            rows = conn.execute(_PG_SEARCH, {"owner": owner, "query": " | ".join(words), "limit": limit}).all()
+        else:
+            query = " OR ".join(f'"{w}"' for w in words)
+            rows = run(conn, _SQLITE_SEARCH, {"owner": owner, "query": query, "limit": limit}).all()
         return [_memory(r) for r in rows]
 
     def with_embeddings(self, owner: str, limit: int = 2000) -> list[Memory]:

@@ -110,6 +110,27 @@ class PendingInbound:
     """The sender's user (identities resolved at receipt)."""
 
 
+class Prefetch:
+    """Reads for the turn about to run, made in the transaction that hands its lane the rows
+    (``Store.claim_next``, or the previous turn's ``finish_turn`` with ``LaneNext``) instead of
+    transactions of their own: ``fn(conn, batch)`` runs there (again if the transaction is
+    retried), and ``value`` is its result once that transaction committed (``None`` until then).
+    ``fn`` must raise only what should fail that transaction (a database error)."""
+
+    __slots__ = ("_pending", "fn", "value")
+
+    def __init__(self, fn: Callable[[Connection, list[PendingInbound]], Any]) -> None:
+        self.fn = fn
+        self.value: Any = None
+        self._pending: Any = None
+
+    def run(self, conn: Connection, batch: list[PendingInbound]) -> None:
+        self._pending = self.fn(conn, batch)
+
+    def commit(self) -> None:
+        self.value, self._pending = self._pending, None
+
+
 @dataclass(slots=True)
 class LaneNext:
     """What follows a turn in its lane, read in the turn's last transaction (``Store.finish_turn``'s
@@ -121,6 +142,8 @@ class LaneNext:
     key: str
     owner: str
     limit: int = 1
+    prefetch: Prefetch | None = None
+    """Run on the next rows in the same transaction (``Prefetch``)."""
     done: bool = False
     batch: list[PendingInbound] = dataclasses.field(default_factory=list)
     generation: int = 0
@@ -377,15 +400,23 @@ class Store:
             waiting = run(conn, q.ANY_PENDING, {"b_key": key}).first()
         return waiting is not None
 
-    @retry_locked
-    def claim_next(self, key: str, owner: str, lease_s: float,
-                   limit: int = 1) -> tuple[list[PendingInbound], int] | None:
+    def claim_next(self, key: str, owner: str, lease_s: float, limit: int = 1,
+                   prefetch: Prefetch | None = None) -> tuple[list[PendingInbound], int] | None:
         """``claim_lane`` and a read of the next batch in one transaction (the bus's way into a lane).
 
         Returns ``None`` when another instance holds the lease, or when nothing waits (the lease
         is then given back in the same transaction); otherwise the oldest ``limit`` pending rows
         and the lane's generation, with the lease held until ``next_or_release`` gives it up.
+        ``prefetch`` runs on that batch in the same transaction (``Prefetch``).
         """
+        claimed = self._claim_next(key, owner, lease_s, limit, prefetch)
+        if claimed is not None and prefetch is not None:
+            prefetch.commit()
+        return claimed
+
+    @retry_locked
+    def _claim_next(self, key: str, owner: str, lease_s: float, limit: int,
+                    prefetch: Prefetch | None) -> tuple[list[PendingInbound], int] | None:
         now = time.time()
         try:
             with write_tx(self.engine) as conn:
@@ -401,11 +432,13 @@ class Store:
                                                  "generation": 0})
                 batch, generation = self._batch(conn, key, limit)
                 if batch:
+                    if prefetch is not None:
+                        prefetch.run(conn, batch)
                     return batch, generation
                 run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
                 return None
         except IntegrityError:
-            return self.claim_next(key, owner, lease_s, limit)
+            return self._claim_next(key, owner, lease_s, limit, prefetch)
 
     @retry_locked
     def next_or_release(self, key: str, owner: str, limit: int = 1) -> tuple[list[PendingInbound], int, bool]:
@@ -458,15 +491,34 @@ class Store:
         long the transcript is); created (prompt built once and stored, with ``settings()``) on
         first use."""
         with read_tx(self.engine) as conn:
-            row = run(conn, q.CURRENT_SESSION, {"b_key": key}).first()
-            if row is not None:
-                summary = self._summary(conn, row.id) if window else None
-                after = summary.covers_to_id if summary is not None else 0
-                return OpenSession(row.id, row.system_prompt, self._window(conn, row.id, window, after),
-                                   row.updated_at, summary, row.settings)
+            current = self._current_session(conn, key, window)
+        if current is not None:
+            return current
         prompt, made = build_system_prompt(), settings()
         session_id = self.new_session(key, prompt, owner_user_id, made)
         return OpenSession(session_id, prompt, [], None, settings=made)  # what was just stored
+
+    def open_session_in(self, conn: Connection, key: str, build_system_prompt: Callable[[], str], window: int,
+                        owner_user_id: str | None = None,
+                        settings: Callable[[], dict[str, Any] | None] = lambda: None) -> OpenSession:
+        """``open_session`` in the caller's write transaction ``conn`` (a lane's claim: ``Prefetch``),
+        the session created in it when the key has none."""
+        current = self._current_session(conn, key, window)
+        if current is not None:
+            return current
+        prompt, made = build_system_prompt(), settings()
+        return OpenSession(self._create_session(conn, key, prompt, owner_user_id, made), prompt, [], None,
+                           settings=made)
+
+    @classmethod
+    def _current_session(cls, conn: Any, key: str, window: int) -> OpenSession | None:
+        row = run(conn, q.CURRENT_SESSION, {"b_key": key}).first()
+        if row is None:
+            return None
+        summary = cls._summary(conn, row.id) if window else None
+        after = summary.covers_to_id if summary is not None else 0
+        return OpenSession(row.id, row.system_prompt, cls._window(conn, row.id, window, after), row.updated_at,
+                           summary, row.settings)
 
     @retry_locked
     def new_session(self, key: str, system_prompt: str, owner_user_id: str | None,
@@ -474,14 +526,19 @@ class Store:
         """Creates a session for ``key`` (owned by ``owner_user_id`` for a DM) and makes it the
         lane's current one; the previous one stays listed. ``settings``: what the chat's settings
         chose for it (``sessions.settings``). Returns its id."""
+        with write_tx(self.engine) as conn:
+            return self._create_session(conn, key, system_prompt, owner_user_id, settings)
+
+    @staticmethod
+    def _create_session(conn: Any, key: str, system_prompt: str, owner_user_id: str | None,
+                        settings: dict[str, Any] | None) -> str:
         session_id = uuid.uuid4().hex
         now = time.time()
-        with write_tx(self.engine) as conn:
-            run(conn, q.INSERT_SESSION, {"id": session_id, "key": key, "system_prompt": system_prompt,
-                                            "created_at": now, "updated_at": now, "owner_user_id": owner_user_id,
-                                            "settings": settings})
-            if run(conn, q.SET_LANE_SESSION, {"b_key": key, "session_id": session_id}).rowcount == 0:
-                conn.execute(insert(_lanes).values(key=key, session_id=session_id, lease_until=0.0, generation=0))
+        run(conn, q.INSERT_SESSION, {"id": session_id, "key": key, "system_prompt": system_prompt,
+                                     "created_at": now, "updated_at": now, "owner_user_id": owner_user_id,
+                                     "settings": settings})
+        if run(conn, q.SET_LANE_SESSION, {"b_key": key, "session_id": session_id}).rowcount == 0:
+            conn.execute(insert(_lanes).values(key=key, session_id=session_id, lease_until=0.0, generation=0))
         return session_id
 
     @retry_locked
@@ -670,9 +727,13 @@ class Store:
                 run(conn, q.FINISH_INBOX_MANY, {"b_ids": earlier, "status": merged_status, "finished_at": now})
             run(conn, q.FINISH_INBOX, {"b_id": last, "status": status, "finished_at": now})
             following = self._next_or_release(conn, then.key, then.owner, then.limit) if then is not None else None
+            if following is not None and following[0] and then is not None and then.prefetch is not None:
+                then.prefetch.run(conn, following[0])
         if then is not None and following is not None:  # committed: the caller may act on it
             then.batch, then.generation, then.waiting = following
             then.done = True
+            if then.prefetch is not None and then.batch:
+                then.prefetch.commit()
         return claimed
 
     @staticmethod
