@@ -73,7 +73,7 @@ from gateway.sessions.conversations import TranscriptReader
 from gateway.sessions.directory import Directory
 from gateway.sessions.group_context import GroupContextStore
 from gateway.sessions.resets import ResetPolicy
-from gateway.store.db import create_db_engine, upgrade
+from gateway.store.db import close_now_connection, create_db_engine, upgrade, write_now
 from gateway.store.offload import Offload
 from gateway.store.sql import OutboxItem, Store
 from gateway.tools.approvals import ApprovalPolicy
@@ -237,6 +237,7 @@ class Gateway:
         self._db_pool = Offload(4, "db")
         self.delivery = Delivery(
             store=self.store, adapters=self.adapters, instance_id=self.instance_id, run_db=self.run_db,
+            write_db=self.write_db,
             max_attempts=config.delivery.max_attempts, backoff_base_s=config.delivery.backoff_base_s,
             backoff_max_s=config.delivery.backoff_max_s, claim_s=config.delivery.claim_s, metrics=self.metrics,
         )
@@ -302,6 +303,15 @@ class Gateway:
         """Runs a blocking store call off the main loop (on the small DB pool, ``Offload``); returns
         its result or raises its exception."""
         return await self._db_pool.run(fn, *args)
+
+    async def write_db(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs a store call that makes one short write transaction with planned statements (a reply's
+        ``mark_sending``/``mark_sent``): on the main loop itself when that never waits (SQLite, the
+        writer free: ``gateway.store.db.write_now``), saving two thread hops; else as ``run_db``."""
+        done, result = write_now(self.engine, fn, *args)
+        if done:
+            return result  # type: ignore[return-value]  # fn's own result
+        return await self.run_db(fn, *args)
 
     def _run_on_loop(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """Runs ``coro`` on the main loop from a worker thread and waits at most ``timeout`` s
@@ -467,6 +477,7 @@ class Gateway:
         self.bridge.stop()
         await self.instance.release()  # last: nothing of ours holds a lease now
         self._db_pool.shutdown(wait=True)
+        close_now_connection(self.engine)
         self.engine.dispose()
 
     async def _chat_left(self, address: ChatAddress) -> None:

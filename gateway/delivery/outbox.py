@@ -42,17 +42,22 @@ UNCONFIRMED = "?"
 
 
 class Delivery:
-    """The delivery loop. ``wake()`` after queuing replies; it also polls for due retries."""
+    """The delivery loop. ``wake()`` after queuing replies; it also polls for due retries.
+
+    ``run_db`` runs a blocking store call off the loop; ``write_db`` (default ``run_db``) runs a
+    row's ``mark_*`` (one short write transaction each), on the loop when that never waits
+    (``Gateway.write_db``)."""
 
     def __init__(self, *, store: Store, adapters: Mapping[str, Adapter], instance_id: str,
                  run_db: Callable[..., Any], max_attempts: int = 8, backoff_base_s: float = 1.0,
                  backoff_max_s: float = 300.0, claim_s: float = 30.0, poll_s: float = 2.0,
-                 metrics: GatewayMetrics | None = None) -> None:
+                 metrics: GatewayMetrics | None = None, write_db: Callable[..., Any] | None = None) -> None:
         self.store = store
         self.metrics = metrics or GatewayMetrics()
         self.adapters = adapters
         self.instance_id = instance_id
         self._run_db = run_db
+        self._write_db = write_db or run_db  # a row's marks: one short write each (Gateway.write_db)
         self.max_attempts = max_attempts
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
@@ -193,7 +198,7 @@ class Delivery:
     async def _send_item(self, item: OutboxItem) -> None:
         adapter = self.adapters.get(item.message.address.platform)
         if adapter is None:
-            await self._run_db(self.store.mark_failed, item.id, self.instance_id, "no adapter for platform",
+            await self._write_db(self.store.mark_failed, item.id, self.instance_id, "no adapter for platform",
                                item.sent_ids)
             return
         message, prior, note = item.message, list(item.sent_ids), None
@@ -208,7 +213,7 @@ class Delivery:
             log.warning("delivery %s: %s", message.idempotency_key, note)
 
         async def before_part(index: int) -> None:
-            if not await self._run_db(self.store.mark_sending, item.id, self.instance_id, list(prior), self.claim_s):
+            if not await self._write_db(self.store.mark_sending, item.id, self.instance_id, list(prior), self.claim_s):
                 raise ClaimLost(f"outbox row {item.id} was reclaimed by another instance")
 
         async def on_part(platform_id: str) -> None:
@@ -220,7 +225,7 @@ class Delivery:
                 return
             # A file's upload comes before its part is visible, and may take long: what was
             # delivered is recorded now, so a crash during the upload redoes only the file.
-            if not await self._run_db(self.store.mark_progress, item.id, self.instance_id, list(prior), self.claim_s):
+            if not await self._write_db(self.store.mark_progress, item.id, self.instance_id, list(prior), self.claim_s):
                 raise ClaimLost(f"outbox row {item.id} was reclaimed by another instance")
 
         try:
@@ -242,7 +247,7 @@ class Delivery:
         sent_ids += [i for i in ids if i not in sent_ids]
         if ok:
             status = "unconfirmed" if UNCONFIRMED in sent_ids else "sent"
-            await self._run_db(self.store.mark_sent, item.id, self.instance_id, sent_ids, status, note)
+            await self._write_db(self.store.mark_sent, item.id, self.instance_id, sent_ids, status, note)
             self.sent += 1
             self.metrics.delivery_sends.labels(adapter.platform).inc()
         elif retryable and item.attempts < self.max_attempts:
@@ -252,10 +257,10 @@ class Delivery:
                         item.attempts, delay)
             self._waiting[chat] = time.time() + delay
             self.metrics.delivery_retries.labels(adapter.platform).inc()
-            await self._run_db(self.store.mark_retry, item.id, self.instance_id, time.time() + delay, error or "",
+            await self._write_db(self.store.mark_retry, item.id, self.instance_id, time.time() + delay, error or "",
                                sent_ids)
             asyncio.get_running_loop().call_later(delay, self.wake)
         else:
             log.error("delivery %s failed permanently: %s", message.idempotency_key, error)
             self.metrics.delivery_failures.labels(adapter.platform).inc()
-            await self._run_db(self.store.mark_failed, item.id, self.instance_id, error or "failed", sent_ids)
+            await self._write_db(self.store.mark_failed, item.id, self.instance_id, error or "failed", sent_ids)

@@ -11,16 +11,19 @@ from __future__ import annotations
 import json
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
-from gateway.store.tx import Tx, TxScope
+from gateway.store.tx import NotNow, NowScope, Tx, TxScope
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+T = TypeVar("T")
 
 
 def json_dumps(value: Any) -> str:
@@ -98,13 +101,79 @@ def write_tx(engine: Engine) -> TxScope:
     database lock through SQLite's busy handler (every poll takes the interpreter lock: hundreds
     of them starved the event loop's own inbox writes, and cost CPU). Writers of other processes
     still meet the busy timeout."""
+    if getattr(_NOW, "engine", None) is engine:
+        return _now_scope(engine)  # type: ignore[return-value]  # the same interface
     return TxScope(engine, "BEGIN IMMEDIATE" if engine.dialect.name == "sqlite" else None, _WRITERS.get(engine))
 
 
 def read_tx(engine: Engine) -> TxScope:
     """A read-only transaction (deferred ``BEGIN`` on SQLite: WAL readers never wait on writers);
     see ``write_tx`` for what it yields and raises."""
+    if getattr(_NOW, "engine", None) is engine:
+        raise NotNow("a read (the pool's connections may all be in use)")
     return TxScope(engine, "BEGIN" if engine.dialect.name == "sqlite" else None, None)
+
+
+_NOW = threading.local()
+"""``engine``: the engine whose ``write_now`` call runs on this thread (``None``: none)."""
+_NOW_CONNECTIONS: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
+"""SQLite engine -> the connection of its ``write_now`` transactions (detached from the pool):
+``(pool proxy, DBAPI connection)``."""
+
+
+def write_now(engine: Engine, fn: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
+    """Runs ``fn(*args)``, which makes one write transaction with the store's planned statements
+    (``Store.mark_sending``, ``mark_sent``...), on the calling thread when that never waits:
+    ``(True, its result)``; ``(False, None)``, with nothing written, when it would have to (the
+    caller then runs it on the DB pool).
+
+    Used by the main loop for a reply's delivery marks, which otherwise cost a thread hop each
+    way. It never waits: only on an SQLite file engine, only when this process's writer lock is
+    free (taken without blocking and held throughout, so no other writer of the process runs
+    meanwhile), on a connection of its own (not the pool's, which may all be in use) whose busy
+    timeout is 0 (a lock another process holds is not waited for) and which never checkpoints the
+    WAL (the pool's connections do; a checkpoint may sync the disk). A read, a second transaction
+    or a statement that is not planned is not run here (``NotNow``: rolled back, then the pool).
+    Errors of ``fn`` are raised as usual."""
+    lock = _WRITERS.get(engine)
+    if lock is None or getattr(_NOW, "engine", None) is not None or not lock.acquire(blocking=False):
+        return False, None
+    try:
+        _NOW.engine, _NOW.used = engine, False
+        try:
+            return True, fn(*args)
+        except NotNow:
+            return False, None
+        finally:
+            _NOW.engine = None
+    finally:
+        lock.release()
+
+
+def close_now_connection(engine: Engine) -> None:
+    """Closes ``engine``'s ``write_now`` connection, if it has one (the gateway's stop, with
+    ``engine.dispose()``)."""
+    found = _NOW_CONNECTIONS.pop(engine, None)
+    if found is not None:
+        found[0].close()
+
+
+def _now_scope(engine: Engine) -> NowScope:
+    if _NOW.used:
+        raise RuntimeError("write_now runs one transaction per call")
+    _NOW.used = True
+    found = _NOW_CONNECTIONS.get(engine)
+    if found is None:
+        fairy = engine.raw_connection()
+        driver = fairy.driver_connection
+        fairy.detach()  # ours from now on: the pool neither counts nor hands it out
+        assert driver is not None
+        cursor = driver.cursor()
+        cursor.execute("PRAGMA busy_timeout=0")
+        cursor.execute("PRAGMA wal_autocheckpoint=0")
+        cursor.close()
+        found = _NOW_CONNECTIONS[engine] = (fairy, driver)
+    return NowScope(engine, *found)
 
 
 def sa_connection(conn: Connection) -> Connection:

@@ -33,14 +33,15 @@ class Tx:
     a SQLAlchemy ``Connection`` (``execute``, ``exec_driver_sql``, ``scalar``...) through the one
     built for this transaction on first use. Made by ``gateway.store.db.write_tx``/``read_tx``."""
 
-    __slots__ = ("_sa", "connection", "dialect", "dispatch", "driver", "engine")
+    __slots__ = ("_sa", "connection", "dialect", "dispatch", "driver", "engine", "now")
 
-    def __init__(self, engine: Engine, fairy: Any) -> None:
+    def __init__(self, engine: Engine, fairy: Any, now: bool = False, driver: Any = None) -> None:
         self.engine = engine
         self.dialect = engine.dialect
         self.dispatch = engine.dispatch
         self.connection = fairy
-        self.driver = fairy.driver_connection
+        self.driver = driver if driver is not None else fairy.driver_connection
+        self.now = now
         self._sa: Connection | None = None
 
     @property
@@ -48,7 +49,10 @@ class Tx:
         """The SQLAlchemy ``Connection`` on this transaction's DBAPI connection, built on first use
         and already in its transaction (SQLAlchemy's own ``begin`` emits nothing on these drivers),
         so what uses it (Alembic) never begins and commits one of its own; committed with the
-        ``Tx``."""
+        ``Tx``. Raises ``NotNow`` in a transaction of ``gateway.store.db.write_now`` (its connection
+        is not the pool's: only planned statements run there)."""
+        if self.now:
+            raise NotNow("a statement that needs SQLAlchemy's Connection")
         if self._sa is None:
             self._sa = Connection(self.engine, connection=self.connection)
             self._sa.begin()
@@ -117,6 +121,12 @@ class Tx:
                                           connection_invalidated=disconnect)
 
 
+class NotNow(Exception):
+    """A call given to ``gateway.store.db.write_now`` cannot run on the calling thread now (the
+    process's writer lock is taken, another process holds the database, or the call needs more than
+    the store's planned statements); nothing was written: run it on the DB pool."""
+
+
 class TxScope:
     """``with TxScope(engine, begin, lock) as tx``: takes ``lock`` (if any), a pooled connection and
     begins (``begin``: the SQLite ``BEGIN`` statement, ``None`` for psycopg); on leaving commits, or
@@ -176,3 +186,40 @@ class TxScope:
             finally:
                 if self._lock is not None:
                     self._lock.release()
+
+
+class NowScope:
+    """The transaction of a ``gateway.store.db.write_now`` call, on its own connection (the caller
+    holds the process's writer lock): ``BEGIN IMMEDIATE`` (``NotNow`` when another process holds
+    the database: the connection's busy timeout is 0), then commit or roll back; the connection is
+    kept, not given back."""
+
+    __slots__ = ("_driver", "_engine", "_fairy", "_tx")
+
+    def __init__(self, engine: Engine, fairy: Any, driver: Any) -> None:
+        self._engine = engine
+        self._fairy = fairy
+        self._driver = driver
+        self._tx: Tx | None = None
+
+    def __enter__(self) -> Connection:
+        tx = Tx(self._engine, self._fairy, now=True, driver=self._driver)
+        try:
+            tx.driver.execute("BEGIN IMMEDIATE")
+        except self._engine.dialect.loaded_dbapi.OperationalError as exc:
+            raise NotNow(f"the database is busy ({exc})") from exc
+        self._tx = tx
+        return cast(Connection, tx)
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        tx = self._tx
+        assert tx is not None
+        self._tx = None
+        if kind is None:
+            try:
+                tx.finish()
+            except BaseException:
+                tx.abort()
+                raise
+        else:
+            tx.abort()
