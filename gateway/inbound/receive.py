@@ -63,6 +63,8 @@ class Inbound:
         run_db: runs a blocking store call on the main loop's DB pool.
         model_name: the chat model's name now (``/status`` shows it).
         wake_delivery: called on the main loop when a reply was queued here.
+        write_db: runs a call that makes one write transaction, on the main loop when that never
+            waits (``Gateway.write_db``); ``None``: ``run_db``.
         busy_policy: the busy policy of a message's chat, ``(message, conn)`` (blocking, on the DB
             pool; per-chat settings, ``gateway.sessions.chat_settings``; ``conn``: read in that
             transaction, or ``None``); ``None``: ``bus.busy_policy`` everywhere.
@@ -75,8 +77,10 @@ class Inbound:
                  runner: TurnRunner, bus: SessionBus, metrics: GatewayMetrics, redact: Redactor,
                  run_db: Callable[..., Awaitable[Any]], model_name: Callable[[], str],
                  wake_delivery: Callable[[], None], group_context: GroupContextStore | None = None,
-                 busy_policy: Callable[[InboundMessage, Connection | None], str] | None = None) -> None:
+                 busy_policy: Callable[[InboundMessage, Connection | None], str] | None = None,
+                 write_db: Callable[..., Awaitable[Any]] | None = None) -> None:
         self.busy_policy = busy_policy
+        self.write_db = write_db
         self.group_context = group_context
         self.config = config
         self.store = store
@@ -192,7 +196,9 @@ class Inbound:
                 await self.run_db(self._keep_as_context, message)
             self._drop(message)
             return False
-        message, identity, key, decision, stored, interrupts = await self.run_db(self._admit, message)
+        # Addressed: one write transaction, on the loop itself when that never waits (write_db)
+        admit = self.write_db if message.addressed and self.write_db is not None else self.run_db
+        message, identity, key, decision, stored, interrupts = await admit(self._admit, message)
         if decision == "unaddressed":
             self._drop(message)
             return False  # a thread message not for us: the bot is not part of that thread
