@@ -406,17 +406,17 @@ class TelegramAdapter:
             data = load_json(await request.read())
         except UnreadableBody as exc:
             log.warning("telegram webhook body unreadable (%s); acknowledged and dropped", exc)
-            return web.json_response({"ok": True})
+            return _acknowledged()
         problem = update_problem(data)
         if problem is not None:
             log.warning("telegram update %s unreadable (%s); acknowledged and dropped", update_id_of(data), problem)
-            return web.json_response({"ok": True})
+            return _acknowledged()
         try:
             await self._dispatch(data)
         except Exception:
             log.exception("could not store telegram update %s; asking Telegram to retry", data["update_id"])
             return web.json_response({"ok": False}, status=500)
-        return web.json_response({"ok": True})
+        return _acknowledged()
 
     # -- outbound ----------------------------------------------------------------------------
     def bind_files(self, reader: FileReader) -> None:
@@ -675,6 +675,15 @@ class TelegramAdapter:
             await self.bot.set_message_reaction(int(address.chat_id), marked, reaction=[])
         except TelegramError as exc:
             log.debug("setMessageReaction (clear) failed: %s", exc)
+
+
+_ACK_BODY = b'{"ok": true}'
+
+
+def _acknowledged() -> web.Response:
+    """The webhook's 200 ``{"ok": true}``, as ``web.json_response({"ok": True})`` would send it
+    (``Content-Type: application/json; charset=utf-8``) without encoding it on every update."""
+    return web.Response(body=_ACK_BODY, content_type="application/json", charset="utf-8")
 
 
 def _keyboard(buttons: tuple[tuple[str, str], ...]) -> InlineKeyboardMarkup | None:
