@@ -80,6 +80,11 @@ def _finite(text: str) -> float:
     return value
 
 
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+"""What ``json.loads(text, parse_constant=..., parse_float=...)`` builds on every call (≈1.5 µs),
+built once (a decoder keeps no state between calls, like ``json``'s own default one)."""
+
+
 def load_json(raw: bytes | str) -> Any:
     """Parses a webhook body (RFC 8259: UTF-8 JSON).
 
@@ -92,7 +97,7 @@ def load_json(raw: bytes | str) -> Any:
     except UnicodeDecodeError:
         raise UnreadableBody("body is not UTF-8") from None
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+        return _DECODER.decode(text)
     except RecursionError:
         raise UnreadableBody("JSON nested too deeply") from None
     except ValueError:

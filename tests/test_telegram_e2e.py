@@ -230,6 +230,8 @@ async def test_webhook_checks_secret_and_stores_nothing_on_401(tmp_path, fake_te
     async with __import__("aiohttp").ClientSession() as http:
         async with http.post(url, data=b"{not json", headers={"X-Telegram-Bot-Api-Secret-Token": secret}) as resp:
             assert resp.status == 200  # malformed: acknowledged, logged, nothing stored
+            assert (resp.content_type, resp.charset, await resp.read()) == ("application/json", "utf-8",
+                                                                            b'{"ok": true}')
     assert gateway.store.count_inbox("done") == 1
 
 

@@ -8,9 +8,7 @@ JSON object (``RequestData.parameters``), which the Bot API accepts for every ca
 ("application/json (except for uploading files)", https://core.telegram.org/bots/api#making-requests);
 PTB form-encodes them, and urllib's pure-Python percent-encoding (through aiohttp's ``FormData``)
 cost 70-130 µs of CPU for a short reply with entities and a button, 0.6-0.9 ms for 4,000 CJK
-characters (JSON: 7 and 25 µs), with a body three times the UTF-8 size of non-Latin text. And
-``getUpdates`` results are checked (``adapters.telegram.wire.checked_updates``) before PTB parses
-them.
+characters (JSON: 7 and 25 µs), with a body three times the UTF-8 size of non-Latin text.
 
 Proxies come from the environment (``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY``, ``NO_PROXY``; a
 password may be in the URL), read when the client starts: aiohttp's ``trust_env`` would scan the
@@ -29,8 +27,6 @@ import aiohttp
 from telegram._utils.defaultvalue import DefaultValue
 from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
-
-from adapters.telegram.wire import checked_updates
 
 _to_json = functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"))
 """A request body: UTF-8 (the Bot API's encoding) rather than ``\\u`` escapes, half the bytes of CJK text."""
@@ -117,10 +113,7 @@ class AiohttpRequest(BaseRequest):
         try:
             async with self._session.request(method, url, data=body, json=parameters, timeout=timeout,
                                              proxy=self.proxy(url)) as response:
-                payload = await response.read()
-                if response.status == 200 and url.endswith("/getUpdates"):
-                    payload = checked_updates(payload)
-                return response.status, payload
+                return response.status, await response.read()
         except TimeoutError as exc:
             raise TimedOut from exc
         except aiohttp.ClientError as exc:

@@ -1,29 +1,28 @@
-"""Typed shape of the Telegram updates the gateway reads, checked before ``Update.de_json``.
+"""Typed shape of the Telegram updates the gateway reads: ``update_problem`` checks a decoded
+update (a webhook body or one item of a ``getUpdates`` result) before anything reads it.
 
-python-telegram-bot builds objects from whatever JSON it is given (an integer ``text`` stays an
-integer, a string chat id stays a string), so a malformed update would reach the gateway and fail
-later, on every delivery attempt. ``update_problem`` refuses it at the door instead.
+``adapters.telegram.inbound`` and ``TelegramAdapter._dispatch`` read the checked dict itself (no
+python-telegram-bot objects are built from updates), so every field they read is declared here with
+its documented JSON type, and the fields the Bot API marks as required among those are required
+(e.g. a sticker's ``width``, ``height``, ``is_animated`` and ``is_video``). A malformed update is
+refused at the door, logged once and acknowledged, instead of failing later on every delivery
+attempt. Fields nobody reads are not declared and may hold anything.
 
 Telegram Bot API types (https://core.telegram.org/bots/api#available-types): ``Update``,
-``Message``, ``Chat``, ``User``, ``MessageEntity`` (offsets and lengths in UTF-16 units),
-``PhotoSize``/``Document``/``Audio``/``Voice``/``Video``/``Sticker``, ``TextQuote`` (the quoted
-part of a reply), ``CallbackQuery``. Ids of
-users and chats "have at most 52 significant bits"; dates are Unix time.
+``Message``, ``Chat``, ``User``, ``MessageEntity`` (offsets and lengths in UTF-16 code units),
+``PhotoSize``/``Animation``/``Document``/``Audio``/``Voice``/``Video``/``VideoNote``/``Sticker``,
+``TextQuote`` (the quoted part of a reply), ``ExternalReplyInfo`` and ``MessageOrigin`` (a reply to
+a message of another chat), ``CallbackQuery``, ``ChatMemberUpdated``. Ids of users and chats "have
+at most 52 significant bits"; dates are Unix time; durations are seconds.
 """
 
 from __future__ import annotations
 
-import copy
-import json
-import logging
 from typing import Annotated, Any
 
 from pydantic import Field
-from telegram import Update as SdkUpdate
 
-from adapters.wire import Id, LongName, Name, Text, UnreadableBody, WireModel, Word, check, load_json
-
-log = logging.getLogger("adapters.telegram")
+from adapters.wire import Id, LongName, Name, Text, WireModel, Word, check
 
 TelegramId = Annotated[int, Field(ge=-(2**53), le=2**53)]
 """A user, chat, message, topic or update id (at most 52 significant bits)."""
@@ -31,6 +30,8 @@ UnixTime = Annotated[int, Field(ge=0, le=253_402_300_799)]
 """Seconds since the epoch, up to the year 9999 (what ``datetime`` can hold)."""
 Units = Annotated[int, Field(ge=0, le=2**31)]
 """A UTF-16 offset or length."""
+Count = Annotated[int, Field(ge=0)]
+"""Bytes, pixels or seconds."""
 FileId = LongName
 
 
@@ -40,6 +41,8 @@ class User(WireModel):
     first_name: Text
     last_name: Text | None = None
     username: Text | None = None
+    language_code: Text | None = None
+    """IETF language tag of the user's app."""
 
 
 class Chat(WireModel):
@@ -61,17 +64,57 @@ class Entity(WireModel):
     language: Text | None = None
 
 
-class File(WireModel):
+class FileRef(WireModel):
+    """What every file type has (Bot API: ``file_id``, ``file_unique_id``, ``file_size``)."""
+
     file_id: FileId
     file_unique_id: FileId | None = None
-    file_size: Annotated[int, Field(ge=0)] | None = None
+    file_size: Count | None = None
+
+
+class PhotoSize(FileRef):
+    width: Count
+    height: Count
+
+
+class File(FileRef):
+    """``Document``, and the base of the named media types below."""
+
     file_name: Text | None = None
     mime_type: Text | None = None
 
 
-class PhotoSize(File):
-    width: Annotated[int, Field(ge=0)]
-    height: Annotated[int, Field(ge=0)]
+class Voice(File):
+    duration: Count
+
+
+class Audio(File):
+    duration: Count
+
+
+class Video(File):
+    width: Count
+    height: Count
+    duration: Count
+    thumbnail: PhotoSize | None = None
+
+
+class Animation(Video):
+    """A GIF or a soundless H.264/MPEG-4 video (Bot API ``Animation``: same fields as ``Video``)."""
+
+
+class VideoNote(FileRef):
+    duration: Count
+    thumbnail: PhotoSize | None = None
+
+
+class Sticker(FileRef):
+    width: Count
+    height: Count
+    is_animated: bool
+    is_video: bool
+    emoji: Text | None = None
+    thumbnail: PhotoSize | None = None
 
 
 class TextQuote(WireModel):
@@ -81,33 +124,62 @@ class TextQuote(WireModel):
     is_manual: bool | None = None
 
 
+class MessageOrigin(WireModel):
+    """Who wrote a message first (Bot API ``MessageOrigin``; by ``type``: ``user`` has
+    ``sender_user``, ``hidden_user`` ``sender_user_name``, ``chat`` ``sender_chat``, ``channel``
+    ``chat``)."""
+
+    type: Word
+    date: UnixTime
+    sender_user: User | None = None
+    sender_user_name: Text | None = None
+    sender_chat: Chat | None = None
+    chat: Chat | None = None
+
+
+class ExternalReplyInfo(WireModel):
+    """The message a reply answers when it is in another chat or forum topic."""
+
+    origin: MessageOrigin
+    chat: Chat | None = None
+    message_id: TelegramId | None = None
+
+
 class Message(WireModel):
     message_id: TelegramId
     date: UnixTime
     chat: Chat
     from_: User | None = Field(None, alias="from")
+    sender_chat: Chat | None = None
     message_thread_id: TelegramId | None = None
     is_topic_message: bool | None = None
+    media_group_id: Id | None = None
     text: Text | None = None
     caption: Text | None = None
     entities: list[Entity] | None = None
     caption_entities: list[Entity] | None = None
     reply_to_message: Message | None = None
     quote: TextQuote | None = None
-    external_reply: dict[str, Any] | None = None
+    external_reply: ExternalReplyInfo | None = None
+    forum_topic_created: dict[str, Any] | None = None
+    """Present (an object) on a forum topic's creation message; its fields are not read."""
     edit_date: UnixTime | None = None
     photo: list[PhotoSize] | None = None
+    animation: Animation | None = None
     document: File | None = None
-    audio: File | None = None
-    voice: File | None = None
-    video: File | None = None
-    sticker: File | None = None
+    audio: Audio | None = None
+    voice: Voice | None = None
+    video: Video | None = None
+    video_note: VideoNote | None = None
+    sticker: Sticker | None = None
 
 
 class CallbackQuery(WireModel):
     id: Id
     from_: User = Field(alias="from")
     message: Message | None = None
+    """The message with the button; an "inaccessible" one (too old) has only ``chat``,
+    ``message_id`` and ``date`` 0."""
     data: Text | None = None
     chat_instance: Text | None = None
 
@@ -147,42 +219,7 @@ def update_id_of(data: Any) -> int | None:
 
 
 def update_problem(data: Any) -> str | None:
-    """``None`` when ``data`` (a decoded webhook body or ``Update.to_dict()``) has the documented
-    types for every field the gateway reads, else a log-safe reason (no payload text)."""
+    """``None`` when ``data`` (a decoded webhook body or one item of a ``getUpdates`` result) has
+    the documented types for every field the gateway reads, else a log-safe reason (no payload
+    text), e.g. ``message.chat.id: Input should be a valid integer``."""
     return check(Update, data)
-
-
-def _sdk_problem(item: dict[str, Any]) -> str | None:
-    """Why python-telegram-bot cannot build this (well-typed) update, e.g. a sticker without its
-    size: ``None`` when it can."""
-    try:
-        SdkUpdate.de_json(copy.deepcopy(item), None)
-    except Exception as exc:
-        return f"not accepted by the SDK: {type(exc).__name__}"
-    return None
-
-
-def checked_updates(body: bytes) -> bytes:
-    """A ``getUpdates`` answer with every update that fails ``update_problem`` (or that the SDK
-    cannot build) logged once at WARNING and replaced by ``{"update_id": N}``: python-telegram-bot
-    parses a batch all or nothing, so one malformed update would fail every poll; the placeholder
-    is an update with nothing in it, ignored, and its offset confirmed like any other. Other
-    answers are returned as they came (PTB reports their errors)."""
-    try:
-        data = load_json(body)
-    except UnreadableBody:
-        return body
-    result = data.get("result") if isinstance(data, dict) and data.get("ok") is True else None
-    if not isinstance(result, list):
-        return body
-    kept, changed = [], False
-    for item in result:
-        problem = update_problem(item) or _sdk_problem(item)
-        if problem is None:
-            kept.append(item)
-            continue
-        changed, update_id = True, update_id_of(item)
-        log.warning("telegram update %s unreadable (%s); acknowledged and dropped", update_id, problem)
-        if update_id is not None:
-            kept.append({"update_id": update_id})
-    return json.dumps({**data, "result": kept}).encode() if changed else body
