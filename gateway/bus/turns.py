@@ -319,16 +319,15 @@ class TurnRunner:
         if message.command is not None or (self.usage is not None and self.usage.any):
             return None
         key = last.session_key
-        build_prompt, build_settings = self._new_session_setup(message)
+        build_prompt, build_settings = self._new_session_setup(message)  # used only for a new session
         try:
-            prompt, settings = build_prompt(), build_settings()
+            opened = self.store.open_session_in(conn, key, build_prompt, self.history_window,
+                                                last.user_id if is_dm_key(key) else None, build_settings)
         except SQLAlchemyError:
             raise
-        except Exception:
+        except Exception:  # building the prompt failed before anything was written
             log.warning("a new session's setup failed ahead of its turn; the turn tries again", exc_info=True)
             return None
-        opened = self.store.open_session_in(conn, key, lambda: prompt, self.history_window,
-                                            last.user_id if is_dm_key(key) else None, lambda: settings)
         memory = None
         # On SQLite a failed read leaves the transaction usable; on PostgreSQL it would spoil the
         # claim, so there the turn reads its memory itself.
