@@ -123,14 +123,14 @@ _NOW_CONNECTIONS: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictio
 
 def write_now(engine: Engine, fn: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
     """Runs ``fn(*args)``, which makes one write transaction with the store's planned statements
-    (``Inbound._admit``, ``Store.mark_sending``, ``mark_sent``...), on the calling thread when that never waits:
-    ``(True, its result)``; ``(False, None)``, with nothing written, when it would have to (the
-    caller then runs it on the DB pool).
+    (``Inbound._admit``, ``Store.mark_sending``, ``mark_sent``...), on the calling thread when
+    that never waits: ``(True, its result)``; ``(False, None)``, with nothing written, when it would
+    have to (the caller then runs it on the DB pool).
 
     Used by the main loop for the admit of a message addressed to the bot and for a reply's
-    delivery marks, which otherwise cost a thread hop each way. It never waits: only on an SQLite file engine, only when this process's writer lock is
-    free (taken without blocking and held throughout, so no other writer of the process runs
-    meanwhile), on a connection of its own (not the pool's, which may all be in use) whose busy
+    delivery marks, which otherwise cost a thread hop each way. It never waits: only on an SQLite
+    file engine, only when this process's writer lock is free (taken without blocking and held
+    throughout, so no other writer of the process runs meanwhile), on a connection of its own (not the pool's, which may all be in use) whose busy
     timeout is 0 (a lock another process holds is not waited for) and which never checkpoints the
     WAL (the pool's connections do; a checkpoint may sync the disk). A read, a second transaction
     or a statement that is not planned is not run here (``NotNow``: rolled back, then the pool).
