@@ -127,13 +127,14 @@ def write_now(engine: Engine, fn: Callable[..., T], *args: Any) -> tuple[bool, T
     that never waits: ``(True, its result)``; ``(False, None)``, with nothing written, when it would
     have to (the caller then runs it on the DB pool).
 
-    Used by the main loop for the admit of a message addressed to the bot and for a reply's
-    delivery marks, which otherwise cost a thread hop each way. It never waits: only on an SQLite
-    file engine, only when this process's writer lock is free (taken without blocking and held
-    throughout, so no other writer of the process runs meanwhile), on a connection of its own (not the pool's, which may all be in use) whose busy
-    timeout is 0 (a lock another process holds is not waited for) and which never checkpoints the
-    WAL (the pool's connections do; a checkpoint may sync the disk). A read, a second transaction
-    or a statement that is not planned is not run here (``NotNow``: rolled back, then the pool).
+    Used by the main loop for the admit of a message addressed to the bot and for a reply's delivery
+    marks, which otherwise cost a thread hop each way. It never waits: only on an SQLite file
+    engine, only when this process's writer lock is free (taken without blocking and held
+    throughout, so no other writer of the process runs meanwhile), on a connection of its own (not
+    the pool's, which may all be in use) whose busy timeout is 0 (a lock another process holds is
+    not waited for) and which never checkpoints the WAL (the pool's connections do; a checkpoint may
+    sync the disk). A read, a second transaction or a statement that is not planned is not run here
+    (``NotNow``: rolled back, then the pool).
     Errors of ``fn`` are raised as usual."""
     lock = _WRITERS.get(engine)
     if lock is None or getattr(_NOW, "engine", None) is not None or not lock.acquire(blocking=False):
