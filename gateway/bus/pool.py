@@ -13,16 +13,25 @@ bounded too: at most ``max_in_flight`` of them (a wait beyond that keeps its pla
 threads never exceed twice ``max_in_flight``.
 A parked turn that gets its slot goes on at once (in flight may then briefly exceed the bound by
 the number of turns that were parked).
+
+New threads are started by a starter thread of the pool's own, never by the caller of
+``submit``: ``threading.Thread.start`` waits until the new thread runs, and with many threads
+wanting the interpreter lock that wait took milliseconds, on the event loop (the bus submits
+from it) 100 times in a burst of 200 new chats.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import logging
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class _Item:
@@ -59,6 +68,9 @@ class TurnPool(Executor):
         self._started = 0
         self._shutdown = False
         self._mine = threading.local()
+        self._starts: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._starter = threading.Thread(target=self._start_threads, name=f"{name}_starter", daemon=True)
+        self._starter.start()
         with self._cond:
             for _ in range(self.warm):
                 self._spawn()
@@ -98,6 +110,7 @@ class TurnPool(Executor):
                 while self._queue:
                     self._queue.popleft().future.cancel()
             self._cond.notify_all()
+        self._starts.put(None)  # after the starts asked for so far
         if wait:
             with self._cond:
                 while self._threads:
@@ -133,11 +146,24 @@ class TurnPool(Executor):
             self._spawn()  # threads not parked (idle or in flight) never exceed the bound
 
     def _spawn(self) -> None:
-        thread = threading.Thread(target=self._work, name=f"{self.name}_{self._started}", daemon=True)
+        """Asks the starter thread for one more worker (caller holds the lock); the worker counts
+        as alive and idle from now, so ``_wake`` does not ask twice for the same item."""
+        self._starts.put(f"{self.name}_{self._started}")
         self._started += 1
         self._threads += 1
         self._idle += 1  # until it takes an item
-        thread.start()
+
+    def _start_threads(self) -> None:
+        """The starter thread: starts the workers ``_spawn`` asked for, in order, until ``None``."""
+        while (name := self._starts.get()) is not None:
+            try:
+                threading.Thread(target=self._work, name=name, daemon=True).start()
+            except RuntimeError:  # the system refused a thread ("can't start new thread")
+                log.exception("could not start turn worker %s; queued work waits for a running one", name)
+                with self._cond:
+                    self._threads -= 1
+                    self._idle -= 1
+                    self._cond.notify_all()
 
     def _work(self) -> None:
         self._mine.worker = True
