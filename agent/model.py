@@ -29,6 +29,27 @@ CLIENT_SHARDS = 8
 """Clients (connection pools) per model client; threads use them in turn (``OpenAIChatModel._client``).
 Together they allow the SDK's defaults: 1,000 connections, 100 kept alive."""
 
+_tls_lock = threading.Lock()
+_tls: Any = None
+
+
+def shared_tls_context() -> Any:
+    """The ``ssl.SSLContext`` every model client's connection pools verify with, built on first
+    use exactly as ``httpx2.Client`` builds its default (``httpx2.create_ssl_context()``: the
+    system's CA file and path, or ``SSL_CERT_FILE``/``SSL_CERT_DIR`` when set) and shared.
+
+    Each client built with the default ``verify=True`` loads the CA bundle anew: about 20 ms of CPU
+    (parsing some 150 certificates) per client, so the ``CLIENT_SHARDS`` pools of one model cost
+    160 ms in the first turns after a start, under the interpreter lock. An ``SSLContext`` is safe
+    to share between threads and connections (CPython ``ssl``: its settings are read per handshake)."""
+    global _tls
+    if _tls is None:
+        with _tls_lock:
+            if _tls is None:
+                _tls = httpx2.create_ssl_context()
+    return _tls
+
+
 OnText = Callable[[str], None]
 """Called during a streamed model call with the step's text so far (not just the delta)."""
 
@@ -105,6 +126,7 @@ class OpenAIChatModel:
         self._shard_lock = threading.Lock()
         self._next_shard = itertools.count()
         self._local = threading.local()
+        self._verify = shared_tls_context()  # at construction (start-up), not in the first turn
 
     @property
     def _client(self) -> openai.OpenAI:
@@ -130,7 +152,7 @@ class OpenAIChatModel:
                 if shard is None:
                     limits = httpx2.Limits(max_connections=1000 // CLIENT_SHARDS,
                                           max_keepalive_connections=-(-100 // CLIENT_SHARDS))
-                    http = openai.DefaultHttpxClient(limits=limits)
+                    http = openai.DefaultHttpxClient(limits=limits, verify=self._verify)
                     client = openai.OpenAI(**self._connect, http_client=http)
                     shard = self._shards[index] = (client, StreamingEndpoint(client, http))
         return shard

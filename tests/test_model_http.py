@@ -284,3 +284,25 @@ def test_the_http_clients_proxy_from_the_environment_is_used(raw, monkeypatch):
     (head, _), = proxy.received
     assert head.startswith(b"POST http://model.invalid/v1/chat/completions HTTP/1.1\r\n")
     assert _header(head, "host") == ["model.invalid"]
+
+
+def test_every_connection_pool_verifies_with_one_shared_tls_context():
+    """The CA bundle is loaded once per process, not per pool (about 20 ms of CPU each, which the
+    first turns after a start paid under the interpreter lock), and verification stays strict."""
+    import ssl
+
+    from agent.model import CLIENT_SHARDS
+
+    models = [_model("https://model.invalid", 0) for _ in range(2)]
+    contexts = set()
+    for model in models:
+        for _ in range(CLIENT_SHARDS):  # each new thread takes the next shard
+            shard: list = []
+            worker = threading.Thread(target=lambda m=model, out=shard: out.append(m._shard))
+            worker.start()
+            worker.join()
+            client, _ = shard[0]
+            contexts.add(client._client._transport._pool._ssl_context)
+    assert len(contexts) == 1
+    (context,) = contexts
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
