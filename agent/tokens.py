@@ -14,6 +14,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
+
 BYTES_PER_TOKEN = 4
 MESSAGE_OVERHEAD = 4
 """Tokens the chat format adds per message (role markers, separators)."""
@@ -29,8 +31,15 @@ def text_tokens(text: str) -> int:
 
 
 def json_tokens(obj: Any) -> int:
-    """Estimated tokens of ``obj`` serialized as compact JSON (keys in given order)."""
-    return text_tokens(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
+    """Estimated tokens of ``obj`` serialized as compact JSON (keys in given order, non-ASCII text
+    as UTF-8). ``orjson`` writes the same bytes as ``json.dumps(obj, ensure_ascii=False,
+    separators=(",", ":"))`` for the JSON a request holds, some 20 times faster (a turn estimates
+    its whole window); what it refuses (keys that are not strings, integers beyond 64 bits) is
+    counted through ``json``."""
+    try:
+        return -(-len(orjson.dumps(obj)) // BYTES_PER_TOKEN)
+    except TypeError:  # orjson.JSONEncodeError is one
+        return text_tokens(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
 
 
 def message_tokens(message: dict[str, Any]) -> int:

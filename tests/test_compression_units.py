@@ -13,7 +13,7 @@ from agent.bridge import AsyncBridge
 from agent.loop import Limits, run_turn
 from agent.model import OpenAIChatModel
 from agent.sequence import INTERRUPTED, problems, repair
-from agent.tokens import message_tokens, request_tokens, text_tokens
+from agent.tokens import json_tokens, message_tokens, request_tokens, text_tokens
 from agent.tools import ToolRegistry
 from gateway.bus.compression import SUMMARY_HEADER, SUMMARY_PROMPT, Compressor, split_turns
 from gateway.core.window import WindowPolicy
@@ -45,6 +45,17 @@ def test_estimate_is_never_below_the_fakes_count(content):
     assert request_tokens(messages) >= fake
     assert text_tokens("abcd") == 1 and text_tokens("abcde") == 2
     assert message_tokens({"role": "user", "content": ""}) > 0
+
+
+@pytest.mark.parametrize("obj", [
+    {"role": "user", "content": "天气很好 🙂 \u2028 </script> \"quoted\" \\ \n", "name": "é"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "function": {"arguments": "{\"a\": 1.5}"}}]},
+    [{"type": "object", "properties": {"n": {"type": "integer", "minimum": -3, "default": 0.25}}}, True, None],
+    {1: "a key that is not a string", "big": 2 ** 70},  # what orjson refuses is counted through json
+])
+def test_the_estimate_counts_the_bytes_of_compact_json(obj):
+    wire = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    assert json_tokens(obj) == -(-len(wire) // 4)
 
 
 # -- validator ------------------------------------------------------------------------------------
