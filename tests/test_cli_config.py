@@ -58,3 +58,18 @@ def test_the_config_after_the_subcommand_wins_over_the_one_before(tmp_path, caps
     second.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "second.db"}"\n')
     assert main(["--config", str(first), "db", "upgrade", "--config", str(second)]) == 0
     assert "second.db" in capsys.readouterr().out and not (tmp_path / "first.db").exists()
+
+
+def test_startup_objects_are_frozen() -> None:
+    """What exists once the gateway started (modules, config, compiled statements) is moved out
+    of the collector's generations, so a full collection in a burst does not walk it again."""
+    import gc
+
+    from gateway.app.cli import freeze_startup_objects
+
+    before = gc.get_freeze_count()
+    try:
+        freeze_startup_objects()
+        assert gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()

@@ -136,15 +136,3 @@ def test_a_new_thread_is_started_off_the_submitting_thread() -> None:
     assert ran.startswith("s_") and ran != "s_starter"
     assert spawned and all(name == "s_starter" for name in spawned), spawned
 
-
-def test_startup_objects_are_frozen() -> None:
-    import gc
-
-    from gateway.app.cli import freeze_startup_objects
-
-    before = gc.get_freeze_count()
-    try:
-        freeze_startup_objects()
-        assert gc.get_freeze_count() > before
-    finally:
-        gc.unfreeze()
