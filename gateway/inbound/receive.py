@@ -42,6 +42,7 @@ from gateway.sessions.directory import Directory, Identity
 from gateway.sessions.group_context import GroupContextStore
 from gateway.sessions.language import language_reply
 from gateway.store.db import write_tx
+from gateway.store.group_commit import GroupCommit
 from gateway.store.sql import Store, retry_locked
 from gateway.store.text import storable_inbound
 from gateway.tools.approvals import decide_reply
@@ -49,6 +50,9 @@ from gateway.tools.approvals_store import Approvals
 
 log = logging.getLogger("gateway")
 T = TypeVar("T")
+
+Admitted = tuple[InboundMessage, Identity, str, str, "bool | None", bool]
+"""What ``Inbound._admit`` returns: ``(message, identity, session key, decision, stored, interrupts)``."""
 
 PAIRING_TEXT = N_(
     "Hello! I don't know you yet. Ask an admin to approve you with this code: {code}\n"
@@ -81,6 +85,8 @@ class Inbound:
                  write_db: Callable[..., Awaitable[Any]] | None = None) -> None:
         self.busy_policy = busy_policy
         self.write_db = write_db
+        self._admits: GroupCommit[InboundMessage, Admitted] | None = None if write_db is None else \
+            GroupCommit(self._admit, self._admit_many, write_db=write_db, run_db=run_db)
         self.group_context = group_context
         self.config = config
         self.store = store
@@ -116,7 +122,7 @@ class Inbound:
             span.set_attribute("gateway.stored", stored)
             return stored
 
-    def _admit(self, message: InboundMessage) -> tuple[InboundMessage, Identity, str, str, bool | None, bool]:
+    def _admit(self, message: InboundMessage) -> Admitted:
         """The database part of receiving, in one call on the DB pool (one thread hop for an
         ordinary message): ``(message, identity, session key, decision, stored, interrupts)``.
         ``message`` has its ``locale`` chosen (the user's ``/language``, the platform's hint,
@@ -143,19 +149,30 @@ class Inbound:
             cancel is not None
 
     @retry_locked
-    def _admit_at_once(self, message: InboundMessage) -> tuple[InboundMessage, Identity, str, str, bool | None, bool]:
+    def _admit_at_once(self, message: InboundMessage) -> Admitted:
         """``_admit`` for a message addressed to the bot in one write transaction: the sender's
         identity read (or created on first contact) and the inbox row written together. Raises
         ``IntegrityError`` (everything rolled back) for a duplicate or a sender created concurrently
         elsewhere; ``_admit`` then takes the steps one by one."""
         with write_tx(self.store.engine) as conn:
-            identity = self.directory.identify_in(conn, message)
-            message, key = self._keyed(message, identity)
-            decision = decide(message, identity.approved, self.config.access)
-            if decision != "allow" or message.command in CONTROL_COMMANDS:
-                return message, identity, key, decision, None, False
-            cancel = self._cancel(message, conn)  # the chat's settings, read in this transaction
-            self.store.insert_inbound_in(conn, message, key, cancel=cancel, user_id=identity.user_id)
+            return self._admit_in(conn, message)
+
+    @retry_locked
+    def _admit_many(self, messages: list[InboundMessage]) -> list[Admitted]:
+        """``_admit_at_once`` for several messages addressed to the bot in one write transaction, in
+        order (``GroupCommit``). Raises ``IntegrityError`` (everything rolled back) when any of them
+        would; they are then admitted one by one."""
+        with write_tx(self.store.engine) as conn:
+            return [self._admit_in(conn, message) for message in messages]
+
+    def _admit_in(self, conn: Connection, message: InboundMessage) -> Admitted:
+        identity = self.directory.identify_in(conn, message)
+        message, key = self._keyed(message, identity)
+        decision = decide(message, identity.approved, self.config.access)
+        if decision != "allow" or message.command in CONTROL_COMMANDS:
+            return message, identity, key, decision, None, False
+        cancel = self._cancel(message, conn)  # the chat's settings, read in this transaction
+        self.store.insert_inbound_in(conn, message, key, cancel=cancel, user_id=identity.user_id)
         return message, identity, key, decision, True, cancel is not None
 
     def _keyed(self, message: InboundMessage, identity: Identity) -> tuple[InboundMessage, str]:
@@ -196,9 +213,13 @@ class Inbound:
                 await self.run_db(self._keep_as_context, message)
             self._drop(message)
             return False
-        # Addressed: one write transaction, on the loop itself when that never waits (write_db)
-        admit = self.write_db if message.addressed and self.write_db is not None else self.run_db
-        message, identity, key, decision, stored, interrupts = await admit(self._admit, message)
+        # Addressed: one write transaction, on the loop itself when that never waits (write_db), or
+        # together with those that arrive while one is written (GroupCommit)
+        if message.addressed and self._admits is not None:
+            admitted = await self._admits.write(message)
+        else:
+            admitted = await self.run_db(self._admit, message)
+        message, identity, key, decision, stored, interrupts = admitted
         if decision == "unaddressed":
             self._drop(message)
             return False  # a thread message not for us: the bot is not part of that thread

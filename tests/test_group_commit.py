@@ -1,0 +1,221 @@
+"""``GroupCommit``: writes that arrive while one is under way go together in one transaction, each
+caller gets its own result or error, and nobody's call returns before its row is committed.
+
+The first tests drive the class with a real SQLite table (rows written in transactions of the
+store's own ``write_tx``); the last one drives a running gateway's Telegram webhook while another
+writer holds the database, so that its webhooks queue up behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from gateway.store.db import create_db_engine, write_tx
+from gateway.store.group_commit import GroupCommit
+from gateway.store.models import InboxRow
+from tests.conftest import gateway_config, start_gateway
+from tests.fakes import openai as oa
+from tests.test_telegram_e2e import dm_update
+
+_meta = MetaData()
+_rows = Table("rows", _meta, Column("id", Integer, primary_key=True, autoincrement=True),
+              Column("name", String, unique=True, nullable=False))
+
+
+class Rows:
+    """A table written through a ``GroupCommit``, counting its transactions."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = create_db_engine(url)
+        _meta.create_all(self.engine)
+        self.transactions: list[list[str]] = []
+        self.started = threading.Event()
+        self.go = threading.Event()
+        self.go.set()
+
+    def one(self, name: str) -> int:
+        return self.many([name])[0]
+
+    def many(self, names: list[str]) -> list[int]:
+        self.started.set()
+        self.go.wait(5)
+        with write_tx(self.engine) as conn:
+            ids = [conn.execute(insert(_rows).values(name=n)).inserted_primary_key[0] for n in names]
+        self.transactions.append(list(names))
+        return ids
+
+    def names(self) -> list[str]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(select(_rows.c.name).order_by(_rows.c.id)).scalars())
+
+
+@pytest.fixture
+def rows(tmp_path):
+    table = Rows(f"sqlite:///{tmp_path / 'rows.db'}")
+    yield table
+    table.engine.dispose()
+
+
+def _commit(rows: Rows, limit: int = 32, many: Any = None) -> GroupCommit[str, int]:
+    async def on_thread(fn: Any, *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    return GroupCommit(rows.one, many or rows.many, write_db=on_thread, run_db=on_thread, limit=limit)
+
+
+async def _held_then_released(rows: Rows, commit: GroupCommit[str, int], names: list[str]) -> list[Any]:
+    """The first name's transaction waits until the rest have called; then all are written."""
+    rows.go.clear()
+    first = asyncio.ensure_future(commit.write(names[0]))
+    await asyncio.to_thread(rows.started.wait, 5)
+    rest = [asyncio.ensure_future(commit.write(n)) for n in names[1:]]
+    await asyncio.sleep(0.05)
+    assert not any(task.done() for task in [first, *rest])  # nobody returns before its commit
+    rows.go.set()
+    return await asyncio.gather(first, *rest, return_exceptions=True)
+
+
+async def test_calls_arriving_during_a_write_are_committed_together_in_order(rows):
+    commit = _commit(rows)
+    names = [f"n{i}" for i in range(6)]
+    ids = await _held_then_released(rows, commit, names)
+
+    assert rows.transactions == [["n0"], ["n1", "n2", "n3", "n4", "n5"]]
+    assert rows.names() == names and ids == sorted(ids) and len(set(ids)) == 6
+    assert commit.batches == 1
+    assert await commit.write("alone") > max(ids) and rows.transactions[-1] == ["alone"]  # idle again
+
+
+async def test_a_batch_holds_at_most_limit_calls(rows):
+    commit = _commit(rows, limit=2)
+    await _held_then_released(rows, commit, [f"n{i}" for i in range(6)])
+    assert rows.transactions == [["n0"], ["n1", "n2"], ["n3", "n4"], ["n5"]]
+
+
+async def test_a_refused_row_rolls_the_batch_back_and_each_caller_gets_its_own_outcome(rows):
+    commit = _commit(rows)
+    await commit.write("taken")
+    outcomes = await _held_then_released(rows, commit, ["a", "b", "taken", "c"])
+
+    assert isinstance(outcomes[2], IntegrityError)
+    assert [o for i, o in enumerate(outcomes) if i != 2] == sorted(o for i, o in enumerate(outcomes) if i != 2)
+    assert rows.names() == ["taken", "a", "b", "c"]  # the batch wrote nothing; then one by one
+    assert rows.transactions == [["taken"], ["a"], ["b"], ["c"]]
+
+
+async def test_a_database_error_reaches_every_caller_of_the_batch(rows):
+    calls = []
+
+    def many(names: list[str]) -> list[int]:
+        calls.append(names)
+        raise OperationalError("INSERT", {}, Exception("disk I/O error"))
+
+    commit = _commit(rows, many=many)  # the batch's transaction fails as a whole
+    outcomes = await _held_then_released(rows, commit, ["a", "b", "c"])
+    assert outcomes[0] == 1  # the first call was written on its own before
+    assert [type(o) for o in outcomes[1:]] == [OperationalError, OperationalError] and calls == [["b", "c"]]
+    assert rows.names() == ["a"]
+
+
+async def test_a_caller_that_gave_up_is_not_written(rows):
+    commit = _commit(rows)
+    rows.go.clear()
+    first = asyncio.ensure_future(commit.write("first"))
+    await asyncio.to_thread(rows.started.wait, 5)
+    gone = asyncio.ensure_future(commit.write("gone"))
+    kept = asyncio.ensure_future(commit.write("kept"))
+    await asyncio.sleep(0.01)
+    gone.cancel()  # the webhook's connection closed before anything was written for it
+    rows.go.set()
+    await asyncio.gather(first, kept)
+    assert rows.names() == ["first", "kept"]
+
+
+def test_limit_must_be_positive(rows):
+    with pytest.raises(ValueError, match="at least 1"):
+        _commit(rows, limit=0)
+
+
+class _Writer:
+    """Another writer holding the gateway's database (a turn's transaction, say) until released."""
+
+    def __init__(self, engine: Any) -> None:
+        self._holding, self._release = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._hold, args=(engine,))
+
+    def _hold(self, engine: Any) -> None:
+        with write_tx(engine):
+            self._holding.set()
+            self._release.wait(10)
+
+    async def __aenter__(self) -> _Writer:
+        self._thread.start()
+        await asyncio.to_thread(self._holding.wait, 5)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.release()
+        await asyncio.to_thread(self._thread.join, 5)
+
+    def release(self) -> None:
+        self._release.set()
+
+
+async def _post_in_order(fake_telegram, url: str, updates: list[dict[str, Any]]) -> list[asyncio.Future[int]]:
+    posts = []
+    for update in updates:  # a little apart, so they reach the gateway in this order
+        posts.append(asyncio.ensure_future(fake_telegram.post_webhook(url, update, SECRET)))
+        await asyncio.sleep(0.02)
+    return posts
+
+
+SECRET = "webhook-secret-0123456789"
+
+
+@pytest.mark.parametrize("mode", ["webhook"])
+async def test_webhooks_arriving_while_the_database_is_busy_are_stored_together_each_once(
+        tmp_path, fake_telegram, fake_openai, running, mode):
+    fake_openai.reset()
+    fake_openai.responder = lambda request: oa.text("noted")
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram, telegram={"mode": mode}),
+                                  running)
+    url = f"http://127.0.0.1:{gateway.http_port}/telegram/webhook"
+    users = list(range(5552001, 5552007))
+    first = [dm_update(f"hello {i}", 9700 + i, user_id=user) for i, user in enumerate(users[:4])]
+
+    async with _Writer(gateway.engine) as writer:
+        posts = await _post_in_order(fake_telegram, url, first)
+        await asyncio.sleep(0.2)
+        assert not any(p.done() for p in posts)  # nothing acknowledged while nothing could be stored
+        writer.release()
+        assert await asyncio.gather(*posts) == [200] * 4
+    assert _stored(gateway) == [(u, 9700 + i) for i, u in enumerate(users[:4])]  # stored when acknowledged
+    assert gateway.inbound._admits is not None and gateway.inbound._admits.batches >= 1
+
+    # A redelivery among them: the batch is rolled back and each is admitted on its own.
+    second = [dm_update("hello 4", 9704, user_id=users[4]), dm_update("hello 1", 9701, user_id=users[1]),
+              dm_update("hello 5", 9705, user_id=users[5])]
+    async with _Writer(gateway.engine) as writer:
+        posts = await _post_in_order(fake_telegram, url, second)
+        writer.release()
+        assert await asyncio.gather(*posts) == [200] * 3
+    assert _stored(gateway)[4:] == [(users[4], 9704), (users[5], 9705)]
+    assert (gateway.inbound.received, gateway.inbound.duplicates) == (6, 1)
+
+    for user in users:
+        await fake_telegram.wait_for_call("sendMessage", lambda c, u=user: int(c.params["chat_id"]) == u, timeout=15)
+    await asyncio.sleep(0.3)
+    assert sorted(int(c.params["chat_id"]) for c in fake_telegram.calls("sendMessage")
+                  if int(c.params["chat_id"]) in users) == users  # each answered once
+
+
+def _stored(gateway: Any) -> list[tuple[int, int]]:
+    """(chat, message id) of the inbox rows, in the order they were stored."""
+    with gateway.engine.connect() as conn:
+        rows = conn.execute(select(InboxRow.payload).order_by(InboxRow.id)).scalars().all()
+    return [(int(p["address"]["chat_id"]), int(str(p["message_id"]).rsplit(":", 1)[-1])) for p in rows]
