@@ -219,3 +219,18 @@ def _stored(gateway: Any) -> list[tuple[int, int]]:
     with gateway.engine.connect() as conn:
         rows = conn.execute(select(InboxRow.payload).order_by(InboxRow.id)).scalars().all()
     return [(int(p["address"]["chat_id"]), int(str(p["message_id"]).rsplit(":", 1)[-1])) for p in rows]
+
+
+async def test_a_write_under_way_ends_before_the_next_even_when_its_caller_gave_up(rows):
+    commit = _commit(rows)
+    rows.go.clear()
+    first = asyncio.ensure_future(commit.write("first"))
+    await asyncio.to_thread(rows.started.wait, 5)
+    later = asyncio.ensure_future(commit.write("later"))
+    await asyncio.sleep(0.01)
+    first.cancel()  # its transaction is already running on the DB pool
+    await asyncio.sleep(0.05)
+    assert rows.transactions == []  # the next write waits for it
+    rows.go.set()
+    await later
+    assert rows.names() == ["first", "later"]

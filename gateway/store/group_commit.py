@@ -57,16 +57,22 @@ class GroupCommit(Generic[I, R]):
         """Transactions that wrote more than one item (for tests and metrics)."""
 
     async def write(self, item: I) -> R:
-        """Writes ``item``; returns what ``one`` would, or raises what it would, once committed."""
-        if not self._busy:
-            self._busy = True
-            try:
-                return await self._write_db(self._one, item)
-            finally:
-                self._next()
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._waiting.append((item, future))
-        return await future
+        """Writes ``item``; returns what ``one`` would, or raises what it would, once committed. A
+        caller cancelled meanwhile gets ``CancelledError``; a write already under way still ends
+        before the next one starts (the order of arrival is the order of the rows)."""
+        if self._busy:
+            future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+            self._waiting.append((item, future))
+            return await future
+        self._busy = True
+        task = asyncio.ensure_future(self._write_db(self._one, item))
+        task.add_done_callback(self._written)
+        return await asyncio.shield(task)
+
+    def _written(self, task: asyncio.Future[Any]) -> None:
+        if not task.cancelled():
+            task.exception()  # retrieved here too: its caller may have gone
+        self._next()
 
     def _next(self) -> None:
         """Writes what waits as the next batch, or frees the writer."""
