@@ -234,3 +234,62 @@ async def test_a_write_under_way_ends_before_the_next_even_when_its_caller_gave_
     rows.go.set()
     await later
     assert rows.names() == ["first", "later"]
+
+
+async def test_delivery_marks_of_replies_sent_together_share_transactions_and_each_precedes_its_send(tmp_path):
+    """Replies handed to delivery at once: their ``sending`` and ``sent`` marks are written in shared
+    transactions, yet each row is *sending* (committed) when its platform call starts, and each reply
+    is sent once and settled *sent*."""
+    from gateway.core.types import ChatAddress, DeliveryResult, InboundMessage, OutboundMessage, Sender
+    from gateway.delivery.outbox import Delivery
+    from gateway.store.db import create_db_engine, upgrade
+    from gateway.store.sql import Store
+
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'd.db'}")
+    upgrade(engine)
+    store = Store(engine)
+    chats = [str(9100 + i) for i in range(8)]
+    for chat in chats:
+        address = ChatAddress("telegram", "1", chat)
+        store.insert_inbound(InboundMessage(address, f"{chat}:1", "dm", Sender(chat), "hi"), f"k{chat}")
+        [pending] = store.next_pending(f"k{chat}")
+        store.finish_turn([pending.inbox_id], "done", [OutboundMessage(address, f"reply {chat}", f"in{chat}:0")],
+                          session_key=f"k{chat}")
+    items = store.claim_outbox("me", 100, 30)
+    assert len(items) == len(chats)
+
+    def status_of(outbox_id: int) -> str:
+        return next(r["status"] for r in store.outbox_rows() if r["id"] == outbox_id)
+
+    class Adapter:
+        platform = "telegram"
+        idempotent_send = False
+
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, str]] = []
+
+        async def send(self, message, on_part=None, before_part=None):
+            await before_part(0)
+            row = next(i.id for i in items if i.message.idempotency_key == message.idempotency_key)
+            self.sent.append((message.address.chat_id, await asyncio.to_thread(status_of, row)))
+            return DeliveryResult(True, (f"m{message.address.chat_id}",))
+
+    async def on_thread(fn, *args):
+        return await asyncio.to_thread(fn, *args)
+
+    adapter = Adapter()
+    delivery = Delivery(store=store, adapters={"telegram": adapter}, instance_id="me", run_db=on_thread,
+                        write_db=on_thread)
+    await delivery.start()
+    try:
+        delivery.send_claimed(items)
+        for _ in range(200):
+            if delivery.sent == len(chats):
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await delivery.stop(1)
+    assert sorted(adapter.sent) == [(chat, "sending") for chat in chats]
+    assert {r["status"] for r in store.outbox_rows()} == {"sent"}
+    assert delivery._marks.batches >= 1
+    engine.dispose()

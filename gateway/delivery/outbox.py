@@ -28,6 +28,8 @@ from typing import Any
 from gateway.core.ports import Adapter
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.telemetry import span as traced
+from gateway.store.group_commit import GroupCommit
+from gateway.store.marks import Mark, failed_mark, progress_mark, retry_mark, sending_mark, sent_mark
 from gateway.store.sql import OutboxItem, Store
 
 log = logging.getLogger("gateway.delivery.outbox")
@@ -45,8 +47,9 @@ class Delivery:
     """The delivery loop. ``wake()`` after queuing replies; it also polls for due retries.
 
     ``run_db`` runs a blocking store call off the loop; ``write_db`` (default ``run_db``) runs a
-    row's ``mark_*`` (one short write transaction each), on the loop when that never waits
-    (``Gateway.write_db``)."""
+    row's delivery mark (``gateway.store.marks``: one short write transaction), on the loop when
+    that never waits (``Gateway.write_db``); marks made while one is written are written together
+    (``GroupCommit``), each caller resuming once its own mark is committed."""
 
     def __init__(self, *, store: Store, adapters: Mapping[str, Adapter], instance_id: str,
                  run_db: Callable[..., Any], max_attempts: int = 8, backoff_base_s: float = 1.0,
@@ -58,6 +61,9 @@ class Delivery:
         self.instance_id = instance_id
         self._run_db = run_db
         self._write_db = write_db or run_db  # a row's marks: one short write each (Gateway.write_db)
+        # marks made while one is written go together in one transaction (a burst's replies)
+        self._marks: GroupCommit[Mark, bool] = GroupCommit(store.settle, store.settle_many,
+                                                           write_db=self._write_db, run_db=run_db)
         self.max_attempts = max_attempts
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
@@ -198,8 +204,7 @@ class Delivery:
     async def _send_item(self, item: OutboxItem) -> None:
         adapter = self.adapters.get(item.message.address.platform)
         if adapter is None:
-            await self._write_db(self.store.mark_failed, item.id, self.instance_id, "no adapter for platform",
-                               item.sent_ids)
+            await self._marks.write(failed_mark(item.id, self.instance_id, "no adapter for platform", item.sent_ids))
             return
         message, prior, note = item.message, list(item.sent_ids), None
         edit_in_flight = message.edit_id is not None and message.resume_from == 0
@@ -213,7 +218,7 @@ class Delivery:
             log.warning("delivery %s: %s", message.idempotency_key, note)
 
         async def before_part(index: int) -> None:
-            if not await self._write_db(self.store.mark_sending, item.id, self.instance_id, list(prior), self.claim_s):
+            if not await self._marks.write(sending_mark(item.id, self.instance_id, prior, self.claim_s)):
                 raise ClaimLost(f"outbox row {item.id} was reclaimed by another instance")
 
         async def on_part(platform_id: str) -> None:
@@ -225,7 +230,7 @@ class Delivery:
                 return
             # A file's upload comes before its part is visible, and may take long: what was
             # delivered is recorded now, so a crash during the upload redoes only the file.
-            if not await self._write_db(self.store.mark_progress, item.id, self.instance_id, list(prior), self.claim_s):
+            if not await self._marks.write(progress_mark(item.id, self.instance_id, prior, self.claim_s)):
                 raise ClaimLost(f"outbox row {item.id} was reclaimed by another instance")
 
         try:
@@ -247,7 +252,7 @@ class Delivery:
         sent_ids += [i for i in ids if i not in sent_ids]
         if ok:
             status = "unconfirmed" if UNCONFIRMED in sent_ids else "sent"
-            await self._write_db(self.store.mark_sent, item.id, self.instance_id, sent_ids, status, note)
+            await self._marks.write(sent_mark(item.id, self.instance_id, sent_ids, status, note))
             self.sent += 1
             self.metrics.delivery_sends.labels(adapter.platform).inc()
         elif retryable and item.attempts < self.max_attempts:
@@ -257,10 +262,9 @@ class Delivery:
                         item.attempts, delay)
             self._waiting[chat] = time.time() + delay
             self.metrics.delivery_retries.labels(adapter.platform).inc()
-            await self._write_db(self.store.mark_retry, item.id, self.instance_id, time.time() + delay, error or "",
-                               sent_ids)
+            await self._marks.write(retry_mark(item.id, self.instance_id, time.time() + delay, error or "", sent_ids))
             asyncio.get_running_loop().call_later(delay, self.wake)
         else:
             log.error("delivery %s failed permanently: %s", message.idempotency_key, error)
             self.metrics.delivery_failures.labels(adapter.platform).inc()
-            await self._write_db(self.store.mark_failed, item.id, self.instance_id, error or "failed", sent_ids)
+            await self._marks.write(failed_mark(item.id, self.instance_id, error or "failed", sent_ids))

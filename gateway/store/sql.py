@@ -23,6 +23,7 @@ from gateway.core.types import ChatAddress, InboundMessage, OutboundAttachment, 
 from gateway.store import prepared as q
 from gateway.store.db import read_tx, write_tx
 from gateway.store.fast import execute as run
+from gateway.store.marks import Mark, failed_mark, progress_mark, retry_mark, sending_mark, sent_mark
 from gateway.store.models import (
     Base,
     InboxRow,
@@ -881,45 +882,59 @@ class Store:
         """Settles a delivered row (``status`` ``unconfirmed`` when a part in flight at a crash was
         skipped rather than risk sending it twice). Like every ``mark_*``, it writes only while
         ``owner`` still holds the claim and returns whether it did (fencing a stale sender)."""
-        return self._settle(outbox_id, owner, status=status, platform_message_ids=list(platform_message_ids),
-                            sent_at=time.time(), error=note)
+        return self._settle(sent_mark(outbox_id, owner, platform_message_ids, status, note))
 
     @retry_locked
     def mark_sending(self, outbox_id: int, owner: str, platform_message_ids: Sequence[str], claim_s: float) -> bool:
         """Marks that a part's API call is about to start, with the ids of the parts delivered before
         it: from now until ``mark_progress``, the next part's ``mark_sending`` or ``mark_sent``, a
         crash leaves this part unconfirmed (a retry skips it rather than risk sending it twice)."""
-        return self._settle(outbox_id, owner, status="sending", platform_message_ids=list(platform_message_ids),
-                            claim_until=time.time() + claim_s)
+        return self._settle(sending_mark(outbox_id, owner, platform_message_ids, claim_s))
 
     @retry_locked
     def mark_progress(self, outbox_id: int, owner: str, platform_message_ids: Sequence[str], claim_s: float) -> bool:
         """Records the parts of a reply with files delivered so far and extends the claim (before a
         file's upload, which may take long; text parts are recorded by the next ``mark_sending``)."""
-        return self._settle(outbox_id, owner, status="claimed", platform_message_ids=list(platform_message_ids),
-                            claim_until=time.time() + claim_s)
+        return self._settle(progress_mark(outbox_id, owner, platform_message_ids, claim_s))
 
     @retry_locked
     def mark_retry(self, outbox_id: int, owner: str, next_attempt_at: float, error: str,
                    sent_ids: Sequence[str]) -> bool:
         """Schedules another attempt, keeping the ids of parts already delivered."""
-        return self._settle(outbox_id, owner, status="pending", next_attempt_at=next_attempt_at, error=error,
-                            claimed_by=None, platform_message_ids=list(sent_ids))
+        return self._settle(retry_mark(outbox_id, owner, next_attempt_at, error, sent_ids))
 
     @retry_locked
     def mark_failed(self, outbox_id: int, owner: str, error: str, sent_ids: Sequence[str]) -> bool:
-        return self._settle(outbox_id, owner, status="failed", error=error, platform_message_ids=list(sent_ids))
+        return self._settle(failed_mark(outbox_id, owner, error, sent_ids))
 
-    def _settle(self, outbox_id: int, owner: str, **values: Any) -> bool:
+    @retry_locked
+    def settle(self, mark: Mark) -> bool:
+        """Writes one mark (``sending_mark``, ``sent_mark``...: what ``mark_*`` write) in a transaction
+        of its own; whether ``owner`` still held the claim."""
+        return self._settle(mark)
+
+    @retry_locked
+    def settle_many(self, marks: list[Mark]) -> list[bool]:
+        """Writes several rows' marks in one transaction, in order (``GroupCommit``: the delivery
+        marks of a burst); per mark whether its owner still held the claim."""
         with write_tx(self.engine) as conn:
-            result = run(conn, q.SETTLE_OUTBOX, {"b_id": outbox_id, "b_owner": owner, **values})
-            if result.rowcount == 1 and values.get("status") in SETTLED:
-                # A scheduled report's run is settled with its answer, in the same transaction:
-                # "delivered" (with the platform's message ids) only once the platform returned them.
-                run(conn, q.SETTLE_JOB_RUN, {"b_id": outbox_id, "b_status": values["status"],
-                                                "b_ids": values.get("platform_message_ids"),
-                                                "b_error": values.get("error"), "b_now": time.time()})
-        return result.rowcount == 1
+            return [self._settle_in(conn, mark) for mark in marks]
+
+    def _settle(self, mark: Mark) -> bool:
+        with write_tx(self.engine) as conn:
+            return self._settle_in(conn, mark)
+
+    @staticmethod
+    def _settle_in(conn: Connection, mark: Mark) -> bool:
+        outbox_id, owner, values = mark
+        result = run(conn, q.SETTLE_OUTBOX, {"b_id": outbox_id, "b_owner": owner, **values})
+        if result.rowcount == 1 and values.get("status") in SETTLED:
+            # A scheduled report's run is settled with its answer, in the same transaction:
+            # "delivered" (with the platform's message ids) only once the platform returned them.
+            run(conn, q.SETTLE_JOB_RUN, {"b_id": outbox_id, "b_status": values["status"],
+                                            "b_ids": values.get("platform_message_ids"),
+                                            "b_error": values.get("error"), "b_now": time.time()})
+        return bool(result.rowcount == 1)
 
     def outbox_rows(self) -> list[dict[str, Any]]:
         """All outbox rows as dicts (tests and admin)."""
