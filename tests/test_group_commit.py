@@ -65,7 +65,7 @@ def _commit(rows: Rows, limit: int = 32, many: Any = None) -> GroupCommit[str, i
     async def on_thread(fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
 
-    return GroupCommit(rows.one, many or rows.many, write_db=on_thread, run_db=on_thread, limit=limit)
+    return GroupCommit(rows.one, many or rows.many, run_db=on_thread, limit=limit)
 
 
 async def _held_then_released(rows: Rows, commit: GroupCommit[str, int], names: list[str]) -> list[Any]:
@@ -134,6 +134,37 @@ async def test_a_caller_that_gave_up_is_not_written(rows):
     rows.go.set()
     await asyncio.gather(first, kept)
     assert rows.names() == ["first", "kept"]
+
+
+async def test_a_write_runs_on_the_loop_when_that_never_waits_else_on_the_pool(rows):
+    loop_thread = threading.current_thread()
+    on: list[str] = []
+    free = [True]
+
+    def now(fn: Any, arg: Any) -> tuple[bool, Any]:  # as gateway.store.db.write_now: only when free
+        if not free[0]:
+            return False, None
+        on.append("loop" if threading.current_thread() is loop_thread else "elsewhere")
+        return True, fn(arg)
+
+    async def pool(fn: Any, arg: Any) -> Any:
+        on.append("pool")
+        return await asyncio.to_thread(fn, arg)
+
+    commit = GroupCommit(rows.one, rows.many, run_db=pool, now=now)
+    await commit.write("a")
+    free[0] = False  # the writer is busy: the DB pool, and who comes meanwhile waits for it
+    rows.go.clear()
+    rows.started.clear()
+    b = asyncio.ensure_future(commit.write("b"))
+    await asyncio.to_thread(rows.started.wait, 5)
+    c, d = asyncio.ensure_future(commit.write("c")), asyncio.ensure_future(commit.write("d"))
+    free[0] = True  # free again, but "c" and "d" arrived while "b" was written: they follow it
+    await asyncio.sleep(0.01)
+    rows.go.set()
+    await asyncio.gather(b, c, d)
+    assert on == ["loop", "pool", "loop"] and rows.transactions == [["a"], ["b"], ["c", "d"]]
+    assert rows.names() == ["a", "b", "c", "d"]
 
 
 def test_limit_must_be_positive(rows):
@@ -278,8 +309,7 @@ async def test_delivery_marks_of_replies_sent_together_share_transactions_and_ea
         return await asyncio.to_thread(fn, *args)
 
     adapter = Adapter()
-    delivery = Delivery(store=store, adapters={"telegram": adapter}, instance_id="me", run_db=on_thread,
-                        write_db=on_thread)
+    delivery = Delivery(store=store, adapters={"telegram": adapter}, instance_id="me", run_db=on_thread)
     await delivery.start()
     try:
         delivery.send_claimed(items)

@@ -237,7 +237,7 @@ class Gateway:
         self._db_pool = Offload(4, "db")
         self.delivery = Delivery(
             store=self.store, adapters=self.adapters, instance_id=self.instance_id, run_db=self.run_db,
-            write_db=self.write_db,
+            write_now=self.write_now,
             max_attempts=config.delivery.max_attempts, backoff_base_s=config.delivery.backoff_base_s,
             backoff_max_s=config.delivery.backoff_max_s, claim_s=config.delivery.claim_s, metrics=self.metrics,
         )
@@ -271,7 +271,7 @@ class Gateway:
                                runner=self.runner, bus=self.bus, metrics=self.metrics, redact=self.redact,
                                run_db=self.run_db, model_name=lambda: self.agent_spec.model,
                                wake_delivery=self.delivery.wake, group_context=self.group_context,
-                               busy_policy=self.chats.busy_policy, write_db=self.write_db)
+                               busy_policy=self.chats.busy_policy, write_now=self.write_now)
         self._receivers: list[asyncio.Task[None]] = []
         self._housekeeping: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
@@ -304,14 +304,12 @@ class Gateway:
         its result or raises its exception."""
         return await self._db_pool.run(fn, *args)
 
-    async def write_db(self, fn: Callable[..., T], *args: Any) -> T:
-        """Runs a store call that makes one short write transaction with planned statements (a reply's
-        ``mark_sending``/``mark_sent``): on the main loop itself when that never waits (SQLite, the
-        writer free: ``gateway.store.db.write_now``), saving two thread hops; else as ``run_db``."""
-        done, result = write_now(self.engine, fn, *args)
-        if done:
-            return result  # type: ignore[return-value]  # fn's own result
-        return await self.run_db(fn, *args)
+    def write_now(self, fn: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
+        """Runs a store call that makes one short write transaction with planned statements (an
+        inbox write, a reply's delivery mark) on the main loop itself when that never waits (SQLite,
+        the writer free: ``gateway.store.db.write_now``), saving two thread hops: ``(True, its
+        result)``; else ``(False, None)`` with nothing written (the caller uses the DB pool)."""
+        return write_now(self.engine, fn, *args)
 
     def _run_on_loop(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """Runs ``coro`` on the main loop from a worker thread and waits at most ``timeout`` s

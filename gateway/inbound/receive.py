@@ -67,8 +67,8 @@ class Inbound:
         run_db: runs a blocking store call on the main loop's DB pool.
         model_name: the chat model's name now (``/status`` shows it).
         wake_delivery: called on the main loop when a reply was queued here.
-        write_db: runs a call that makes one write transaction, on the main loop when that never
-            waits (``Gateway.write_db``); ``None``: ``run_db``.
+        write_now: runs a call that makes one write transaction on the main loop when that never
+            waits, else writes nothing (``Gateway.write_now``); ``None``: always ``run_db``.
         busy_policy: the busy policy of a message's chat, ``(message, conn)`` (blocking, on the DB
             pool; per-chat settings, ``gateway.sessions.chat_settings``; ``conn``: read in that
             transaction, or ``None``); ``None``: ``bus.busy_policy`` everywhere.
@@ -82,11 +82,11 @@ class Inbound:
                  run_db: Callable[..., Awaitable[Any]], model_name: Callable[[], str],
                  wake_delivery: Callable[[], None], group_context: GroupContextStore | None = None,
                  busy_policy: Callable[[InboundMessage, Connection | None], str] | None = None,
-                 write_db: Callable[..., Awaitable[Any]] | None = None) -> None:
+                 write_now: Callable[..., tuple[bool, Any]] | None = None) -> None:
         self.busy_policy = busy_policy
-        self.write_db = write_db
-        self._admits: GroupCommit[InboundMessage, Admitted] | None = None if write_db is None else \
-            GroupCommit(self._admit, self._admit_many, write_db=write_db, run_db=run_db)
+        # messages addressed to the bot arriving while one is written are admitted together
+        self._admits: GroupCommit[InboundMessage, Admitted] = GroupCommit(self._admit, self._admit_many,
+                                                                          run_db=run_db, now=write_now)
         self.group_context = group_context
         self.config = config
         self.store = store
@@ -213,9 +213,9 @@ class Inbound:
                 await self.run_db(self._keep_as_context, message)
             self._drop(message)
             return False
-        # Addressed: one write transaction, on the loop itself when that never waits (write_db), or
+        # Addressed: one write transaction, on the loop itself when that never waits (write_now), or
         # together with those that arrive while one is written (GroupCommit)
-        if message.addressed and self._admits is not None:
+        if message.addressed:
             admitted = await self._admits.write(message)
         else:
             admitted = await self.run_db(self._admit, message)

@@ -3,11 +3,12 @@
 In a burst the main loop stores webhooks faster than one transaction each can be committed: with
 SQLite the turn threads hold the writer most of the time, so nearly every inbox write went to the DB
 pool on its own (measured: 296 of 305 in a burst of 300 new chats, 0.43 ms of CPU each plus a
-thread hop each way). Here the first caller's transaction runs as before (``write_db``: on the loop
-when the writer is free, else on the DB pool); callers arriving while it is under way wait and are
-then written in one transaction (one ``BEGIN``/``COMMIT``, one hop), in arrival order, at most
-``limit`` together. A caller's call returns, or raises, only once its own row is committed (an
-adapter acknowledges the platform after that), as with a transaction of its own.
+thread hop each way). Here a caller's transaction runs on the loop itself when nothing else is
+being written and that never waits (``now``: SQLite with the writer free), as before; otherwise
+it waits, with the callers arriving meanwhile, for the batch task, which writes them in one
+transaction (one ``BEGIN``/``COMMIT``, one hop), in arrival order, at most ``limit`` together.
+A caller's call returns, or raises, only once its own row is committed (an adapter acknowledges
+the platform after that), as with a transaction of its own.
 
 A batch that fails as a whole (a unique key refused one of its rows: a redelivery, or a sender
 another instance created meanwhile) is rolled back and its items are written one by one
@@ -35,51 +36,44 @@ class GroupCommit(Generic[I, R]):
     everything rolled back). Main loop only.
 
     Args:
-        write_db: runs a blocking call that makes one write transaction (``Gateway.write_db``: on
-            the loop when that never waits, else on the DB pool).
         run_db: runs a blocking call on the DB pool (``Gateway.run_db``).
+        now: ``(fn, *args) -> (done, result)``: runs a call that makes one write transaction on the
+            loop itself when that never waits, else writes nothing and returns ``(False, None)``
+            (``Gateway.write_now``); ``None``: always the DB pool.
         limit: most items in one transaction.
+
+    Only one write is under way at a time, made by the batch task, never by a caller: a caller
+    cancelled meanwhile (``CancelledError``) cannot let a later write overtake its own.
     """
 
     def __init__(self, one: Callable[[I], R], many: Callable[[list[I]], list[R]], *,
-                 write_db: Callable[..., Awaitable[Any]], run_db: Callable[..., Awaitable[Any]],
-                 limit: int = 32) -> None:
+                 run_db: Callable[..., Awaitable[Any]],
+                 now: Callable[..., tuple[bool, Any]] | None = None, limit: int = 32) -> None:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         self._one = one
         self._many = many
-        self._write_db = write_db
         self._run_db = run_db
+        self._now = now
         self._limit = limit
         self._busy = False
         self._waiting: list[tuple[I, asyncio.Future[R]]] = []
+        self._task: asyncio.Task[None] | None = None
         self.batches = 0
         """Transactions that wrote more than one item (for tests and metrics)."""
 
     async def write(self, item: I) -> R:
-        """Writes ``item``; returns what ``one`` would, or raises what it would, once committed. A
-        caller cancelled meanwhile gets ``CancelledError``; a write already under way still ends
-        before the next one starts (the order of arrival is the order of the rows)."""
-        if self._busy:
-            future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-            self._waiting.append((item, future))
-            return await future
-        self._busy = True
-        task = asyncio.ensure_future(self._write_db(self._one, item))
-        task.add_done_callback(self._written)
-        return await asyncio.shield(task)
-
-    def _written(self, task: asyncio.Future[Any]) -> None:
-        if not task.cancelled():
-            task.exception()  # retrieved here too: its caller may have gone
-        self._next()
-
-    def _next(self) -> None:
-        """Writes what waits as the next batch, or frees the writer."""
-        if self._waiting:
-            asyncio.get_running_loop().create_task(self._drain())
-        else:
-            self._busy = False
+        """Writes ``item``; returns what ``one`` would, or raises what it would, once committed."""
+        if not self._busy and self._now is not None:
+            done, result = self._now(self._one, item)  # on the loop: no hop, no task
+            if done:
+                return result
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, future))
+        if not self._busy:  # callers arriving before the task runs join its first batch
+            self._busy = True
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+        return await future
 
     async def _drain(self) -> None:
         try:
@@ -90,18 +84,18 @@ class GroupCommit(Generic[I, R]):
                     await self._write_batch(live)
         finally:
             self._busy = False
-            if self._waiting:  # (only when the loop is stopping: a batch raised past _write_batch)
-                self._busy = True
-                self._next()
+            for _, future in self._waiting:  # (the loop is closing: this task was cancelled)
+                future.cancel()
+            self._waiting = []
 
     async def _write_batch(self, batch: list[tuple[I, asyncio.Future[R]]]) -> None:
         items = [item for item, _ in batch]
         outcomes: list[_Outcome]
         try:
             if len(items) == 1:
-                outcomes = [(True, await self._write_db(self._one, items[0]))]
+                outcomes = [(True, await self._run(self._one, items[0]))]
             else:
-                results = await self._write_db(self._many, items)
+                results = await self._run(self._many, items)
                 self.batches += 1
                 outcomes = [(True, result) for result in results]
         except IntegrityError:  # one row refused: each on its own, with its own outcome
@@ -115,6 +109,14 @@ class GroupCommit(Generic[I, R]):
                 future.set_result(value)
             else:
                 future.set_exception(value)
+
+    async def _run(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        """``fn(arg)`` on the loop when that never waits, else on the DB pool."""
+        if self._now is not None:
+            done, result = self._now(fn, arg)
+            if done:
+                return result
+        return await self._run_db(fn, arg)
 
     def _each(self, items: list[I]) -> list[_Outcome]:
         """``one`` per item (DB pool), each outcome kept."""
