@@ -61,11 +61,13 @@ def rows(tmp_path):
     table.engine.dispose()
 
 
-def _commit(rows: Rows, limit: int = 32, many: Any = None) -> GroupCommit[str, int]:
-    async def on_thread(fn: Any, *args: Any) -> Any:
-        return await asyncio.to_thread(fn, *args)
+def _on_thread(fn: Any, *args: Any) -> asyncio.Future[Any]:
+    """A DB pool's ``submit``: the call on a thread, its future on the loop."""
+    return asyncio.ensure_future(asyncio.to_thread(fn, *args))
 
-    return GroupCommit(rows.one, many or rows.many, run_db=on_thread, limit=limit)
+
+def _commit(rows: Rows, limit: int = 32, many: Any = None) -> GroupCommit[str, int]:
+    return GroupCommit(rows.one, many or rows.many, submit_db=_on_thread, limit=limit)
 
 
 async def _held_then_released(rows: Rows, commit: GroupCommit[str, int], names: list[str]) -> list[Any]:
@@ -147,11 +149,11 @@ async def test_a_write_runs_on_the_loop_when_that_never_waits_else_on_the_pool(r
         on.append("loop" if threading.current_thread() is loop_thread else "elsewhere")
         return True, fn(arg)
 
-    async def pool(fn: Any, arg: Any) -> Any:
+    def pool(fn: Any, arg: Any) -> asyncio.Future[Any]:
         on.append("pool")
-        return await asyncio.to_thread(fn, arg)
+        return _on_thread(fn, arg)
 
-    commit = GroupCommit(rows.one, rows.many, run_db=pool, now=now)
+    commit = GroupCommit(rows.one, rows.many, submit_db=pool, now=now)
     await commit.write("a")
     free[0] = False  # the writer is busy: the DB pool, and who comes meanwhile waits for it
     rows.go.clear()

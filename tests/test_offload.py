@@ -50,6 +50,24 @@ async def test_a_cancelled_caller_does_not_wait_and_the_pool_goes_on():
         pool.shutdown()
 
 
+async def test_a_submitted_call_runs_to_its_end_whoever_waits_for_it():
+    pool = Offload(1, "dbtest")
+    release, ran = threading.Event(), []
+    try:
+        future = pool.submit(lambda: (release.wait(5), ran.append("done"))[1])
+        skipped = pool.submit(ran.append, "never")  # queued behind it
+        waiter = asyncio.ensure_future(asyncio.shield(future))
+        await asyncio.sleep(0.05)
+        waiter.cancel()  # its caller gave up: the call goes on, and its future still ends
+        skipped.cancel()  # cancelled before a worker took it: skipped
+        release.set()
+        await asyncio.wait_for(future, 5)
+        await pool.run(lambda: None)
+        assert ran == ["done"] and not future.cancelled()
+    finally:
+        pool.shutdown()
+
+
 async def test_shutdown_runs_what_was_queued_and_refuses_new_calls():
     pool = Offload(1, "dbtest")
     done: list[int] = []

@@ -237,7 +237,7 @@ class Gateway:
         self._db_pool = Offload(4, "db")
         self.delivery = Delivery(
             store=self.store, adapters=self.adapters, instance_id=self.instance_id, run_db=self.run_db,
-            write_now=self.write_now,
+            write_now=self.write_now, submit_db=self.submit_db,
             max_attempts=config.delivery.max_attempts, backoff_base_s=config.delivery.backoff_base_s,
             backoff_max_s=config.delivery.backoff_max_s, claim_s=config.delivery.claim_s, metrics=self.metrics,
         )
@@ -271,7 +271,8 @@ class Gateway:
                                runner=self.runner, bus=self.bus, metrics=self.metrics, redact=self.redact,
                                run_db=self.run_db, model_name=lambda: self.agent_spec.model,
                                wake_delivery=self.delivery.wake, group_context=self.group_context,
-                               busy_policy=self.chats.busy_policy, write_now=self.write_now)
+                               busy_policy=self.chats.busy_policy, write_now=self.write_now,
+                               submit_db=self.submit_db)
         self._receivers: list[asyncio.Task[None]] = []
         self._housekeeping: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
@@ -303,6 +304,11 @@ class Gateway:
         """Runs a blocking store call off the main loop (on the small DB pool, ``Offload``); returns
         its result or raises its exception."""
         return await self._db_pool.run(fn, *args)
+
+    def submit_db(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Queues a blocking store call for the DB pool and returns its future (``Offload.submit``):
+        for a caller that must see the call end even when its own waiter is cancelled."""
+        return self._db_pool.submit(fn, *args)
 
     def write_now(self, fn: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
         """Runs a store call that makes one short write transaction with planned statements (an

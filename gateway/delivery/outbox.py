@@ -46,16 +46,18 @@ UNCONFIRMED = "?"
 class Delivery:
     """The delivery loop. ``wake()`` after queuing replies; it also polls for due retries.
 
-    ``run_db`` runs a blocking store call off the loop; ``write_now`` (``Gateway.write_now``; default
-    none) runs a row's delivery mark (``gateway.store.marks``: one short write transaction) on the
-    loop when that never waits, else ``run_db`` does; marks made while one is written are written
+    ``run_db`` runs a blocking store call off the loop (``submit_db``: queues one, returning its
+    future; default: a task running ``run_db``); ``write_now`` (``Gateway.write_now``; default none)
+    runs a row's delivery mark (``gateway.store.marks``: one short write transaction) on the loop
+    when that never waits, else the DB pool does; marks made while one is written are written
     together (``GroupCommit``), each send resuming once its own mark is committed."""
 
     def __init__(self, *, store: Store, adapters: Mapping[str, Adapter], instance_id: str,
                  run_db: Callable[..., Any], max_attempts: int = 8, backoff_base_s: float = 1.0,
                  backoff_max_s: float = 300.0, claim_s: float = 30.0, poll_s: float = 2.0,
                  metrics: GatewayMetrics | None = None,
-                 write_now: Callable[..., tuple[bool, Any]] | None = None) -> None:
+                 write_now: Callable[..., tuple[bool, Any]] | None = None,
+                 submit_db: Callable[..., asyncio.Future[Any]] | None = None) -> None:
         self.store = store
         self.metrics = metrics or GatewayMetrics()
         self.adapters = adapters
@@ -63,7 +65,8 @@ class Delivery:
         self._run_db = run_db
         # a row's marks: one short write each, on the loop when that never waits; marks made while
         # one is written go together in one transaction (a burst's replies)
-        self._marks: GroupCommit[Mark, bool] = GroupCommit(store.settle, store.settle_many, run_db=run_db,
+        submit = submit_db or (lambda fn, *args: asyncio.ensure_future(run_db(fn, *args)))
+        self._marks: GroupCommit[Mark, bool] = GroupCommit(store.settle, store.settle_many, submit_db=submit,
                                                            now=write_now)
         self.max_attempts = max_attempts
         self.backoff_base_s = backoff_base_s

@@ -17,6 +17,7 @@ returns, and not at all when it raises (the platform retries).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import hashlib
@@ -68,7 +69,9 @@ class Inbound:
         model_name: the chat model's name now (``/status`` shows it).
         wake_delivery: called on the main loop when a reply was queued here.
         write_now: runs a call that makes one write transaction on the main loop when that never
-            waits, else writes nothing (``Gateway.write_now``); ``None``: always ``run_db``.
+            waits, else writes nothing (``Gateway.write_now``); ``None``: always the DB pool.
+        submit_db: queues a call for the DB pool, returning its future (``Gateway.submit_db``);
+            ``None``: a task running ``run_db``.
         busy_policy: the busy policy of a message's chat, ``(message, conn)`` (blocking, on the DB
             pool; per-chat settings, ``gateway.sessions.chat_settings``; ``conn``: read in that
             transaction, or ``None``); ``None``: ``bus.busy_policy`` everywhere.
@@ -82,11 +85,13 @@ class Inbound:
                  run_db: Callable[..., Awaitable[Any]], model_name: Callable[[], str],
                  wake_delivery: Callable[[], None], group_context: GroupContextStore | None = None,
                  busy_policy: Callable[[InboundMessage, Connection | None], str] | None = None,
-                 write_now: Callable[..., tuple[bool, Any]] | None = None) -> None:
+                 write_now: Callable[..., tuple[bool, Any]] | None = None,
+                 submit_db: Callable[..., asyncio.Future[Any]] | None = None) -> None:
         self.busy_policy = busy_policy
         # messages addressed to the bot arriving while one is written are admitted together
+        submit = submit_db or (lambda fn, *args: asyncio.ensure_future(run_db(fn, *args)))
         self._admits: GroupCommit[InboundMessage, Admitted] = GroupCommit(self._admit, self._admit_many,
-                                                                          run_db=run_db, now=write_now)
+                                                                          submit_db=submit, now=write_now)
         self.group_context = group_context
         self.config = config
         self.store = store

@@ -3,10 +3,11 @@
 In a burst the main loop stores webhooks faster than one transaction each can be committed: with
 SQLite the turn threads hold the writer most of the time, so nearly every inbox write went to the DB
 pool on its own (measured: 296 of 305 in a burst of 300 new chats, 0.43 ms of CPU each plus a
-thread hop each way). Here a caller's transaction runs on the loop itself when nothing else is
-being written and that never waits (``now``: SQLite with the writer free), as before; otherwise
-it waits, with the callers arriving meanwhile, for the batch task, which writes them in one
-transaction (one ``BEGIN``/``COMMIT``, one hop), in arrival order, at most ``limit`` together.
+thread hop each way). Here a caller's transaction runs as before when nothing else is being
+written: on the loop itself when that never waits (``now``: SQLite with the writer free), else on
+the DB pool; callers arriving while a write is under way wait for it, and are then written by a
+batch task in one transaction (one ``BEGIN``/``COMMIT``, one hop), in arrival order, at most
+``limit`` together.
 A caller's call returns, or raises, only once its own row is committed (an adapter acknowledges
 the platform after that), as with a transaction of its own.
 
@@ -18,7 +19,7 @@ another instance created meanwhile) is rolled back and its items are written one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy.exc import IntegrityError
@@ -36,24 +37,24 @@ class GroupCommit(Generic[I, R]):
     everything rolled back). Main loop only.
 
     Args:
-        run_db: runs a blocking call on the DB pool (``Gateway.run_db``).
+        submit_db: queues a blocking call for the DB pool and returns its future (``Offload.submit``).
         now: ``(fn, *args) -> (done, result)``: runs a call that makes one write transaction on the
             loop itself when that never waits, else writes nothing and returns ``(False, None)``
             (``Gateway.write_now``); ``None``: always the DB pool.
         limit: most items in one transaction.
 
-    Only one write is under way at a time, made by the batch task, never by a caller: a caller
-    cancelled meanwhile (``CancelledError``) cannot let a later write overtake its own.
+    Only one write is under way at a time, and a caller cancelled meanwhile (``CancelledError``)
+    does not end it early: the next write starts when that one has ended, in the order of arrival.
     """
 
     def __init__(self, one: Callable[[I], R], many: Callable[[list[I]], list[R]], *,
-                 run_db: Callable[..., Awaitable[Any]],
+                 submit_db: Callable[..., asyncio.Future[Any]],
                  now: Callable[..., tuple[bool, Any]] | None = None, limit: int = 32) -> None:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         self._one = one
         self._many = many
-        self._run_db = run_db
+        self._submit = submit_db
         self._now = now
         self._limit = limit
         self._busy = False
@@ -64,16 +65,27 @@ class GroupCommit(Generic[I, R]):
 
     async def write(self, item: I) -> R:
         """Writes ``item``; returns what ``one`` would, or raises what it would, once committed."""
-        if not self._busy and self._now is not None:
-            done, result = self._now(self._one, item)  # on the loop: no hop, no task
-            if done:
-                return result
+        if not self._busy:
+            if self._now is not None:
+                done, result = self._now(self._one, item)  # on the loop: no hop
+                if done:
+                    return result
+            self._busy = True
+            written: asyncio.Future[R] = self._submit(self._one, item)
+            written.add_done_callback(self._written)
+            return await asyncio.shield(written)
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, future))
-        if not self._busy:  # callers arriving before the task runs join its first batch
-            self._busy = True
-            self._task = asyncio.get_running_loop().create_task(self._drain())
         return await future
+
+    def _written(self, written: asyncio.Future[Any]) -> None:
+        """A lone write ended (its caller may have gone): the next batch, or the writer is free."""
+        if not written.cancelled():
+            written.exception()  # retrieved: its caller may have gone
+        if self._waiting:
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+        else:
+            self._busy = False
 
     async def _drain(self) -> None:
         try:
@@ -99,7 +111,7 @@ class GroupCommit(Generic[I, R]):
                 self.batches += 1
                 outcomes = [(True, result) for result in results]
         except IntegrityError:  # one row refused: each on its own, with its own outcome
-            outcomes = await self._run_db(self._each, items)
+            outcomes = await asyncio.shield(self._submit(self._each, items))
         except Exception as exc:  # the database is away: every caller gets the error
             outcomes = [(False, exc)] * len(items)
         for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
@@ -116,7 +128,7 @@ class GroupCommit(Generic[I, R]):
             done, result = self._now(fn, arg)
             if done:
                 return result
-        return await self._run_db(fn, arg)
+        return await asyncio.shield(self._submit(fn, arg))
 
     def _each(self, items: list[I]) -> list[_Outcome]:
         """``one`` per item (DB pool), each outcome kept."""

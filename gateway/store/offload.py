@@ -39,6 +39,12 @@ class Offload:
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Runs ``fn(*args)`` on a worker thread. Raises ``RuntimeError`` after ``shutdown``."""
+        return await self.submit(fn, *args)
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Queues ``fn(*args)`` for a worker thread (from the running loop); the future gets its
+        result or exception. Cancelling the future before a worker took the call skips it; once
+        started, it runs to its end. Raises ``RuntimeError`` after ``shutdown``."""
         if self._closed:
             raise RuntimeError("the DB pool is shut down")
         if not self._started:
@@ -46,7 +52,7 @@ class Offload:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queue.put((loop, future, fn, args))
-        return await future
+        return future
 
     def shutdown(self, wait: bool = True) -> None:
         """No new calls; the queued ones still run. With ``wait``, returns once the threads ended."""
