@@ -70,11 +70,18 @@ def _commit(rows: Rows, limit: int = 32, many: Any = None) -> GroupCommit[str, i
     return GroupCommit(rows.one, many or rows.many, submit_db=_on_thread, limit=limit)
 
 
+async def _under_way(rows: Rows, commit: GroupCommit[str, int], name: str) -> asyncio.Future[int]:
+    """``name``'s write, started and held in its transaction until ``rows.go`` is set."""
+    rows.go.clear()
+    rows.started.clear()
+    first = asyncio.ensure_future(commit.write(name))
+    await asyncio.to_thread(rows.started.wait, 5)
+    return first
+
+
 async def _held_then_released(rows: Rows, commit: GroupCommit[str, int], names: list[str]) -> list[Any]:
     """The first name's transaction waits until the rest have called; then all are written."""
-    rows.go.clear()
-    first = asyncio.ensure_future(commit.write(names[0]))
-    await asyncio.to_thread(rows.started.wait, 5)
+    first = await _under_way(rows, commit, names[0])
     rest = [asyncio.ensure_future(commit.write(n)) for n in names[1:]]
     await asyncio.sleep(0.05)
     assert not any(task.done() for task in [first, *rest])  # nobody returns before its commit
@@ -126,9 +133,7 @@ async def test_a_database_error_reaches_every_caller_of_the_batch(rows):
 
 async def test_a_caller_that_gave_up_is_not_written(rows):
     commit = _commit(rows)
-    rows.go.clear()
-    first = asyncio.ensure_future(commit.write("first"))
-    await asyncio.to_thread(rows.started.wait, 5)
+    first = await _under_way(rows, commit, "first")
     gone = asyncio.ensure_future(commit.write("gone"))
     kept = asyncio.ensure_future(commit.write("kept"))
     await asyncio.sleep(0.01)
@@ -156,10 +161,7 @@ async def test_a_write_runs_on_the_loop_when_that_never_waits_else_on_the_pool(r
     commit = GroupCommit(rows.one, rows.many, submit_db=pool, now=now)
     await commit.write("a")
     free[0] = False  # the writer is busy: the DB pool, and who comes meanwhile waits for it
-    rows.go.clear()
-    rows.started.clear()
-    b = asyncio.ensure_future(commit.write("b"))
-    await asyncio.to_thread(rows.started.wait, 5)
+    b = await _under_way(rows, commit, "b")
     c, d = asyncio.ensure_future(commit.write("c")), asyncio.ensure_future(commit.write("d"))
     free[0] = True  # free again, but "c" and "d" arrived while "b" was written: they follow it
     await asyncio.sleep(0.01)
@@ -256,9 +258,7 @@ def _stored(gateway: Any) -> list[tuple[int, int]]:
 
 async def test_a_write_under_way_ends_before_the_next_even_when_its_caller_gave_up(rows):
     commit = _commit(rows)
-    rows.go.clear()
-    first = asyncio.ensure_future(commit.write("first"))
-    await asyncio.to_thread(rows.started.wait, 5)
+    first = await _under_way(rows, commit, "first")
     later = asyncio.ensure_future(commit.write("later"))
     await asyncio.sleep(0.01)
     first.cancel()  # its transaction is already running on the DB pool

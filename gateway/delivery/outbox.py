@@ -28,7 +28,7 @@ from typing import Any
 from gateway.core.ports import Adapter
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.telemetry import span as traced
-from gateway.store.group_commit import GroupCommit
+from gateway.store.group_commit import GroupCommit, submit_via
 from gateway.store.marks import Mark, failed_mark, progress_mark, retry_mark, sending_mark, sent_mark
 from gateway.store.sql import OutboxItem, Store
 
@@ -65,7 +65,7 @@ class Delivery:
         self._run_db = run_db
         # a row's marks: one short write each, on the loop when that never waits; marks made while
         # one is written go together in one transaction (a burst's replies)
-        submit = submit_db or (lambda fn, *args: asyncio.ensure_future(run_db(fn, *args)))
+        submit = submit_db or submit_via(run_db)
         self._marks: GroupCommit[Mark, bool] = GroupCommit(store.settle, store.settle_many, submit_db=submit,
                                                            now=write_now)
         self.max_attempts = max_attempts

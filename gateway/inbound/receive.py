@@ -43,7 +43,7 @@ from gateway.sessions.directory import Directory, Identity
 from gateway.sessions.group_context import GroupContextStore
 from gateway.sessions.language import language_reply
 from gateway.store.db import write_tx
-from gateway.store.group_commit import GroupCommit
+from gateway.store.group_commit import GroupCommit, submit_via
 from gateway.store.sql import Store, retry_locked
 from gateway.store.text import storable_inbound
 from gateway.tools.approvals import decide_reply
@@ -89,7 +89,7 @@ class Inbound:
                  submit_db: Callable[..., asyncio.Future[Any]] | None = None) -> None:
         self.busy_policy = busy_policy
         # messages addressed to the bot arriving while one is written are admitted together
-        submit = submit_db or (lambda fn, *args: asyncio.ensure_future(run_db(fn, *args)))
+        submit = submit_db or submit_via(run_db)
         self._admits: GroupCommit[InboundMessage, Admitted] = GroupCommit(self._admit, self._admit_many,
                                                                           submit_db=submit, now=write_now)
         self.group_context = group_context

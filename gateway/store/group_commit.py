@@ -19,7 +19,7 @@ another instance created meanwhile) is rolled back and its items are written one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy.exc import IntegrityError
@@ -29,6 +29,12 @@ R = TypeVar("R")
 
 _Outcome = tuple[bool, Any]
 """``(True, result)`` or ``(False, exception)`` of one item written on its own."""
+
+
+def submit_via(run_db: Callable[..., Awaitable[Any]]) -> Callable[..., asyncio.Future[Any]]:
+    """A ``submit_db`` for ``GroupCommit`` from an ``async run_db(fn, *args)``: each call a task
+    (what a caller without the DB pool's own ``Offload.submit`` uses)."""
+    return lambda fn, *args: asyncio.ensure_future(run_db(fn, *args))
 
 
 class GroupCommit(Generic[I, R]):
