@@ -171,6 +171,28 @@ async def test_a_write_runs_on_the_loop_when_that_never_waits_else_on_the_pool(r
     assert rows.names() == ["a", "b", "c", "d"]
 
 
+async def test_after_the_db_pool_shut_down_every_write_fails_and_none_hangs(rows):
+    from gateway.store.offload import Offload
+
+    pool = Offload(1, "gctest")
+    commit = GroupCommit(rows.one, rows.many, submit_db=pool.submit)
+    rows.go.clear()
+    first = asyncio.ensure_future(commit.write("first"))  # under way on the pool
+    await asyncio.to_thread(rows.started.wait, 5)
+    queued = [asyncio.ensure_future(commit.write(n)) for n in ("a", "b")]
+    await asyncio.sleep(0.01)
+    await asyncio.to_thread(pool.shutdown, False)  # the gateway stops meanwhile
+    rows.go.set()
+    assert await asyncio.wait_for(first, 5) == 1
+    for outcome in await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 5):
+        assert isinstance(outcome, RuntimeError) and "shut down" in str(outcome)
+    with pytest.raises(RuntimeError, match="shut down"):
+        await asyncio.wait_for(commit.write("late"), 5)
+    with pytest.raises(RuntimeError, match="shut down"):  # and again: the writer was not left busy
+        await asyncio.wait_for(commit.write("later"), 5)
+    assert rows.names() == ["first"]
+
+
 def test_limit_must_be_positive(rows):
     with pytest.raises(ValueError, match="at least 1"):
         _commit(rows, limit=0)

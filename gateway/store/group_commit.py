@@ -76,8 +76,8 @@ class GroupCommit(Generic[I, R]):
                 done, result = self._now(self._one, item)  # on the loop: no hop
                 if done:
                     return result
+            written: asyncio.Future[R] = self._submit(self._one, item)  # raises when the pool is shut down
             self._busy = True
-            written: asyncio.Future[R] = self._submit(self._one, item)
             written.add_done_callback(self._written)
             return await asyncio.shield(written)
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
@@ -117,8 +117,11 @@ class GroupCommit(Generic[I, R]):
                 self.batches += 1
                 outcomes = [(True, result) for result in results]
         except IntegrityError:  # one row refused: each on its own, with its own outcome
-            outcomes = await asyncio.shield(self._submit(self._each, items))
-        except Exception as exc:  # the database is away: every caller gets the error
+            try:
+                outcomes = await asyncio.shield(self._submit(self._each, items))
+            except Exception as exc:  # the DB pool is shut down
+                outcomes = [(False, exc)] * len(items)
+        except Exception as exc:  # the database is away, the DB pool shut down: every caller gets it
             outcomes = [(False, exc)] * len(items)
         for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
             if future.cancelled():
