@@ -65,7 +65,7 @@ class GroupCommit(Generic[I, R]):
         self._limit = limit
         self._busy = False
         self._waiting: list[tuple[I, asyncio.Future[R]]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None  # the batch task (the loop keeps only a weak reference)
         self.batches = 0
         """Transactions that wrote more than one item (for tests and metrics)."""
 
