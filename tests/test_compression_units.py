@@ -17,6 +17,7 @@ from agent.tokens import json_tokens, message_tokens, request_tokens, text_token
 from agent.tools import ToolRegistry
 from gateway.bus.compression import SUMMARY_HEADER, SUMMARY_PROMPT, Compressor, split_turns
 from gateway.core.window import WindowPolicy
+from gateway.media.render import ImagePolicy
 from gateway.store.db import create_db_engine, upgrade
 from gateway.store.sql import NewMessage, Store
 from tests.fakes import openai as oa
@@ -228,3 +229,40 @@ def test_a_large_system_prompt_and_tool_schemas_still_leave_headroom_after_compr
             summaries.append(turn)
     assert len(summaries) >= 2
     assert min(b - a for a, b in itertools.pairwise(summaries)) >= 3  # never on consecutive turns
+
+
+# -- images in the window ---------------------------------------------------------------------------
+
+def _photo_turns(count: int) -> list[NewMessage]:
+    """``count`` turns, each a user photo (an image rendition stored) and a short answer."""
+    rows = []
+    for t in range(count):
+        photo = {"kind": "image", "mime_type": "image/jpeg", "size": 90_000, "sha256": f"{t:064x}",
+                 "image": {"sha256": f"{t + 1000:064x}", "width": 1280, "height": 960}}
+        rows.append(NewMessage(f"t{t}", "user", f"what is in photo {t}?", {"meta": {"attachments": [photo]}}))
+        rows.append(NewMessage(f"t{t}", "assistant", f"a cat, number {t}", {}))
+    return rows
+
+
+def test_a_window_full_of_photos_is_estimated_as_it_is_sent(store, fake_openai):
+    """Only the newest ``history_images`` photos go along as pixels; the older ones are a line of
+    text each. The estimate is that of the request sent, so thirty photos in a 16k window do not
+    set off a summary (counted as pixels, they would be ~43k tokens)."""
+    fake_openai.reset()
+    model = OpenAIChatModel(base_url=f"{fake_openai.url}/v1", api_key="sk-test", model="gpt-4o-mini",
+                            max_retries=0, stream=False)
+    images = ImagePolicy(vision=True, history_images=4)
+    compressor = Compressor(store, WindowPolicy(context_window_tokens=16_000), row_limit=400, images=images)
+    session_id = store.new_session("photos", "system", None)
+    store.append_messages(session_id, _photo_turns(30))
+    opened = store.open_session("photos", lambda: "system", compressor.row_limit)
+    projection = compressor.project(session_id=session_id, system_prompt="system", tools=[],
+                                    summary=opened.summary, window=list(opened.window), model=model)
+    sent_images = sum(1 for m in projection.history if isinstance(m["content"], list)
+                      for part in m["content"] if part.get("type") == "image_url")
+    assert sent_images == 5  # the newest turn's photo and four earlier ones
+    assert not projection.compressed and fake_openai.requests == []  # no summary call
+    assert len(projection.history) == 60
+    system = message_tokens({"role": "system", "content": "system"})
+    assert projection.tokens == system + request_tokens(projection.history)
+    assert projection.tokens < 5 * 1_445 + 3_000

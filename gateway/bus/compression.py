@@ -5,8 +5,10 @@ the session's stored summary of older turns + the recent turns loaded after that
 the new message. ``Compressor.project`` builds it before the turn's first model call, on the
 turn's worker thread:
 
-1. Estimate the request (``agent.tokens``). Under ``threshold`` of the window, and with the loaded
-   rows well inside the row limit, it is sent as it is.
+1. Estimate the request (``agent.tokens``) from the window rendered once, as it would be sent: the
+   images it leaves out (``media.history_images``) count as the lines describing them. Under
+   ``threshold`` of the window, and with the loaded rows well inside the row limit, that rendering
+   is sent as it is.
 2. Otherwise the turns are split at turn boundaries (a user message starts a turn; an assistant
    ``tool_calls`` message and its results are always in the same turn): the newest turns that fit
    ``keep_ratio`` of the window stay verbatim (the current turn always does), the older ones are
@@ -84,6 +86,19 @@ def split_turns(window: Sequence[StoredMessage]) -> list[list[StoredMessage]]:
     return turns
 
 
+def turn_parts(rendered: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """A rendered window (``render_history`` of whole turns) cut into its turns' parts: each
+    starts at a user message and runs to the next one (rendering keeps every user message, in
+    order, and adds an interrupted tool call's result inside its own turn)."""
+    parts: list[list[dict[str, Any]]] = []
+    for message in rendered:
+        if message.get("role") == "user" or not parts:
+            parts.append([message])
+        else:
+            parts[-1].append(message)
+    return parts
+
+
 def protected_from(turns: list[list[StoredMessage]]) -> int:
     """Index of the first turn that must stay verbatim: the newest turn, and any turn holding a
     message not yet written (id 0: a merged batch's user messages)."""
@@ -157,7 +172,11 @@ class Compressor:
         fixed = self._fixed_tokens(system_prompt, tools)
         summary_text = summary.text if summary is not None else None
         turns = split_turns(window)
-        costs = [request_tokens(render_history(turn, images)) for turn in turns]
+        # The window is rendered once, as it would be sent whole, and each turn costs what its part
+        # of that rendering costs: the images the request leaves out (``history_images``) count
+        # as the line describing them, an older turn's interrupted tool call its added result.
+        rendered = render_history([row for turn in turns for row in turn], images)
+        costs = [request_tokens(part) for part in turn_parts(rendered)]
 
         def total(text: str | None, first: int) -> int:
             return fixed + (message_tokens(summary_message(text)) if text else 0) + sum(costs[first:])
@@ -165,7 +184,7 @@ class Compressor:
         first = 0
         rows = sum(len(t) for t in turns)
         if not forced and total(summary_text, 0) < policy.compress_at and rows < self.row_limit * policy.threshold:
-            return self._projection(summary_text, turns, 0, total(summary_text, 0), False, images)
+            return self._projection(summary_text, turns, 0, total(summary_text, 0), False, images, rendered)
 
         keep = self._keep_from(turns, costs, fixed, policy)
         compressed = False
@@ -243,8 +262,13 @@ class Compressor:
 
     @staticmethod
     def _projection(summary: str | None, turns: list[list[StoredMessage]], first: int, tokens: int,
-                    compressed: bool, images: ImagePolicy | None = None) -> Projection:
-        history = render_history([row for turn in turns[first:] for row in turn], images)
+                    compressed: bool, images: ImagePolicy | None = None,
+                    rendered: list[dict[str, Any]] | None = None) -> Projection:
+        """``rendered``: the whole window's rendering, reused when it is all sent (``first == 0``)."""
+        if first == 0 and rendered is not None:
+            history = list(rendered)
+        else:
+            history = render_history([row for turn in turns[first:] for row in turn], images)
         if summary:
             history.insert(0, summary_message(summary))
         return Projection(history, tokens, summary, compressed)
