@@ -56,14 +56,15 @@ def write_config(workdir: Path, telegram: FakeTelegram, model: FakeOpenAI, port:
 
 
 @contextlib.contextmanager
-def rig(workdir: Path, **config: Any) -> Iterator[Rig]:
-    """Starts the fakes and one gateway subprocess (fresh SQLite unless ``db_url`` is given)."""
+def rig(workdir: Path, env: dict[str, str] | None = None, **config: Any) -> Iterator[Rig]:
+    """Starts the fakes and one gateway subprocess (fresh SQLite unless ``db_url`` is given;
+    ``env``: added to the gateway's environment)."""
     workdir.mkdir(parents=True, exist_ok=True)
     config.setdefault("db_url", f"sqlite:///{workdir / 'gateway.db'}")
     with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
         port = _free_port()
         gateway = GatewayProcess(write_config(workdir, telegram, model, port, **config), port, workdir)
-        gateway.env_extra = {"FAULT_WEBHOOK_SECRET": SECRET}
+        gateway.env_extra = {"FAULT_WEBHOOK_SECRET": SECRET, **(env or {})}
         gateway.start()
         try:
             gateway.wait_ready(30)

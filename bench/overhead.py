@@ -41,6 +41,7 @@ from bench.harness import (
     wait_for,
 )
 from bench.profile import recording, summary
+from bench.timeline import hook_env, summarise
 from tests.fakes import openai as oa
 
 _MESSAGE_IDS = itertools.count(10_000)
@@ -95,14 +96,18 @@ async def _drive(url: str, rig_: Rig, tag: str, messages: int, rate: float, chat
 
 
 def run_overhead(workdir: Path, *, messages: int = 1000, rate: float = 50.0, chats: int = 50,
-                 warmup: int = 20, profile: bool = False, db_url: str | None = None) -> dict[str, Any]:
+                 warmup: int = 20, profile: bool = False, db_url: str | None = None,
+                 timeline: bool = False) -> dict[str, Any]:
     """Runs gateway and floor at the same rate; returns both and the difference at p50/p99, and
     the gateway's CPU per turn (process CPU time / turns, its idle rate subtracted). ``chats`` =
     ``messages``: every turn is the first of a new chat. ``profile``: a py-spy summary of the
     gateway's run (``bench.profile``). ``db_url``: the gateway's database (default: a fresh SQLite
-    file in ``workdir``)."""
+    file in ``workdir``). ``timeline``: the median wall-clock timeline of a turn in the gateway
+    (``bench.timeline``; its marks make the gateway a little slower)."""
     stamps = _Stamps()
-    with rig(workdir, **({"db_url": db_url} if db_url else {})) as r:
+    marks = workdir / "timeline.json"
+    env = hook_env(marks) if timeline else None
+    with rig(workdir, env, **({"db_url": db_url} if db_url else {})) as r:
         r.model.responder = stamps.responder
         asyncio.run(_drive(r.webhook, r, "warm", warmup, rate, chats, stamps, 30))
         pid = r.gateway.proc.pid  # type: ignore[union-attr]
@@ -132,6 +137,8 @@ def run_overhead(workdir: Path, *, messages: int = 1000, rate: float = 50.0, cha
                                       for leg in ("inbound_to_model", "model_to_platform", "overhead")}}
     if profile:
         figures["profile"] = summary(workdir / "overhead.collapsed")
+    if timeline:
+        figures["timeline_ms"] = summarise(marks, skip=warmup)
     return figures
 
 
@@ -246,13 +253,15 @@ if __name__ == "__main__":
     parser.add_argument("--postgres", action="store_true",
                         help="the gateway on a scratch PostgreSQL database (bench.multi_instance.PG_ADMIN_URL)")
     parser.add_argument("--profile", action="store_true", help="a py-spy summary of the gateway's run")
+    parser.add_argument("--timeline", action="store_true",
+                        help="the median wall-clock timeline of a turn in the gateway (bench.timeline)")
     args = parser.parse_args()
     drop = None
     with tempfile.TemporaryDirectory() as tmp:
         if args.images:
             figures = run_image_overhead(Path(tmp), messages=args.messages, rate=args.rate)
         else:
-            options: dict[str, Any] = {"profile": args.profile}
+            options: dict[str, Any] = {"profile": args.profile, "timeline": args.timeline}
             if args.chats:
                 options["chats"] = args.chats
             if args.postgres:

@@ -8,7 +8,8 @@ loopback fakes and prints JSON figures. Run on demand, not in the test run:
 Figures: ``burst``: 200 and 500 first messages of new chats at once with a 2 s model, seconds
 to the last reply beside the relay floor's, CPU ms per turn, peak RSS, lost and duplicated replies
 (``bench.burst``); ``overhead_sequential``: update -> model request and reply -> ``sendMessage``
-medians and CPU ms per turn, one new chat at a time (10 msg/s); (a) ``overhead`` per turn p50/p99
+medians and CPU ms per turn, one new chat at a time (10 msg/s; in the short form with the turn's
+timeline, ``bench.timeline``, so that tool keeps working too); (a) ``overhead`` per turn p50/p99
 at 50 msg/s beside a bare-relay floor; (b)
 ``throughput`` at 100 and 500 concurrent conversations with a 2 s model vs the ceiling; (c)
 ``rss`` with 10k stored and 500 active sessions; (d, e) ``long_conversation``: prefix stability
@@ -53,7 +54,7 @@ FULL: dict[str, Callable[[Path], Any]] = {
 
 SHORT: dict[str, Callable[[Path], Any]] = {
     "burst": lambda d: [run_burst(d, chats=5, latency_s=0.2, timeout=20)],
-    "overhead_sequential": lambda d: run_overhead(d, messages=5, rate=10.0, chats=5, warmup=2),
+    "overhead_sequential": lambda d: run_overhead(d, messages=5, rate=10.0, chats=5, warmup=2, timeline=True),
     "overhead": lambda d: run_overhead(d, messages=10, rate=50.0, chats=5, warmup=2),
     "throughput": lambda d: [run_throughput(d, conversations=5, rounds=1, latency_s=0.2, timeout=20)],
     "rss": lambda d: run_rss(d, stored=20, active=5, latency_s=0.3),

@@ -16,6 +16,10 @@ def test_bench_suite_short_mode(tmp_path):
     assert burst["ratio_to_floor"] > 0 and burst["gateway_cpu_ms_per_turn"] > 0 and burst["rss_peak_mb"] > 0
     sequential = figures["overhead_sequential"]["gateway"]
     assert sequential["completed"] == 5 and sequential["cpu_ms_per_turn"] > 0
+    timeline = {mark: ms for ms, mark in figures["overhead_sequential"]["timeline_ms"]}
+    assert timeline["TelegramAdapter._handle_webhook>"] == 0
+    assert 0 < timeline["Store._claim_next<"] < timeline["StreamingEndpoint._send>"] < timeline["Store.finish_turn>"]
+    assert timeline["Store.finish_turn<"] < timeline["TelegramAdapter._api>"]
     overhead = figures["overhead"]
     assert overhead["gateway"]["completed"] == 10 and overhead["floor"]["completed"] == 10
     assert overhead["gateway"]["overhead"]["p50_ms"] > 0
