@@ -89,7 +89,7 @@ async def _burst(url: str, r: Rig, tag: str, chats: int, first_chat: int, timeou
     calls = r.telegram.calls("sendMessage")[before:]
     await asyncio.sleep(0.5)  # a duplicate would arrive now
     calls = r.telegram.calls("sendMessage")[before:]
-    got = Counter(c.params["text"].removeprefix("re: ") for c in calls)
+    got = Counter(c.params["text"].removeprefix("re: ").split("\n", 1)[0] for c in calls)
     expected = set(tokens.values())
     lost = sorted(expected - set(got))
     duplicated = sorted(t for t, n in got.items() if n > 1)
@@ -99,12 +99,18 @@ async def _burst(url: str, r: Rig, tag: str, chats: int, first_chat: int, timeou
 
 
 def run_burst(workdir: Path, *, chats: int = 200, latency_s: float = 2.0, timeout: float = 120.0,
-              profile: bool = False, **config: Any) -> dict[str, Any]:
+              profile: bool = False, tokens: int = 0, token_gap_s: float = 0.0, **config: Any) -> dict[str, Any]:
     """One burst through the gateway (default config but for ``config``), then the same burst
-    through the relay floor. Returns the figures (``profile``: plus ``bench.profile.summary``)."""
+    through the relay floor. Returns the figures (``profile``: plus ``bench.profile.summary``).
+    ``tokens``: each reply also streams that many more words, one event each, ``token_gap_s``
+    apart, after the first (as a model writes); 0: the reply is three events at once."""
 
     def responder(request: dict[str, Any]) -> oa.Reply:
-        return oa.delay(latency_s, oa.text(f"re: {last_user_line(request)}", pieces=3))
+        text = f"re: {last_user_line(request)}"
+        if not tokens:
+            return oa.delay(latency_s, oa.text(text, pieces=3))
+        words = "".join(f" w{i}" for i in range(tokens))
+        return oa.delay(latency_s, oa.text(f"{text}\n{words}", pieces=tokens + 1, piece_delay_s=token_gap_s))
 
     config.setdefault("pool_size", 20)
     with rig(workdir, **config) as r:
@@ -151,7 +157,11 @@ if __name__ == "__main__":
     parser.add_argument("--latency", type=float, default=2.0)
     parser.add_argument("--profile", action="store_true", help="record the gateway with py-spy")
     parser.add_argument("--keep", help="keep the work folder here (the log, the profile)")
+    parser.add_argument("--tokens", type=int, default=0,
+                        help="each reply streams this many more words, one event each (default: 3 events at once)")
+    parser.add_argument("--token-gap", type=float, default=0.0, help="seconds between those events")
     args = parser.parse_args()
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gw-burst-"))
-    print(json.dumps(run_burst(folder, chats=args.chats, latency_s=args.latency, profile=args.profile), indent=2))
+    print(json.dumps(run_burst(folder, chats=args.chats, latency_s=args.latency, profile=args.profile,
+                               tokens=args.tokens, token_gap_s=args.token_gap), indent=2))
