@@ -9,7 +9,7 @@ import pytest
 
 from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage, Sender
 from gateway.store.db import create_db_engine, upgrade
-from gateway.store.sql import LaneNext, Prefetch, Store
+from gateway.store.sql import LaneNext, Prefetch, Store, StreamStart
 
 
 @pytest.fixture
@@ -300,11 +300,14 @@ def test_row_left_sending_by_a_dead_owner_is_reclaimed_as_unconfirmed(store):
 def test_streamed_reply_row_is_never_claimed_until_final_and_then_edits_its_preview(store):
     address = ChatAddress("telegram", "1", "77")
     reply = OutboundMessage(address, "", "in9:0")
-    row_id, preview, status = store.open_stream(reply, "s", "k", 0)
-    assert (preview, status) == (None, "streaming")
-    assert store.open_stream(reply, "s", "k", 0) == (row_id, None, "streaming")  # a resumed turn finds its row
-    assert store.chat_clear(address, "in9:0")
-    assert store.set_preview(row_id, "?") and store.set_preview(row_id, "501")
+    start = store.start_stream(reply, "s", "k", 0)
+    assert start is not None and (start.send, start.preview_id) == (True, None)
+    row_id = start.row_id
+    assert [r["preview_id"] for r in store.outbox_rows() if r["id"] == row_id] == ["?"]  # before the send
+    # a resumed turn finds its row: its preview's fate unknown ("?"), nothing is sent or edited
+    assert store.start_stream(reply, "s", "k", 0) == StreamStart(row_id, False, None)
+    assert store.set_preview(row_id, "501")
+    assert store.start_stream(reply, "s", "k", 0) == StreamStart(row_id, False, "501")  # it keeps editing 501
     assert store.claim_outbox("a", 10, 30) == []  # streaming rows are not deliverable
     store.insert_inbound(message("77:1", chat="77"), "k")
     [pending] = store.next_pending("k")
@@ -312,19 +315,22 @@ def test_streamed_reply_row_is_never_claimed_until_final_and_then_edits_its_prev
                       session_key="k", stream_key="in9:0")
     [item] = store.claim_outbox("a", 10, 30)
     assert item.message.text == "final text" and item.message.edit_id == "501" and item.message.resume_from == 0
-    assert not store.chat_clear(address, "other-key")  # an unsettled reply: no other preview may overtake it
+    # an unsettled reply: no other preview may overtake it, and none is written for it
+    assert store.start_stream(OutboundMessage(address, "", "other-key"), "s", "k", 0) is None
+    assert not any(r["idempotency_key"] == "other-key" for r in store.outbox_rows())
+    assert store.start_stream(reply, "s", "k", 0) == StreamStart(row_id, False, None)  # final: no preview
 
 
 def test_cancelled_turn_cancels_its_streaming_row_and_unknown_previews_are_not_edited(store):
     address = ChatAddress("telegram", "1", "78")
-    row_id, _, _ = store.open_stream(OutboundMessage(address, "", "in10:0"), "s", "k", 0)
+    row_id = store.start_stream(OutboundMessage(address, "", "in10:0"), "s", "k", 0).row_id
     store.insert_inbound(message("78:1", chat="78"), "k")
     [pending] = store.next_pending("k")
     store.finish_turn([pending.inbox_id], "cancelled", [], session_key="k", stream_key="in10:0")
     assert [r["status"] for r in store.outbox_rows() if r["id"] == row_id] == ["cancelled"]
 
-    unknown, _, _ = store.open_stream(OutboundMessage(address, "", "in11:0"), "s", "k", 0)
-    store.set_preview(unknown, "?")  # the preview's send was in flight when the process died
+    unknown = store.start_stream(OutboundMessage(address, "", "in11:0"), "s", "k", 0)
+    assert unknown is not None and unknown.send  # then the preview's send was in flight when the process died
     store.finish_turn([pending.inbox_id], "done", [OutboundMessage(address, "final", "in11:0")], session_key="k")
     [item] = store.claim_outbox("a", 10, 30)
     assert item.message.edit_id is None  # sent as a new message: nothing known to edit

@@ -267,7 +267,7 @@ async def test_an_edit_left_in_flight_by_a_crash_is_redone_not_skipped(tmp_path)
     upgrade(engine)
     store = Store(engine)
     address = ChatAddress("telegram", "1", "90")
-    row_id, _, _ = store.open_stream(OutboundMessage(address, "", "in1:0"), "s", "k", 0)
+    row_id = store.start_stream(OutboundMessage(address, "", "in1:0"), "s", "k", 0).row_id
     store.set_preview(row_id, "P7")
     store.insert_inbound(InboundMessage(address, "90:1", "dm", Sender("90"), "hi"), "k")
     [pending] = store.next_pending("k")

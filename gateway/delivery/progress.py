@@ -93,18 +93,19 @@ class PlanMessage:
 
     def _send_first(self, text: str) -> None:
         store, address = self._hub.store, self._address
-        if self._hub.chat_waiting(address) or not store.chat_clear(address, self.key):
-            return  # an earlier reply to this chat is not delivered yet; try at the next update
+        if self._hub.chat_waiting(address):
+            return  # delivery holds the chat for a retry; try at the next update
         session_id, session_key, generation = self._session
-        row_id, message_id, status = store.open_stream(OutboundMessage(address, "", self.key), session_id,
-                                                       session_key, generation)
-        if status != "streaming" or message_id == "?":
+        start = store.start_stream(OutboundMessage(address, "", self.key), session_id, session_key, generation)
+        if start is None:
+            return  # an earlier reply to this chat is not delivered yet; try at the next update
+        if start.preview_id is not None:
+            self.message_id = start.preview_id  # a resumed turn keeps editing its message
+            return
+        if not start.send:
             self.disabled = True  # already final, or a crash left the first send's fate unknown
             return
-        if message_id is not None:
-            self.message_id = message_id  # a resumed turn keeps editing its message
-            return
-        store.set_preview(row_id, "?")
+        row_id = start.row_id
         message = OutboundMessage(address, text, f"{self.key}:first", reply_to_id=self._reply_to_id, format="plain",
                                   editable=True)
         try:

@@ -124,19 +124,20 @@ class TurnStream:
 
     def _send_preview(self, text: str) -> None:
         store, address = self._hub.store, self._address
-        if self._hub.chat_waiting(address) or not store.chat_clear(address, self._key):
-            return  # an earlier reply to this chat is not delivered yet: a preview would overtake it
+        if self._hub.chat_waiting(address):
+            return  # delivery holds the chat for a retry
         session_id, session_key, generation = self._session
-        row_id, preview_id, status = store.open_stream(
-            OutboundMessage(address, "", self._key, reply_to_id=self._reply_to_id), session_id, session_key,
-            generation)
-        if status != "streaming" or preview_id == "?":
+        start = store.start_stream(OutboundMessage(address, "", self._key, reply_to_id=self._reply_to_id),
+                                   session_id, session_key, generation)
+        if start is None:
+            return  # an earlier reply to this chat is not delivered yet: a preview would overtake it
+        if start.preview_id is not None:
+            self.preview_id = start.preview_id  # a resumed turn keeps editing its preview
+            return
+        if not start.send:
             self.disabled = True  # already final, or a crash left the preview's fate unknown
             return
-        if preview_id is not None:
-            self.preview_id = preview_id  # a resumed turn keeps editing its preview
-            return
-        store.set_preview(row_id, "?")
+        row_id = start.row_id
         shown = preview_text(text)
         message = OutboundMessage(address, shown, f"{self._key}:preview", reply_to_id=self._reply_to_id,
                                   format="plain", editable=True)

@@ -146,6 +146,18 @@ UNSETTLED_IN_CHAT = select(_outbox.c.id).where(_outbox.c.chat_key == bindparam("
 
 OUTBOX_BY_KEY = select(_outbox.c.id, _outbox.c.status).where(_outbox.c.idempotency_key == bindparam("b_key"))
 
+UNSETTLED_BEFORE_STREAM = select(_outbox.c.id).where(_outbox.c.chat_key == bindparam("b_chat"),
+                                                     _outbox.c.idempotency_key != bindparam("b_key"),
+                                                     _outbox.c.status.in_(UNSETTLED)).limit(1)
+"""Any unsettled row of chat ``b_chat`` other than the reply ``b_key`` (a preview sent now would
+overtake it)."""
+
+STREAM_BY_KEY = select(_outbox.c.id, _outbox.c.preview_id, _outbox.c.status).where(
+    _outbox.c.idempotency_key == bindparam("b_key"))
+
+SET_PREVIEW = update(_outbox).where(_outbox.c.id == bindparam("b_id"), _outbox.c.status == "streaming").values(
+    preview_id=bindparam("b_preview"))
+
 CANCEL_STREAMS = (
     update(_outbox)
     .where(_outbox.c.idempotency_key.in_(bindparam("b_keys", expanding=True)), _outbox.c.status == "streaming")

@@ -239,6 +239,17 @@ class NewMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamStart:
+    """What ``Store.start_stream`` found for a streamed reply's row ``row_id``: ``send``: the first
+    message may be sent now (the row holds ``"?"``); ``preview_id``: the message a resumed turn
+    keeps editing; neither: no message (the row is final, or an earlier send's fate is unknown)."""
+
+    row_id: int
+    send: bool
+    preview_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class OutboxItem:
     """A claimed outbox row ready to send."""
 
@@ -785,41 +796,42 @@ class Store:
         return OutboxItem(int(result.inserted_primary_key[0]), 1, reply)
 
     # -- streamed previews -------------------------------------------------------------------
-    def chat_clear(self, address: ChatAddress, idempotency_key: str) -> bool:
-        """Whether no other reply to the chat is unsettled (a preview sent now keeps chat order)."""
-        with read_tx(self.engine) as conn:
-            busy = conn.execute(select(_outbox.c.id).where(
-                _outbox.c.chat_key == _chat_key(address), _outbox.c.idempotency_key != idempotency_key,
-                _outbox.c.status.in_(("pending", "claimed", "sending"))).limit(1)).first()
-        return busy is None
-
     @retry_locked
-    def open_stream(self, reply: OutboundMessage, session_id: str | None, session_key: str | None,
-                    generation: int) -> tuple[int, str | None, str]:
-        """The ``streaming`` outbox row of a reply being streamed, created on first use (a resumed
-        turn finds its own): ``(row id, preview_id, status)``."""
-        now = time.time()
+    def start_stream(self, reply: OutboundMessage, session_id: str | None, session_key: str | None,
+                     generation: int) -> StreamStart | None:
+        """Before a streamed reply's first message (a preview, a plan), in one write transaction:
+        ``None`` while another reply to the chat is unsettled (the message would overtake it: try
+        again later); otherwise the reply's ``streaming`` outbox row, created on first use (a
+        resumed turn finds its own), and what to do with it (``StreamStart``). A row the message
+        is to be sent for holds ``"?"`` as its preview id once this returns: a crash during the send
+        leaves it unknown, never resent."""
+        a = reply.address
+        chat_key, key = _chat_key(a), reply.idempotency_key
         with write_tx(self.engine) as conn:
-            row = conn.execute(select(_outbox.c.id, _outbox.c.preview_id, _outbox.c.status)
-                               .where(_outbox.c.idempotency_key == reply.idempotency_key)).first()
-            if row is not None:
-                return row.id, row.preview_id, row.status
-            a = reply.address
-            result = conn.execute(insert(_outbox).values(
-                idempotency_key=reply.idempotency_key, session_id=session_id, session_key=session_key,
-                chat_key=_chat_key(a), generation=generation, address=a.to_dict(), text=reply.text,
-                reply_to_id=reply.reply_to_id, status="streaming", attempts=0, next_attempt_at=now,
-                claim_until=0.0, created_at=now))
-            return int(result.inserted_primary_key[0]), None, "streaming"  # type: ignore[index]
+            if run(conn, q.UNSETTLED_BEFORE_STREAM, {"b_chat": chat_key, "b_key": key}).first() is not None:
+                return None
+            row = run(conn, q.STREAM_BY_KEY, {"b_key": key}).first()
+            if row is None:
+                now = time.time()
+                result = run(conn, q.INSERT_OUTBOX, {
+                    "idempotency_key": key, "session_id": session_id, "session_key": session_key,
+                    "chat_key": chat_key, "generation": generation, "address": a.to_dict(), "text": reply.text,
+                    "reply_to_id": reply.reply_to_id, "status": "streaming", "attempts": 0, "next_attempt_at": now,
+                    "claim_until": 0.0, "created_at": now, "preview_id": "?"})
+                return StreamStart(int(result.inserted_primary_key[0]), True, None)
+            if row.status != "streaming" or row.preview_id == "?":
+                return StreamStart(row.id, False, None)  # final already, or a first send's fate unknown
+            if row.preview_id is not None:
+                return StreamStart(row.id, False, row.preview_id)
+            run(conn, q.SET_PREVIEW, {"b_id": row.id, "b_preview": "?"})
+            return StreamStart(row.id, True, None)
 
     @retry_locked
     def set_preview(self, outbox_id: int, preview_id: str | None) -> bool:
-        """Records the preview message id (``"?"`` right before its send, the id right after, or
-        ``None`` when the send certainly failed) while the row is still ``streaming``."""
+        """Records the preview message id (the id right after its send, ``"?"`` when the send's
+        outcome is unknown, ``None`` when it certainly failed) while the row is still ``streaming``."""
         with write_tx(self.engine) as conn:
-            result = conn.execute(update(_outbox).where(_outbox.c.id == outbox_id, _outbox.c.status == "streaming")
-                                  .values(preview_id=preview_id))
-        return result.rowcount == 1
+            return run(conn, q.SET_PREVIEW, {"b_id": outbox_id, "b_preview": preview_id}).rowcount == 1
 
     def claim_outbox(self, owner: str, limit: int, claim_s: float) -> list[OutboxItem]:
         """The rows ``claim_due`` claims."""
