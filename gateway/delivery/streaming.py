@@ -110,10 +110,10 @@ class TurnStream:
                     self._last_try = now
                     self._send_preview(text)
                 return
-            if self._inflight is not None and not self._inflight.done():
-                return
+            if now - self._last_push < self._interval or (self._inflight is not None and not self._inflight.done()):
+                return  # (most deltas: checked before the preview's text is made)
             shown = preview_text(text)
-            if now - self._last_push < self._interval or shown == self._shown:
+            if shown == self._shown:
                 return
             self._last_push, self._shown = now, shown
             self._inflight = self._submit(self._adapter.edit(self._address, self.preview_id, shown))
