@@ -43,6 +43,7 @@ from bench.harness import (
 )
 from bench.overhead import _wait_up
 from bench.profile import recording
+from gateway.delivery.streaming import PREVIEW_SUFFIX
 from tests.fakes import openai as oa
 
 TELEGRAM_WEBHOOK_CONNECTIONS = 40
@@ -75,8 +76,10 @@ class _Peak:
 
 
 async def _burst(url: str, r: Rig, tag: str, chats: int, first_chat: int, timeout: float) -> dict[str, Any]:
-    """Posts one first message to each of ``chats`` new chats at once; waits for the replies."""
-    before = len(r.telegram.calls("sendMessage"))
+    """Posts one first message to each of ``chats`` new chats at once; waits for the replies (a
+    reply counts once its final text arrived: a ``sendMessage``, or the ``editMessageText`` that
+    turns a streamed reply's preview into it; previews end with ``PREVIEW_SUFFIX``)."""
+    before = len(r.telegram.calls())
     tokens = {CHAT_BASE + first_chat + c: f"{tag}-{c:05d}" for c in range(chats)}
     started = time.monotonic()
     # Telegram delivers a bot's webhooks over at most 40 connections at once (setWebhook
@@ -85,17 +88,25 @@ async def _burst(url: str, r: Rig, tag: str, chats: int, first_chat: int, timeou
     async with aiohttp.ClientSession(connector=connector) as http:
         await asyncio.gather(*(post(http, url, update(chat, 1, token)) for chat, token in tokens.items()))
     posted = time.monotonic() - started
-    await wait_for(lambda: len(r.telegram.calls("sendMessage")) - before >= chats, timeout, 0.01)
-    calls = r.telegram.calls("sendMessage")[before:]
+    await wait_for(lambda: len(_finals(r.telegram.calls()[before:])) >= chats, timeout, 0.01)
     await asyncio.sleep(0.5)  # a duplicate would arrive now
-    calls = r.telegram.calls("sendMessage")[before:]
+    everything = r.telegram.calls()[before:]
+    calls = _finals(everything)
+    previews = sum(1 for c in everything if c.method == "sendMessage"
+                   and str(c.params.get("text", "")).endswith(PREVIEW_SUFFIX))
     got = Counter(c.params["text"].removeprefix("re: ").split("\n", 1)[0] for c in calls)
     expected = set(tokens.values())
     lost = sorted(expected - set(got))
     duplicated = sorted(t for t, n in got.items() if n > 1)
     last = max((c.time for c in calls), default=started)
     return {"chats": chats, "answered": len(expected & set(got)), "lost": lost, "duplicated": duplicated,
-            "seconds": round(last - started, 3), "posting_s": round(posted, 3)}
+            "seconds": round(last - started, 3), "posting_s": round(posted, 3), "previews": previews}
+
+
+def _finals(calls: list[Any]) -> list[Any]:
+    """The calls that delivered a reply's final text (not a streamed preview)."""
+    return [c for c in calls if c.method in ("sendMessage", "editMessageText")
+            and not str(c.params.get("text", "")).endswith(PREVIEW_SUFFIX)]
 
 
 def run_burst(workdir: Path, *, chats: int = 200, latency_s: float = 2.0, timeout: float = 120.0,

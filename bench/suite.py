@@ -7,10 +7,12 @@ loopback fakes and prints JSON figures. Run on demand, not in the test run:
 
 Figures: ``burst``: 200 and 500 first messages of new chats at once with a 2 s model, seconds
 to the last reply beside the relay floor's, CPU ms per turn, peak RSS, lost and duplicated replies
-(``bench.burst``); ``overhead_sequential``: update -> model request and reply -> ``sendMessage``
-medians and CPU ms per turn, one new chat at a time (10 msg/s; in the short form with the turn's
-timeline, ``bench.timeline``, so that tool keeps working too); (a) ``overhead`` per turn p50/p99
-at 50 msg/s beside a bare-relay floor; (b)
+(``bench.burst``); ``burst_streamed``: 200 with replies streamed as a model writes them (60 more
+words 20 ms apart: a preview each, edited into the reply; the short form's burst streams too);
+``overhead_sequential``: update -> model request and reply -> ``sendMessage`` medians and CPU ms
+per turn, one new chat at a time (10 msg/s; in the short form with the turn's timeline,
+``bench.timeline``, so that tool keeps working too); (a) ``overhead`` per turn p50/p99 at 50 msg/s
+beside a bare-relay floor; (b)
 ``throughput`` at 100 and 500 concurrent conversations with a 2 s model vs the ceiling; (c)
 ``rss`` with 10k stored and 500 active sessions; (d, e) ``long_conversation``: prefix stability
 and input tokens at turn 10/100/500; (f) ``load_time`` of 100 vs 100,000 transcript messages;
@@ -41,6 +43,7 @@ from bench.throughput import run_throughput
 FULL: dict[str, Callable[[Path], Any]] = {
     "burst": lambda d: [run_burst(d / "c200", chats=200, latency_s=2.0),
                         run_burst(d / "c500", chats=500, latency_s=2.0)],
+    "burst_streamed": lambda d: run_burst(d, chats=200, latency_s=2.0, tokens=60, token_gap_s=0.02),
     "overhead_sequential": lambda d: run_overhead(d, messages=300, rate=10.0, chats=300),
     "overhead": lambda d: run_overhead(d, messages=1000, rate=50.0, chats=50),
     "image_overhead": lambda d: run_image_overhead(d, messages=100, rate=2.0),
@@ -53,7 +56,8 @@ FULL: dict[str, Callable[[Path], Any]] = {
 }
 
 SHORT: dict[str, Callable[[Path], Any]] = {
-    "burst": lambda d: [run_burst(d, chats=5, latency_s=0.2, timeout=20)],
+    # streamed for 1.2 s: past agent.stream_first_after_s, so each reply is a preview edited into it
+    "burst": lambda d: [run_burst(d, chats=5, latency_s=0.2, timeout=20, tokens=4, token_gap_s=0.3)],
     "overhead_sequential": lambda d: run_overhead(d, messages=5, rate=10.0, chats=5, warmup=2, timeline=True),
     "overhead": lambda d: run_overhead(d, messages=10, rate=50.0, chats=5, warmup=2),
     "throughput": lambda d: [run_throughput(d, conversations=5, rounds=1, latency_s=0.2, timeout=20)],

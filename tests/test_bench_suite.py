@@ -13,6 +13,7 @@ def test_bench_suite_short_mode(tmp_path):
     (burst,) = figures["burst"]
     assert burst["gateway"]["answered"] == 5 and burst["floor"]["answered"] == 5
     assert burst["gateway"]["lost"] == [] and burst["gateway"]["duplicated"] == []
+    assert burst["gateway"]["previews"] == 5 and burst["floor"]["previews"] == 0  # each reply streamed into one
     assert burst["ratio_to_floor"] > 0 and burst["gateway_cpu_ms_per_turn"] > 0 and burst["rss_peak_mb"] > 0
     sequential = figures["overhead_sequential"]["gateway"]
     assert sequential["completed"] == 5 and sequential["cpu_ms_per_turn"] > 0
