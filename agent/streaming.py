@@ -41,6 +41,8 @@ class StreamAccumulator:
 
     content: list[str] = field(default_factory=list)
     finish_reason: str | None = None
+    _text: str = ""
+    _joined: int = 0  # pieces of ``content`` already in ``_text``
     usage: dict[str, Any] | None = None
     _calls: list[_PartialCall] = field(default_factory=list)
     _by_id: dict[str, _PartialCall] = field(default_factory=dict)
@@ -89,7 +91,12 @@ class StreamAccumulator:
 
     @property
     def text(self) -> str:
-        return "".join(self.content)
+        """The content so far (pieces joined since the last call are appended to the text kept:
+        asked for during a stream, it does not join every piece again)."""
+        if self._joined < len(self.content):
+            self._text += "".join(self.content[self._joined:])
+            self._joined = len(self.content)
+        return self._text
 
     def tool_calls(self) -> list[dict[str, Any]]:
         """The calls in the OpenAI wire shape of a non-streamed message, ordered by stream index,

@@ -17,7 +17,7 @@ import httpx2
 import pytest
 
 from agent import model_http
-from agent.model import ModelError, OpenAIChatModel
+from agent.model import ON_TEXT_EVERY_S, ModelError, OpenAIChatModel
 from tests.fakes import openai as oa
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -88,6 +88,21 @@ def test_a_refused_connection_is_a_connection_error():
     with pytest.raises(ModelError) as raised:
         _model("http://127.0.0.1:9", retries=0).complete(MESSAGES, [])
     assert raised.value.reason == "connection"
+
+
+def test_a_long_stream_feeds_on_text_its_growing_text_a_few_times_and_ends_whole(fake):
+    """A reply streamed in 400 deltas: ``on_text`` sees the text so far (each call a longer prefix of
+    the reply), on the first delta, then at most every ``ON_TEXT_EVERY_S``, and the whole text last
+    (a preview never misses the end), not once per delta (each call builds the whole text)."""
+    words = " ".join(f"word{i}" for i in range(400))
+    fake.script(oa.text(words, pieces=400, piece_delay_s=0.001))
+    seen: list[str] = []
+    started = time.monotonic()
+    reply = _model(fake.url, retries=0).complete(MESSAGES, [], on_text=seen.append)
+    took = time.monotonic() - started
+    assert reply.content == words and seen[-1] == words
+    assert all(words.startswith(text) for text in seen) and seen == sorted(seen, key=len)
+    assert 2 <= len(seen) <= took / ON_TEXT_EVERY_S + 3 and len(seen) < 100
 
 
 def test_a_stream_cut_mid_answer_is_not_resent(fake):
