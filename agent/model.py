@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -52,14 +51,7 @@ def shared_tls_context() -> Any:
 
 
 OnText = Callable[[str], None]
-"""Called during a streamed model call with the step's text so far (not just the delta): on its
-first text delta, then at most every ``ON_TEXT_EVERY_S``, and once more with the whole text at the
-end of the stream when deltas came since the last call."""
-
-ON_TEXT_EVERY_S = 0.05
-"""How often a streamed call tells ``on_text`` at most. Every delta had built the whole text so
-far, so a reply of n deltas cost O(n²) (3,000 deltas: 37 ms of CPU); what it feeds, the chat
-previews, is edited at most every 0.25 s (``agent.stream_edit_interval_s``)."""
+"""Called during a streamed model call with the step's text so far (not just the delta)."""
 
 
 @dataclass(frozen=True)
@@ -99,8 +91,7 @@ class OpenAIChatModel:
     """Chat completions with tools against ``base_url`` (OpenAI or any compatible server).
 
     With ``stream=True`` (the default) every call streams (``stream_options.include_usage``):
-    the text so far goes to ``on_text`` as it arrives (at most every ``ON_TEXT_EVERY_S``, see
-    ``OnText``) and tool-call deltas are merged by ``id``, then
+    text deltas go to ``on_text`` as they arrive and tool-call deltas are merged by ``id``, then
     ``index`` (``agent.streaming``). ``stream=False`` is for servers without streaming support;
     ``stream_options=False`` for servers that refuse ``stream_options`` (usage then comes only if
     the server sends it unasked).
@@ -199,18 +190,9 @@ class OpenAIChatModel:
         acc = StreamAccumulator()
         body = {**kwargs, "stream": True, "stream_options": {"include_usage": True}} if self.stream_options \
             else {**kwargs, "stream": True}
-        told_at: float | None = None  # monotonic time of the last on_text call
-        untold = False  # text arrived since then
         for chunk in self._shard[1].events(request_json(body)):
             if isinstance(chunk, dict) and acc.add(chunk) is not None and on_text is not None:
-                now = time.monotonic()
-                if told_at is None or now - told_at >= ON_TEXT_EVERY_S:
-                    on_text(acc.text)
-                    told_at, untold = now, False
-                else:
-                    untold = True
-        if untold and on_text is not None:
-            on_text(acc.text)
+                on_text(acc.text)  # the text so far: appended to, not joined again (StreamAccumulator.text)
         return ModelReply(acc.text or None, acc.tool_calls(), acc.finish_reason or "stop", _usage(acc.usage))
 
     @staticmethod
