@@ -308,7 +308,10 @@ async def test_a_group_remembers_for_all_its_threads_but_not_for_its_members_dms
     await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
     chat, alice, bob = -1003000000777, 5561701, 5561702
     fake_telegram.inject(group_message("remember the deploy window is Friday 16:00", 9971, alice, chat, topic=11))
-    await wait_until(lambda: len(turn_requests(fake_openai)) == 1, what="group turn")
+    # the entry is stored before that reply goes out; the other thread is another lane, which would
+    # otherwise run alongside the first turn and may recall before the entry exists
+    await wait_until(lambda: len(sends_to(fake_telegram, chat)) == 1, what="the group's reply")
+    assert len(turn_requests(fake_openai)) == 1
     fake_telegram.inject(group_message("when is the deploy window?", 9972, bob, chat, topic=22))
     await wait_until(lambda: len(turn_requests(fake_openai)) == 2, what="other thread")
     assert "deploy window is Friday 16:00" in " ".join(memory_lines(newest_user(turn_requests(fake_openai)[-1])))
