@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletion
 
 from agent.model_errors import ModelError, from_api_error
 from agent.model_http import StreamingEndpoint
-from agent.streaming import StreamAccumulator, new_call_id
+from agent.streaming import StreamAccumulator, ends_reply, new_call_id
 
 __all__ = ["ChatModel", "ModelError", "ModelReply", "OnText", "OpenAIChatModel", "Usage"]
 
@@ -91,7 +91,8 @@ class OpenAIChatModel:
     """Chat completions with tools against ``base_url`` (OpenAI or any compatible server).
 
     With ``stream=True`` (the default) every call streams (``stream_options.include_usage``):
-    text deltas go to ``on_text`` as they arrive and tool-call deltas are merged by ``id``, then
+    the text so far goes to ``on_text`` after each text delta (when the next chunk arrives and
+    does not end the reply: the complete reply is never told to it) and tool-call deltas are merged by ``id``, then
     ``index`` (``agent.streaming``). ``stream=False`` is for servers without streaming support;
     ``stream_options=False`` for servers that refuse ``stream_options`` (usage then comes only if
     the server sends it unasked).
@@ -190,9 +191,16 @@ class OpenAIChatModel:
         acc = StreamAccumulator()
         body = {**kwargs, "stream": True, "stream_options": {"include_usage": True}} if self.stream_options \
             else {**kwargs, "stream": True}
+        # A text delta is told to ``on_text`` when the next chunk arrives, and only if that chunk
+        # does not end the reply: the whole reply is never shown as a preview of itself (a thread
+        # that read its stream late would start a preview of a finished reply, then edit it).
+        held = False
         for chunk in self._shard[1].events(request_json(body)):
-            if isinstance(chunk, dict) and acc.add(chunk) is not None and on_text is not None:
-                on_text(acc.text)  # the text so far: appended to, not joined again (StreamAccumulator.text)
+            if not isinstance(chunk, dict):
+                continue
+            if held and not ends_reply(chunk):
+                on_text(acc.text)  # type: ignore[misc]  # the text so far, appended to (StreamAccumulator.text)
+            held = acc.add(chunk) is not None and on_text is not None
         return ModelReply(acc.text or None, acc.tool_calls(), acc.finish_reason or "stop", _usage(acc.usage))
 
     @staticmethod

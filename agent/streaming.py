@@ -22,6 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def ends_reply(chunk: dict[str, Any]) -> bool:
+    """Whether ``chunk`` (one SSE ``data:`` JSON) ends the reply: it carries choice 0's
+    ``finish_reason``, or it is the usage chunk sent after it (empty ``choices``). OpenAI Chat
+    Completions streaming: the finish chunk follows the last delta at once."""
+    choices = chunk.get("choices")
+    if not choices:
+        return bool(chunk.get("usage"))
+    return any(isinstance(c, dict) and c.get("index", 0) == 0 and c.get("finish_reason") for c in choices)
+
+
 @dataclass
 class _PartialCall:
     order: tuple[int, int]  # (stream index of its first delta, arrival): the order calls are returned in
@@ -41,12 +51,12 @@ class StreamAccumulator:
 
     content: list[str] = field(default_factory=list)
     finish_reason: str | None = None
-    _text: str = ""
-    _joined: int = 0  # pieces of ``content`` already in ``_text``
     usage: dict[str, Any] | None = None
     _calls: list[_PartialCall] = field(default_factory=list)
     _by_id: dict[str, _PartialCall] = field(default_factory=dict)
     _by_index: dict[int, _PartialCall] = field(default_factory=dict)
+    _text: str = ""
+    _joined: int = 0  # pieces of ``content`` already in ``_text``
 
     def add(self, chunk: dict[str, Any]) -> str | None:
         """Merges one chunk; returns its text delta (``None`` when it had none)."""

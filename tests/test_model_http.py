@@ -92,23 +92,25 @@ def test_a_refused_connection_is_a_connection_error():
 
 def test_a_long_stream_feeds_on_text_each_growing_text_and_ends_whole(fake):
     """A reply streamed in 400 deltas: ``on_text`` sees the text so far after each delta, each a
-    longer prefix of the reply, the whole reply last (the accumulated text is appended to between
-    calls, never rebuilt from the pieces, and must still be exactly the pieces joined)."""
+    longer prefix of the reply (the accumulated text is appended to between calls, never rebuilt
+    from the pieces, and must still be exactly the pieces joined), but never the whole reply: the
+    last delta is followed by the chunk that ends the reply, so the reply is delivered whole."""
     words = " ".join(f"word{i}" for i in range(400))
     fake.script(oa.text(words, pieces=400))
     seen: list[str] = []
     reply = _model(fake.url, retries=0).complete(MESSAGES, [], on_text=seen.append)
     pieces = oa._pieces(words, 400)
     assert reply.content == words
-    assert seen == ["".join(pieces[:n]) for n in range(1, len(pieces) + 1)]
+    assert seen == ["".join(pieces[:n]) for n in range(1, len(pieces))]
 
 
 def test_a_stream_cut_mid_answer_is_not_resent(fake):
-    fake.script(oa.cut("one two three four five six", after_chunks=2), "never asked")
+    fake.script(oa.cut("one two three four five six", after_chunks=3), "never asked")
     seen: list[str] = []
     with pytest.raises(ModelError) as raised:
         _model(fake.url, retries=2).complete(MESSAGES, [], on_text=seen.append)
-    assert raised.value.reason == "connection" and seen  # text had arrived; the router calls it "stream"
+    # The first piece was shown (the second came and did not end the reply): "stream" to the router.
+    assert raised.value.reason == "connection" and seen == [oa._pieces("one two three four five six")[0]]
     assert len(fake.requests) == 1
 
 

@@ -184,6 +184,24 @@ async def test_telegram_short_fast_reply_is_not_previewed(tmp_path, fake_telegra
     assert not [c for c in fake_telegram.calls("editMessageText") if int(c.params["chat_id"]) == chat]
 
 
+async def test_a_reply_whose_last_words_come_late_is_sent_whole_not_previewed(tmp_path, fake_telegram, fake_openai,
+                                                                                running):
+    """The model writes its first half, pauses past ``stream_first_after_s``, then the rest and the
+    end of the reply: the text so far is complete when the preview would start, so the reply goes
+    out once as itself (no preview of the finished reply edited into the same text)."""
+    fake_openai.reset()
+    fake_openai.script(oa.text("The first half of the answer, and then the second half.", pieces=2,
+                               piece_delay_s=0.35))
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram, agent=STREAM_FAST), running)
+    chat = 5552008
+    fake_telegram.inject(dm_update("take your time", 9708, user_id=chat))
+    await wait_until(lambda: len(fake_telegram.sent_messages(chat)) == 1, what="reply")
+    await asyncio.sleep(0.3)
+    assert [c.params["text"] for c in sends_to(fake_telegram, chat)] == [
+        "The first half of the answer, and then the second half."]
+    assert not [c for c in fake_telegram.calls("editMessageText") if int(c.params["chat_id"]) == chat]
+
+
 async def test_streaming_can_be_switched_off_per_platform(tmp_path, fake_telegram, fake_openai, running):
     fake_openai.reset()
     fake_openai.script(oa.text(FINAL, pieces=6, piece_delay_s=0.1))
