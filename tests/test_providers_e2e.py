@@ -212,10 +212,11 @@ async def test_a_401_marks_the_provider_down_the_fallback_serves_and_doctor_and_
     assert "[ok] route default: primary:gpt-4o → backup:qwen2.5:7b" in out
 
 
-async def test_a_stream_cut_after_3_chunks_ends_as_one_answer_the_fallback_s_in_the_preview_s_place(
+async def test_a_stream_cut_after_4_chunks_ends_as_one_answer_the_fallback_s_in_the_preview_s_place(
         tmp_path, primary, backup, fake_telegram, running):
     partial = "Draft from the primary that never ends " * 4
-    primary.script(oa.cut(oa.text(partial, pieces=8, piece_delay_s=0.3), after_chunks=3))
+    # role, then 3 pieces 0.3 s apart: the first two are shown (a piece is told once the next came)
+    primary.script(oa.cut(oa.text(partial, pieces=8, piece_delay_s=0.3), after_chunks=4))
     final = "The backup's whole answer. " + " ".join(f"Point {i} holds." for i in range(12))
     backup.script(oa.text(final, pieces=6, piece_delay_s=0.1))
     agent = {"stream_first_after_s": 0.2, "stream_edit_interval_s": {"telegram": 0.3}}

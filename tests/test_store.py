@@ -101,6 +101,44 @@ def test_reads_for_the_next_turn_run_in_the_transaction_that_hands_over_its_rows
     assert len(seen) == 2
 
 
+def test_a_turns_finish_titles_the_session_once_and_records_each_chat_it_was_used_from_once(store):
+    """``finish_turn`` with the turn's messages: the session's title is its first user message (on
+    one line, at most 80 characters) and stays; its last use moves; each chat it answered in is
+    listed once, with the address and time of its latest use."""
+    from sqlalchemy import select
+
+    from gateway.store.models import SessionAddressRow, SessionRow, table
+    from gateway.store.sql import NewMessage
+
+    sessions, addresses = table(SessionRow), table(SessionAddressRow)
+    here, there = ChatAddress("telegram", "1", "5"), ChatAddress("slack", "T1", "D9", thread_id="171.2")
+    session_id = store.new_session("k", "prompt", None)
+
+    def turn(n: int, text: str, address: ChatAddress) -> float:
+        store.insert_inbound(message(f"5:{n}", text=text), "k")
+        [pending] = store.next_pending("k")
+        before = time.time()
+        store.finish_turn([pending.inbox_id], "done", [OutboundMessage(address, "ok", f"r{n}")],
+                          session_id=session_id, session_key="k", claim=("me", 60),
+                          messages=[NewMessage(f"in{n}", "user", text, {}),
+                                    NewMessage(f"in{n}", "assistant", "ok", {})])
+        return before
+
+    turn(1, "  plan the\n trip " + "to Oslo " * 20, here)
+    second = turn(2, "and the hotel", here)
+    third = turn(3, "from Slack now", there)
+    with store.engine.connect() as conn:
+        title, updated_at = conn.execute(select(sessions.c.title, sessions.c.updated_at)
+                                         .where(sessions.c.id == session_id)).one()
+        used = conn.execute(select(addresses.c.chat_key, addresses.c.address, addresses.c.last_used_at)
+                            .where(addresses.c.session_id == session_id).order_by(addresses.c.chat_key)).all()
+    assert title == ("plan the trip " + "to Oslo " * 20)[:80]
+    assert updated_at >= third
+    assert [(r.chat_key, r.address) for r in used] == [("slack:T1:D9", there.to_dict()),
+                                                       ("telegram:1:5", here.to_dict())]
+    assert used[1].last_used_at >= second and used[0].last_used_at >= third
+
+
 def test_a_failed_finish_leaves_the_lane_step_undone(store):
     store.insert_inbound(message("5:1"), "k")
     batch, _ = store.claim_next("k", "a", 60)

@@ -261,9 +261,10 @@ def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any
         args.append(processor(value) if processor is not None else value)
     bound: list[Any] | dict[str, Any] = args if plan.placeholders is None else dict(zip(plan.placeholders, args,
                                                                                        strict=True))
-    driver = conn.driver if isinstance(conn, Tx) else conn.connection.driver_connection
+    kept = isinstance(conn, Tx)  # the transaction's own cursor, kept for its next statement
+    on = conn.cursor if kept else conn.connection.driver_connection  # type: ignore[union-attr]
     try:
-        cursor = driver.execute(plan.sql, bound)  # type: ignore[union-attr]
+        cursor = on.execute(plan.sql, bound)
     except Exception as exc:
         raise _translated(conn, exc, plan.sql, bound) from exc
     rows: list[FastRow] = []
@@ -271,7 +272,8 @@ def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any
         key = cursor.fetchone()
         result = FastResult(rows, cursor.rowcount, values[plan.key_param] if plan.key_param is not None
                             else key[0] if key else None)
-        cursor.close()
+        if not kept:
+            cursor.close()
         return result
     if plan.row is not None:
         raw = cursor.fetchall()
@@ -284,7 +286,8 @@ def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any
         rows = [tuple.__new__(cls, r) for r in raw]
     new_key = values[plan.key_param] if plan.key_param is not None else getattr(cursor, "lastrowid", None)
     result = FastResult(rows, cursor.rowcount, new_key)
-    cursor.close()
+    if not kept:
+        cursor.close()
     return result
 
 

@@ -12,7 +12,8 @@ that are named after columns (``{"b_id": 7, "status": "sent"}`` sets ``status``)
 
 from __future__ import annotations
 
-from sqlalchemy import and_, bindparam, exists, insert, or_, select, update
+from sqlalchemy import and_, bindparam, exists, func, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from gateway.store.models import (
     InboxRow,
@@ -47,6 +48,13 @@ INSERT_LANE = insert(_lanes)
 """Values: ``key``, ``lease_owner``, ``lease_until``, ``generation``."""
 
 LANE_EXISTS = select(_lanes.c.key).where(_lanes.c.key == bindparam("b_key"))
+
+INSERT_LANE_IF_NEW = {
+    "sqlite": sqlite.insert(_lanes).on_conflict_do_nothing(index_elements=[_lanes.c.key]),
+    "postgresql": postgresql.insert(_lanes).on_conflict_do_nothing(index_elements=[_lanes.c.key]),
+}
+"""By dialect: ``INSERT_LANE`` unless the lane exists (``rowcount`` 0: it does, leased by another
+instance when the claim before it failed), in one statement instead of a read and an insert."""
 
 LANE_GENERATION = select(_lanes.c.generation).where(_lanes.c.key == bindparam("b_key"))
 
@@ -131,6 +139,11 @@ SET_TITLE = (
 TOUCH_SESSION = update(_sessions).where(_sessions.c.id == bindparam("b_session")).values(
     updated_at=bindparam("b_now"))
 
+TOUCH_SESSION_TITLED = update(_sessions).where(_sessions.c.id == bindparam("b_session")).values(
+    updated_at=bindparam("b_now"), title=func.coalesce(_sessions.c.title, bindparam("b_title")))
+"""``TOUCH_SESSION`` and ``SET_TITLE`` in one statement (a turn whose user message is appended with
+its reply)."""
+
 TOUCH_ADDRESS = (
     update(_addresses)
     .where(_addresses.c.session_id == bindparam("b_session"), _addresses.c.chat_key == bindparam("b_chat"))
@@ -145,6 +158,18 @@ UNSETTLED_IN_CHAT = select(_outbox.c.id).where(_outbox.c.chat_key == bindparam("
 """Any unsettled row of chat ``b_chat`` (a reply queued now must wait behind it: chat order)."""
 
 OUTBOX_BY_KEY = select(_outbox.c.id, _outbox.c.status).where(_outbox.c.idempotency_key == bindparam("b_key"))
+
+_by_key = _outbox.c.idempotency_key == bindparam("b_key")
+QUEUE_CHECK = select(
+    select(_outbox.c.id).where(_by_key).scalar_subquery().label("id"),
+    select(_outbox.c.status).where(_by_key).scalar_subquery().label("status"),
+    exists().where(_outbox.c.chat_key == bindparam("b_chat"), _outbox.c.status.in_(UNSETTLED)).label("unsettled"),
+    select(_lanes.c.generation).where(_lanes.c.key == bindparam("b_lane")).scalar_subquery().label("generation"),
+)
+"""What queueing a reply ``b_key`` already claimed needs to know, in one read instead of three
+(``OUTBOX_BY_KEY``, ``UNSETTLED_IN_CHAT``, ``LANE_GENERATION``): the key's row (``id``, ``status``;
+``None`` when not queued yet), whether chat ``b_chat`` has an unsettled row, and lane ``b_lane``'s
+generation (``None``: no lane)."""
 
 UNSETTLED_BEFORE_STREAM = select(_outbox.c.id).where(_outbox.c.chat_key == bindparam("b_chat"),
                                                      _outbox.c.idempotency_key != bindparam("b_key"),
@@ -217,3 +242,17 @@ SET_LANE_SESSION = update(_lanes).where(_lanes.c.key == bindparam("b_key"))
 
 INSERT_ADDRESS = insert(_addresses)
 """Values: ``session_id``, ``chat_key``, ``address``, ``last_used_at``."""
+
+
+def _upsert_address(dialect: object) -> object:
+    statement = dialect.insert(_addresses)  # type: ignore[attr-defined]
+    return statement.on_conflict_do_update(
+        index_elements=[_addresses.c.session_id, _addresses.c.chat_key],
+        set_={"address": statement.excluded.address, "last_used_at": statement.excluded.last_used_at})
+
+
+UPSERT_ADDRESS = {"sqlite": _upsert_address(sqlite)}
+"""By dialect: ``TOUCH_ADDRESS``, or ``INSERT_ADDRESS`` for a chat the session was not used from
+yet, in one statement (values as ``INSERT_ADDRESS``). SQLite only: on PostgreSQL every
+``ON CONFLICT DO UPDATE`` would take a number from the table's id sequence (an ``integer``), one
+per turn; there the update comes first and the insert only for a new chat."""

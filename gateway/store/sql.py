@@ -435,13 +435,20 @@ class Store:
                 claimed = run(conn, q.CLAIM_LANE, {"b_key": key, "b_owner": owner, "b_now": now,
                                                       "b_until": now + lease_s}).rowcount == 1
                 if not claimed:
-                    if run(conn, q.LANE_EXISTS, {"b_key": key}).first() is not None:
-                        return None  # leased by another instance: it drains what waits
                     # The lane's first use (a new chat): its row is created leased to us, in this
-                    # transaction. Another instance creating it at the same moment (PostgreSQL)
-                    # makes the insert fail: then the lane exists, and the claim is tried again.
-                    run(conn, q.INSERT_LANE, {"key": key, "lease_owner": owner, "lease_until": now + lease_s,
-                                                 "generation": 0})
+                    # transaction; a lane that exists is leased by another instance, which drains
+                    # what waits. (Elsewhere than SQLite and PostgreSQL: a read, then the insert,
+                    # which fails when another instance created the lane meanwhile: then the
+                    # claim is tried again.)
+                    lane = {"key": key, "lease_owner": owner, "lease_until": now + lease_s, "generation": 0}
+                    if_new = q.INSERT_LANE_IF_NEW.get(conn.dialect.name)
+                    if if_new is not None:
+                        if run(conn, if_new, lane).rowcount == 0:
+                            return None
+                    elif run(conn, q.LANE_EXISTS, {"b_key": key}).first() is not None:
+                        return None
+                    else:
+                        run(conn, q.INSERT_LANE, lane)
                 batch, generation = self._batch(conn, key, limit)
                 if batch:
                     if prefetch is not None:
@@ -466,6 +473,8 @@ class Store:
         if batch:
             return batch, generation, False
         run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
+        if conn.dialect.name == "sqlite":
+            return [], 0, False  # a write transaction there is the only writer: nothing was stored since the read
         waiting = run(conn, q.ANY_PENDING, {"b_key": key}).first() is not None
         return [], 0, waiting
 
@@ -602,7 +611,9 @@ class Store:
             return self._append(conn, session_id, messages)
 
     @staticmethod
-    def _append(conn: Any, session_id: str, messages: Sequence[NewMessage]) -> list[int]:
+    def _append(conn: Any, session_id: str, messages: Sequence[NewMessage], title: bool = True) -> list[int]:
+        """Inserts ``messages`` (and their usage rows); with ``title`` also sets the session's title
+        when it has none (``_title``). Returns the messages' ids."""
         ids = []
         now = time.time()
         for m in messages:
@@ -613,10 +624,17 @@ class Store:
             for number, used in enumerate(m.usage):  # counted once: with the message, keyed by its id
                 run(conn, q.INSERT_USAGE, {"call_key": f"message:{ids[-1]}" + (f":{number}" if number else ""),
                                            "turn_id": m.turn_id, "created_at": now, **used.columns()})
-        first_user = next((m.content for m in messages if m.role == "user" and m.content), None)
-        if first_user:  # the session's title: its first user message, whichever write carries it
-            run(conn, q.SET_TITLE, {"b_session": session_id, "b_title": " ".join(first_user.split())[:80]})
+        made = Store._title(messages) if title else None
+        if made is not None:
+            run(conn, q.SET_TITLE, {"b_session": session_id, "b_title": made})
         return ids
+
+    @staticmethod
+    def _title(messages: Sequence[NewMessage]) -> str | None:
+        """The session's title if these messages carry its first user message (set only while the
+        session has none): that message's text on one line, at most 80 characters."""
+        first_user = next((m.content for m in messages if m.role == "user" and m.content), None)
+        return " ".join(first_user.split())[:80] if first_user else None
 
     def load_window(self, session_id: str, limit: int) -> list[StoredMessage]:
         """The newest ``limit`` transcript messages, oldest first: O(window), not O(history)."""
@@ -722,9 +740,9 @@ class Store:
         with write_tx(self.engine) as conn:
             if messages:
                 assert session_id is not None
-                self._append(conn, session_id, messages)
+                self._append(conn, session_id, messages, title=False)  # set with the session's touch
             if session_id is not None:
-                self._touch_session(conn, session_id, replies, now)
+                self._touch_session(conn, session_id, replies, now, self._title(messages))
             claimed: list[OutboxItem] = []
             for reply in replies:
                 owner = claim if claim is not None and len(replies) == 1 else None
@@ -749,12 +767,22 @@ class Store:
         return claimed
 
     @staticmethod
-    def _touch_session(conn: Any, session_id: str, replies: Sequence[OutboundMessage], now: float) -> None:
-        """Last use and the chats the session was used from (the title is set by ``_append``)."""
-        run(conn, q.TOUCH_SESSION, {"b_session": session_id, "b_now": now})
+    def _touch_session(conn: Any, session_id: str, replies: Sequence[OutboundMessage], now: float,
+                       title: str | None = None) -> None:
+        """Last use, the title when the session has none yet (``title``: ``_title``), and the chats
+        the session was used from."""
+        if title is None:
+            run(conn, q.TOUCH_SESSION, {"b_session": session_id, "b_now": now})
+        else:
+            run(conn, q.TOUCH_SESSION_TITLED, {"b_session": session_id, "b_now": now, "b_title": title})
         for reply in replies[:1]:
             a = reply.address
             chat_key = f"{a.platform}:{a.tenant}:{a.chat_id}"
+            upsert = q.UPSERT_ADDRESS.get(conn.dialect.name)
+            if upsert is not None:
+                run(conn, upsert, {"session_id": session_id, "chat_key": chat_key, "address": a.to_dict(),
+                                   "last_used_at": now})
+                continue
             touched = run(conn, q.TOUCH_ADDRESS, {"b_session": session_id, "b_chat": chat_key, "b_now": now,
                                                      "b_address": a.to_dict()}).rowcount
             if not touched:
@@ -768,20 +796,28 @@ class Store:
         of the same key (the turn's preview) becomes ``pending`` with the final text instead.
         With ``claim`` (see ``finish_turn``) a new row goes in claimed when its chat has no
         unsettled row and its lane's generation is still ``generation``, and is returned."""
-        row = run(conn, q.OUTBOX_BY_KEY, {"b_key": reply.idempotency_key}).first()
-        if row is not None:
-            if row.status == "streaming":
-                conn.execute(update(_outbox).where(_outbox.c.id == row.id).values(
+        a = reply.address
+        chat_key = _chat_key(a)
+        if claim is not None and session_key is not None:  # the three reads below in one
+            row = run(conn, q.QUEUE_CHECK, {"b_key": reply.idempotency_key, "b_chat": chat_key,
+                                            "b_lane": session_key}).first()
+            found = (row.id, row.status) if row.id is not None else None
+            if row.unsettled or (row.generation or 0) > generation:
+                claim = None  # (the same reasons as below)
+        else:
+            row = run(conn, q.OUTBOX_BY_KEY, {"b_key": reply.idempotency_key}).first()
+            found = (row.id, row.status) if row is not None else None
+            if claim is not None and run(conn, q.UNSETTLED_IN_CHAT, {"b_chat": chat_key}).first() is not None:
+                claim = None  # an earlier reply of the chat goes first: claim_due hands this one out after it
+            if claim is not None and session_key is not None and \
+                    (run(conn, q.LANE_GENERATION, {"b_key": session_key}).scalar() or 0) > generation:
+                claim = None  # the turn was stopped (/stop, an interrupt): claim_due cancels the row
+        if found is not None:
+            if found[1] == "streaming":
+                conn.execute(update(_outbox).where(_outbox.c.id == found[0]).values(
                     text=reply.text, reply_to_id=reply.reply_to_id, status="pending", generation=generation,
                     next_attempt_at=now, attachments=_attachments(reply)))
             return None
-        a = reply.address
-        chat_key = _chat_key(a)
-        if claim is not None and run(conn, q.UNSETTLED_IN_CHAT, {"b_chat": chat_key}).first() is not None:
-            claim = None  # an earlier reply of the chat goes first: claim_due hands this one out after it
-        if claim is not None and session_key is not None and \
-                (run(conn, q.LANE_GENERATION, {"b_key": session_key}).scalar() or 0) > generation:
-            claim = None  # the turn was stopped (/stop, an interrupt): claim_due cancels the row
         owner, claim_s = claim if claim is not None else (None, 0.0)
         result = run(conn, q.INSERT_OUTBOX, {
             "idempotency_key": reply.idempotency_key, "session_id": session_id, "session_key": session_key,

@@ -33,7 +33,7 @@ class Tx:
     a SQLAlchemy ``Connection`` (``execute``, ``exec_driver_sql``, ``scalar``...) through the one
     built for this transaction on first use. Made by ``gateway.store.db.write_tx``/``read_tx``."""
 
-    __slots__ = ("_sa", "connection", "dialect", "dispatch", "driver", "engine", "now")
+    __slots__ = ("_cursor", "_sa", "connection", "dialect", "dispatch", "driver", "engine", "now")
 
     def __init__(self, engine: Engine, fairy: Any, now: bool = False, driver: Any = None) -> None:
         self.engine = engine
@@ -43,6 +43,17 @@ class Tx:
         self.driver = driver if driver is not None else fairy.driver_connection
         self.now = now
         self._sa: Connection | None = None
+        self._cursor: Any = None
+
+    @property
+    def cursor(self) -> Any:
+        """The DBAPI cursor the planned statements of this transaction run on, made on first use and
+        kept until the transaction ends (``gateway.store.fast.execute`` reads each result whole
+        before the next statement): psycopg builds a cursor in some 20 µs, and a turn runs about
+        thirty statements."""
+        if self._cursor is None:
+            self._cursor = self.driver.cursor()
+        return self._cursor
 
     @property
     def sa(self) -> Connection:
@@ -99,6 +110,12 @@ class Tx:
 
     def release(self) -> None:
         """Gives the connection back to the pool (dropped instead when it was invalidated)."""
+        if self._cursor is not None:
+            try:
+                self._cursor.close()
+            except Exception:  # a connection already lost: nothing to free
+                pass
+            self._cursor = None
         if self._sa is not None:
             self._sa.close()
         else:
