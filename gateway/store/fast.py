@@ -262,7 +262,7 @@ def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any
     bound: list[Any] | dict[str, Any] = args if plan.placeholders is None else dict(zip(plan.placeholders, args,
                                                                                        strict=True))
     kept = isinstance(conn, Tx)  # the transaction's own cursor, kept for its next statement
-    on = conn.cursor if kept else conn.connection.driver_connection  # type: ignore[union-attr]
+    on: Any = conn.cursor if isinstance(conn, Tx) else conn.connection.driver_connection
     try:
         cursor = on.execute(plan.sql, bound)
     except Exception as exc:

@@ -12,6 +12,8 @@ that are named after columns (``{"b_id": 7, "status": "sent"}`` sets ``status``)
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import and_, bindparam, exists, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -244,8 +246,8 @@ INSERT_ADDRESS = insert(_addresses)
 """Values: ``session_id``, ``chat_key``, ``address``, ``last_used_at``."""
 
 
-def _upsert_address(dialect: object) -> object:
-    statement = dialect.insert(_addresses)  # type: ignore[attr-defined]
+def _upsert_address(dialect: Any) -> Any:
+    statement = dialect.insert(_addresses)
     return statement.on_conflict_do_update(
         index_elements=[_addresses.c.session_id, _addresses.c.chat_key],
         set_={"address": statement.excluded.address, "last_used_at": statement.excluded.last_used_at})
