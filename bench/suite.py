@@ -38,6 +38,7 @@ from bench.overhead import run_image_overhead, run_overhead
 from bench.prompt import run_long_conversation
 from bench.restart import run_restart
 from bench.storage import run_load_time, run_rss
+from bench.store_turns import run_store_turns
 from bench.throughput import run_throughput
 
 FULL: dict[str, Callable[[Path], Any]] = {
@@ -53,6 +54,7 @@ FULL: dict[str, Callable[[Path], Any]] = {
     "long_conversation": lambda d: run_long_conversation(d, turns=500, checkpoints=(10, 100, 500)),
     "load_time": lambda d: run_load_time(d, small=100, large=100_000),
     "restart": lambda d: run_restart(d, runs=3),
+    "store_turns": lambda d: run_store_turns(f"sqlite:///{d / 'store.db'}", turns=400),
 }
 
 SHORT: dict[str, Callable[[Path], Any]] = {
@@ -66,6 +68,7 @@ SHORT: dict[str, Callable[[Path], Any]] = {
     "long_conversation": lambda d: run_long_conversation(d, turns=12, checkpoints=(10,)),
     "load_time": lambda d: run_load_time(d, small=100, large=1000, repeats=3),
     "restart": lambda d: run_restart(d, runs=1),
+    "store_turns": lambda d: run_store_turns(f"sqlite:///{d / 'store.db'}", turns=20),
 }
 
 

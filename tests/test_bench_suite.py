@@ -32,3 +32,5 @@ def test_bench_suite_short_mode(tmp_path):
     assert long["input_tokens"]["turn_10"] > 0
     assert figures["load_time"]["messages_1000_ms"] > 0
     assert figures["restart"]["idle_chat_max_s"] is not None and figures["restart"]["duplicated"] == []
+    store = figures["store_turns"]  # a new chat's claim and finish: 16 planned statements on SQLite
+    assert store["statements_per_turn"] == 16 and store["cpu_us_per_turn"] > 0

@@ -1,0 +1,107 @@
+"""The store's share of a new chat's turn, replayed without the gateway: what the lane's claim and
+the turn's finish cost in statements, wall-clock and CPU time, on SQLite or PostgreSQL.
+
+Each turn is the first message of a new chat: its inbox row is stored (not counted), then
+``Store.claim_next`` takes the lane with a prefetch that opens (creates) the session, and
+``Store.finish_turn`` writes the user message and the reply, queues the reply already claimed,
+marks the inbox row and gives the lane up (``LaneNext``). One thread, one turn after the other:
+the figures are the store's own, without the contention of a burst.
+
+    python -m bench.store_turns [--turns 400] [--postgres URL]
+
+Prints JSON: ``backend``, ``turns``, ``statements_per_turn`` (planned statements run by the claim
+and the finish), ``wall_us_per_turn``, ``cpu_us_per_turn``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import gateway.store.sql as store_sql
+from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage, Sender
+from gateway.store.db import create_db_engine, upgrade
+from gateway.store.sql import LaneNext, NewMessage, Prefetch, Store
+
+WARMUP = 50
+
+
+def run_store_turns(db_url: str, turns: int = 400) -> dict[str, Any]:
+    """Replays ``turns`` new chats' claim and finish on ``db_url`` (an empty, writable database:
+    migrated here; on PostgreSQL every table is emptied first). Returns the figures above."""
+    engine = create_db_engine(db_url)
+    upgrade(engine)
+    store = Store(engine)
+    store.purge_all()
+    counted = [0]
+    planned = store_sql.run
+
+    def counting(conn: Any, statement: Any, params: Any = None) -> Any:
+        counted[0] += 1
+        return planned(conn, statement, params)
+
+    def opened(conn: Any, batch: list[Any]) -> Any:  # what the gateway's prefetch does for a new chat
+        return store.open_session_in(conn, batch[-1].session_key, lambda: "You are a helpful assistant.", 40)
+
+    def turn(chat: str) -> None:
+        key = f"telegram:bench:dm:{chat}"
+        message = InboundMessage(ChatAddress("telegram", "bench", chat), f"{chat}:1", "dm", Sender(chat, "A"),
+                                 "hello, can you help me plan a trip?")
+        store.insert_inbound(message, key)
+        started = counted[0]
+        first = Prefetch(opened)
+        claimed = store.claim_next(key, "bench", 60, 1, first)
+        assert claimed is not None and first.value is not None
+        (pending,), generation = claimed
+        turn_id = f"in{pending.inbox_id}"
+        store.finish_turn([pending.inbox_id], "done", [OutboundMessage(message.address, "Sure!", f"reply:{chat}")],
+                          session_id=first.value.session_id, session_key=key, generation=generation,
+                          messages=[NewMessage(turn_id, "user", message.text, {}),
+                                    NewMessage(turn_id, "assistant", "Sure!", {})],
+                          stream_key=[f"reply:{chat}", f"reply:{chat}:plan"], claim=("bench", 60.0),
+                          then=LaneNext(key, "bench", 1, Prefetch(opened)))
+        statements.append(counted[0] - started)
+
+    statements: list[int] = []
+    store_sql.run = counting  # type: ignore[assignment]  # counts what the store runs planned
+    try:
+        run_id = uuid.uuid4().hex[:6]
+        for n in range(WARMUP):
+            turn(f"w{run_id}{n}")
+        statements.clear()
+        wall, cpu = time.perf_counter(), time.process_time()
+        for n in range(turns):
+            turn(f"{run_id}{n}")
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        # the inbox rows' own cost, measured alone and taken off
+        inbox_wall, inbox_cpu = time.perf_counter(), time.process_time()
+        for n in range(turns):
+            chat = f"x{run_id}{n}"
+            store.insert_inbound(InboundMessage(ChatAddress("telegram", "bench", chat), f"{chat}:1", "dm",
+                                                Sender(chat, "A"), "hello"), f"telegram:bench:dm:{chat}")
+        inbox_wall, inbox_cpu = time.perf_counter() - inbox_wall, time.process_time() - inbox_cpu
+    finally:
+        store_sql.run = planned  # type: ignore[assignment]
+        engine.dispose()
+    return {"backend": engine.dialect.name, "turns": turns, "statements_per_turn": sum(statements) / len(statements),
+            "wall_us_per_turn": round((wall - inbox_wall) / turns * 1e6, 1),
+            "cpu_us_per_turn": round((cpu - inbox_cpu) / turns * 1e6, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=400)
+    parser.add_argument("--postgres", metavar="URL", help="an empty PostgreSQL database (its tables are emptied)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        url = args.postgres or f"sqlite:///{Path(folder) / 'store.db'}"
+        print(json.dumps(run_store_turns(url, args.turns), indent=2))
+
+
+if __name__ == "__main__":
+    main()
