@@ -798,20 +798,20 @@ class Store:
         unsettled row and its lane's generation is still ``generation``, and is returned."""
         a = reply.address
         chat_key = _chat_key(a)
-        if claim is not None and session_key is not None:  # the three reads below in one
+        if claim is not None and session_key is not None:  # the key's row and both checks in one read
             row = run(conn, q.QUEUE_CHECK, {"b_key": reply.idempotency_key, "b_chat": chat_key,
                                             "b_lane": session_key}).first()
             found = (row.id, row.status) if row.id is not None else None
+            # An earlier reply of the chat goes first (claim_due hands this one out after it); a
+            # turn that was stopped (/stop, an interrupt) has its row cancelled by claim_due.
             if row.unsettled or (row.generation or 0) > generation:
-                claim = None  # (the same reasons as below)
-        else:
+                claim = None
+        else:  # no claim, or no lane to check the turn against
             row = run(conn, q.OUTBOX_BY_KEY, {"b_key": reply.idempotency_key}).first()
             found = (row.id, row.status) if row is not None else None
-            if claim is not None and run(conn, q.UNSETTLED_IN_CHAT, {"b_chat": chat_key}).first() is not None:
-                claim = None  # an earlier reply of the chat goes first: claim_due hands this one out after it
-            if claim is not None and session_key is not None and \
-                    (run(conn, q.LANE_GENERATION, {"b_key": session_key}).scalar() or 0) > generation:
-                claim = None  # the turn was stopped (/stop, an interrupt): claim_due cancels the row
+            if found is None and claim is not None and \
+                    run(conn, q.UNSETTLED_IN_CHAT, {"b_chat": chat_key}).first() is not None:
+                claim = None
         if found is not None:
             if found[1] == "streaming":
                 conn.execute(update(_outbox).where(_outbox.c.id == found[0]).values(
