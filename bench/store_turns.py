@@ -1,16 +1,18 @@
 """The store's share of a new chat's turn, replayed without the gateway: what the lane's claim and
 the turn's finish cost in statements, wall-clock and CPU time, on SQLite or PostgreSQL.
 
-Each turn is the first message of a new chat: its inbox row is stored (not counted), then
-``Store.claim_next`` takes the lane with a prefetch that opens (creates) the session, and
-``Store.finish_turn`` writes the user message and the reply, queues the reply already claimed,
-marks the inbox row and gives the lane up (``LaneNext``). One thread, one turn after the other:
-the figures are the store's own, without the contention of a burst.
+Each turn is the first message of a new chat: its inbox row is stored (not counted), the lane is
+taken with a prefetch that opens (creates) the session, and ``Store.finish_turn`` writes the user
+message and the reply, queues the reply already claimed, marks the inbox row and gives the lane up
+(``LaneNext``). ``--claim admit`` (what the gateway does for a new chat) takes the lane in the
+inbox row's own transaction (``Store.claim_new_lane_in``); ``--claim apart`` in a transaction of
+its own (``Store.claim_next``, the way into a lane that exists). One thread, one turn after the
+other: the figures are the store's own, without the contention of a burst.
 
-    python -m bench.store_turns [--turns 400] [--postgres URL]
+    python -m bench.store_turns [--turns 400] [--claim admit|apart] [--postgres URL]
 
-Prints JSON: ``backend``, ``turns``, ``statements_per_turn`` (planned statements run by the claim
-and the finish), ``wall_us_per_turn``, ``cpu_us_per_turn``.
+Prints JSON: ``backend``, ``claim``, ``turns``, ``statements_per_turn`` (planned statements run by
+the claim and the finish), ``wall_us_per_turn``, ``cpu_us_per_turn``.
 """
 
 from __future__ import annotations
@@ -25,15 +27,16 @@ from typing import Any
 
 import gateway.store.sql as store_sql
 from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage, Sender
-from gateway.store.db import create_db_engine, upgrade
+from gateway.store.db import create_db_engine, upgrade, write_tx
 from gateway.store.sql import LaneNext, NewMessage, Prefetch, Store
 
 WARMUP = 50
 
 
-def run_store_turns(db_url: str, turns: int = 400) -> dict[str, Any]:
+def run_store_turns(db_url: str, turns: int = 400, claim: str = "admit") -> dict[str, Any]:
     """Replays ``turns`` new chats' claim and finish on ``db_url`` (an empty, writable database:
-    migrated here; on PostgreSQL every table is emptied first). Returns the figures above."""
+    migrated here; on PostgreSQL every table is emptied first); ``claim``: ``admit`` or ``apart``
+    (above). Returns the figures above."""
     engine = create_db_engine(db_url)
     upgrade(engine)
     store = Store(engine)
@@ -52,10 +55,17 @@ def run_store_turns(db_url: str, turns: int = 400) -> dict[str, Any]:
         key = f"telegram:bench:dm:{chat}"
         message = InboundMessage(ChatAddress("telegram", "bench", chat), f"{chat}:1", "dm", Sender(chat, "A"),
                                  "hello, can you help me plan a trip?")
-        store.insert_inbound(message, key)
-        started = counted[0]
         first = Prefetch(opened)
-        claimed = store.claim_next(key, "bench", 60, 1, first)
+        if claim == "admit":
+            with write_tx(engine) as conn:
+                store.insert_inbound_in(conn, message, key)
+                started = counted[0]
+                claimed = store.claim_new_lane_in(conn, key, "bench", 60, 1, first)
+            first.commit()
+        else:
+            store.insert_inbound(message, key)
+            started = counted[0]
+            claimed = store.claim_next(key, "bench", 60, 1, first)
         assert claimed is not None and first.value is not None
         (pending,), generation = claimed
         turn_id = f"in{pending.inbox_id}"
@@ -88,7 +98,8 @@ def run_store_turns(db_url: str, turns: int = 400) -> dict[str, Any]:
     finally:
         store_sql.run = planned  # type: ignore[assignment]
         engine.dispose()
-    return {"backend": engine.dialect.name, "turns": turns, "statements_per_turn": sum(statements) / len(statements),
+    return {"backend": engine.dialect.name, "claim": claim, "turns": turns,
+            "statements_per_turn": sum(statements) / len(statements),
             "wall_us_per_turn": round((wall - inbox_wall) / turns * 1e6, 1),
             "cpu_us_per_turn": round((cpu - inbox_cpu) / turns * 1e6, 1)}
 
@@ -96,11 +107,13 @@ def run_store_turns(db_url: str, turns: int = 400) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=400)
+    parser.add_argument("--claim", choices=("admit", "apart"), default="admit",
+                        help="a new chat's lane taken in its inbox row's transaction, or in one of its own")
     parser.add_argument("--postgres", metavar="URL", help="an empty PostgreSQL database (its tables are emptied)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         url = args.postgres or f"sqlite:///{Path(folder) / 'store.db'}"
-        print(json.dumps(run_store_turns(url, args.turns), indent=2))
+        print(json.dumps(run_store_turns(url, args.turns, args.claim), indent=2))
 
 
 if __name__ == "__main__":

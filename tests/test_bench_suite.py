@@ -19,7 +19,11 @@ def test_bench_suite_short_mode(tmp_path):
     assert sequential["completed"] == 5 and sequential["cpu_ms_per_turn"] > 0
     timeline = {mark: ms for ms, mark in figures["overhead_sequential"]["timeline_ms"]}
     assert timeline["TelegramAdapter._handle_webhook>"] == 0
-    assert 0 < timeline["Store._claim_next<"] < timeline["StreamingEndpoint._send>"] < timeline["Store.finish_turn>"]
+    # every turn is a new chat's: its lane is claimed in the admit, with no claim of its own
+    assert 0 < timeline["SessionBus.claim_new_in<"] < timeline["SessionBus._drain>"]
+    assert timeline["SessionBus._drain>"] < timeline["StreamingEndpoint._send>"]
+    assert "Store._claim_next>" not in timeline
+    assert timeline["StreamingEndpoint._send>"] < timeline["Store.finish_turn>"]
     assert timeline["Store.finish_turn<"] < timeline["TelegramAdapter._api>"]
     overhead = figures["overhead"]
     assert overhead["gateway"]["completed"] == 10 and overhead["floor"]["completed"] == 10
@@ -32,5 +36,5 @@ def test_bench_suite_short_mode(tmp_path):
     assert long["input_tokens"]["turn_10"] > 0
     assert figures["load_time"]["messages_1000_ms"] > 0
     assert figures["restart"]["idle_chat_max_s"] is not None and figures["restart"]["duplicated"] == []
-    store = figures["store_turns"]  # a new chat's claim and finish: 16 planned statements on SQLite
-    assert store["statements_per_turn"] == 16 and store["cpu_us_per_turn"] > 0
+    store = figures["store_turns"]  # a new chat's claim (in its admit) and finish: 15 planned statements on SQLite
+    assert store["claim"] == "admit" and store["statements_per_turn"] == 15 and store["cpu_us_per_turn"] > 0

@@ -15,6 +15,7 @@ their leases are renewed until ``stop``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import threading
@@ -39,6 +40,18 @@ MERGE_LIMIT = 20
 """Most messages answered together by one merged turn."""
 ALBUM_LIMIT = 10
 """Telegram albums (``sendMediaGroup``) hold 2-10 items."""
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class Claimed:
+    """A new lane claimed in the transaction that stored its first row (``SessionBus.claim_new_in``):
+    its first batch, the lane's generation, what the prefetch read for it (its ``value`` set once
+    that transaction committed) and when the claim was made (``time.monotonic()`` seconds)."""
+
+    batch: list[PendingInbound]
+    generation: int
+    prefetch: Prefetch | None
+    at: float
 
 
 class SessionBus:
@@ -126,16 +139,38 @@ class SessionBus:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
-    def kick(self, key: str) -> None:
-        """Ensures ``key`` gets drained (main loop only; cheap, never blocks). A no-op once
-        stopping."""
+    def claim_new_in(self, conn: Connection, key: str) -> Claimed | None:
+        """In the write transaction ``conn`` that stored a row for ``key`` (the admit,
+        ``gateway.inbound.receive``; any thread): when ``key``'s lane is new, claims it for this
+        instance and reads its first batch and prefetch there (``Store.claim_new_lane_in``), so the
+        turn starts without a claim transaction of its own. Hand the result to ``kick`` once the
+        transaction committed. ``None``: the lane exists, the bus is stopping, or the database
+        cannot do it in one statement (the drain claims the lane the ordinary way)."""
         if self._stopping.is_set():
+            return None
+        prefetch = Prefetch(self.prefetch) if self.prefetch is not None else None
+        claimed = self.store.claim_new_lane_in(conn, key, self.instance_id, self.lease_s, self.batch_size, prefetch)
+        if claimed is None:
+            return None
+        return Claimed(claimed[0], claimed[1], prefetch, time.monotonic())
+
+    def kick(self, key: str, claimed: Claimed | None = None) -> None:
+        """Ensures ``key`` gets drained (main loop only; cheap, never blocks). A no-op once
+        stopping. ``claimed``: the lane was claimed with its first batch when its row was stored
+        (``claim_new_in``, committed): the drain runs that batch without claiming (when it starts
+        within a third of the lease; later it claims again, in case the lease was lost)."""
+        if self._stopping.is_set():
+            if claimed is not None:  # the lease would keep other instances out until it expired
+                self._release_soon(key)
             return
         if key in self._active:
+            # A drain is queued here, not started: the lane did not exist before this claim, and
+            # a drain that started would have created it. That drain claims the lane again (it is
+            # this instance's) and runs what waits.
             self._again.add(key)
             return
         self._active.add(key)
-        future = self._workers.submit(self._drain, key)
+        future = self._workers.submit(self._drain, key, claimed)
         future.add_done_callback(lambda f, k=key: self._call_main(self._drained, k, f))  # type: ignore[misc]
 
     def _drained(self, key: str, future: Future[_Drained]) -> None:
@@ -159,17 +194,32 @@ class SessionBus:
         return not self._active
 
     # -- worker thread -----------------------------------------------------------------------
-    def _drain(self, key: str) -> _Drained:
+    def _release_soon(self, key: str) -> None:
+        """Gives up the lease of a lane claimed for a drain that will not run (main loop)."""
+        try:
+            self._workers.submit(self.store.release_lane, key, self.instance_id)
+        except RuntimeError:  # the workers are shut down: the next start releases this instance's leases
+            log.debug("lane %s: lease left to expire", key)
+
+    def _drain(self, key: str, claimed: Claimed | None = None) -> _Drained:
         """Runs ``key``'s waiting turns under its lease (worker thread). Returns the address of the
         last turn, whose end the main loop is told of with the drain's own end (``_drained``: one
-        hop instead of two), and whether rows were stored meanwhile (drain again)."""
+        hop instead of two), and whether rows were stored meanwhile (drain again). ``claimed``:
+        see ``kick``."""
         if self._stopping.is_set():
+            if claimed is not None:
+                self.store.release_lane(key, self.instance_id)
             return None, False  # queued behind busy workers when the stop began: rows wait for the next start
-        first = Prefetch(self.prefetch) if self.prefetch is not None else None
-        claimed = self.store.claim_next(key, self.instance_id, self.lease_s, self.batch_size, first)
-        if claimed is None:
-            return None, False  # another instance runs this session (it drains what waits), or nothing waits
-        batch, generation = claimed
+        if claimed is not None and time.monotonic() - claimed.at < self.lease_s / 3:
+            batch, generation, first = claimed.batch, claimed.generation, claimed.prefetch
+            if first is not None:
+                first.commit()  # its transaction committed before the claim reached ``kick``
+        else:
+            first = Prefetch(self.prefetch) if self.prefetch is not None else None
+            again = self.store.claim_next(key, self.instance_id, self.lease_s, self.batch_size, first)
+            if again is None:
+                return None, False  # another instance runs this session (it drains what waits), or nothing waits
+            batch, generation = again
         ready = first.value if first is not None else None
         with self._held_lock:
             self._held.add(key)

@@ -29,7 +29,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
 from agent.redact import Redactor
-from gateway.bus.lanes import SessionBus
+from gateway.bus.lanes import Claimed, SessionBus
 from gateway.bus.turns import TurnRunner
 from gateway.core.config import GatewayConfig
 from gateway.core.i18n import N_, _, choose, in_locale, using
@@ -52,8 +52,10 @@ from gateway.tools.approvals_store import Approvals
 log = logging.getLogger("gateway")
 T = TypeVar("T")
 
-Admitted = tuple[InboundMessage, Identity, str, str, "bool | None", bool]
-"""What ``Inbound._admit`` returns: ``(message, identity, session key, decision, stored, interrupts)``."""
+Admitted = tuple[InboundMessage, Identity, str, str, "bool | None", bool, "Claimed | None"]
+"""What ``Inbound._admit`` returns: ``(message, identity, session key, decision, stored, interrupts,
+claimed)``; ``claimed``: the message's lane was new and was claimed in the same transaction
+(``SessionBus.claim_new_in``)."""
 
 PAIRING_TEXT = N_(
     "Hello! I don't know you yet. Ask an admin to approve you with this code: {code}\n"
@@ -144,14 +146,14 @@ class Inbound:
         message, key = self._keyed(message, identity)
         if not message.addressed and not self.store.lane_exists(key):
             self._keep_as_context(message)  # a thread the bot is not part of: group context at most
-            return message, identity, key, "unaddressed", None, False
+            return message, identity, key, "unaddressed", None, False, None
         decision = decide(message, identity.approved, self.config.access)
         if decision != "allow" or message.command in CONTROL_COMMANDS:
-            return message, identity, key, decision, None, False
+            return message, identity, key, decision, None, False, None
         cancel = self._cancel(message)
         return message, identity, key, decision, self.store.insert_inbound(message, key, cancel=cancel,
                                                                            user_id=identity.user_id), \
-            cancel is not None
+            cancel is not None, None
 
     @retry_locked
     def _admit_at_once(self, message: InboundMessage) -> Admitted:
@@ -175,10 +177,12 @@ class Inbound:
         message, key = self._keyed(message, identity)
         decision = decide(message, identity.approved, self.config.access)
         if decision != "allow" or message.command in CONTROL_COMMANDS:
-            return message, identity, key, decision, None, False
+            return message, identity, key, decision, None, False, None
         cancel = self._cancel(message, conn)  # the chat's settings, read in this transaction
         self.store.insert_inbound_in(conn, message, key, cancel=cancel, user_id=identity.user_id)
-        return message, identity, key, decision, True, cancel is not None
+        # A new chat's lane is claimed here too: its turn starts without a claim of its own.
+        claimed = self.bus.claim_new_in(conn, key)
+        return message, identity, key, decision, True, cancel is not None, claimed
 
     def _keyed(self, message: InboundMessage, identity: Identity) -> tuple[InboundMessage, str]:
         """``message`` with its locale chosen, and its session key."""
@@ -224,7 +228,7 @@ class Inbound:
             admitted = await self._admits.write(message)
         else:
             admitted = await self.run_db(self._admit, message)
-        message, identity, key, decision, stored, interrupts = admitted
+        message, identity, key, decision, stored, interrupts, claimed = admitted
         if decision == "unaddressed":
             self._drop(message)
             return False  # a thread message not for us: the bot is not part of that thread
@@ -245,7 +249,7 @@ class Inbound:
         if stored:
             self.received += 1
             self.metrics.inbound.labels(message.platform).inc()
-            self.bus.kick(key)
+            self.bus.kick(key, claimed)
         else:
             self.duplicates += 1
             self.metrics.duplicates.labels(message.platform).inc()

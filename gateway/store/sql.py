@@ -459,6 +459,31 @@ class Store:
         except IntegrityError:
             return self._claim_next(key, owner, lease_s, limit, prefetch)
 
+    def claim_new_lane_in(self, conn: Any, key: str, owner: str, lease_s: float, limit: int,
+                          prefetch: Prefetch | None) -> tuple[list[PendingInbound], int] | None:
+        """``claim_next`` for a lane used for the first time, inside the caller's write transaction
+        ``conn`` (the one that stored the row for ``key``: ``gateway.inbound.receive``): the lane is
+        created leased to ``owner`` for ``lease_s`` seconds, and its oldest ``limit`` pending rows are
+        read (``prefetch`` runs on them). Returns ``(batch, generation)``, or ``None`` when the lane
+        exists (whoever uses it drains what waits; nothing is written then), when nothing waits,
+        or on a database without a single-statement insert-if-new (only SQLite and PostgreSQL
+        have one). A new lane cannot have a turn running anywhere, so the claim is safe without
+        asking the bus; the lease is what keeps other instances out until the batch's turn ends."""
+        if_new = q.INSERT_LANE_IF_NEW.get(conn.dialect.name)
+        if if_new is None:
+            return None
+        now = time.time()
+        lane = {"key": key, "lease_owner": owner, "lease_until": now + lease_s, "generation": 0}
+        if run(conn, if_new, lane).rowcount == 0:
+            return None
+        batch, generation = self._batch(conn, key, limit)
+        if not batch:
+            run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
+            return None
+        if prefetch is not None:
+            prefetch.run(conn, batch)
+        return batch, generation
+
     @retry_locked
     def next_or_release(self, key: str, owner: str, limit: int = 1) -> tuple[list[PendingInbound], int, bool]:
         """After a turn: the next pending rows of ``key`` (lease kept), or, when none wait, gives
