@@ -5,6 +5,8 @@ PostgreSQL alike)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -67,26 +69,29 @@ def finishing(store: Store, ran: list[str]):
     return run_turn
 
 
-def bus_for(store: Store, run_turn, workers: ThreadPoolExecutor, lease_s: float = 60.0) -> SessionBus:
-    return SessionBus(store=store, run_turn=run_turn, workers=workers, instance_id="a", lease_s=lease_s,
-                      sweep_interval_s=3600, busy_policy="queue", on_turn_start=lambda address: None,
-                      on_turn_end=lambda address: None)
+@contextlib.asynccontextmanager
+async def running_bus(store: Store, ran: list[str], lease_s: float = 60.0) -> AsyncIterator[SessionBus]:
+    """A started bus of instance ``a`` on ``store`` whose turns are ``finishing``, stopped after."""
+    with ThreadPoolExecutor(2) as workers:
+        bus = SessionBus(store=store, run_turn=finishing(store, ran), workers=workers, instance_id="a",
+                         lease_s=lease_s, sweep_interval_s=3600, busy_policy="queue",
+                         on_turn_start=lambda address: None, on_turn_end=lambda address: None)
+        await bus.start()
+        try:
+            yield bus
+        finally:
+            await bus.stop()
 
 
 async def test_a_lane_claimed_with_its_first_row_runs_its_turn_once(store):
     ran: list[str] = []
-    with ThreadPoolExecutor(2) as workers:
-        bus = bus_for(store, finishing(store, ran), workers)
-        await bus.start()
-        try:
-            claimed = admit(store, message("5:1", "first"), "k", lambda conn: bus.claim_new_in(conn, "k"))
-            assert isinstance(claimed, Claimed)
-            bus.kick("k", claimed)
-            bus.kick("k")  # a second kick meanwhile (another message's) adds no second turn
-            await wait_until(lambda: bus.idle and ran, what="the turn")
-            await asyncio.sleep(0.1)
-        finally:
-            await bus.stop()
+    async with running_bus(store, ran) as bus:
+        claimed = admit(store, message("5:1", "first"), "k", lambda conn: bus.claim_new_in(conn, "k"))
+        assert isinstance(claimed, Claimed)
+        bus.kick("k", claimed)
+        bus.kick("k")  # a second kick meanwhile (another message's) adds no second turn
+        await wait_until(lambda: bus.idle and ran, what="the turn")
+        await asyncio.sleep(0.1)
     assert ran == ["first"]
     assert store.claim_lane("k", "b", 60)  # the lease was given up after the turn
 
@@ -95,35 +100,25 @@ async def test_a_claim_that_waited_past_its_lease_is_not_trusted(store):
     """Claimed with the first row, then the drain starts only after the lease ran out and another
     instance took the lane and its row: the drain claims again, fails, and runs nothing."""
     ran: list[str] = []
-    with ThreadPoolExecutor(2) as workers:
-        bus = bus_for(store, finishing(store, ran), workers, lease_s=0.3)
-        await bus.start()
-        try:
-            claimed = admit(store, message("5:1", "first"), "k", lambda conn: bus.claim_new_in(conn, "k"))
-            assert claimed is not None
-            await asyncio.sleep(0.4)
-            taken = store.claim_next("k", "b", 60)  # the other instance runs the turn
-            assert taken is not None and [p.message.text for p in taken[0]] == ["first"]
-            bus.kick("k", claimed)
-            await wait_until(lambda: bus.idle, what="the drain")
-        finally:
-            await bus.stop()
+    async with running_bus(store, ran, lease_s=0.3) as bus:
+        claimed = admit(store, message("5:1", "first"), "k", lambda conn: bus.claim_new_in(conn, "k"))
+        assert claimed is not None
+        await asyncio.sleep(0.4)
+        taken = store.claim_next("k", "b", 60)  # the other instance runs the turn
+        assert taken is not None and [p.message.text for p in taken[0]] == ["first"]
+        bus.kick("k", claimed)
+        await wait_until(lambda: bus.idle, what="the drain")
     assert ran == []
 
 
 async def test_a_lane_claimed_while_the_bus_stops_is_given_up_at_once(store):
     ran: list[str] = []
-    with ThreadPoolExecutor(2) as workers:
-        bus = bus_for(store, finishing(store, ran), workers)
-        await bus.start()
-        try:
-            claimed = admit(store, message("5:1", "first"), "k", lambda conn: bus.claim_new_in(conn, "k"))
-            assert claimed is not None
-            bus.begin_stop()
-            assert admit(store, message("5:2"), "k2", lambda conn: bus.claim_new_in(conn, "k2")) is None
-            bus.kick("k", claimed)
-            # another instance need not wait for the lease to run out
-            await wait_until(lambda: store.claim_lane("k", "b", 60), what="the lease given up")
-        finally:
-            await bus.stop()
+    async with running_bus(store, ran) as bus:
+        claimed = admit(store, message("5:1", "first"), "k", lambda conn: bus.claim_new_in(conn, "k"))
+        assert claimed is not None
+        bus.begin_stop()
+        assert admit(store, message("5:2"), "k2", lambda conn: bus.claim_new_in(conn, "k2")) is None
+        bus.kick("k", claimed)
+        # another instance need not wait for the lease to run out
+        await wait_until(lambda: store.claim_lane("k", "b", 60), what="the lease given up")
     assert ran == []
