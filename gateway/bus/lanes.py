@@ -164,9 +164,9 @@ class SessionBus:
                 self._release_soon(key)
             return
         if key in self._active:
-            # A drain is queued here, not started: the lane did not exist before this claim, and
-            # a drain that started would have created it. That drain claims the lane again (it is
-            # this instance's) and runs what waits.
+            # With ``claimed``, that drain is queued, not started (the lane did not exist before
+            # this claim, and a started drain would have created it): it claims the lane again,
+            # this instance's, and runs what waits.
             self._again.add(key)
             return
         self._active.add(key)
