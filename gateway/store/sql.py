@@ -449,13 +449,7 @@ class Store:
                         return None
                     else:
                         run(conn, q.INSERT_LANE, lane)
-                batch, generation = self._batch(conn, key, limit)
-                if batch:
-                    if prefetch is not None:
-                        prefetch.run(conn, batch)
-                    return batch, generation
-                run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
-                return None
+                return self._first_batch(conn, key, owner, limit, prefetch)
         except IntegrityError:
             return self._claim_next(key, owner, lease_s, limit, prefetch)
 
@@ -476,6 +470,12 @@ class Store:
         lane = {"key": key, "lease_owner": owner, "lease_until": now + lease_s, "generation": 0}
         if run(conn, if_new, lane).rowcount == 0:
             return None
+        return self._first_batch(conn, key, owner, limit, prefetch)
+
+    def _first_batch(self, conn: Any, key: str, owner: str, limit: int,
+                     prefetch: Prefetch | None) -> tuple[list[PendingInbound], int] | None:
+        """The batch of a lane just claimed by ``owner`` (``prefetch`` run on it), or ``None`` with
+        the lease given up when nothing waits."""
         batch, generation = self._batch(conn, key, limit)
         if not batch:
             run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
