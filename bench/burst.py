@@ -6,6 +6,9 @@ Figures: seconds from the first post to the last reply (gateway and floor, and t
 gateway's CPU milliseconds per turn (process CPU time / turns: every turn is the first of its chat,
 so it includes the session's creation), its peak RSS while the turns are in flight, and what was
 lost or duplicated (counted per chat: exactly one reply each, or the run says which chats differ).
+Where the time went: ``model_requests_s`` and ``replies_s``, the first, median and last model
+request's arrival at the fake and reply's arrival at Telegram's, in seconds from the first post
+(the requests' spread is the work before the model; the replies' beyond it, the work after).
 
 ``profile``: a py-spy recording of the gateway during the burst (collapsed stacks) and the top
 functions by own and total samples (``bench.profile``).
@@ -79,9 +82,9 @@ async def _burst(url: str, r: Rig, tag: str, chats: int, first_chat: int, timeou
     """Posts one first message to each of ``chats`` new chats at once; waits for the replies (a
     reply counts once its final text arrived: a ``sendMessage``, or the ``editMessageText`` that
     turns a streamed reply's preview into it; previews end with ``PREVIEW_SUFFIX``)."""
-    before = len(r.telegram.calls())
+    before, asked_before = len(r.telegram.calls()), len(r.model.requests)
     tokens = {CHAT_BASE + first_chat + c: f"{tag}-{c:05d}" for c in range(chats)}
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     # Telegram delivers a bot's webhooks over at most 40 connections at once (setWebhook
     # max_connections, default 40), kept alive.
     connector = aiohttp.TCPConnector(limit=TELEGRAM_WEBHOOK_CONNECTIONS)
@@ -99,8 +102,20 @@ async def _burst(url: str, r: Rig, tag: str, chats: int, first_chat: int, timeou
     lost = sorted(expected - set(got))
     duplicated = sorted(t for t, n in got.items() if n > 1)
     last = max((c.time for c in calls), default=started)
+    asked = sorted(q["time"] - started_wall for q in r.model.requests[asked_before:])
+    answered = sorted(c.time - started for c in calls)
     return {"chats": chats, "answered": len(expected & set(got)), "lost": lost, "duplicated": duplicated,
-            "seconds": round(last - started, 3), "posting_s": round(posted, 3), "previews": previews}
+            "seconds": round(last - started, 3), "posting_s": round(posted, 3), "previews": previews,
+            "model_requests_s": _spread(asked), "replies_s": _spread(answered)}
+
+
+def _spread(offsets: list[float]) -> list[float]:
+    """Sorted offsets (seconds from the first post) -> ``[first, median, last]``, rounded to ms;
+    ``[]`` when there are none. Where a burst's time goes: the model requests' spread is the work
+    before the model, the replies' spread past it the work after."""
+    if not offsets:
+        return []
+    return [round(offsets[0], 3), round(offsets[len(offsets) // 2], 3), round(offsets[-1], 3)]
 
 
 def _finals(calls: list[Any]) -> list[Any]:

@@ -15,6 +15,11 @@ def test_bench_suite_short_mode(tmp_path):
     assert burst["gateway"]["lost"] == [] and burst["gateway"]["duplicated"] == []
     assert burst["gateway"]["previews"] == 5 and burst["floor"]["previews"] == 0  # each reply streamed into one
     assert burst["ratio_to_floor"] > 0 and burst["gateway_cpu_ms_per_turn"] > 0 and burst["rss_peak_mb"] > 0
+    # where the burst's time went: first, median and last model request and reply; each reply
+    # comes a model call (0.2 s, then 6 words 0.3 s apart) after its request
+    asked, replied = burst["gateway"]["model_requests_s"], burst["gateway"]["replies_s"]
+    assert len(asked) == len(replied) == 3 and asked == sorted(asked) and replied == sorted(replied)
+    assert replied[0] >= asked[0] + 0.2 + 5 * 0.3 and replied[2] == burst["gateway"]["seconds"]
     sequential = figures["overhead_sequential"]["gateway"]
     assert sequential["completed"] == 5 and sequential["cpu_ms_per_turn"] > 0
     timeline = {mark: ms for ms, mark in figures["overhead_sequential"]["timeline_ms"]}
