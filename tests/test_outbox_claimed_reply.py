@@ -77,3 +77,58 @@ def test_a_dead_owner_s_claim_is_freed_when_its_id_is_taken_over(store) -> None:
     released = instances.take(restarted, "b1")
     assert released is not None and released.replies == 1
     assert [i.message.text for i in store.claim_due("me", 10, 30.0).items] == ["answer 1"]
+
+
+def test_a_streamed_reply_is_queued_claimed_as_an_edit_of_its_preview_when_its_chat_is_clear(store) -> None:
+    """The turn's preview row (*streaming*) gets the final text already claimed: the reply goes out at
+    once as an edit of the preview (the row's own id, the preview's message id), as ``claim_due``
+    would hand it out, but without waiting for a delivery pass."""
+    first = _turn(store, 1)
+    row_id = store.start_stream(OutboundMessage(CHAT, "", "in1:0"), "s", "telegram::dm:42", 0).row_id
+    assert store.set_preview(row_id, "P5")
+    [item] = store.finish_turn([first], "done", [_reply(1)], session_key="telegram::dm:42", claim=("me", 30.0),
+                               stream_key="in1:0")
+    assert (item.id, item.attempts, item.sent_ids, item.unconfirmed) == (row_id, 1, (), False)
+    assert (item.message.text, item.message.edit_id, item.message.resume_from) == ("answer 1", "P5", 0)
+    [row] = store.outbox_rows()
+    assert (row["status"], row["claimed_by"], row["attempts"], row["text"]) == ("claimed", "me", 1, "answer 1")
+    assert store.claim_due("other", 10, 30.0).items == []  # nobody else may take it while claimed
+
+    # the next streamed reply of the chat while a reply of another conversation to the same chat
+    # waits: it is not claimed but queued pending, and claim_due hands both out in chat order (its
+    # row, made with its preview, first)
+    store.release_lane("telegram::dm:42", "me")
+    assert store.mark_sent(item.id, "me", ["P5"])
+    second = _turn(store, 2)
+    row_2 = store.start_stream(OutboundMessage(CHAT, "", "in2:0"), "s", "telegram::dm:42", 0).row_id
+    assert store.set_preview(row_2, "P6")
+    elsewhere = _turn(store, 3, key="telegram::other")
+    assert store.finish_turn([elsewhere], "done", [_reply(3)], session_key="telegram::other") == []
+    assert store.finish_turn([second], "done", [_reply(2)], session_key="telegram::dm:42", claim=("me", 30.0),
+                             stream_key="in2:0") == []
+    assert next(r for r in store.outbox_rows() if r["id"] == row_2)["status"] == "pending"
+    [handed] = store.claim_due("me", 10, 30.0).items
+    assert (handed.id, handed.message.text, handed.message.edit_id) == (row_2, "answer 2", "P6")
+    assert store.mark_sent(handed.id, "me", ["P6"])
+    assert [i.message.text for i in store.claim_due("me", 10, 30.0).items] == ["answer 3"]
+
+
+def test_a_streamed_reply_whose_preview_fate_is_unknown_is_claimed_as_a_new_message(store) -> None:
+    first = _turn(store, 1)
+    row_id = store.start_stream(OutboundMessage(CHAT, "", "in1:0"), "s", "telegram::dm:42", 0).row_id
+    # the preview's send timed out: whether it arrived is unknown ("?"), so nothing is edited
+    [item] = store.finish_turn([first], "done", [_reply(1)], session_key="telegram::dm:42", claim=("me", 30.0),
+                               stream_key="in1:0")
+    assert (item.id, item.message.edit_id) == (row_id, None)
+
+
+def test_a_stopped_turn_s_streamed_reply_is_not_queued_claimed(store) -> None:
+    inbox_id = _turn(store, 1)
+    row_id = store.start_stream(OutboundMessage(CHAT, "", "in1:0"), "s", "telegram::dm:42", 0).row_id
+    assert store.set_preview(row_id, "P5")
+    interrupting = InboundMessage(address=CHAT, message_id="2", chat_type="dm", sender=Sender("7"), text="new")
+    store.insert_inbound(interrupting, "telegram::dm:42", cancel="always", user_id="u1")  # the lane moves on
+    assert store.finish_turn([inbox_id], "done", [_reply(1)], session_key="telegram::dm:42", generation=0,
+                             claim=("me", 30.0), stream_key="in1:0") == []
+    assert store.claim_due("me", 10, 30.0).items == []  # claim_due cancels it: the final text is never sent
+    assert store.outbox_rows()[0]["status"] == "cancelled"

@@ -167,11 +167,16 @@ QUEUE_CHECK = select(
     select(_outbox.c.status).where(_by_key).scalar_subquery().label("status"),
     exists().where(_outbox.c.chat_key == bindparam("b_chat"), _outbox.c.status.in_(UNSETTLED)).label("unsettled"),
     select(_lanes.c.generation).where(_lanes.c.key == bindparam("b_lane")).scalar_subquery().label("generation"),
+    select(_outbox.c.preview_id).where(_by_key).scalar_subquery().label("preview_id"),
 )
 """What queueing a reply ``b_key`` already claimed needs to know, in one read instead of three
-(``OUTBOX_BY_KEY``, ``UNSETTLED_IN_CHAT``, ``LANE_GENERATION``): the key's row (``id``, ``status``;
-``None`` when not queued yet), whether chat ``b_chat`` has an unsettled row, and lane ``b_lane``'s
-generation (``None``: no lane)."""
+(``OUTBOX_BY_KEY``, ``UNSETTLED_IN_CHAT``, ``LANE_GENERATION``): the key's row (``id``, ``status``,
+``preview_id``: a streamed reply's preview; ``None`` when not queued yet), whether chat ``b_chat``
+has an unsettled row, and lane ``b_lane``'s generation (``None``: no lane)."""
+
+FINISH_STREAM = update(_outbox).where(_outbox.c.id == bindparam("b_id"))
+"""A streamed reply's row (*streaming*) with its final text: SET columns from the parameters
+(``Store._queue``: *pending*, or *claimed* by the instance that sends it at once)."""
 
 UNSETTLED_BEFORE_STREAM = select(_outbox.c.id).where(_outbox.c.chat_key == bindparam("b_chat"),
                                                      _outbox.c.idempotency_key != bindparam("b_key"),

@@ -744,15 +744,17 @@ class Store:
         """Queues ``replies`` and marks the turn's inbox rows in one transaction: the last row gets
         ``status``, earlier ones (answered together by a merged turn) ``merged_status``.
 
-        ``claim`` = ``(owner, claim_s)``: a single new reply whose chat has no unsettled row before
-        it, of a turn whose lane generation has not moved on, is queued already *claimed* by
-        ``owner`` (as ``claim_due`` would, in the same transaction) and returned, for the caller to
-        send at once; otherwise it stays *pending* for ``claim_due`` and nothing is returned. A
+        ``claim`` = ``(owner, claim_s)``: a single reply whose chat has no unsettled row, of a turn
+        whose lane generation has not moved on, is queued already *claimed* by ``owner`` (as
+        ``claim_due`` would, in the same transaction) and returned, for the caller to send at once;
+        a streamed reply's row (*streaming*, its preview's) is claimed so too and returned as an edit
+        of the preview (``edit_id``; none when the preview's fate is unknown). Otherwise the reply
+        stays *pending* for ``claim_due`` and nothing is returned. A
         claim not acted on (a crash) is freed when the instance id is taken over, or expires after
         ``claim_s``; the row is then claimed again like any other.
 
         A reply whose idempotency key is already queued (a resumed turn) is not queued again; a
-        ``streaming`` row of the same key gets the final text and becomes ``pending``. The turn's
+        ``streaming`` row of the same key gets the final text (*claimed* as above, or *pending*). The turn's
         streaming row ``stream_key`` left without a reply (a cancelled turn) becomes ``cancelled``
         (its preview stays as it was); ``stream_key`` may list several (the reply's and the
         plan's, ``gateway.delivery.progress``). ``messages`` (the final transcript messages, not yet
@@ -818,15 +820,17 @@ class Store:
     def _queue(conn: Any, reply: OutboundMessage, session_id: str | None, session_key: str | None,
                generation: int, now: float, claim: tuple[str, float] | None = None) -> OutboxItem | None:
         """Inserts an outbox row unless its idempotency key is already queued. A ``streaming`` row
-        of the same key (the turn's preview) becomes ``pending`` with the final text instead.
-        With ``claim`` (see ``finish_turn``) a new row goes in claimed when its chat has no
-        unsettled row and its lane's generation is still ``generation``, and is returned."""
+        of the same key (the turn's preview) gets the final text instead. With ``claim`` (see
+        ``finish_turn``) the new row, or the streaming one, goes in *claimed* when its chat has no
+        unsettled row and its lane's generation is still ``generation``, and is returned (else
+        *pending*)."""
         a = reply.address
         chat_key = _chat_key(a)
+        preview = None
         if claim is not None and session_key is not None:  # the key's row and both checks in one read
             row = run(conn, q.QUEUE_CHECK, {"b_key": reply.idempotency_key, "b_chat": chat_key,
                                             "b_lane": session_key}).first()
-            found = (row.id, row.status) if row.id is not None else None
+            found, preview = ((row.id, row.status) if row.id is not None else None), row.preview_id
             # An earlier reply of the chat goes first (claim_due hands this one out after it); a
             # turn that was stopped (/stop, an interrupt) has its row cancelled by claim_due.
             if row.unsettled or (row.generation or 0) > generation:
@@ -837,13 +841,21 @@ class Store:
             if found is None and claim is not None and \
                     run(conn, q.UNSETTLED_IN_CHAT, {"b_chat": chat_key}).first() is not None:
                 claim = None
-        if found is not None:
-            if found[1] == "streaming":
-                conn.execute(update(_outbox).where(_outbox.c.id == found[0]).values(
-                    text=reply.text, reply_to_id=reply.reply_to_id, status="pending", generation=generation,
-                    next_attempt_at=now, attachments=_attachments(reply)))
-            return None
         owner, claim_s = claim if claim is not None else (None, 0.0)
+        if found is not None:
+            if found[1] != "streaming":
+                return None  # queued already (a resumed turn's reply)
+            # The turn's preview row gets the final text; claimed like a new row, it is sent at once
+            # (an edit of the preview, as claim_due would hand it out), not after a delivery pass.
+            run(conn, q.FINISH_STREAM, {
+                "b_id": found[0], "text": reply.text, "reply_to_id": reply.reply_to_id,
+                "status": "claimed" if owner else "pending", "generation": generation, "next_attempt_at": now,
+                "attachments": _attachments(reply), "buttons": [list(b) for b in reply.buttons] or None,
+                "attempts": 1 if owner else 0, "claimed_by": owner, "claim_until": now + claim_s if owner else 0.0})
+            if owner is None:
+                return None
+            edit_id = preview if preview not in (None, "?") else None  # "?": its fate unknown, sent anew
+            return OutboxItem(found[0], 1, dataclasses.replace(reply, edit_id=edit_id, resume_from=0))
         result = run(conn, q.INSERT_OUTBOX, {
             "idempotency_key": reply.idempotency_key, "session_id": session_id, "session_key": session_key,
             "chat_key": chat_key, "generation": generation, "address": a.to_dict(), "text": reply.text,
