@@ -9,7 +9,7 @@ import pytest
 
 from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage, Sender
 from gateway.store.db import create_db_engine, upgrade
-from gateway.store.sql import LaneNext, Prefetch, Store, StreamStart
+from gateway.store.sql import LaneNext, Prefetch, Store, StreamRequest, StreamStart
 
 
 @pytest.fixture
@@ -372,6 +372,27 @@ def test_cancelled_turn_cancels_its_streaming_row_and_unknown_previews_are_not_e
     store.finish_turn([pending.inbox_id], "done", [OutboundMessage(address, "final", "in11:0")], session_key="k")
     [item] = store.claim_outbox("a", 10, 30)
     assert item.message.edit_id is None  # sent as a new message: nothing known to edit
+
+
+def test_previews_of_several_replies_are_taken_and_recorded_together(store):
+    """``start_streams``/``set_previews`` (the main loop's group commits of a burst's previews) do in
+    one transaction what ``start_stream``/``set_preview`` do one by one, in order."""
+    a, b = ChatAddress("telegram", "1", "81"), ChatAddress("telegram", "1", "82")
+    requests = [StreamRequest(OutboundMessage(a, "", "in20:0"), "s", "k1", 0),
+                StreamRequest(OutboundMessage(b, "", "in21:0"), "s", "k2", 0)]
+    first, second = store.start_streams(requests)
+    assert first is not None and second is not None and first.send and second.send
+    assert {r["id"]: r["preview_id"] for r in store.outbox_rows()} == {first.row_id: "?", second.row_id: "?"}
+    assert store.set_previews([(first.row_id, "701"), (second.row_id, None)]) == [True, True]
+    # asked again (a resumed turn): the first keeps editing 701; the second's preview failed: sent anew
+    assert store.start_streams(requests) == [StreamStart(first.row_id, False, "701"),
+                                             StreamStart(second.row_id, True, None)]
+    store.insert_inbound(message("81:1", chat="81"), "k1")
+    [pending] = store.next_pending("k1")
+    store.finish_turn([pending.inbox_id], "done", [OutboundMessage(a, "final", "in20:0")], session_key="k1")
+    # a row no longer streaming keeps its preview id; another reply of its chat waits behind it
+    assert store.set_previews([(first.row_id, "999"), (second.row_id, "702")]) == [False, True]
+    assert store.start_streams([StreamRequest(OutboundMessage(a, "", "in22:0"), "s", "k1", 0)]) == [None]
 
 
 def test_instances_starting_together_migrate_once(db_url):

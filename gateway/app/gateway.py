@@ -200,6 +200,7 @@ class Gateway:
             platforms=set(config.agent.streaming) if config.llm.stream else set(),
             first_after_s=config.agent.stream_first_after_s, intervals=config.agent.stream_edit_interval_s,
             chat_waiting=lambda a: self.delivery.chat_waiting(a.platform, a.tenant, a.chat_id),
+            submit_db=self.submit_db, write_now=self.write_now,
         )
         self.directory = Directory(self.engine, on_join=[move_user_entries])
         # Per-chat settings ([[chats]], /model, /persona, /busy): what a chat's new sessions get.

@@ -7,9 +7,13 @@ recorded on the turn's outbox row (status ``streaming``, created then) before an
 happens. Later text edits that message, at most once per the platform's interval, one edit in
 flight, unchanged text skipped. These preview edits are best effort and never retried.
 
+The preview's row is taken and its id recorded by the main loop too, in one coroutine with the
+send, through group commits: in a burst of streamed replies those writes go together in a few
+transactions instead of two on each worker thread, which queued on SQLite's single writer.
+
 The final reply is not sent by the stream: the turn finishes into the outbox as usual, the row
-turns ``pending`` with the final text, and delivery edits the preview into part 1 (later parts
-are new messages). So the whole reply is delivered once, by the outbox, exactly-once rules and
+gets the final text (claimed, or ``pending``), and delivery edits the preview into part 1 (later
+parts are new messages). So the whole reply is delivered once, by the outbox, exactly-once rules and
 all. A preview is sent only while no other reply to the chat is unsettled (chat order), and only
 on platforms whose adapter can ``edit`` and that ``agent.streaming`` lists.
 """
@@ -24,8 +28,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.core.ports import Adapter, can_edit
-from gateway.core.types import ChatAddress, OutboundMessage
-from gateway.store.sql import Store
+from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
+from gateway.store.group_commit import GroupCommit
+from gateway.store.sql import Store, StreamRequest, StreamStart
 
 log = logging.getLogger("gateway.delivery.streaming")
 
@@ -51,11 +56,16 @@ class StreamHub:
         first_after_s: the model must have been writing this long before a preview is sent.
         intervals: seconds between preview edits per platform (Telegram ~1/s per chat).
         chat_waiting: whether delivery holds the chat for a retry (no preview then).
+        submit_db: queues a blocking call for the DB pool (``Offload.submit``): the preview's
+            row and id are written by the main loop, group-committed (``write_now``: on the loop
+            itself when that never waits).
     """
 
     def __init__(self, *, store: Store, adapters: Mapping[str, Adapter], platforms: set[str],
                  first_after_s: float, intervals: Mapping[str, float],
-                 chat_waiting: Callable[[ChatAddress], bool]) -> None:
+                 chat_waiting: Callable[[ChatAddress], bool],
+                 submit_db: Callable[..., asyncio.Future[Any]],
+                 write_now: Callable[..., tuple[bool, Any]] | None = None) -> None:
         self.store = store
         self.adapters = adapters
         self.platforms = platforms
@@ -63,6 +73,28 @@ class StreamHub:
         self.intervals = intervals
         self.chat_waiting = chat_waiting
         self.loop: asyncio.AbstractEventLoop | None = None
+        # one preview's row or id at a time, or those asked for meanwhile together (a burst)
+        self._starts: GroupCommit[StreamRequest, StreamStart | None] = GroupCommit(
+            store.start_stream_request, store.start_streams, submit_db=submit_db, now=write_now)
+        self._previews: GroupCommit[tuple[int, str | None], bool] = GroupCommit(
+            store.set_preview_of, store.set_previews, submit_db=submit_db, now=write_now)
+
+    async def first_preview(self, request: StreamRequest, adapter: Adapter,
+                            message: OutboundMessage) -> tuple[StreamStart | None, DeliveryResult | None]:
+        """Main loop: takes the reply's row (``Store.start_stream``), sends ``message`` when it may
+        be sent, and records the preview's id (``Store.set_preview``: the id, ``"?"`` when its fate
+        is unknown, ``None`` when it certainly failed). Returns what ``start_stream`` found and the
+        send's result (``None`` when nothing was sent). Raises what the send raises (the row keeps
+        ``"?"``: unknown whether it arrived) and the store's errors."""
+        start = await self._starts.write(request)
+        if start is None or not start.send:
+            return start, None
+        result = await adapter.send(message)
+        if result.ok and result.platform_message_ids:
+            await self._previews.write((start.row_id, result.platform_message_ids[0]))
+        else:
+            await self._previews.write((start.row_id, None if not result.platform_message_ids else "?"))
+        return start, result
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -123,36 +155,37 @@ class TurnStream:
             self.disabled = True
 
     def _send_preview(self, text: str) -> None:
-        store, address = self._hub.store, self._address
-        if self._hub.chat_waiting(address):
+        """Takes the reply's row, sends the preview and records its id, all on the main loop
+        (``StreamHub.first_preview``), waiting at most ``SEND_TIMEOUT_S``."""
+        hub, address = self._hub, self._address
+        if hub.chat_waiting(address):
             return  # delivery holds the chat for a retry
-        session_id, session_key, generation = self._session
-        start = store.start_stream(OutboundMessage(address, "", self._key, reply_to_id=self._reply_to_id),
-                                   session_id, session_key, generation)
+        request = StreamRequest(OutboundMessage(address, "", self._key, reply_to_id=self._reply_to_id),
+                                *self._session)
+        message = OutboundMessage(address, preview_text(text), f"{self._key}:preview",
+                                  reply_to_id=self._reply_to_id, format="plain", editable=True)
+        try:
+            start, result = self._submit(hub.first_preview(request, self._adapter, message)).result(SEND_TIMEOUT_S)
+        except Exception:
+            self.disabled = True  # unknown whether it arrived: the row keeps "?" (the final is sent whole)
+            raise
         if start is None:
             return  # an earlier reply to this chat is not delivered yet: a preview would overtake it
         if start.preview_id is not None:
             self.preview_id = start.preview_id  # a resumed turn keeps editing its preview
             return
-        if not start.send:
+        if result is None:
             self.disabled = True  # already final, or a crash left the preview's fate unknown
             return
-        row_id = start.row_id
-        shown = preview_text(text)
-        message = OutboundMessage(address, shown, f"{self._key}:preview", reply_to_id=self._reply_to_id,
-                                  format="plain", editable=True)
-        try:
-            result = self._submit(self._adapter.send(message)).result(SEND_TIMEOUT_S)
-        except Exception:
-            self.disabled = True  # unknown whether it arrived: leave "?" (the final is then sent whole)
-            raise
+        self._sent(message.text, result)
+
+    def _sent(self, shown: str, result: DeliveryResult) -> None:
+        """The preview's send returned ``result`` (its id already recorded on the row)."""
         if result.ok and result.platform_message_ids:
             self.preview_id = result.platform_message_ids[0]
-            store.set_preview(row_id, self.preview_id)
             self._last_push, self._shown = time.monotonic(), shown
         else:
             self.disabled = True
-            store.set_preview(row_id, None if not result.platform_message_ids else "?")
             log.info("preview for %s not sent (%s); the reply will be sent whole", self._key, result.error)
 
     def _submit(self, coro: Any) -> concurrent.futures.Future[Any]:

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection, Engine, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -247,6 +247,16 @@ class StreamStart:
     row_id: int
     send: bool
     preview_id: str | None
+
+
+class StreamRequest(NamedTuple):
+    """What ``Store.start_stream`` is asked for: the reply (its address and idempotency key; the
+    text is empty), the turn's session, its lane and the lane generation it runs under."""
+
+    reply: OutboundMessage
+    session_id: str | None
+    session_key: str | None
+    generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -878,33 +888,65 @@ class Store:
         resumed turn finds its own), and what to do with it (``StreamStart``). A row the message
         is to be sent for holds ``"?"`` as its preview id once this returns: a crash during the send
         leaves it unknown, never resent."""
+        with write_tx(self.engine) as conn:
+            return self._start_stream_in(conn, StreamRequest(reply, session_id, session_key, generation))
+
+    @retry_locked
+    def start_streams(self, requests: list[StreamRequest]) -> list[StreamStart | None]:
+        """``start_stream`` for several replies in one write transaction, in order (``GroupCommit``:
+        the previews of a burst's streamed replies)."""
+        with write_tx(self.engine) as conn:
+            return [self._start_stream_in(conn, request) for request in requests]
+
+    def start_stream_request(self, request: StreamRequest) -> StreamStart | None:
+        """``start_stream`` of one ``StreamRequest`` (``GroupCommit``'s single item)."""
+        return self.start_stream(*request)
+
+    @staticmethod
+    def _start_stream_in(conn: Any, request: StreamRequest) -> StreamStart | None:
+        reply, session_id, session_key, generation = request
         a = reply.address
         chat_key, key = _chat_key(a), reply.idempotency_key
-        with write_tx(self.engine) as conn:
-            if run(conn, q.UNSETTLED_BEFORE_STREAM, {"b_chat": chat_key, "b_key": key}).first() is not None:
-                return None
-            row = run(conn, q.STREAM_BY_KEY, {"b_key": key}).first()
-            if row is None:
-                now = time.time()
-                result = run(conn, q.INSERT_OUTBOX, {
-                    "idempotency_key": key, "session_id": session_id, "session_key": session_key,
-                    "chat_key": chat_key, "generation": generation, "address": a.to_dict(), "text": reply.text,
-                    "reply_to_id": reply.reply_to_id, "status": "streaming", "attempts": 0, "next_attempt_at": now,
-                    "claim_until": 0.0, "created_at": now, "preview_id": "?"})
-                return StreamStart(int(result.inserted_primary_key[0]), True, None)
-            if row.status != "streaming" or row.preview_id == "?":
-                return StreamStart(row.id, False, None)  # final already, or a first send's fate unknown
-            if row.preview_id is not None:
-                return StreamStart(row.id, False, row.preview_id)
-            run(conn, q.SET_PREVIEW, {"b_id": row.id, "b_preview": "?"})
-            return StreamStart(row.id, True, None)
+        if run(conn, q.UNSETTLED_BEFORE_STREAM, {"b_chat": chat_key, "b_key": key}).first() is not None:
+            return None
+        row = run(conn, q.STREAM_BY_KEY, {"b_key": key}).first()
+        if row is None:
+            now = time.time()
+            result = run(conn, q.INSERT_OUTBOX, {
+                "idempotency_key": key, "session_id": session_id, "session_key": session_key,
+                "chat_key": chat_key, "generation": generation, "address": a.to_dict(), "text": reply.text,
+                "reply_to_id": reply.reply_to_id, "status": "streaming", "attempts": 0, "next_attempt_at": now,
+                "claim_until": 0.0, "created_at": now, "preview_id": "?"})
+            return StreamStart(int(result.inserted_primary_key[0]), True, None)
+        if row.status != "streaming" or row.preview_id == "?":
+            return StreamStart(row.id, False, None)  # final already, or a first send's fate unknown
+        if row.preview_id is not None:
+            return StreamStart(row.id, False, row.preview_id)
+        run(conn, q.SET_PREVIEW, {"b_id": row.id, "b_preview": "?"})
+        return StreamStart(row.id, True, None)
 
     @retry_locked
     def set_preview(self, outbox_id: int, preview_id: str | None) -> bool:
         """Records the preview message id (the id right after its send, ``"?"`` when the send's
         outcome is unknown, ``None`` when it certainly failed) while the row is still ``streaming``."""
         with write_tx(self.engine) as conn:
-            return run(conn, q.SET_PREVIEW, {"b_id": outbox_id, "b_preview": preview_id}).rowcount == 1
+            return self._set_preview_in(conn, (outbox_id, preview_id))
+
+    @retry_locked
+    def set_previews(self, previews: list[tuple[int, str | None]]) -> list[bool]:
+        """``set_preview`` for several ``(outbox_id, preview_id)`` in one write transaction, in order
+        (``GroupCommit``); per row whether it was still ``streaming``."""
+        with write_tx(self.engine) as conn:
+            return [self._set_preview_in(conn, preview) for preview in previews]
+
+    def set_preview_of(self, preview: tuple[int, str | None]) -> bool:
+        """``set_preview`` of one ``(outbox_id, preview_id)`` (``GroupCommit``'s single item)."""
+        return self.set_preview(*preview)
+
+    @staticmethod
+    def _set_preview_in(conn: Any, preview: tuple[int, str | None]) -> bool:
+        outbox_id, preview_id = preview
+        return bool(run(conn, q.SET_PREVIEW, {"b_id": outbox_id, "b_preview": preview_id}).rowcount == 1)
 
     def claim_outbox(self, owner: str, limit: int, claim_s: float) -> list[OutboxItem]:
         """The rows ``claim_due`` claims."""
