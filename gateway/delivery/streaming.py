@@ -177,13 +177,9 @@ class TurnStream:
         if result is None:
             self.disabled = True  # already final, or a crash left the preview's fate unknown
             return
-        self._sent(message.text, result)
-
-    def _sent(self, shown: str, result: DeliveryResult) -> None:
-        """The preview's send returned ``result`` (its id already recorded on the row)."""
-        if result.ok and result.platform_message_ids:
+        if result.ok and result.platform_message_ids:  # (its id is recorded on the row already)
             self.preview_id = result.platform_message_ids[0]
-            self._last_push, self._shown = time.monotonic(), shown
+            self._last_push, self._shown = time.monotonic(), message.text
         else:
             self.disabled = True
             log.info("preview for %s not sent (%s); the reply will be sent whole", self._key, result.error)
