@@ -9,7 +9,8 @@ import pytest
 
 from gateway.core.types import ChatAddress, InboundMessage, OutboundMessage, Sender
 from gateway.store.db import create_db_engine, upgrade
-from gateway.store.sql import LaneNext, Prefetch, Store, StreamRequest, StreamStart
+from gateway.store.outbox import StreamRequest, StreamStart
+from gateway.store.sql import LaneNext, Prefetch, Store
 
 
 @pytest.fixture

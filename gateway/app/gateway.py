@@ -75,7 +75,8 @@ from gateway.sessions.group_context import GroupContextStore
 from gateway.sessions.resets import ResetPolicy
 from gateway.store.db import close_now_connection, create_db_engine, upgrade, write_now
 from gateway.store.offload import Offload
-from gateway.store.sql import OutboxItem, Store
+from gateway.store.outbox import OutboxItem
+from gateway.store.sql import Store
 from gateway.tools.approvals import ApprovalPolicy
 from gateway.tools.approvals_store import Approvals
 from gateway.tools.catalog import build_catalog, build_workspace, expand_toolset, mcp_specs

@@ -30,7 +30,8 @@ from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.telemetry import span as traced
 from gateway.store.group_commit import GroupCommit, submit_via
 from gateway.store.marks import Mark, failed_mark, progress_mark, retry_mark, sending_mark, sent_mark
-from gateway.store.sql import OutboxItem, Store
+from gateway.store.outbox import OutboxItem
+from gateway.store.sql import Store
 
 log = logging.getLogger("gateway.delivery.outbox")
 

@@ -30,7 +30,8 @@ from typing import Any
 from gateway.core.ports import Adapter, can_edit
 from gateway.core.types import ChatAddress, DeliveryResult, OutboundMessage
 from gateway.store.group_commit import GroupCommit
-from gateway.store.sql import Store, StreamRequest, StreamStart
+from gateway.store.outbox import StreamRequest, StreamStart
+from gateway.store.sql import Store
 
 log = logging.getLogger("gateway.delivery.streaming")
 
