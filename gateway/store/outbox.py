@@ -39,6 +39,11 @@ def _attachments(reply: OutboundMessage) -> list[dict[str, Any]] | None:
     return [a.to_dict() for a in reply.attachments] or None
 
 
+def _buttons(reply: OutboundMessage) -> list[list[str]] | None:
+    """The outbox row's ``buttons`` column for ``reply`` (``[label, data]`` pairs; ``None`` without)."""
+    return [list(b) for b in reply.buttons] or None
+
+
 @dataclass(frozen=True, slots=True)
 class StreamStart:
     """What ``Store.start_stream`` found for a streamed reply's row ``row_id``: ``send``: the first
@@ -122,7 +127,7 @@ class OutboxStore:
             run(conn, q.FINISH_STREAM, {
                 "b_id": found[0], "text": reply.text, "reply_to_id": reply.reply_to_id,
                 "status": "claimed" if owner else "pending", "generation": generation, "next_attempt_at": now,
-                "attachments": _attachments(reply), "buttons": [list(b) for b in reply.buttons] or None,
+                "attachments": _attachments(reply), "buttons": _buttons(reply),
                 "attempts": 1 if owner else 0, "claimed_by": owner, "claim_until": now + claim_s if owner else 0.0})
             if owner is None:
                 return None
@@ -132,7 +137,7 @@ class OutboxStore:
             "idempotency_key": reply.idempotency_key, "session_id": session_id, "session_key": session_key,
             "chat_key": chat_key, "generation": generation, "address": a.to_dict(), "text": reply.text,
             "reply_to_id": reply.reply_to_id, "status": "claimed" if owner else "pending",
-            "attempts": 1 if owner else 0, "buttons": [list(b) for b in reply.buttons] or None,
+            "attempts": 1 if owner else 0, "buttons": _buttons(reply),
             "next_attempt_at": now, "claim_until": now + claim_s if owner else 0.0, "claimed_by": owner,
             "created_at": now, "attachments": _attachments(reply),
         })
