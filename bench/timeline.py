@@ -23,7 +23,8 @@ from typing import Any
 
 HOOK_DIR = Path(__file__).resolve().parent / "timeline_hook"
 ENV = "BENCH_TIMELINE"
-"""The environment variable naming the file the marks go to (unset: nothing is recorded)."""
+"""The environment variable naming the file the marks go to (unset: nothing is recorded).
+``BENCH_TIMELINE_EXTRA``: more functions to mark, ``module:Qualified.name`` separated by commas."""
 START = "TelegramAdapter._handle_webhook>"
 """The mark each turn's timeline is measured from."""
 

@@ -51,7 +51,8 @@ if os.environ.get("BENCH_TIMELINE"):
             time.sleep(1.0)
             _dump()
 
-    for _module, _qualname in STEPS:
+    _extra = [tuple(step.split(":", 1)) for step in os.environ.get(ENV + "_EXTRA", "").split(",") if step]
+    for _module, _qualname in (*STEPS, *_extra):
         _wrap(_module, _qualname)
     atexit.register(_dump)
     threading.Thread(target=_every_second, name="bench-timeline", daemon=True).start()
