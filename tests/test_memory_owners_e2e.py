@@ -23,7 +23,8 @@ from tests.test_sessions_e2e import slack_texts, tg_command, tg_texts
 from tests.test_slack_e2e import events_url, message
 from tests.test_telegram_e2e import dm_update
 
-SECRET = "8264"
+SECRET = "QZ8264"
+"""The entry's secret: not hex, so no random id sent to the model (``call_<hex>``) can contain it."""
 BOT_MENTION = "<@U0BOT00001>"  # the fake Slack's bot user
 
 
