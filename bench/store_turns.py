@@ -6,10 +6,13 @@ taken with a prefetch that opens (creates) the session, and ``Store.finish_turn`
 message and the reply, queues the reply already claimed, marks the inbox row and gives the lane up
 (``LaneNext``). ``--claim admit`` (what the gateway does for a new chat) takes the lane in the
 inbox row's own transaction (``Store.claim_new_lane_in``); ``--claim apart`` in a transaction of
-its own (``Store.claim_next``, the way into a lane that exists). One thread, one turn after the
-other: the figures are the store's own, without the contention of a burst.
+its own (``Store.claim_next``, the way into a lane that exists). ``--claim existing`` replays a
+chat's second turn instead (after its first, not counted): the lane exists and is free, so it is
+claimed with ``Store.claim_next``, whose prefetch reads the session with its summary and window.
+One thread, one turn after the other: the figures are the store's own, without the contention of a
+burst.
 
-    python -m bench.store_turns [--turns 400] [--claim admit|apart] [--postgres URL]
+    python -m bench.store_turns [--turns 400] [--claim admit|apart|existing] [--postgres URL]
 
 Prints JSON: ``backend``, ``claim``, ``turns``, ``statements_per_turn`` (planned statements run by
 the claim and the finish), ``wall_us_per_turn``, ``cpu_us_per_turn``.
@@ -53,15 +56,16 @@ def run_store_turns(db_url: str, turns: int = 400, claim: str = "admit") -> dict
         counted[0] += 1
         return planned(conn, statement, params)
 
-    def opened(conn: Any, batch: list[Any]) -> Any:  # what the gateway's prefetch does for a new chat
-        return store.open_session_in(conn, batch[-1].session_key, lambda: "You are a helpful assistant.", 40)
+    def opened(conn: Any, batch: list[Any], fresh: bool) -> Any:  # what the gateway's prefetch does for a new chat
+        return store.open_session_in(conn, batch[-1].session_key, lambda: "You are a helpful assistant.", 40,
+                                     fresh=fresh)
 
-    def turn(chat: str) -> None:
+    def turn(chat: str, number: int = 1) -> None:
         key = f"telegram:bench:dm:{chat}"
-        message = InboundMessage(ChatAddress("telegram", "bench", chat), f"{chat}:1", "dm", Sender(chat, "A"),
-                                 "hello, can you help me plan a trip?")
+        message = InboundMessage(ChatAddress("telegram", "bench", chat), f"{chat}:{number}", "dm",
+                                 Sender(chat, "A"), "hello, can you help me plan a trip?")
         first = Prefetch(opened)
-        if claim == "admit":
+        if number == 0 or claim == "admit":
             with write_tx(engine) as conn:
                 store.insert_inbound_in(conn, message, key)
                 started = counted[0]
@@ -74,12 +78,14 @@ def run_store_turns(db_url: str, turns: int = 400, claim: str = "admit") -> dict
         assert claimed is not None and first.value is not None
         (pending,), generation = claimed
         turn_id = f"in{pending.inbox_id}"
-        store.finish_turn([pending.inbox_id], "done", [OutboundMessage(message.address, "Sure!", f"reply:{chat}")],
+        reply = f"reply:{chat}:{number}"
+        store.finish_turn([pending.inbox_id], "done", [OutboundMessage(message.address, "Sure!", reply)],
                           session_id=first.value.session_id, session_key=key, generation=generation,
                           messages=[NewMessage(turn_id, "user", message.text, {}),
                                     NewMessage(turn_id, "assistant", "Sure!", {})],
-                          stream_key=[f"reply:{chat}", f"reply:{chat}:plan"], claim=("bench", 60.0),
-                          then=LaneNext(key, "bench", 1, Prefetch(opened)))
+                          stream_key=[reply, f"{reply}:plan"], claim=("bench", 60.0),
+                          then=LaneNext(key, "bench", 1, Prefetch(opened)),
+                          new_session=first.value.last_used_at is None)
         statements.append(counted[0] - started)
 
     statements: list[int] = []
@@ -87,7 +93,12 @@ def run_store_turns(db_url: str, turns: int = 400, claim: str = "admit") -> dict
         module.run = counting  # type: ignore[attr-defined]
     try:
         run_id = uuid.uuid4().hex[:6]
+        if claim == "existing":  # the chats' first turns, not measured
+            for n in range(turns):
+                turn(f"{run_id}{n}", 0)
         for n in range(WARMUP):
+            if claim == "existing":
+                turn(f"w{run_id}{n}", 0)
             turn(f"w{run_id}{n}")
         statements.clear()
         wall, cpu = time.perf_counter(), time.process_time()
@@ -114,8 +125,9 @@ def run_store_turns(db_url: str, turns: int = 400, claim: str = "admit") -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=400)
-    parser.add_argument("--claim", choices=("admit", "apart"), default="admit",
-                        help="a new chat's lane taken in its inbox row's transaction, or in one of its own")
+    parser.add_argument("--claim", choices=("admit", "apart", "existing"), default="admit",
+                        help="a new chat's lane taken in its inbox row's transaction, or in one of its own; "
+                             "or a chat's second turn (its lane exists)")
     parser.add_argument("--postgres", metavar="URL", help="an empty PostgreSQL database (its tables are emptied)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:

@@ -148,6 +148,25 @@ def test_the_run_settles_with_its_outbox_row_and_failures_are_told_once(stores):
     assert told["address"]["chat_id"] == TG_DM.chat_id and "channel_not_found" in told["text"]
 
 
+def test_only_the_claims_owner_settles_the_row_and_its_run_and_only_settling_marks_touch_the_run(stores):
+    """The row's mark and its run's (one statement on PostgreSQL) are fenced by the claim: another
+    instance's *sent* changes neither; *sending* leaves the run delivering."""
+    jobs, store = stores
+    job, _ = jobs.create_job(new_job())
+    claim = jobs.claim_run(job.id, 1_796_000_400.0, "schedule", "a", 60)
+    jobs.finish_run(claim, reply=OutboundMessage(SLACK_CHANNEL, "r", idempotency_key=f"push:{claim.run_id}"))
+    [item] = store.claim_outbox("d", 10, 30)
+    assert store.mark_sending(item.id, "d", [], 30)
+    assert jobs.get_run(claim.run_id).status == "delivering"
+    assert not store.mark_sent(item.id, "someone-else", ["1"])
+    assert jobs.get_run(claim.run_id).status == "delivering"
+    assert [r["status"] for r in store.outbox_rows()] == ["sending"]
+    assert store.mark_sent(item.id, "d", ["2"])
+    run = jobs.get_run(claim.run_id)
+    assert (run.status, run.platform_message_ids, run.error) == ("sent", ["2"], None)
+    assert run.finished_at is not None
+
+
 def test_permission_lookups_read_the_inbox(stores):
     jobs, store = stores
 

@@ -36,8 +36,31 @@ def admit(store: Store, msg: InboundMessage, key: str, claim) -> object:
         return claim(conn)
 
 
+def test_a_new_lanes_prefetch_is_told_it_is_fresh_and_opens_the_chats_first_session(store):
+    """The prefetch of a lane created in the admit is told so (``fresh``): the session it opens
+    there, without looking for one, is the lane's, committed with the admit; a lane claimed the
+    ordinary way is not fresh and finds that session again."""
+    told: list[bool] = []
+
+    def opened(conn, batch, fresh):
+        told.append(fresh)
+        return store.open_session_in(conn, "k", lambda: "prompt", 10, fresh=fresh)
+
+    first = Prefetch(opened)
+    assert admit(store, message("5:1"), "k", lambda conn: store.claim_new_lane_in(conn, "k", "a", 60, 1, first))
+    first.commit()
+    assert told == [True] and first.value.last_used_at is None  # created for this turn
+    assert store.current_session_id("k") == first.value.session_id
+    store.release_lane("k", "a")
+    admit(store, message("5:2"), "k", lambda conn: None)
+    again = Prefetch(opened)
+    assert store.claim_next("k", "b", 60, 5, again)
+    assert told == [True, False] and again.value.session_id == first.value.session_id
+    assert again.value.last_used_at is not None  # found, not created
+
+
 def test_a_new_lane_is_claimed_with_its_first_row_and_an_existing_one_is_left_alone(store):
-    read = Prefetch(lambda conn, batch: [p.message.text for p in batch])
+    read = Prefetch(lambda conn, batch, fresh: [p.message.text for p in batch])
     claimed = admit(store, message("5:1", "first"), "k",
                     lambda conn: store.claim_new_lane_in(conn, "k", "a", 60, 1, read))
     assert claimed is not None

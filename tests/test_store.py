@@ -81,7 +81,7 @@ def test_a_turns_last_transaction_reads_the_lanes_next_rows_or_gives_the_lease_u
 def test_reads_for_the_next_turn_run_in_the_transaction_that_hands_over_its_rows(store):
     seen: list[tuple[str, list[str]]] = []
 
-    def session_of(conn, batch):  # what a turn reads before it starts, in the claim's transaction
+    def session_of(conn, batch, fresh):  # what a turn reads before it starts, in the claim's transaction
         opened = store.open_session_in(conn, "k", lambda: "prompt", 10)
         seen.append((opened.session_id, [p.message.text for p in batch]))
         return opened.session_id
@@ -138,6 +138,31 @@ def test_a_turns_finish_titles_the_session_once_and_records_each_chat_it_was_use
     assert [(r.chat_key, r.address) for r in used] == [("slack:T1:D9", there.to_dict()),
                                                        ("telegram:1:5", here.to_dict())]
     assert used[1].last_used_at >= second and used[0].last_used_at >= third
+
+
+def test_a_new_sessions_first_finish_records_its_chat_and_a_second_one_updates_it(store):
+    """``new_session``: the turn created the session, so its chat is inserted without a look first
+    (PostgreSQL); told so again for a session that has the chat already (it cannot happen in the
+    gateway, but must not fail), the row is updated, not duplicated."""
+    from sqlalchemy import select
+
+    from gateway.store.models import SessionAddressRow, table
+
+    addresses = table(SessionAddressRow)
+    here = ChatAddress("telegram", "1", "5")
+    moved = ChatAddress("telegram", "1", "5", thread_id="77")
+    session_id = store.new_session("k", "prompt", None)
+    for n, address in ((1, here), (2, moved)):
+        store.insert_inbound(message(f"5:{n}"), "k")
+        [pending] = store.next_pending("k")
+        before = time.time()
+        store.finish_turn([pending.inbox_id], "done", [OutboundMessage(address, "ok", f"r{n}")],
+                          session_id=session_id, session_key="k", new_session=True)
+        with store.engine.connect() as conn:
+            used = conn.execute(select(addresses.c.chat_key, addresses.c.address, addresses.c.last_used_at)
+                                .where(addresses.c.session_id == session_id)).all()
+        assert [(r.chat_key, r.address) for r in used] == [("telegram:1:5", address.to_dict())]
+        assert used[0].last_used_at >= before
 
 
 def test_a_failed_finish_leaves_the_lane_step_undone(store):

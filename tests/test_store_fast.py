@@ -132,3 +132,25 @@ def test_an_insert_given_its_key_reports_that_key(engine) -> None:
         plain = conn.execute(q.INSERT_SESSION, session("s-plain")).inserted_primary_key
     assert tuple(planned) == ("s-planned",) and tuple(plain) == ("s-plain",)
     assert _planned(engine, q.INSERT_SESSION)
+
+
+def test_a_one_statement_transaction_commits_alone_and_leaves_its_connection_transactional(db_url) -> None:
+    """``write_one``/``read_one`` (PostgreSQL: autocommit, one round trip): the statement is
+    committed by itself; the connection goes back to the pool transactional again, so the next
+    transaction on it (one connection in the pool) still rolls back as a whole."""
+    from gateway.store.db import read_one, write_one
+
+    engine = create_db_engine(db_url, pool_size=1)
+    upgrade(engine)
+    try:
+        with write_one(engine) as conn:
+            fast.execute(conn, q.INSERT_INBOX, _inbox(1))
+        with read_one(engine) as conn:
+            assert conn.execute(select(_INBOX.c.platform_message_id)).scalars().all() == ["1"]
+        with pytest.raises(RuntimeError), write_tx(engine) as conn:
+            fast.execute(conn, q.INSERT_INBOX, _inbox(2))
+            raise RuntimeError("the block failed: nothing of it may stay")
+        with read_tx(engine) as conn:
+            assert conn.execute(select(_INBOX.c.platform_message_id)).scalars().all() == ["1"]
+    finally:
+        engine.dispose()

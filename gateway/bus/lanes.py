@@ -63,7 +63,8 @@ class SessionBus:
             lane's next rows or gives its lease up in the turn's last transaction; ``ready`` is what
             ``prefetch`` read for the batch (``None``: nothing).
         prefetch: reads for a turn made in the transaction that hands the lane its rows
-            (``Store.claim_next``, ``finish_turn``): ``(conn, batch) -> ready`` (``Prefetch``).
+            (``Store.claim_next``, ``claim_new_lane_in``, ``finish_turn``): ``(conn, batch, fresh) -> ready``
+            (``Prefetch``; ``fresh``: the lane was created in that transaction).
         busy_policy: ``queue`` (a turn per message, FIFO), ``merge`` (messages waiting when the
             lane frees are answered in one turn) or ``interrupt`` (handled at receive time: a new
             message cancels the running turn; then like ``queue``).
@@ -83,7 +84,7 @@ class SessionBus:
                  busy_policy: str, on_turn_start: Callable[[ChatAddress], None],
                  on_turn_end: Callable[[ChatAddress], None], on_replies: Callable[[], None] | None = None,
                  album_wait_s: float = 0.0, merges: Callable[[InboundMessage], bool] | None = None,
-                 prefetch: Callable[[Connection, list[PendingInbound]], Any] | None = None) -> None:
+                 prefetch: Callable[[Connection, list[PendingInbound], bool], Any] | None = None) -> None:
         self.prefetch = prefetch
         self.album_wait_s = album_wait_s
         self.merges = merges

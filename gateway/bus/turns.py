@@ -307,10 +307,11 @@ class TurnRunner:
 
         return build_prompt, build_settings
 
-    def prefetch(self, conn: Connection, batch: list[PendingInbound]) -> Ready | None:
+    def prefetch(self, conn: Connection, batch: list[PendingInbound], fresh: bool = False) -> Ready | None:
         """What the turn of ``batch`` reads before it starts, read in the transaction that hands the
-        lane its rows (``gateway.store.sql.Prefetch``): its session (created when the lane has none)
-        and its memory candidates, instead of transactions of their own. ``None`` (the turn reads
+        lane its rows (``gateway.store.sql.Prefetch``; ``fresh``: the lane was created there): its
+        session (created when the lane has none) and its memory candidates, instead of transactions
+        of their own. ``None`` (the turn reads
         them itself) for a command, under usage limits (a refused turn opens no session), and when
         building a new session's prompt failed (the turn then fails the ordinary way). Database
         errors are raised (the claim is retried)."""
@@ -322,7 +323,7 @@ class TurnRunner:
         build_prompt, build_settings = self._new_session_setup(message)  # used only for a new session
         try:
             opened = self.store.open_session_in(conn, key, build_prompt, self.history_window,
-                                                last.user_id if is_dm_key(key) else None, build_settings)
+                                                last.user_id if is_dm_key(key) else None, build_settings, fresh)
         except SQLAlchemyError:
             raise
         except Exception:  # building the prompt failed before anything was written
@@ -350,6 +351,7 @@ class TurnRunner:
         # Files come only from tool calls (send_file): a turn that made none, in this run or in an
         # earlier run of it (resumed), has none, and the read is skipped.
         called: list[bool] = [False]
+        created: list[bool] = [False]  # the session was created for this turn (its first finish)
         found: dict[str | None, list[OutboundAttachment]] = {}
 
         def files_for(session_id: str | None) -> list[OutboundAttachment]:
@@ -378,7 +380,7 @@ class TurnRunner:
                     # a turn that stores memory before its reply keeps the lane until that is done (the
                     # next message, here or on another instance, must find the entry): the bus then
                     # reads the next rows itself
-                    then=then if before_send is None else None)
+                    then=then if before_send is None else None, new_session=created[0] and session_id is not None)
             if before_send is not None:  # after the transcript is written, before the reply can arrive
                 before_send()
             self._hand_over(claimed, replies)
@@ -427,6 +429,7 @@ class TurnRunner:
         spec = chats.spec(opened.settings) if chats is not None else self.spec  # the session's, for its life
         compressor = self._compressor_for(chats.window_tokens(opened.settings) if chats is not None else None)
         session_id, system_prompt, window = opened.session_id, opened.system_prompt, list(opened.window)
+        created[0] = opened.last_used_at is None
         called[0] = any(m.turn_id == turn_id and (m.role == "tool" or m.tool_calls) for m in window)
         fresh = not window and opened.summary is None  # nothing before this turn: a thread never seen
         span.set_attribute("gen_ai.conversation.id", session_id)

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, bindparam, insert, or_, select, text, update
 
 from gateway.memory.terms import index_text
-from gateway.store.db import read_tx, write_tx
+from gateway.store.db import read_one, read_tx, write_tx
 from gateway.store.fast import execute as run
 from gateway.store.models import MemoryRow, table
 from gateway.store.sql import retry_locked
@@ -169,7 +169,7 @@ class MemoryStore:
         words = [w for w in dict.fromkeys(words) if w.isalnum()]
         if not words:
             return []
-        with read_tx(self.engine) as conn:
+        with read_one(self.engine) as conn:  # one statement: one round trip on PostgreSQL
             return self.keyword_search_in(conn, owner, words, limit)
 
     @staticmethod

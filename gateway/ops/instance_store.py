@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from gateway.store.db import read_tx, write_tx
+from gateway.store.db import read_tx, write_one, write_tx
 from gateway.store.models import InstanceRow, JobRunRow, LaneRow, OutboxRow, table
 from gateway.store.sql import retry_locked
 
@@ -99,7 +99,7 @@ class InstanceStore:
     @retry_locked
     def beat(self, instance_id: str, boot: str) -> bool:
         """Renews the heartbeat; ``False`` when ``boot`` no longer holds the id (taken over)."""
-        with write_tx(self.engine) as conn:
+        with write_one(self.engine) as conn:  # one statement: one round trip on PostgreSQL
             return conn.execute(update(_instances).where(_instances.c.id == instance_id, _instances.c.boot == boot)
                                 .values(heartbeat_at=time.time())).rowcount == 1
 

@@ -106,6 +106,25 @@ def write_tx(engine: Engine) -> TxScope:
     return TxScope(engine, "BEGIN IMMEDIATE" if engine.dialect.name == "sqlite" else None, _WRITERS.get(engine))
 
 
+def write_one(engine: Engine) -> TxScope:
+    """``write_tx`` for a transaction of exactly one statement (a delivery mark): on PostgreSQL the
+    statement runs in autocommit, its own transaction, in one round trip instead of three (no
+    ``BEGIN``, no ``COMMIT``); elsewhere it is ``write_tx``. A second statement in the block would
+    be committed apart from the first: use ``write_tx`` for more than one."""
+    if engine.dialect.name == "postgresql":
+        return TxScope(engine, None, None, autocommit=True)
+    return write_tx(engine)
+
+
+def read_one(engine: Engine) -> TxScope:
+    """``read_tx`` for a read of exactly one statement (a turn's memory search): on PostgreSQL
+    in autocommit, one round trip instead of three; elsewhere ``read_tx``. Several statements in
+    the block would each read their own snapshot: use ``read_tx`` for more than one."""
+    if engine.dialect.name == "postgresql":
+        return TxScope(engine, None, None, autocommit=True)
+    return read_tx(engine)
+
+
 def read_tx(engine: Engine) -> TxScope:
     """A read-only transaction (deferred ``BEGIN`` on SQLite: WAL readers never wait on writers);
     see ``write_tx`` for what it yields and raises."""

@@ -12,6 +12,7 @@ that are named after columns (``{"b_id": 7, "status": "sent"}`` sets ``status``)
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from sqlalchemy import and_, bindparam, exists, func, insert, or_, select, update
@@ -107,6 +108,20 @@ LATEST_SUMMARY = (
     .limit(1)
 )
 
+_newest = _summaries.alias("newest")
+_NEWEST_SUMMARY_ID = (select(_newest.c.id).where(_newest.c.session_id == _sessions.c.id)
+                      .order_by(_newest.c.id.desc()).limit(1).correlate(_sessions).scalar_subquery())
+
+CURRENT_SESSION_SUMMARY = (
+    select(_sessions.c.id, _sessions.c.system_prompt, _sessions.c.updated_at, _sessions.c.settings,
+           _summaries.c.covers_to_id, _summaries.c.text.label("summary_text"))
+    .select_from(_lanes.join(_sessions, _sessions.c.id == _lanes.c.session_id)
+                 .outerjoin(_summaries, _summaries.c.id == _NEWEST_SUMMARY_ID))
+    .where(_lanes.c.key == bindparam("b_key"))
+)
+"""``CURRENT_SESSION`` with its ``LATEST_SUMMARY`` (``covers_to_id``, ``summary_text``: ``NULL``
+without one) in one statement: the summary found through its index on ``(session_id, id)``."""
+
 WINDOW = (
     select(_messages.c.id, _messages.c.turn_id, _messages.c.role, _messages.c.content, _messages.c.tool_calls,
            _messages.c.tool_call_id, _messages.c.name, _messages.c.meta, _messages.c.platform_message_id)
@@ -151,6 +166,14 @@ TOUCH_ADDRESS = (
     .where(_addresses.c.session_id == bindparam("b_session"), _addresses.c.chat_key == bindparam("b_chat"))
     .values(last_used_at=bindparam("b_now"), address=bindparam("b_address", type_=_addresses.c.address.type))
 )
+
+INSERT_ADDRESS_IF_NEW = {
+    "postgresql": postgresql.insert(_addresses).on_conflict_do_nothing(
+        index_elements=[_addresses.c.session_id, _addresses.c.chat_key]),
+}
+"""By dialect: ``INSERT_ADDRESS`` unless the session has the chat already (``rowcount`` 0), for a
+session created by the turn (no row can exist yet: one statement instead of ``TOUCH_ADDRESS``
+and an insert). SQLite has ``UPSERT_ADDRESS``."""
 
 # -- outbox -----------------------------------------------------------------------------------
 INSERT_OUTBOX = insert(_outbox)
@@ -239,6 +262,24 @@ SETTLE_JOB_RUN = (
             platform_message_ids=bindparam("b_ids", type_=_job_runs.c.platform_message_ids.type),
             error=bindparam("b_error"), finished_at=bindparam("b_now"))
 )
+
+@functools.cache
+def settle_with_job_run(keys: frozenset[str]) -> Any:
+    """PostgreSQL: ``SETTLE_OUTBOX`` setting the columns ``keys`` and ``SETTLE_JOB_RUN`` for the row
+    in one statement (data-modifying CTEs, one snapshot, one round trip), selecting how many outbox
+    rows were settled (0 or 1). The job run (a scheduled report's, if the row is one) takes the
+    mark's ``status``, ``platform_message_ids`` and ``error``, and ``b_now`` as its end; parameters:
+    ``b_id``, ``b_owner``, ``b_now`` and the columns. Built once per set of columns."""
+    values = {key: bindparam(key, type_=_outbox.c[key].type) for key in sorted(keys)}
+    settled = SETTLE_OUTBOX.values(**values).returning(_outbox.c.id).cte("settled")
+    run = (update(_job_runs)
+           .where(_job_runs.c.outbox_id.in_(select(settled.c.id)), _job_runs.c.status == "delivering")
+           .values(status=bindparam("status", type_=_job_runs.c.status.type),
+                   platform_message_ids=bindparam("platform_message_ids", type_=_job_runs.c.platform_message_ids.type),
+                   error=bindparam("error", type_=_job_runs.c.error.type), finished_at=bindparam("b_now"))
+           .cte("run"))
+    return select(func.count()).select_from(settled).add_cte(run)
+
 
 # -- a new chat's first turn ------------------------------------------------------------------
 INSERT_SESSION = insert(_sessions)

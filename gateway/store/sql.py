@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from gateway.core.types import InboundMessage, OutboundMessage
 from gateway.store import prepared as q
-from gateway.store.db import read_tx, write_tx
+from gateway.store.db import read_one, read_tx, write_tx
 from gateway.store.fast import execute as run
 from gateway.store.models import (
     Base,
@@ -59,20 +59,22 @@ class PendingInbound:
 
 class Prefetch:
     """Reads for the turn about to run, made in the transaction that hands its lane the rows
-    (``Store.claim_next``, or the previous turn's ``finish_turn`` with ``LaneNext``) instead of
-    transactions of their own: ``fn(conn, batch)`` runs there (again if the transaction is
-    retried), and ``value`` is its result once that transaction committed (``None`` until then).
-    ``fn`` must raise only what should fail that transaction (a database error)."""
+    (``Store.claim_next``, ``claim_new_lane_in``, or the previous turn's ``finish_turn`` with
+    ``LaneNext``) instead of transactions of their own: ``fn(conn, batch, fresh)`` runs there (again
+    if the transaction is retried), and ``value`` is its result once that transaction committed
+    (``None`` until then). ``fresh``: the lane was created in that transaction, so it has no
+    session yet (``Store.open_session_in`` need not look for one). ``fn`` must raise only what
+    should fail that transaction (a database error)."""
 
     __slots__ = ("_pending", "fn", "value")
 
-    def __init__(self, fn: Callable[[Connection, list[PendingInbound]], Any]) -> None:
+    def __init__(self, fn: Callable[[Connection, list[PendingInbound], bool], Any]) -> None:
         self.fn = fn
         self.value: Any = None
         self._pending: Any = None
 
-    def run(self, conn: Connection, batch: list[PendingInbound]) -> None:
-        self._pending = self.fn(conn, batch)
+    def run(self, conn: Connection, batch: list[PendingInbound], fresh: bool = False) -> None:
+        self._pending = self.fn(conn, batch, fresh)
 
     def commit(self) -> None:
         self.value, self._pending = self._pending, None
@@ -254,7 +256,7 @@ class Store(OutboxStore):
 
     def keys_waiting(self, now: float, limit: int = 100) -> list[str]:
         """Session keys with pending inbox rows whose lane is not leased (or the lease expired)."""
-        with read_tx(self.engine) as conn:
+        with read_one(self.engine) as conn:  # the sweeper's read, every few seconds: one round trip
             rows = conn.execute(
                 select(_inbox.c.session_key)
                 .select_from(_inbox.outerjoin(_lanes, _lanes.c.key == _inbox.c.session_key))
@@ -382,18 +384,19 @@ class Store(OutboxStore):
         lane = {"key": key, "lease_owner": owner, "lease_until": now + lease_s, "generation": 0}
         if run(conn, if_new, lane).rowcount == 0:
             return None
-        return self._first_batch(conn, key, owner, limit, prefetch)
+        return self._first_batch(conn, key, owner, limit, prefetch, fresh=True)
 
-    def _first_batch(self, conn: Any, key: str, owner: str, limit: int,
-                     prefetch: Prefetch | None) -> tuple[list[PendingInbound], int] | None:
-        """The batch of a lane just claimed by ``owner`` (``prefetch`` run on it), or ``None`` with
-        the lease given up when nothing waits."""
+    def _first_batch(self, conn: Any, key: str, owner: str, limit: int, prefetch: Prefetch | None,
+                     fresh: bool = False) -> tuple[list[PendingInbound], int] | None:
+        """The batch of a lane just claimed by ``owner`` (``prefetch`` run on it; ``fresh``: the
+        lane was created in this transaction), or ``None`` with the lease given up when nothing
+        waits."""
         batch, generation = self._batch(conn, key, limit)
         if not batch:
             run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
             return None
         if prefetch is not None:
-            prefetch.run(conn, batch)
+            prefetch.run(conn, batch, fresh)
         return batch, generation
 
     @retry_locked
@@ -458,10 +461,13 @@ class Store(OutboxStore):
 
     def open_session_in(self, conn: Connection, key: str, build_system_prompt: Callable[[], str], window: int,
                         owner_user_id: str | None = None,
-                        settings: Callable[[], dict[str, Any] | None] = lambda: None) -> OpenSession:
+                        settings: Callable[[], dict[str, Any] | None] = lambda: None,
+                        fresh: bool = False) -> OpenSession:
         """``open_session`` in the caller's write transaction ``conn`` (a lane's claim: ``Prefetch``),
-        the session created in it when the key has none."""
-        current = self._current_session(conn, key, window)
+        the session created in it when the key has none. ``fresh``: the key's lane was created in
+        this transaction (``Prefetch``), so it has no session: none is looked for (one statement
+        fewer for a new chat's first turn)."""
+        current = None if fresh else self._current_session(conn, key, window)
         if current is not None:
             return current
         prompt, made = build_system_prompt(), settings()
@@ -470,10 +476,16 @@ class Store(OutboxStore):
 
     @classmethod
     def _current_session(cls, conn: Any, key: str, window: int) -> OpenSession | None:
-        row = run(conn, q.CURRENT_SESSION, {"b_key": key}).first()
+        """The key's current session with its newest summary and ``window`` messages after its
+        cut: two statements (``CURRENT_SESSION_SUMMARY``, ``WINDOW``), one for ``window`` 0."""
+        if not window:
+            row = run(conn, q.CURRENT_SESSION, {"b_key": key}).first()
+            return None if row is None else OpenSession(row.id, row.system_prompt, [], row.updated_at, None,
+                                                        row.settings)
+        row = run(conn, q.CURRENT_SESSION_SUMMARY, {"b_key": key}).first()
         if row is None:
             return None
-        summary = cls._summary(conn, row.id) if window else None
+        summary = Summary(row.covers_to_id, row.summary_text) if row.covers_to_id is not None else None
         after = summary.covers_to_id if summary is not None else 0
         return OpenSession(row.id, row.system_prompt, cls._window(conn, row.id, window, after), row.updated_at,
                            summary, row.settings)
@@ -652,6 +664,7 @@ class Store(OutboxStore):
         stream_key: str | Sequence[str] | None = None,
         claim: tuple[str, float] | None = None,
         then: LaneNext | None = None,
+        new_session: bool = False,
     ) -> list[OutboxItem]:
         """Queues ``replies`` and marks the turn's inbox rows in one transaction: the last row gets
         ``status``, earlier ones (answered together by a merged turn) ``merged_status``.
@@ -674,6 +687,8 @@ class Store(OutboxStore):
 
         ``then``: the lane's next rows are read, or its lease given up, in the same transaction
         (``LaneNext``; one transaction per turn fewer than ``next_or_release`` after it).
+        ``new_session``: ``session_id`` was created for this turn (``OpenSession.last_used_at`` is
+        ``None``), so the chat it was used from is inserted without looking for it first (PostgreSQL).
         """
         now = time.time()
         with write_tx(self.engine) as conn:
@@ -681,7 +696,7 @@ class Store(OutboxStore):
                 assert session_id is not None
                 self._append(conn, session_id, messages, title=False)  # set with the session's touch
             if session_id is not None:
-                self._touch_session(conn, session_id, replies, now, self._title(messages))
+                self._touch_session(conn, session_id, replies, now, self._title(messages), new_session)
             claimed: list[OutboxItem] = []
             for reply in replies:
                 owner = claim if claim is not None and len(replies) == 1 else None
@@ -707,9 +722,9 @@ class Store(OutboxStore):
 
     @staticmethod
     def _touch_session(conn: Any, session_id: str, replies: Sequence[OutboundMessage], now: float,
-                       title: str | None = None) -> None:
+                       title: str | None = None, new_session: bool = False) -> None:
         """Last use, the title when the session has none yet (``title``: ``_title``), and the chats
-        the session was used from."""
+        the session was used from (``new_session``: see ``finish_turn``)."""
         if title is None:
             run(conn, q.TOUCH_SESSION, {"b_session": session_id, "b_now": now})
         else:
@@ -722,11 +737,14 @@ class Store(OutboxStore):
                 run(conn, upsert, {"session_id": session_id, "chat_key": chat_key, "address": a.to_dict(),
                                    "last_used_at": now})
                 continue
+            row = {"session_id": session_id, "chat_key": chat_key, "address": a.to_dict(), "last_used_at": now}
+            first = q.INSERT_ADDRESS_IF_NEW.get(conn.dialect.name) if new_session else None
+            if first is not None and run(conn, first, row).rowcount:
+                continue
             touched = run(conn, q.TOUCH_ADDRESS, {"b_session": session_id, "b_chat": chat_key, "b_now": now,
-                                                     "b_address": a.to_dict()}).rowcount
+                                                     "b_address": row["address"]}).rowcount
             if not touched:
-                run(conn, q.INSERT_ADDRESS, {"session_id": session_id, "chat_key": chat_key,
-                                                "address": a.to_dict(), "last_used_at": now})
+                run(conn, q.INSERT_ADDRESS, row)
 
     def purge_all(self) -> None:
         """Deletes every row (tests only)."""

@@ -33,7 +33,7 @@ class Tx:
     a SQLAlchemy ``Connection`` (``execute``, ``exec_driver_sql``, ``scalar``...) through the one
     built for this transaction on first use. Made by ``gateway.store.db.write_tx``/``read_tx``."""
 
-    __slots__ = ("_cursor", "_sa", "connection", "dialect", "dispatch", "driver", "engine", "now")
+    __slots__ = ("_cursor", "_sa", "autocommit", "connection", "dialect", "dispatch", "driver", "engine", "now")
 
     def __init__(self, engine: Engine, fairy: Any, now: bool = False, driver: Any = None) -> None:
         self.engine = engine
@@ -42,6 +42,7 @@ class Tx:
         self.connection = fairy
         self.driver = driver if driver is not None else fairy.driver_connection
         self.now = now
+        self.autocommit = False
         self._sa: Connection | None = None
         self._cursor: Any = None
 
@@ -109,7 +110,14 @@ class Tx:
             self.translated(exc, "ROLLBACK")
 
     def release(self) -> None:
-        """Gives the connection back to the pool (dropped instead when it was invalidated)."""
+        """Gives the connection back to the pool (dropped instead when it was invalidated), out of
+        autocommit again (``TxScope``'s ``autocommit``)."""
+        if self.autocommit:
+            self.autocommit = False
+            try:
+                self.driver.autocommit = False
+            except Exception:  # a lost connection: never hand it out again
+                self.connection.invalidate()
         if self._cursor is not None:
             try:
                 self._cursor.close()
@@ -149,14 +157,22 @@ class TxScope:
     begins (``begin``: the SQLite ``BEGIN`` statement, ``None`` for psycopg); on leaving commits, or
     rolls back when the block raised or the commit failed (the error goes on), then gives the
     connection back and releases ``lock``. A plain class rather than a generator context manager:
-    it runs a dozen times per turn."""
+    it runs a dozen times per turn.
 
-    __slots__ = ("_begin", "_engine", "_lock", "_tx")
+    ``autocommit`` (psycopg only, with ``begin`` ``None``): the connection is put in autocommit for
+    the block, so each statement is its own transaction: for a block of one statement, one round
+    trip instead of three (psycopg sends ``BEGIN`` before the first statement and the commit is one
+    more); psycopg's commit and rollback do nothing then. Back out of autocommit before the pool has
+    it again."""
 
-    def __init__(self, engine: Engine, begin: str | None, lock: threading.RLock | None) -> None:
+    __slots__ = ("_autocommit", "_begin", "_engine", "_lock", "_tx")
+
+    def __init__(self, engine: Engine, begin: str | None, lock: threading.RLock | None,
+                 autocommit: bool = False) -> None:
         self._engine = engine
         self._begin = begin
         self._lock = lock
+        self._autocommit = autocommit
         self._tx: Tx | None = None
 
     def __enter__(self) -> Connection:
@@ -173,6 +189,12 @@ class TxScope:
                 raise
             tx = Tx(engine, fairy)
             try:
+                if self._autocommit:
+                    tx.autocommit = True
+                    try:
+                        tx.driver.autocommit = True
+                    except Exception as exc:  # a connection known lost: SQLAlchemy's error, invalidated
+                        raise tx.translated(exc, "SET autocommit") from exc
                 tx.start(self._begin)
             except BaseException:
                 tx.release()
