@@ -5,7 +5,7 @@ Each turn is the first message of a new chat: its inbox row is stored (not count
 taken with a prefetch that opens (creates) the session, and ``Store.finish_turn`` writes the user
 message and the reply, queues the reply already claimed, marks the inbox row and gives the lane up
 (``LaneNext``). ``--claim admit`` (what the gateway does for a new chat) takes the lane in the
-inbox row's own transaction (``Store.claim_new_lane_in``); ``--claim apart`` in a transaction of
+inbox row's own transaction (``Store.claim_free_lane_in``); ``--claim apart`` in a transaction of
 its own (``Store.claim_next``, the way into a lane that exists). ``--claim existing`` replays a
 chat's second turn instead (after its first, not counted): the lane exists and is free, so it is
 claimed with ``Store.claim_next``, whose prefetch reads the session with its summary and window.
@@ -69,7 +69,7 @@ def run_store_turns(db_url: str, turns: int = 400, claim: str = "admit") -> dict
             with write_tx(engine) as conn:
                 store.insert_inbound_in(conn, message, key)
                 started = counted[0]
-                claimed = store.claim_new_lane_in(conn, key, "bench", 60, 1, first)
+                claimed = store.claim_free_lane_in(conn, key, "bench", 60, 1, first)
             first.commit()
         else:
             store.insert_inbound(message, key)

@@ -34,7 +34,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("adapters.telegram.adapter", "TelegramAdapter._api"),
     ("gateway.inbound.receive", "Inbound.receive"),
     ("gateway.bus.lanes", "SessionBus.kick"),
-    ("gateway.bus.lanes", "SessionBus.claim_new_in"),
+    ("gateway.bus.lanes", "SessionBus.claim_free_in"),
     ("gateway.bus.lanes", "SessionBus._drain"),
     ("gateway.store.sql", "Store._claim_next"),
     ("gateway.store.sql", "Store.finish_turn"),

@@ -25,7 +25,7 @@ def test_bench_suite_short_mode(tmp_path):
     timeline = {mark: ms for ms, mark in figures["overhead_sequential"]["timeline_ms"]}
     assert timeline["TelegramAdapter._handle_webhook>"] == 0
     # every turn is a new chat's: its lane is claimed in the admit, with no claim of its own
-    assert 0 < timeline["SessionBus.claim_new_in<"] < timeline["SessionBus._drain>"]
+    assert 0 < timeline["SessionBus.claim_free_in<"] < timeline["SessionBus._drain>"]
     assert timeline["SessionBus._drain>"] < timeline["StreamingEndpoint._send>"]
     assert "Store._claim_next>" not in timeline
     assert timeline["StreamingEndpoint._send>"] < timeline["Store.finish_turn>"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -47,7 +48,7 @@ def test_a_new_lanes_prefetch_is_told_it_is_fresh_and_opens_the_chats_first_sess
         return store.open_session_in(conn, "k", lambda: "prompt", 10, fresh=fresh)
 
     first = Prefetch(opened)
-    assert admit(store, message("5:1"), "k", lambda conn: store.claim_new_lane_in(conn, "k", "a", 60, 1, first))
+    assert admit(store, message("5:1"), "k", lambda conn: store.claim_free_lane_in(conn, "k", "a", 60, 1, first))
     first.commit()
     assert told == [True] and first.value.last_used_at is None  # created for this turn
     assert store.current_session_id("k") == first.value.session_id
@@ -59,10 +60,10 @@ def test_a_new_lanes_prefetch_is_told_it_is_fresh_and_opens_the_chats_first_sess
     assert again.value.last_used_at is not None  # found, not created
 
 
-def test_a_new_lane_is_claimed_with_its_first_row_and_an_existing_one_is_left_alone(store):
+def test_a_free_lane_is_claimed_with_its_oldest_row_and_a_held_one_is_left_alone(store):
     read = Prefetch(lambda conn, batch, fresh: [p.message.text for p in batch])
     claimed = admit(store, message("5:1", "first"), "k",
-                    lambda conn: store.claim_new_lane_in(conn, "k", "a", 60, 1, read))
+                    lambda conn: store.claim_free_lane_in(conn, "k", "a", 60, 1, read))
     assert claimed is not None
     batch, generation = claimed
     assert [p.message.text for p in batch] == ["first"] and generation == 0
@@ -70,22 +71,33 @@ def test_a_new_lane_is_claimed_with_its_first_row_and_an_existing_one_is_left_al
     assert read.value == ["first"]  # the prefetch ran on the batch, in that transaction
     assert not store.claim_lane("k", "b", 60)  # the lease is a's: no other instance takes the turn
 
-    # The lane exists now: a second message neither claims it nor touches a's lease.
-    again = admit(store, message("5:2", "second"), "k",
-                  lambda conn: store.claim_new_lane_in(conn, "k", "b", 60, 1, None))
-    assert again is None
+    # Held (a turn runs on a): a second message neither claims it nor touches a's lease, not even
+    # for a itself (its running drain takes the row).
+    for owner in ("b", "a"):
+        again = admit(store, message(f"5:2{owner}", "second"), "k",
+                      lambda conn, owner=owner: store.claim_free_lane_in(conn, "k", owner, 60, 1, None))
+        assert again is None
     assert not store.claim_lane("k", "b", 60) and store.claim_lane("k", "a", 60)
 
-    # Released and free, it is still not new: the ordinary claim takes it (the oldest row first).
+    # Free again (the turn ended): the next message's admit claims it, with the oldest row first.
     store.release_lane("k", "a")
-    assert admit(store, message("5:3"), "k", lambda conn: store.claim_new_lane_in(conn, "k", "b", 60, 1, None)) is None
-    batch, _ = store.claim_next("k", "b", 60)
-    assert [p.message.text for p in batch] == ["first"]
+    claimed = admit(store, message("5:3"), "k", lambda conn: store.claim_free_lane_in(conn, "k", "b", 60, 1, None))
+    assert claimed is not None and [p.message.text for p in claimed[0]] == ["first"]
+    assert not store.claim_lane("k", "a", 60)  # b's now
+
+    # Expired (its holder died): taken over the same way.
+    store.release_lane("k", "b")
+    assert store.claim_lane("k", "a", -1)  # a lease that ran out already
+    claimed = admit(store, message("5:4"), "k", lambda conn: store.claim_free_lane_in(conn, "k", "b", 60, 1, None))
+    assert claimed is not None and not store.claim_lane("k", "a", 60)
 
 
-def finishing(store: Store, ran: list[str]):
-    """A turn that only marks its rows done and records their texts (``SessionBus.run_turn``)."""
+def finishing(store: Store, ran: list[str], gate: threading.Event | None = None):
+    """A turn that only marks its rows done and records their texts (``SessionBus.run_turn``);
+    with ``gate``, it first waits for it to be set."""
     def run_turn(batch, generation, then, ready) -> str:
+        if gate is not None:
+            gate.wait(10)
         ran.extend(p.message.text for p in batch)
         store.finish_turn([p.inbox_id for p in batch], "done", [], then=then)
         return "done"
@@ -93,10 +105,11 @@ def finishing(store: Store, ran: list[str]):
 
 
 @contextlib.asynccontextmanager
-async def running_bus(store: Store, ran: list[str], lease_s: float = 60.0) -> AsyncIterator[SessionBus]:
+async def running_bus(store: Store, ran: list[str], lease_s: float = 60.0,
+                      gate: threading.Event | None = None) -> AsyncIterator[SessionBus]:
     """A started bus of instance ``a`` on ``store`` whose turns are ``finishing``, stopped after."""
     with ThreadPoolExecutor(2) as workers:
-        bus = SessionBus(store=store, run_turn=finishing(store, ran), workers=workers, instance_id="a",
+        bus = SessionBus(store=store, run_turn=finishing(store, ran, gate), workers=workers, instance_id="a",
                          lease_s=lease_s, sweep_interval_s=3600, busy_policy="queue",
                          on_turn_start=lambda address: None, on_turn_end=lambda address: None)
         await bus.start()
@@ -109,7 +122,7 @@ async def running_bus(store: Store, ran: list[str], lease_s: float = 60.0) -> As
 async def test_a_lane_claimed_with_its_first_row_runs_its_turn_once(store):
     ran: list[str] = []
     async with running_bus(store, ran) as bus:
-        claimed = admit(store, message("5:1", "first"), "k", lambda conn: bus.claim_new_in(conn, "k"))
+        claimed = admit(store, message("5:1", "first"), "k", lambda conn: bus.claim_free_in(conn, "k"))
         assert isinstance(claimed, Claimed)
         bus.kick("k", claimed)
         bus.kick("k")  # a second kick meanwhile (another message's) adds no second turn
@@ -119,12 +132,38 @@ async def test_a_lane_claimed_with_its_first_row_runs_its_turn_once(store):
     assert store.claim_lane("k", "b", 60)  # the lease was given up after the turn
 
 
+async def test_a_chats_next_message_is_claimed_in_its_admit_unless_a_turn_of_it_runs(store):
+    """Once a chat's turn ended its lane is free, and the next message's admit claims it (no claim
+    transaction of its own); while a turn of the chat runs here the admit claims nothing, and that
+    turn's drain runs the message after it, once."""
+    ran: list[str] = []
+    gate = threading.Event()
+    gate.set()
+    async with running_bus(store, ran, gate=gate) as bus:
+        first = admit(store, message("5:1", "first"), "k", lambda conn: bus.claim_free_in(conn, "k"))
+        bus.kick("k", first)
+        await wait_until(lambda: bus.idle and ran == ["first"], what="the first turn")
+        gate.clear()  # the next turn holds its lane until the gate opens
+        second = admit(store, message("5:2", "second"), "k", lambda conn: bus.claim_free_in(conn, "k"))
+        assert isinstance(second, Claimed) and [p.message.text for p in second.batch] == ["second"]
+        bus.kick("k", second)
+        await wait_until(lambda: not bus.idle, what="the second turn")
+        third = admit(store, message("5:3", "third"), "k", lambda conn: bus.claim_free_in(conn, "k"))
+        assert third is None  # its drain runs here: it reads the row after the running turn
+        bus.kick("k", third)
+        gate.set()
+        await wait_until(lambda: bus.idle and len(ran) == 3, what="the turns")
+        await asyncio.sleep(0.1)
+    assert ran == ["first", "second", "third"]
+    assert store.claim_lane("k", "b", 60)  # given up after the last turn
+
+
 async def test_a_claim_that_waited_past_its_lease_is_not_trusted(store):
     """Claimed with the first row, then the drain starts only after the lease ran out and another
     instance took the lane and its row: the drain claims again, fails, and runs nothing."""
     ran: list[str] = []
     async with running_bus(store, ran, lease_s=0.3) as bus:
-        claimed = admit(store, message("5:1", "first"), "k", lambda conn: bus.claim_new_in(conn, "k"))
+        claimed = admit(store, message("5:1", "first"), "k", lambda conn: bus.claim_free_in(conn, "k"))
         assert claimed is not None
         await asyncio.sleep(0.4)
         taken = store.claim_next("k", "b", 60)  # the other instance runs the turn
@@ -137,10 +176,10 @@ async def test_a_claim_that_waited_past_its_lease_is_not_trusted(store):
 async def test_a_lane_claimed_while_the_bus_stops_is_given_up_at_once(store):
     ran: list[str] = []
     async with running_bus(store, ran) as bus:
-        claimed = admit(store, message("5:1", "first"), "k", lambda conn: bus.claim_new_in(conn, "k"))
+        claimed = admit(store, message("5:1", "first"), "k", lambda conn: bus.claim_free_in(conn, "k"))
         assert claimed is not None
         bus.begin_stop()
-        assert admit(store, message("5:2"), "k2", lambda conn: bus.claim_new_in(conn, "k2")) is None
+        assert admit(store, message("5:2"), "k2", lambda conn: bus.claim_free_in(conn, "k2")) is None
         bus.kick("k", claimed)
         # another instance need not wait for the lease to run out
         await wait_until(lambda: store.claim_lane("k", "b", 60), what="the lease given up")

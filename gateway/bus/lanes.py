@@ -44,7 +44,7 @@ ALBUM_LIMIT = 10
 
 @dataclasses.dataclass(slots=True, frozen=True)
 class Claimed:
-    """A new lane claimed in the transaction that stored its first row (``SessionBus.claim_new_in``):
+    """A free lane claimed in the transaction that stored a row for it (``SessionBus.claim_free_in``):
     its first batch, the lane's generation, what the prefetch read for it (its ``value`` set once
     that transaction committed) and when the claim was made (``time.monotonic()`` seconds)."""
 
@@ -63,7 +63,7 @@ class SessionBus:
             lane's next rows or gives its lease up in the turn's last transaction; ``ready`` is what
             ``prefetch`` read for the batch (``None``: nothing).
         prefetch: reads for a turn made in the transaction that hands the lane its rows
-            (``Store.claim_next``, ``claim_new_lane_in``, ``finish_turn``): ``(conn, batch, fresh) -> ready``
+            (``Store.claim_next``, ``claim_free_lane_in``, ``finish_turn``): ``(conn, batch, fresh) -> ready``
             (``Prefetch``; ``fresh``: the lane was created in that transaction).
         busy_policy: ``queue`` (a turn per message, FIFO), ``merge`` (messages waiting when the
             lane frees are answered in one turn) or ``interrupt`` (handled at receive time: a new
@@ -140,17 +140,18 @@ class SessionBus:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
-    def claim_new_in(self, conn: Connection, key: str) -> Claimed | None:
+    def claim_free_in(self, conn: Connection, key: str) -> Claimed | None:
         """In the write transaction ``conn`` that stored a row for ``key`` (the admit,
-        ``gateway.inbound.receive``; any thread): when ``key``'s lane is new, claims it for this
-        instance and reads its first batch and prefetch there (``Store.claim_new_lane_in``), so the
-        turn starts without a claim transaction of its own. Hand the result to ``kick`` once the
-        transaction committed. ``None``: the lane exists, the bus is stopping, or the database
+        ``gateway.inbound.receive``; any thread): when no turn holds ``key``'s lane (a new chat's, or
+        one whose last turn ended), claims it for this instance and reads its batch and prefetch
+        there (``Store.claim_free_lane_in``), so the turn starts without a claim transaction of its
+        own. Hand the result to ``kick`` once the transaction committed. ``None``: a lease is held, a
+        drain of ``key`` runs or waits here (it takes the row), the bus is stopping, or the database
         cannot do it in one statement (the drain claims the lane the ordinary way)."""
-        if self._stopping.is_set():
+        if self._stopping.is_set() or key in self._active:
             return None
         prefetch = Prefetch(self.prefetch) if self.prefetch is not None else None
-        claimed = self.store.claim_new_lane_in(conn, key, self.instance_id, self.lease_s, self.batch_size, prefetch)
+        claimed = self.store.claim_free_lane_in(conn, key, self.instance_id, self.lease_s, self.batch_size, prefetch)
         if claimed is None:
             return None
         return Claimed(claimed[0], claimed[1], prefetch, time.monotonic())
@@ -158,16 +159,16 @@ class SessionBus:
     def kick(self, key: str, claimed: Claimed | None = None) -> None:
         """Ensures ``key`` gets drained (main loop only; cheap, never blocks). A no-op once
         stopping. ``claimed``: the lane was claimed with its first batch when its row was stored
-        (``claim_new_in``, committed): the drain runs that batch without claiming (when it starts
+        (``claim_free_in``, committed): the drain runs that batch without claiming (when it starts
         within a third of the lease; later it claims again, in case the lease was lost)."""
         if self._stopping.is_set():
             if claimed is not None:  # the lease would keep other instances out until it expired
                 self._release_soon(key)
             return
         if key in self._active:
-            # With ``claimed``, that drain is queued, not started (the lane did not exist before
-            # this claim, and a started drain would have created it): it claims the lane again,
-            # this instance's, and runs what waits.
+            # With ``claimed``, that drain started after the claim (``claim_free_in`` claims no
+            # lane with a drain here): it claims the lane again, this instance's, and runs what
+            # waits; the claimed batch is left to it.
             self._again.add(key)
             return
         self._active.add(key)

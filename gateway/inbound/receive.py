@@ -54,8 +54,8 @@ T = TypeVar("T")
 
 Admitted = tuple[InboundMessage, Identity, str, str, "bool | None", bool, "Claimed | None"]
 """What ``Inbound._admit`` returns: ``(message, identity, session key, decision, stored, interrupts,
-claimed)``; ``claimed``: the message's lane was new and was claimed in the same transaction
-(``SessionBus.claim_new_in``)."""
+claimed)``; ``claimed``: the message's lane was free (new, or its last turn ended) and was claimed in
+the same transaction (``SessionBus.claim_free_in``)."""
 
 PAIRING_TEXT = N_(
     "Hello! I don't know you yet. Ask an admin to approve you with this code: {code}\n"
@@ -180,8 +180,9 @@ class Inbound:
             return message, identity, key, decision, None, False, None
         cancel = self._cancel(message, conn)  # the chat's settings, read in this transaction
         self.store.insert_inbound_in(conn, message, key, cancel=cancel, user_id=identity.user_id)
-        # A new chat's lane is claimed here too: its turn starts without a claim of its own.
-        claimed = self.bus.claim_new_in(conn, key)
+        # A free lane (a new chat's, or one whose last turn ended) is claimed here too: its turn
+        # starts without a claim of its own.
+        claimed = self.bus.claim_free_in(conn, key)
         return message, identity, key, decision, True, cancel is not None, claimed
 
     def _keyed(self, message: InboundMessage, identity: Identity) -> tuple[InboundMessage, str]:

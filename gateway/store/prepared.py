@@ -83,6 +83,15 @@ CLAIM_LANE = (
 )
 """Takes the lease on ``b_key`` if free, expired (before ``b_now``) or already ``b_owner``'s."""
 
+CLAIM_FREE_LANE = (
+    update(_lanes)
+    .where(_lanes.c.key == bindparam("b_key"),
+           or_(_lanes.c.lease_owner.is_(None), _lanes.c.lease_until < bindparam("b_now")))
+    .values(lease_owner=bindparam("b_owner"), lease_until=bindparam("b_until"))
+)
+"""Takes the lease on ``b_key`` only if free or expired (before ``b_now``): ``CLAIM_LANE`` without
+"already ``b_owner``'s" (a lease this instance holds is a turn running here)."""
+
 RELEASE_LANE = (
     update(_lanes)
     .where(_lanes.c.key == bindparam("b_key"), _lanes.c.lease_owner == bindparam("b_owner"))

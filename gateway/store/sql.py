@@ -59,7 +59,7 @@ class PendingInbound:
 
 class Prefetch:
     """Reads for the turn about to run, made in the transaction that hands its lane the rows
-    (``Store.claim_next``, ``claim_new_lane_in``, or the previous turn's ``finish_turn`` with
+    (``Store.claim_next``, ``claim_free_lane_in``, or the previous turn's ``finish_turn`` with
     ``LaneNext``) instead of transactions of their own: ``fn(conn, batch, fresh)`` runs there (again
     if the transaction is retried), and ``value`` is its result once that transaction committed
     (``None`` until then). ``fresh``: the lane was created in that transaction, so it has no
@@ -367,24 +367,29 @@ class Store(OutboxStore):
         except IntegrityError:
             return self._claim_next(key, owner, lease_s, limit, prefetch)
 
-    def claim_new_lane_in(self, conn: Any, key: str, owner: str, lease_s: float, limit: int,
-                          prefetch: Prefetch | None) -> tuple[list[PendingInbound], int] | None:
-        """``claim_next`` for a lane used for the first time, inside the caller's write transaction
-        ``conn`` (the one that stored the row for ``key``: ``gateway.inbound.receive``): the lane is
-        created leased to ``owner`` for ``lease_s`` seconds, and its oldest ``limit`` pending rows are
-        read (``prefetch`` runs on them). Returns ``(batch, generation)``, or ``None`` when the lane
-        exists (whoever uses it drains what waits; nothing is written then), when nothing waits,
-        or on a database without a single-statement insert-if-new (only SQLite and PostgreSQL
-        have one). A new lane cannot have a turn running anywhere, so the claim is safe without
-        asking the bus; the lease is what keeps other instances out until the batch's turn ends."""
+    def claim_free_lane_in(self, conn: Any, key: str, owner: str, lease_s: float, limit: int,
+                           prefetch: Prefetch | None) -> tuple[list[PendingInbound], int] | None:
+        """``claim_next`` inside the caller's write transaction ``conn`` (the one that stored a row
+        for ``key``: ``gateway.inbound.receive``), for a lane no turn holds: a lane used for the first
+        time is created leased to ``owner`` for ``lease_s`` seconds (``INSERT_LANE_IF_NEW``; its
+        prefetch is told it is ``fresh``), one whose lease is free or expired is leased so
+        (``CLAIM_FREE_LANE``); then its oldest ``limit`` pending rows are read (``prefetch`` runs on
+        them). Returns ``(batch, generation)``, or ``None`` when a lease is held (by a turn here or
+        on another instance, which drains what waits; nothing is written then), when nothing
+        waits, or on a database without a single-statement insert-if-new (only SQLite and
+        PostgreSQL have one). Like ``claim_next``'s, the claim is one conditional statement, so
+        only one instance can win it; the lease keeps the others out until the batch's turn ends."""
         if_new = q.INSERT_LANE_IF_NEW.get(conn.dialect.name)
         if if_new is None:
             return None
         now = time.time()
         lane = {"key": key, "lease_owner": owner, "lease_until": now + lease_s, "generation": 0}
-        if run(conn, if_new, lane).rowcount == 0:
-            return None
-        return self._first_batch(conn, key, owner, limit, prefetch, fresh=True)
+        if run(conn, if_new, lane).rowcount == 1:
+            return self._first_batch(conn, key, owner, limit, prefetch, fresh=True)
+        if run(conn, q.CLAIM_FREE_LANE, {"b_key": key, "b_owner": owner, "b_now": now,
+                                         "b_until": now + lease_s}).rowcount == 1:
+            return self._first_batch(conn, key, owner, limit, prefetch)
+        return None
 
     def _first_batch(self, conn: Any, key: str, owner: str, limit: int, prefetch: Prefetch | None,
                      fresh: bool = False) -> tuple[list[PendingInbound], int] | None:
