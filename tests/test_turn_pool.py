@@ -9,11 +9,14 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
+from pydantic import ValidationError
+
 from agent.model import OpenAIChatModel
 from agent.providers import Provider, Target
 from agent.routing import HealthBoard, RoutedModel
 from gateway.bus.pool import TurnPool
-from gateway.core.config import AgentConfig
+from gateway.core.config import AgentConfig, DatabaseConfig, load_config
 from tests.fakes import openai as oa
 
 
@@ -70,10 +73,24 @@ def test_shutdown_can_cancel_what_still_waits():
     assert waiting.cancelled() or waiting.result(1) == "never"
 
 
-def test_worker_threads_is_the_warm_minimum_and_a_larger_value_raises_the_bound():
+def test_max_turns_in_flight_is_the_bound_and_worker_threads_only_the_warm_threads_below_it(monkeypatch):
     assert AgentConfig().turns_in_flight() >= 512
     assert AgentConfig(worker_threads=1000).turns_in_flight() == 1000  # an old config's pool size
     assert AgentConfig(max_turns_in_flight=64, worker_threads=4).turns_in_flight() == 64
+    # a bound set below the default warm threads is the bound, and no more threads are kept
+    small = AgentConfig(max_turns_in_flight=2)
+    assert (small.turns_in_flight(), small.warm_threads()) == (2, 2)
+    both = AgentConfig(max_turns_in_flight=100, worker_threads=1000)
+    assert (both.turns_in_flight(), both.warm_threads()) == (100, 100)
+    monkeypatch.setenv("GATEWAY__AGENT__MAX_TURNS_IN_FLIGHT", "2")  # as an operator sets it
+    assert load_config(None).agent.turns_in_flight() == 2
+
+
+def test_thread_and_connection_counts_out_of_range_are_refused():
+    with pytest.raises(ValidationError, match="worker_threads"):
+        AgentConfig(worker_threads=10**20)  # would start threads until the process dies
+    with pytest.raises(ValidationError, match="pool_size"):
+        DatabaseConfig(pool_size=0)  # SQLAlchemy reads 0 as no limit at all
 
 
 def test_turns_waiting_for_a_slow_providers_slot_leave_room_for_other_providers(fake_openai):

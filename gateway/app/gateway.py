@@ -169,7 +169,7 @@ class Gateway:
         self.providers = llm.build_providers(config.secret)  # keys are read once, here
         # Turn workers: elastic up to agent.max_turns_in_flight; a turn waiting for a provider's
         # max_concurrency slot is parked (not in flight), so a slow provider cannot hold them all.
-        self._workers = TurnPool(config.agent.turns_in_flight(), warm=config.agent.worker_threads, name="turn")
+        self._workers = TurnPool(config.agent.turns_in_flight(), warm=config.agent.warm_threads(), name="turn")
         self.provider_health = HealthBoard(self.providers, HealthSettings(
             failures_to_open=llm.breaker_failures, open_s=llm.breaker_open_s,
             rate_limit_cooldown_s=llm.rate_limit_cooldown_s, auth_recheck_s=llm.auth_recheck_s),

@@ -39,7 +39,9 @@ class _Section(BaseModel):
 class DatabaseConfig(_Section):
     url: str = "sqlite:///./data/gateway.db"
     """SQLAlchemy URL. SQLite for one instance; ``postgresql+psycopg://...`` for several."""
-    pool_size: int = 10
+    pool_size: int = Field(default=10, ge=1)
+    """Connections kept open, as many again under load (SQLAlchemy ``pool_size`` and
+    ``max_overflow``); at least 1 (SQLAlchemy reads 0 as no limit)."""
 
 
 class HttpConfig(_Section):
@@ -114,6 +116,11 @@ DEFAULT_PRICES: dict[str, PriceConfig] = {
 }
 
 
+MAX_WARM_THREADS = 4096
+"""Most turn threads ``agent.worker_threads`` may keep started (each a thread's stack reserved,
+some 15 KB resident; more start on demand, up to ``agent.max_turns_in_flight``)."""
+
+
 class AgentConfig(_Section):
     system_prompt: str = (
         "You are a helpful assistant that lives in team chats (Telegram, Slack, Feishu). "
@@ -138,17 +145,25 @@ class AgentConfig(_Section):
     """Most turns running at once on this instance (each holds a thread while it waits on the
     model; threads start on demand). Beyond it messages wait in the inbox, nothing is dropped.
     Turns waiting for a provider's ``max_concurrency`` slot do not count (``gateway.bus.pool``)."""
-    worker_threads: int = Field(default=128, ge=0)
+    worker_threads: int = Field(default=128, ge=0, le=MAX_WARM_THREADS)
     """Turn threads started at once and kept while idle (more start on demand, up to
-    ``max_turns_in_flight``): a burst of new chats then starts few threads while its webhooks are
-    being stored (a start costs the starter thread and the new one some 0.1 ms of CPU under the
-    interpreter lock; an idle thread some 15 KB of RSS). Deprecated as the bound on turns in
-    flight: a value above ``max_turns_in_flight`` raises that bound to it."""
+    ``max_turns_in_flight``; at most that many are kept): a burst of new chats then starts few
+    threads while its webhooks are being stored (a start costs the starter thread and the new one
+    some 0.1 ms of CPU under the interpreter lock; an idle thread some 15 KB of RSS). At most
+    ``MAX_WARM_THREADS``. Deprecated as the bound on turns in flight: in a config that sets it but
+    not ``max_turns_in_flight``, a value above 512 raises the bound to it."""
 
     def turns_in_flight(self) -> int:
-        """The effective bound: ``max_turns_in_flight``, or ``worker_threads`` when larger (configs
-        written when that key was the pool's size keep at least that many turns in flight)."""
+        """The effective bound: ``max_turns_in_flight`` when it is set (or no smaller than
+        ``worker_threads``); otherwise ``worker_threads`` (configs written when that key was the
+        pool's size keep at least that many turns in flight)."""
+        if "max_turns_in_flight" in self.model_fields_set:
+            return self.max_turns_in_flight
         return max(self.max_turns_in_flight, self.worker_threads)
+
+    def warm_threads(self) -> int:
+        """Turn threads kept: ``worker_threads``, at most ``turns_in_flight()``."""
+        return min(self.worker_threads, self.turns_in_flight())
     tool_timeout_s: float = Limits.tool_timeout_s
     """Per-call timeout of tools that do not set their own."""
     tool_retries: int = Limits.tool_retries
