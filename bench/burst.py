@@ -38,11 +38,14 @@ from bench.harness import (
     cpu_seconds,
     idle_cpu_per_s,
     last_user_line,
+    non_negative,
+    positive_int,
     post,
     rig,
     rss_mb,
     update,
     wait_for,
+    work_folder,
 )
 from bench.overhead import _wait_up
 from bench.profile import recording
@@ -176,18 +179,17 @@ def run_burst(workdir: Path, *, chats: int = 200, latency_s: float = 2.0, timeou
 if __name__ == "__main__":
     import argparse
     import json
-    import tempfile
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chats", type=int, default=200)
-    parser.add_argument("--latency", type=float, default=2.0)
+    parser.add_argument("--chats", type=positive_int, default=200)
+    parser.add_argument("--latency", type=non_negative, default=2.0)
     parser.add_argument("--profile", action="store_true", help="record the gateway with py-spy")
     parser.add_argument("--keep", help="keep the work folder here (the log, the profile)")
-    parser.add_argument("--tokens", type=int, default=0,
+    parser.add_argument("--tokens", type=lambda text: int(non_negative(text)), default=0,
                         help="each reply streams this many more words, one event each (default: 3 events at once)")
-    parser.add_argument("--token-gap", type=float, default=0.0, help="seconds between those events")
+    parser.add_argument("--token-gap", type=non_negative, default=0.0, help="seconds between those events")
     args = parser.parse_args()
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
-    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gw-burst-"))
-    print(json.dumps(run_burst(folder, chats=args.chats, latency_s=args.latency, profile=args.profile,
-                               tokens=args.tokens, token_gap_s=args.token_gap), indent=2))
+    with work_folder(args.keep, "gw-burst-") as folder:
+        print(json.dumps(run_burst(folder, chats=args.chats, latency_s=args.latency, profile=args.profile,
+                                   tokens=args.tokens, token_gap_s=args.token_gap), indent=2))

@@ -7,8 +7,10 @@ timestamps (model request arrival, Bot API call arrival) share one clock with th
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -149,3 +151,51 @@ async def wait_for(predicate: Any, timeout: float, poll_s: float = 0.05) -> bool
             return True
         await asyncio.sleep(poll_s)
     return bool(predicate())
+
+
+def positive_int(text: str) -> int:
+    """``argparse`` type: a whole number ≥ 1 (``--chats 0`` is a mistake, not an empty run)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """``argparse`` type: a number of seconds (or a count) ≥ 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
+def positive_rate(text: str) -> float:
+    """``argparse`` type: a number > 0 (messages per second)."""
+    value = non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
+def positive_ints(text: str) -> list[int]:
+    """``argparse`` type: comma-separated whole numbers ≥ 1 (``--processes 1,2,4``)."""
+    return [positive_int(part.strip()) for part in text.split(",")]
+
+
+@contextlib.contextmanager
+def work_folder(keep: str | None, prefix: str) -> Iterator[Path]:
+    """The benchmark's work folder: ``keep`` (kept after), or a temporary one removed after the run
+    (its database, logs and profiles are only the run's)."""
+    if keep:
+        path = Path(keep)
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        yield Path(folder)

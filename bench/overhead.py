@@ -35,6 +35,8 @@ from bench.harness import (
     last_user_line,
     ms,
     percentile,
+    positive_int,
+    positive_rate,
     post,
     rig,
     update,
@@ -246,9 +248,9 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", action="store_true", help="text turns beside photo turns")
-    parser.add_argument("--messages", type=int, default=200)
-    parser.add_argument("--rate", type=float, default=10.0)
-    parser.add_argument("--chats", type=int, default=None,
+    parser.add_argument("--messages", type=positive_int, default=200)
+    parser.add_argument("--rate", type=positive_rate, default=10.0)
+    parser.add_argument("--chats", type=positive_int, default=None,
                         help="text turns spread over this many chats (= --messages: each a new chat)")
     parser.add_argument("--postgres", action="store_true",
                         help="the gateway on a scratch PostgreSQL database (bench.multi_instance.PG_ADMIN_URL)")

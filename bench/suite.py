@@ -27,13 +27,13 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.burst import run_burst
+from bench.harness import work_folder
 from bench.overhead import run_image_overhead, run_overhead
 from bench.prompt import run_long_conversation
 from bench.restart import run_restart
@@ -102,14 +102,18 @@ def run_suite(workdir: Path, *, short: bool = False, only: list[str] | None = No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="gateway benchmark suite (prints JSON)")
-    parser.add_argument("--short", action="store_true", help="tiny sizes (seconds, not minutes)")
+    parser.add_argument("--short", action="store_true", help="tiny sizes (about a minute in all, not an hour)")
     parser.add_argument("--only", help="comma-separated: " + ",".join(FULL) + ",throughput_postgres")
     parser.add_argument("--postgres", action="store_true", help="also run throughput on PostgreSQL")
+    parser.add_argument("--keep", help="keep the work folder here (the logs)")
     args = parser.parse_args()
-    only = args.only.split(",") if args.only else None
+    only = [name.strip() for name in args.only.split(",")] if args.only else None
+    unknown = sorted(set(only or ()) - {*FULL, "throughput_postgres"})
+    if unknown:
+        parser.error(f"--only: no benchmark named {', '.join(unknown)} (known: {','.join(FULL)},throughput_postgres)")
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
-    workdir = Path(tempfile.mkdtemp(prefix="gw-bench-"))
-    print(json.dumps(run_suite(workdir, short=args.short, only=only, postgres=args.postgres), indent=2))
+    with work_folder(args.keep, "gw-bench-") as workdir:
+        print(json.dumps(run_suite(workdir, short=args.short, only=only, postgres=args.postgres), indent=2))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import platform
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -39,7 +38,18 @@ from sqlalchemy import create_engine, text
 
 from bench.config import fakes_config
 from bench.fault_injection import ROOT, TOKEN, _free_port
-from bench.harness import SECRET, WEBHOOK_PATH, cpu_seconds, last_user_line, post, update
+from bench.harness import (
+    SECRET,
+    WEBHOOK_PATH,
+    cpu_seconds,
+    last_user_line,
+    non_negative,
+    positive_int,
+    positive_ints,
+    post,
+    update,
+    work_folder,
+)
 from tests.fakes import openai as oa
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
@@ -285,15 +295,17 @@ def run_repeated(workdir: Path, processes: list[int], runs: int, **kwargs: Any) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--processes", default="1,2,4", help="comma-separated process counts (first = the base)")
-    parser.add_argument("--chats", type=int, default=200)
-    parser.add_argument("--latency", type=float, default=2.0, help="model latency, seconds")
-    parser.add_argument("--worker-threads", type=int, default=200, help="agent.worker_threads of each process")
-    parser.add_argument("--runs", type=int, default=1, help="repeat everything; medians reported")
+    parser.add_argument("--processes", type=positive_ints, default=[1, 2, 4],
+                        help="comma-separated process counts (first = the base)")
+    parser.add_argument("--chats", type=positive_int, default=200)
+    parser.add_argument("--latency", type=non_negative, default=2.0, help="model latency, seconds")
+    parser.add_argument("--worker-threads", type=positive_int, default=200, help="agent.worker_threads of each process")
+    parser.add_argument("--runs", type=positive_int, default=1, help="repeat everything; medians reported")
+    parser.add_argument("--keep", help="keep the work folder here (the logs)")
     args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="gw-workers-"))
-    figures = run_repeated(workdir, [int(n) for n in args.processes.split(",")], args.runs, chats=args.chats,
-                           latency_s=args.latency, worker_threads=args.worker_threads)
+    with work_folder(args.keep, "gw-workers-") as workdir:
+        figures = run_repeated(workdir, args.processes, args.runs, chats=args.chats,
+                               latency_s=args.latency, worker_threads=args.worker_threads)
     print(json.dumps(figures, indent=2))
 
 

@@ -204,3 +204,28 @@ async def test_stop_lets_the_tool_step_finish_and_the_turn_resume_after_the_rest
         assert roles == ["user", "assistant", "tool", "assistant"] and inbox == ["done"]
     finally:
         await second.stop()
+
+
+@pytest.mark.timeout(180)
+def test_sighup_from_a_closed_terminal_stops_as_gracefully_as_sigterm(tmp_path):
+    """Closing the terminal ``gateway run`` was started from sends SIGHUP: the turn in flight
+    finishes and its reply goes out once before the exit (status 0), as with SIGTERM."""
+    with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
+        port = _free_port()
+        gateway = GatewayProcess(config(tmp_path, telegram, model, port), port, tmp_path)
+        gate = threading.Event()
+        model.responder = lambda req: oa.hold(gate, oa.text(f"re: {token_of(req)}"))
+        gateway.start()
+        try:
+            gateway.wait_ready(60)
+            telegram.inject(dm("hup-0", CHAT_BASE, message_id=1))
+            wait(lambda: held(model) == 1, 60, "the model call in flight")
+            assert gateway.proc is not None
+            gateway.proc.send_signal(signal.SIGHUP)
+            wait(lambda: not ready(port), 30, "/readyz to leave 200 (the stop began)")
+            gate.set()
+            assert gateway.proc.wait(60) == 0
+        finally:
+            gate.set()
+            gateway.terminate()
+        assert [c.params["text"] for c in telegram.calls("sendMessage")] == ["re: hup-0"]

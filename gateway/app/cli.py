@@ -64,8 +64,9 @@ def freeze_startup_objects() -> None:
 
 
 async def _run(config: GatewayConfig, supervisor_fd: int | None = None) -> None:
-    """Serves until SIGTERM/SIGINT. ``supervisor_fd``: this is a worker of ``gateway run --workers
-    N``; it writes to that pipe once started and stops when the supervisor is gone."""
+    """Serves until SIGTERM, SIGINT or SIGHUP (the terminal closed), then stops gracefully.
+    ``supervisor_fd``: this is a worker of ``gateway run --workers N``; it writes to that pipe once
+    started and stops when the supervisor is gone."""
     from gateway.app.gateway import Gateway
     from gateway.app.wiring import build_adapters
     from gateway.app.workers import signal_ready, watch_supervisor
@@ -74,9 +75,10 @@ async def _run(config: GatewayConfig, supervisor_fd: int | None = None) -> None:
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(loop_exception_handler)
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(watch_supervisor(stop.set)) if supervisor_fd is not None else None
     provider = None
     cut = 0  # turns the stop timeout cut (their rows are pending: resumed after the restart)

@@ -17,7 +17,7 @@ The supervisor (``Supervisor.run``):
   stayed up ``STABLE_AFTER_S``); a worker that exits with status 2 before it was ever ready (a
   configuration or start-up error, the same for every worker) stops them all and the supervisor
   exits 2;
-- on SIGTERM or SIGINT forwards SIGTERM to every worker (each stops gracefully within
+- on SIGTERM, SIGINT or SIGHUP forwards SIGTERM to every worker (each stops gracefully within
   ``stop_timeout_s``), waits for them (SIGKILL after ``stop_timeout_s`` + ``KILL_GRACE_S``) and
   exits 0.
 
@@ -230,10 +230,10 @@ class Supervisor:
             worker.proc = None
 
     def run(self, install_signals: bool = True) -> int:
-        """Runs until SIGTERM/SIGINT (returns 0 once every worker has stopped) or a start-up error
-        of a worker (returns 2). Raises what migrating the database raises."""
+        """Runs until SIGTERM, SIGINT or SIGHUP (returns 0 once every worker has stopped) or a
+        start-up error of a worker (returns 2). Raises what migrating the database raises."""
         if install_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, self._on_signal)
         self._prepare()
         status = 0
