@@ -255,6 +255,32 @@ def test_session_usage_sums_each_calls_reported_figures_once(store):
         (3200, 2500, pytest.approx(0.0165)), (10, 0, pytest.approx(0.0001))]
 
 
+def test_a_users_sessions_are_listed_by_their_last_message_reading_only_theirs(store):
+    """``/sessions``: the user's sessions, the one last written to first (one without messages by
+    its creation), the lane's current one marked, another user's never; each session's last
+    message is found through the transcript's index, not by reading every message there is."""
+    from gateway.sessions.directory import OWNED_SESSIONS, Directory
+
+    older = store.new_session("dm:u1", "s", "u1")
+    store.append_message(older, "t1", "user", "first")
+    empty = store.new_session("dm:u1", "s", "u1")
+    theirs = store.new_session("dm:u2", "s", "u2")
+    store.append_message(theirs, "t2", "user", "not yours")
+    time.sleep(0.01)
+    store.append_message(older, "t3", "user", "again")  # the older session, used last
+    current = store.new_session("dm:u1", "s", "u1")  # the lane's now
+    listed = Directory(store.engine).sessions("u1", "dm:u1")
+    assert [s.id for s in listed] == [current, older, empty]
+    assert [s.current for s in listed] == [True, False, False]
+    if store.engine.dialect.name == "sqlite":
+        compiled = OWNED_SESSIONS.compile(dialect=store.engine.dialect)
+        params = compiled.construct_params({"b_owner": "u1"})
+        with store.engine.connect() as conn:
+            plan = " | ".join(row[-1] for row in conn.exec_driver_sql(
+                f"EXPLAIN QUERY PLAN {compiled.string}", tuple(params[name] for name in compiled.positiontup)))
+        assert "SCAN messages" not in plan and "ix_messages_session_id_id" in plan, plan
+
+
 def test_turn_texts_are_the_turns_messages_among_the_newest(store):
     store.claim_lane("k", "a", 60)
     session_id, _ = store.current_session("k", lambda: "s")

@@ -39,6 +39,14 @@ _sessions = table(SessionRow)
 _lanes = table(LaneRow)
 _inbox = table(InboxRow)
 _messages = table(MessageRow)
+
+_LAST_MESSAGE_AT = (select(_messages.c.created_at).where(_messages.c.session_id == _sessions.c.id)
+                    .order_by(_messages.c.id.desc()).limit(1).correlate(_sessions).scalar_subquery())
+OWNED_SESSIONS = select(_sessions.c.id, _sessions.c.title, _sessions.c.created_at,
+                        _LAST_MESSAGE_AT.label("last")).where(_sessions.c.owner_user_id == bindparam("b_owner"))
+"""A user's sessions (``b_owner``) with their newest message's time (``last``; ``NULL`` without
+one): the sessions through their owner's index, each newest message through
+``ix_messages_session_id_id`` (it once grouped every message of the database to find them)."""
 _link_failures = table(LinkFailureRow)
 
 _INSERT_USER = insert(_users)
@@ -292,16 +300,11 @@ class Directory:
 
     # -- sessions a user owns --------------------------------------------------------------------
     def sessions(self, user_id: str, key: str, limit: int = 20) -> list[SessionInfo]:
-        """The user's sessions, most recently used first."""
+        """The user's sessions, most recently used first (``/sessions``). One index look-up per
+        session of the user (``OWNED_SESSIONS``), however many messages the database holds."""
         with read_tx(self.engine) as conn:
             current = conn.execute(select(_lanes.c.session_id).where(_lanes.c.key == key)).scalar()
-            last_used = (select(_messages.c.session_id, func.max(_messages.c.created_at).label("last"))
-                         .group_by(_messages.c.session_id).subquery())
-            rows = conn.execute(
-                select(_sessions.c.id, _sessions.c.title, _sessions.c.created_at, last_used.c.last)
-                .select_from(_sessions.outerjoin(last_used, last_used.c.session_id == _sessions.c.id))
-                .where(_sessions.c.owner_user_id == user_id)
-            ).all()
+            rows = conn.execute(OWNED_SESSIONS, {"b_owner": user_id}).all()
         infos = [SessionInfo(r.id, r.title, r.created_at, r.last or r.created_at, r.id == current) for r in rows]
         return sorted(infos, key=lambda s: s.last_used_at, reverse=True)[:limit]
 
