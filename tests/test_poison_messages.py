@@ -46,7 +46,8 @@ async def test_half_an_emoji_and_a_nul_are_cleaned_and_the_conversation_goes_on(
     try:
         with engine.connect() as conn:
             assert set(conn.execute(select(InboxRow.status)).scalars()) == {"done"}
-            stored = list(conn.execute(select(MessageRow.content).where(MessageRow.role == "user")).scalars())
+            stored = list(conn.execute(select(MessageRow.content).where(MessageRow.role == "user")
+                                       .order_by(MessageRow.id)).scalars())  # (no order without one)
     finally:
         engine.dispose()
     assert stored == ["half \ufffd emoji", "ab", "still there?"]
