@@ -8,7 +8,8 @@ message and the reply, queues the reply already claimed, marks the inbox row and
 inbox row's own transaction (``Store.claim_free_lane_in``); ``--claim apart`` in a transaction of
 its own (``Store.claim_next``, the way into a lane that exists). ``--claim existing`` replays a
 chat's second turn instead (after its first, not counted): the lane exists and is free, so it is
-claimed with ``Store.claim_next``, whose prefetch reads the session with its summary and window.
+claimed in the inbox row's transaction as the gateway does (``Store.claim_free_lane_in``), and the
+prefetch reads the session with its summary and window.
 One thread, one turn after the other: the figures are the store's own, without the contention of a
 burst.
 
@@ -65,7 +66,7 @@ def run_store_turns(db_url: str, turns: int = 400, claim: str = "admit") -> dict
         message = InboundMessage(ChatAddress("telegram", "bench", chat), f"{chat}:{number}", "dm",
                                  Sender(chat, "A"), "hello, can you help me plan a trip?")
         first = Prefetch(opened)
-        if number == 0 or claim == "admit":
+        if number == 0 or claim in ("admit", "existing"):
             with write_tx(engine) as conn:
                 store.insert_inbound_in(conn, message, key)
                 started = counted[0]
@@ -84,8 +85,7 @@ def run_store_turns(db_url: str, turns: int = 400, claim: str = "admit") -> dict
                           messages=[NewMessage(turn_id, "user", message.text, {}),
                                     NewMessage(turn_id, "assistant", "Sure!", {})],
                           stream_key=[reply, f"{reply}:plan"], claim=("bench", 60.0),
-                          then=LaneNext(key, "bench", 1, Prefetch(opened)),
-                          new_session=first.value.last_used_at is None)
+                          then=LaneNext(key, "bench", 1, Prefetch(opened)))
         statements.append(counted[0] - started)
 
     statements: list[int] = []
@@ -127,7 +127,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=400)
     parser.add_argument("--claim", choices=("admit", "apart", "existing"), default="admit",
                         help="a new chat's lane taken in its inbox row's transaction, or in one of its own; "
-                             "or a chat's second turn (its lane exists)")
+                             "or a chat's second turn (its lane exists and is free: taken in the inbox row's "
+                             "transaction)")
     parser.add_argument("--postgres", metavar="URL", help="an empty PostgreSQL database (its tables are emptied)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:

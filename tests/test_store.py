@@ -140,10 +140,11 @@ def test_a_turns_finish_titles_the_session_once_and_records_each_chat_it_was_use
     assert used[1].last_used_at >= second and used[0].last_used_at >= third
 
 
-def test_a_new_sessions_first_finish_records_its_chat_and_a_second_one_updates_it(store):
-    """``new_session``: the turn created the session, so its chat is inserted without a look first
-    (PostgreSQL); told so again for a session that has the chat already (it cannot happen in the
-    gateway, but must not fail), the row is updated, not duplicated."""
+def test_a_sessions_chat_is_recorded_once_and_then_updated_without_spending_row_ids(store):
+    """The first finish from a chat inserts the session's row for it; later ones from that chat
+    update it (the address as last seen), never a second row, and take no number from the id
+    sequence (PostgreSQL: one statement updates the row or, only when there is none, inserts it), so
+    the next chat's row gets the next id."""
     from sqlalchemy import select
 
     from gateway.store.models import SessionAddressRow, table
@@ -151,18 +152,28 @@ def test_a_new_sessions_first_finish_records_its_chat_and_a_second_one_updates_i
     addresses = table(SessionAddressRow)
     here = ChatAddress("telegram", "1", "5")
     moved = ChatAddress("telegram", "1", "5", thread_id="77")
+    there = ChatAddress("slack", "T1", "D9")
     session_id = store.new_session("k", "prompt", None)
-    for n, address in ((1, here), (2, moved)):
+
+    def rows() -> list:
+        with store.engine.connect() as conn:
+            return conn.execute(select(addresses.c.id, addresses.c.chat_key, addresses.c.address,
+                                       addresses.c.last_used_at)
+                                .where(addresses.c.session_id == session_id).order_by(addresses.c.id)).all()
+
+    for n, address in enumerate((here, moved, here, moved, there), start=1):
         store.insert_inbound(message(f"5:{n}"), "k")
         [pending] = store.next_pending("k")
         before = time.time()
         store.finish_turn([pending.inbox_id], "done", [OutboundMessage(address, "ok", f"r{n}")],
-                          session_id=session_id, session_key="k", new_session=True)
-        with store.engine.connect() as conn:
-            used = conn.execute(select(addresses.c.chat_key, addresses.c.address, addresses.c.last_used_at)
-                                .where(addresses.c.session_id == session_id)).all()
-        assert [(r.chat_key, r.address) for r in used] == [("telegram:1:5", address.to_dict())]
-        assert used[0].last_used_at >= before
+                          session_id=session_id, session_key="k")
+        if n == 4:
+            [only] = rows()
+            assert (only.chat_key, only.address) == ("telegram:1:5", moved.to_dict())
+            assert only.last_used_at >= before
+    first, second = rows()
+    assert (second.chat_key, second.address) == ("slack:T1:D9", there.to_dict())
+    assert second.id == first.id + 1
 
 
 def test_a_failed_finish_leaves_the_lane_step_undone(store):
@@ -488,3 +499,68 @@ def test_a_control_reply_after_a_stop_is_not_taken_for_a_stale_one(store):
     store.insert_inbound(later, "k", control_reply=reply_row("pairing code"))  # no cancellation
     store.mark_sent(store.outbox_rows()[0]["id"], "x", ["1"])
     assert [i.message.idempotency_key for i in store.claim_outbox("x", 10, claim_s=60)] == ["pairing code"]
+
+
+def test_a_turns_messages_are_stored_in_order_and_each_usage_row_keyed_by_its_own_message(store):
+    """Several messages go in with one statement: the transcript keeps their order (ids ascending),
+    a JSON column left empty reads back as ``None``, and a model call's usage row is keyed by the
+    message it belongs to, not by the first or last of the statement. More messages than one
+    statement takes are split, in order. A field that is not a column is refused."""
+    from sqlalchemy import select
+
+    from gateway.store.models import UsageRow
+    from gateway.store.prepared import MESSAGES_PER_INSERT
+    from gateway.store.sql import NewMessage, UsageEntry
+
+    used = UsageEntry(user_id="u1", chat_key="telegram:1:5", session_key="k", platform="telegram",
+                      provider="default", model="m", day="2026-12-03", prompt_tokens=10, cached_tokens=0,
+                      completion_tokens=2, cost_usd=0.001)
+    session_id = store.new_session("k", "prompt", None)
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    messages = [NewMessage("in1", "user", "hi", {"meta": {"time": 1.0}}),
+                NewMessage("in1", "assistant", None, {"tool_calls": calls}),
+                NewMessage("in1", "tool", "result", {"tool_call_id": "c1"}),
+                NewMessage("in1", "assistant", "done", {"prompt_tokens": 10, "completion_tokens": 2}, (used, used))]
+    many = [NewMessage(f"in{n}", "user", f"m{n}", {}) for n in range(MESSAGES_PER_INSERT + 2)]
+    ids = store.append_messages(session_id, messages) + store.append_messages(session_id, many)
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    stored = store.transcript(session_id)
+    assert [m.id for m in stored] == ids
+    assert [m.content for m in stored] == ["hi", None, "result", "done"] + [f"m{n}" for n in range(len(many))]
+    assert stored[0].meta == {"time": 1.0} and stored[1].tool_calls == calls and stored[2].tool_call_id == "c1"
+    assert stored[0].tool_calls is None and stored[2].meta is None
+    with store.engine.connect() as conn:
+        keys = conn.execute(select(UsageRow.call_key).order_by(UsageRow.call_key)).scalars().all()
+    assert keys == [f"message:{ids[3]}", f"message:{ids[3]}:1"]
+    with pytest.raises(ValueError, match="not a messages column"):
+        store.append_messages(session_id, [NewMessage("in9", "user", "x", {"colour": "red"})])
+
+
+def test_a_lanes_session_opens_with_its_window_exactly_as_stored(store):
+    """The session and its window (one statement on PostgreSQL) give back every message after the
+    newest summary's cut exactly as the transcript read gives them: text with quotes, newlines and
+    non-Latin script, JSON with the same keys, order and numbers (the window is rendered into the
+    model's prompt, whose bytes must not change from turn to turn), empty JSON as ``None``; and no
+    more than ``window`` of them."""
+    from gateway.store.sql import NewMessage
+
+    session_id = store.new_session("k", "prompt", None)
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"q\": \"é\"}"}}]
+    meta = {"time": 1764780000.123456, "z": 1, "a": [1.5e-07, None, True], "text": "line\n\"quoted\" 日本語"}
+    ids = store.append_messages(session_id, [
+        NewMessage("in1", "user", "first", {"meta": meta}),
+        NewMessage("in1", "assistant", "cut here", {}),
+        NewMessage("in2", "user", "Ünïcødé \"q\"\n\ttab 中文 🙂", {"meta": meta, "platform_message_id": "5:2"}),
+        NewMessage("in2", "assistant", None, {"tool_calls": calls, "prompt_tokens": 3}),
+        NewMessage("in2", "tool", "{\"ok\": true}", {"tool_call_id": "c1", "name": "f"}),
+        NewMessage("in2", "assistant", "done", {"tool_calls": None, "meta": None})])
+    store.save_summary(session_id, ids[1], "what came before")
+    opened = store.open_session("k", lambda: "unused", 40)
+    assert opened.session_id == session_id and opened.summary.covers_to_id == ids[1]
+    assert opened.window == store.load_window(session_id, 40)[2:]
+    assert [m.id for m in opened.window] == ids[2:]
+    assert opened.window[0].meta == meta and list(opened.window[0].meta) == list(meta)
+    assert opened.window[1].tool_calls == calls and opened.window[3].tool_calls is None
+    assert [m.id for m in store.open_session("k", lambda: "unused", 3).window] == ids[3:]
+    empty = store.new_session("k2", "prompt", None)
+    assert store.open_session("k2", lambda: "unused", 40).window == [] and empty

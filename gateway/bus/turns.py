@@ -351,7 +351,6 @@ class TurnRunner:
         # Files come only from tool calls (send_file): a turn that made none, in this run or in an
         # earlier run of it (resumed), has none, and the read is skipped.
         called: list[bool] = [False]
-        created: list[bool] = [False]  # the session was created for this turn (its first finish)
         found: dict[str | None, list[OutboundAttachment]] = {}
 
         def files_for(session_id: str | None) -> list[OutboundAttachment]:
@@ -380,7 +379,7 @@ class TurnRunner:
                     # a turn that stores memory before its reply keeps the lane until that is done (the
                     # next message, here or on another instance, must find the entry): the bus then
                     # reads the next rows itself
-                    then=then if before_send is None else None, new_session=created[0] and session_id is not None)
+                    then=then if before_send is None else None)
             if before_send is not None:  # after the transcript is written, before the reply can arrive
                 before_send()
             self._hand_over(claimed, replies)
@@ -429,7 +428,6 @@ class TurnRunner:
         spec = chats.spec(opened.settings) if chats is not None else self.spec  # the session's, for its life
         compressor = self._compressor_for(chats.window_tokens(opened.settings) if chats is not None else None)
         session_id, system_prompt, window = opened.session_id, opened.system_prompt, list(opened.window)
-        created[0] = opened.last_used_at is None
         called[0] = any(m.turn_id == turn_id and (m.role == "tool" or m.tool_calls) for m in window)
         fresh = not window and opened.summary is None  # nothing before this turn: a thread never seen
         span.set_attribute("gen_ai.conversation.id", session_id)

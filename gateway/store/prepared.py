@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import and_, bindparam, exists, func, insert, or_, select, update
+from sqlalchemy import JSON, and_, bindparam, case, exists, func, insert, literal_column, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gateway.store.models import (
@@ -140,6 +140,27 @@ WINDOW = (
 )
 """The newest ``b_limit`` messages of ``b_session`` after id ``b_after``, newest first."""
 
+def _session_with_window() -> Any:
+    current = CURRENT_SESSION_SUMMARY.subquery("current")
+    m = _messages
+    newest = (select(m.c.id, m.c.turn_id, m.c.role, m.c.content, m.c.tool_calls, m.c.tool_call_id, m.c.name, m.c.meta,
+                     m.c.platform_message_id)
+              .where(m.c.session_id == current.c.id, m.c.id > func.coalesce(current.c.covers_to_id, 0))
+              .order_by(m.c.id.desc()).limit(bindparam("b_limit")).correlate(current).subquery("newest"))
+    window = (select(func.json_agg(postgresql.aggregate_order_by(func.json_build_array(*newest.c), newest.c.id),
+                                   type_=JSON))
+              .correlate(current).scalar_subquery())
+    return select(*current.c, window.label("window"))
+
+
+SESSION_WITH_WINDOW = _session_with_window()
+"""PostgreSQL: ``CURRENT_SESSION_SUMMARY`` and its ``WINDOW`` (the newest ``b_limit`` messages after
+the summary's cut) in one statement, one round trip instead of two: ``window`` is a JSON array of
+``[id, turn_id, role, content, tool_calls, tool_call_id, name, meta, platform_message_id]`` arrays,
+oldest first (``NULL``: none). ``json`` values are embedded as stored, so ``meta`` reads back with
+the same keys and numbers as through ``WINDOW``. The messages are found through their
+``(session_id, id)`` index, as ``WINDOW``'s."""
+
 TURN_TEXTS = (
     select(_messages.c.id, _messages.c.turn_id, _messages.c.role, _messages.c.content)
     .where(_messages.c.session_id == bindparam("b_session"), _messages.c.id.in_(
@@ -151,7 +172,29 @@ TURN_TEXTS = (
 """The messages of turns ``b_turns`` among the newest ``b_limit`` of ``b_session``, oldest first
 (text columns only: no JSON decoded)."""
 
-INSERT_MESSAGE = insert(_messages)
+MESSAGE_COLUMNS = tuple(c.key for c in _messages.columns if c.key != "id")
+"""The ``messages`` columns ``insert_messages`` sets for each row."""
+
+MESSAGES_PER_INSERT = 8
+"""Rows of one ``insert_messages`` statement at most (a turn's finish writes two or three)."""
+
+
+@functools.cache
+def insert_messages(count: int) -> Any:
+    """``count`` transcript messages in one ``INSERT`` (one round trip on PostgreSQL, one statement
+    on SQLite, instead of one each), ``RETURNING`` their ids. Every column is set: row ``i``'s
+    parameters are ``<column>_<i>`` for each of ``MESSAGE_COLUMNS`` (``None`` where a message has no
+    value; a JSON column's ``None`` is SQL ``NULL``, as when the column is left out). The ids come
+    back in no promised order: they are given in insertion order, so sorted they are the rows' ids
+    in order. Built once per ``count`` (1 to ``MESSAGES_PER_INSERT``)."""
+    def param(column: Any, i: int) -> Any:
+        kind = JSON(none_as_null=True) if isinstance(column.type, JSON) else column.type
+        return bindparam(f"{column.key}_{i}", type_=kind)
+
+    columns = [_messages.c[key] for key in MESSAGE_COLUMNS]
+    rows = [{column.key: param(column, i) for column in columns} for i in range(count)]
+    return insert(_messages).values(rows).returning(_messages.c.id)
+
 
 INSERT_USAGE = insert(_usage)
 """Values: the usage columns (one model call)."""
@@ -175,14 +218,6 @@ TOUCH_ADDRESS = (
     .where(_addresses.c.session_id == bindparam("b_session"), _addresses.c.chat_key == bindparam("b_chat"))
     .values(last_used_at=bindparam("b_now"), address=bindparam("b_address", type_=_addresses.c.address.type))
 )
-
-INSERT_ADDRESS_IF_NEW = {
-    "postgresql": postgresql.insert(_addresses).on_conflict_do_nothing(
-        index_elements=[_addresses.c.session_id, _addresses.c.chat_key]),
-}
-"""By dialect: ``INSERT_ADDRESS`` unless the session has the chat already (``rowcount`` 0), for a
-session created by the turn (no row can exist yet: one statement instead of ``TOUCH_ADDRESS``
-and an insert). SQLite has ``UPSERT_ADDRESS``."""
 
 # -- outbox -----------------------------------------------------------------------------------
 INSERT_OUTBOX = insert(_outbox)
@@ -290,6 +325,73 @@ def settle_with_job_run(keys: frozenset[str]) -> Any:
     return select(func.count()).select_from(settled).add_cte(run)
 
 
+# -- a turn's finish in fewer round trips (PostgreSQL) ----------------------------------------
+@functools.cache
+def finish_writes(titled: bool, streams: bool) -> Any:
+    """PostgreSQL: the unread writes of ``Store.finish_turn`` in one statement (data-modifying CTEs,
+    one round trip instead of four or five): ``TOUCH_SESSION`` (``titled``: ``TOUCH_SESSION_TITLED``),
+    the chat's ``session_addresses`` row updated or, when the session has no row for it yet,
+    inserted (``TOUCH_ADDRESS`` and an insert that runs, and takes a number from the id sequence,
+    only when the update found no row), ``CANCEL_STREAMS`` (``streams``) and the inbox rows
+    finished (``b_ids``: the last one, ``b_last``, gets ``b_status``, earlier ones ``b_merged``).
+    Parameters: ``b_session``, ``b_now`` (``b_title``), ``b_chat``, ``b_address`` (a dict), ``b_keys``
+    (a list), ``b_ids`` (a list), ``b_last``, ``b_status``, ``b_merged``. The statements touch four
+    different tables: no row is written twice, so one snapshot gives what the statements one by one
+    gave. Built once per shape."""
+    session = TOUCH_SESSION_TITLED if titled else TOUCH_SESSION
+    touched = TOUCH_ADDRESS.returning(_addresses.c.id).cte("touched")
+    new_address = insert(_addresses).from_select(
+        ["session_id", "chat_key", "address", "last_used_at"],
+        select(bindparam("b_session", type_=_addresses.c.session_id.type),
+               bindparam("b_chat", type_=_addresses.c.chat_key.type),
+               bindparam("b_address", type_=_addresses.c.address.type),
+               bindparam("b_now", type_=_addresses.c.last_used_at.type))
+        .where(~exists(select(touched.c.id)))).cte("new_address")
+    finished = (update(_inbox).where(_inbox.c.id.in_(bindparam("b_ids", expanding=True)))
+                .values(status=case((_inbox.c.id == bindparam("b_last"),
+                                     bindparam("b_status", type_=_inbox.c.status.type)),
+                                    else_=bindparam("b_merged", type_=_inbox.c.status.type)),
+                        finished_at=bindparam("b_now"))
+                .cte("finished"))
+    ctes = [session.cte("touched_session"), touched, new_address, finished]
+    if streams:
+        ctes.append(CANCEL_STREAMS.cte("cancelled"))
+    return select(literal_column("1")).add_cte(*ctes)
+
+
+def _claim_free_lane_with_batch() -> Any:
+    new = (postgresql.insert(_lanes)
+           .values(key=bindparam("b_key"), lease_owner=bindparam("b_owner"), lease_until=bindparam("b_until"),
+                   generation=0)
+           .on_conflict_do_nothing(index_elements=[_lanes.c.key]).returning(_lanes.c.key).cte("new_lane"))
+    taken = CLAIM_FREE_LANE.returning(_lanes.c.key).cte("taken")
+    batch = PENDING_BATCH.cte("first_batch")
+    state = select(exists(select(new.c.key)).label("fresh"),
+                   or_(exists(select(new.c.key)), exists(select(taken.c.key))).label("won")).cte("claim")
+    return (select(state.c.won, state.c.fresh, batch.c.id, batch.c.payload, batch.c.user_id, batch.c.generation)
+            .select_from(state.outerjoin(batch, state.c.won))
+            .order_by(batch.c.id))
+
+
+CLAIM_FREE_LANE_WITH_BATCH = _claim_free_lane_with_batch()
+"""PostgreSQL: ``INSERT_LANE_IF_NEW``, else ``CLAIM_FREE_LANE``, and the lane's ``PENDING_BATCH``
+when one of them took the lease, in one statement (one round trip instead of three). Rows: ``won``
+(the lease was taken), ``fresh`` (the lane was created), and the batch's columns (``id`` ``None``:
+no row waits); the first row alone when the lease was not taken. The batch's ``generation`` is the
+lane's (``None`` for a lane created by the statement: its own snapshot cannot see it, and a new
+lane's is 0). Parameters: ``b_key``, ``b_owner``, ``b_now``, ``b_until``, ``b_limit``."""
+
+
+_batch = PENDING_BATCH.cte("batch")
+BATCH_OR_RELEASE = (
+    select(_batch.c.id, _batch.c.payload, _batch.c.user_id, _batch.c.generation)
+    .add_cte(RELEASE_LANE.where(~exists(select(_batch.c.id))).cte("released"))
+    .order_by(_batch.c.id)
+)
+"""PostgreSQL: ``PENDING_BATCH``, and ``RELEASE_LANE`` when it finds no row, in one statement
+(parameters of both: ``b_key``, ``b_limit``, ``b_owner``)."""
+
+
 # -- a new chat's first turn ------------------------------------------------------------------
 INSERT_SESSION = insert(_sessions)
 """Values: the session columns."""
@@ -297,19 +399,11 @@ INSERT_SESSION = insert(_sessions)
 SET_LANE_SESSION = update(_lanes).where(_lanes.c.key == bindparam("b_key"))
 """Parameters: ``b_key`` and ``session_id`` (the SET column)."""
 
-INSERT_ADDRESS = insert(_addresses)
-"""Values: ``session_id``, ``chat_key``, ``address``, ``last_used_at``."""
-
-
-def _upsert_address(dialect: Any) -> Any:
-    statement = dialect.insert(_addresses)
-    return statement.on_conflict_do_update(
-        index_elements=[_addresses.c.session_id, _addresses.c.chat_key],
-        set_={"address": statement.excluded.address, "last_used_at": statement.excluded.last_used_at})
-
-
-UPSERT_ADDRESS = {"sqlite": _upsert_address(sqlite)}
-"""By dialect: ``TOUCH_ADDRESS``, or ``INSERT_ADDRESS`` for a chat the session was not used from
-yet, in one statement (values as ``INSERT_ADDRESS``). SQLite only: on PostgreSQL every
-``ON CONFLICT DO UPDATE`` would take a number from the table's id sequence (an ``integer``), one
-per turn; there the update comes first and the insert only for a new chat."""
+_address_insert = sqlite.insert(_addresses)
+UPSERT_ADDRESS_SQLITE = _address_insert.on_conflict_do_update(
+    index_elements=[_addresses.c.session_id, _addresses.c.chat_key],
+    set_={"address": _address_insert.excluded.address, "last_used_at": _address_insert.excluded.last_used_at})
+"""SQLite: ``TOUCH_ADDRESS``, or the chat's row inserted when the session was not used from it yet,
+in one statement (values: ``session_id``, ``chat_key``, ``address``, ``last_used_at``). PostgreSQL
+has ``finish_writes`` (there every ``ON CONFLICT DO UPDATE`` would take a number from the id
+sequence, an ``integer``, once per turn)."""

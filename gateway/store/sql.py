@@ -32,7 +32,7 @@ from gateway.store.models import (
     UsageRow,
     table,
 )
-from gateway.store.outbox import OutboxItem, OutboxStore
+from gateway.store.outbox import OutboxItem, OutboxStore, chat_key_of
 from gateway.store.retries import retry_locked
 from gateway.store.text import storable, storable_text
 
@@ -44,6 +44,7 @@ _addresses = table(SessionAddressRow)
 
 _summaries = table(SummaryRow)
 _usage = table(UsageRow)
+_MESSAGE_KEYS = frozenset(q.MESSAGE_COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +384,13 @@ class Store(OutboxStore):
         if if_new is None:
             return None
         now = time.time()
+        if conn.dialect.name == "postgresql":  # the claim and the batch read in one round trip
+            rows = run(conn, q.CLAIM_FREE_LANE_WITH_BATCH, {"b_key": key, "b_owner": owner, "b_now": now,
+                                                             "b_until": now + lease_s, "b_limit": limit}).all()
+            if not rows[0].won:
+                return None
+            return self._first_batch(conn, key, owner, limit, prefetch, fresh=rows[0].fresh,
+                                     rows=[row for row in rows if row.id is not None])
         lane = {"key": key, "lease_owner": owner, "lease_until": now + lease_s, "generation": 0}
         if run(conn, if_new, lane).rowcount == 1:
             return self._first_batch(conn, key, owner, limit, prefetch, fresh=True)
@@ -392,11 +400,11 @@ class Store(OutboxStore):
         return None
 
     def _first_batch(self, conn: Any, key: str, owner: str, limit: int, prefetch: Prefetch | None,
-                     fresh: bool = False) -> tuple[list[PendingInbound], int] | None:
+                     fresh: bool = False, rows: list[Any] | None = None) -> tuple[list[PendingInbound], int] | None:
         """The batch of a lane just claimed by ``owner`` (``prefetch`` run on it; ``fresh``: the
-        lane was created in this transaction), or ``None`` with the lease given up when nothing
-        waits."""
-        batch, generation = self._batch(conn, key, limit)
+        lane was created in this transaction; ``rows``: the batch's rows, read with the claim), or
+        ``None`` with the lease given up when nothing waits."""
+        batch, generation = self._batch(conn, key, limit) if rows is None else self._pending(key, rows)
         if not batch:
             run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
             return None
@@ -414,18 +422,30 @@ class Store(OutboxStore):
             return self._next_or_release(conn, key, owner, limit)
 
     def _next_or_release(self, conn: Any, key: str, owner: str, limit: int) -> tuple[list[PendingInbound], int, bool]:
-        batch, generation = self._batch(conn, key, limit)
+        if conn.dialect.name == "sqlite":
+            batch, generation = self._batch(conn, key, limit)
+            if not batch:
+                run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
+            # a write transaction there is the only writer: nothing was stored since the read
+            return batch, generation, False
+        # PostgreSQL: the read and the release in one round trip; then, in a later snapshot, a row
+        # another instance committed meanwhile (its admit found the lane held)
+        batch, generation = self._batch(conn, key, limit, q.BATCH_OR_RELEASE, owner)
         if batch:
             return batch, generation, False
-        run(conn, q.RELEASE_LANE, {"b_key": key, "b_owner": owner})
-        if conn.dialect.name == "sqlite":
-            return [], 0, False  # a write transaction there is the only writer: nothing was stored since the read
-        waiting = run(conn, q.ANY_PENDING, {"b_key": key}).first() is not None
-        return [], 0, waiting
+        return [], 0, run(conn, q.ANY_PENDING, {"b_key": key}).first() is not None
 
     @staticmethod
-    def _batch(conn: Any, key: str, limit: int) -> tuple[list[PendingInbound], int]:
-        rows = run(conn, q.PENDING_BATCH, {"b_key": key, "b_limit": limit}).all()
+    def _batch(conn: Any, key: str, limit: int, statement: Any = q.PENDING_BATCH,
+               owner: str | None = None) -> tuple[list[PendingInbound], int]:
+        values = {"b_key": key, "b_limit": limit}
+        if owner is not None:
+            values["b_owner"] = owner
+        return Store._pending(key, run(conn, statement, values).all())
+
+    @staticmethod
+    def _pending(key: str, rows: list[Any]) -> tuple[list[PendingInbound], int]:
+        """``(batch, generation)`` of ``PENDING_BATCH``'s rows (``([], 0)`` for none)."""
         if not rows:
             return [], 0
         return [PendingInbound(row.id, key, InboundMessage.from_dict(row.payload), row.user_id)
@@ -482,11 +502,19 @@ class Store(OutboxStore):
     @classmethod
     def _current_session(cls, conn: Any, key: str, window: int) -> OpenSession | None:
         """The key's current session with its newest summary and ``window`` messages after its
-        cut: two statements (``CURRENT_SESSION_SUMMARY``, ``WINDOW``), one for ``window`` 0."""
+        cut: two statements (``CURRENT_SESSION_SUMMARY``, ``WINDOW``; PostgreSQL: one,
+        ``SESSION_WITH_WINDOW``), one for ``window`` 0."""
         if not window:
             row = run(conn, q.CURRENT_SESSION, {"b_key": key}).first()
             return None if row is None else OpenSession(row.id, row.system_prompt, [], row.updated_at, None,
                                                         row.settings)
+        if conn.dialect.name == "postgresql":  # the session and its window in one round trip
+            row = run(conn, q.SESSION_WITH_WINDOW, {"b_key": key, "b_limit": window}).first()
+            if row is None:
+                return None
+            summary = Summary(row.covers_to_id, row.summary_text) if row.covers_to_id is not None else None
+            return OpenSession(row.id, row.system_prompt, [StoredMessage(*m) for m in row.window or ()],
+                               row.updated_at, summary, row.settings)
         row = run(conn, q.CURRENT_SESSION_SUMMARY, {"b_key": key}).first()
         if row is None:
             return None
@@ -568,15 +596,22 @@ class Store(OutboxStore):
     def _append(conn: Any, session_id: str, messages: Sequence[NewMessage], title: bool = True) -> list[int]:
         """Inserts ``messages`` (and their usage rows); with ``title`` also sets the session's title
         when it has none (``_title``). Returns the messages' ids."""
-        ids = []
+        ids: list[int] = []
         now = time.time()
-        for m in messages:
-            content = storable_text(m.content) if m.content else m.content  # a tool result may hold NUL
-            result = run(conn, q.INSERT_MESSAGE, {"session_id": session_id, "turn_id": m.turn_id, "role": m.role,
-                                                     "content": content, "created_at": now, **m.fields})
-            ids.append(int(result.inserted_primary_key[0]))
+        for start in range(0, len(messages), q.MESSAGES_PER_INSERT):  # several in one statement
+            chunk = messages[start:start + q.MESSAGES_PER_INSERT]
+            values: dict[str, Any] = {}
+            for i, m in enumerate(chunk):
+                content = storable_text(m.content) if m.content else m.content  # a tool result may hold NUL
+                row = {"session_id": session_id, "turn_id": m.turn_id, "role": m.role, "content": content,
+                       "created_at": now, **m.fields}
+                if not row.keys() <= _MESSAGE_KEYS:
+                    raise ValueError(f"not a messages column: {sorted(row.keys() - _MESSAGE_KEYS)}")
+                values.update({f"{column}_{i}": row.get(column) for column in q.MESSAGE_COLUMNS})
+            ids += sorted(int(r.id) for r in run(conn, q.insert_messages(len(chunk)), values).all())
+        for m, message_id in zip(messages, ids, strict=True):
             for number, used in enumerate(m.usage):  # counted once: with the message, keyed by its id
-                run(conn, q.INSERT_USAGE, {"call_key": f"message:{ids[-1]}" + (f":{number}" if number else ""),
+                run(conn, q.INSERT_USAGE, {"call_key": f"message:{message_id}" + (f":{number}" if number else ""),
                                            "turn_id": m.turn_id, "created_at": now, **used.columns()})
         made = Store._title(messages) if title else None
         if made is not None:
@@ -669,7 +704,6 @@ class Store(OutboxStore):
         stream_key: str | Sequence[str] | None = None,
         claim: tuple[str, float] | None = None,
         then: LaneNext | None = None,
-        new_session: bool = False,
     ) -> list[OutboxItem]:
         """Queues ``replies`` and marks the turn's inbox rows in one transaction: the last row gets
         ``status``, earlier ones (answered together by a merged turn) ``merged_status``.
@@ -692,29 +726,41 @@ class Store(OutboxStore):
 
         ``then``: the lane's next rows are read, or its lease given up, in the same transaction
         (``LaneNext``; one transaction per turn fewer than ``next_or_release`` after it).
-        ``new_session``: ``session_id`` was created for this turn (``OpenSession.last_used_at`` is
-        ``None``), so the chat it was used from is inserted without looking for it first (PostgreSQL).
         """
         now = time.time()
+        stream_keys = [stream_key] if isinstance(stream_key, str) else list(stream_key or ())
         with write_tx(self.engine) as conn:
             if messages:
                 assert session_id is not None
                 self._append(conn, session_id, messages, title=False)  # set with the session's touch
-            if session_id is not None:
-                self._touch_session(conn, session_id, replies, now, self._title(messages), new_session)
             claimed: list[OutboxItem] = []
             for reply in replies:
                 owner = claim if claim is not None and len(replies) == 1 else None
                 item = self._queue(conn, reply, session_id, session_key, generation, now, owner)
                 if item is not None:
                     claimed.append(item)
-            stream_keys = [stream_key] if isinstance(stream_key, str) else list(stream_key or ())
-            if stream_keys:
-                run(conn, q.CANCEL_STREAMS, {"b_keys": stream_keys})
-            *earlier, last = inbox_ids
-            if earlier:
-                run(conn, q.FINISH_INBOX_MANY, {"b_ids": earlier, "status": merged_status, "finished_at": now})
-            run(conn, q.FINISH_INBOX, {"b_id": last, "status": status, "finished_at": now})
+            # After the replies are queued (a streamed reply's row is no longer *streaming*): the
+            # session's touch and its chat, the turn's streams cancelled, its inbox rows finished
+            title = self._title(messages)
+            if conn.dialect.name == "postgresql" and session_id is not None and replies:
+                a = replies[0].address
+                values = {"b_ids": list(inbox_ids), "b_last": inbox_ids[-1], "b_status": status,
+                          "b_merged": merged_status, "b_now": now, "b_session": session_id, "b_chat": chat_key_of(a),
+                          "b_address": a.to_dict()}
+                if stream_keys:
+                    values["b_keys"] = stream_keys
+                if title is not None:
+                    values["b_title"] = title
+                run(conn, q.finish_writes(title is not None, bool(stream_keys)), values)  # one round trip
+            else:
+                if session_id is not None:
+                    self._touch_session(conn, session_id, replies, now, title)
+                if stream_keys:
+                    run(conn, q.CANCEL_STREAMS, {"b_keys": stream_keys})
+                *earlier, last = inbox_ids
+                if earlier:
+                    run(conn, q.FINISH_INBOX_MANY, {"b_ids": earlier, "status": merged_status, "finished_at": now})
+                run(conn, q.FINISH_INBOX, {"b_id": last, "status": status, "finished_at": now})
             following = self._next_or_release(conn, then.key, then.owner, then.limit) if then is not None else None
             if following is not None and following[0] and then is not None and then.prefetch is not None:
                 then.prefetch.run(conn, following[0])
@@ -727,29 +773,17 @@ class Store(OutboxStore):
 
     @staticmethod
     def _touch_session(conn: Any, session_id: str, replies: Sequence[OutboundMessage], now: float,
-                       title: str | None = None, new_session: bool = False) -> None:
-        """Last use, the title when the session has none yet (``title``: ``_title``), and the chats
-        the session was used from (``new_session``: see ``finish_turn``)."""
+                       title: str | None = None) -> None:
+        """Last use, the title when the session has none yet (``title``: ``_title``), and the chat
+        the session was used from (SQLite; on PostgreSQL ``q.finish_writes`` does all three)."""
         if title is None:
             run(conn, q.TOUCH_SESSION, {"b_session": session_id, "b_now": now})
         else:
             run(conn, q.TOUCH_SESSION_TITLED, {"b_session": session_id, "b_now": now, "b_title": title})
         for reply in replies[:1]:
             a = reply.address
-            chat_key = f"{a.platform}:{a.tenant}:{a.chat_id}"
-            upsert = q.UPSERT_ADDRESS.get(conn.dialect.name)
-            if upsert is not None:
-                run(conn, upsert, {"session_id": session_id, "chat_key": chat_key, "address": a.to_dict(),
-                                   "last_used_at": now})
-                continue
-            row = {"session_id": session_id, "chat_key": chat_key, "address": a.to_dict(), "last_used_at": now}
-            first = q.INSERT_ADDRESS_IF_NEW.get(conn.dialect.name) if new_session else None
-            if first is not None and run(conn, first, row).rowcount:
-                continue
-            touched = run(conn, q.TOUCH_ADDRESS, {"b_session": session_id, "b_chat": chat_key, "b_now": now,
-                                                     "b_address": row["address"]}).rowcount
-            if not touched:
-                run(conn, q.INSERT_ADDRESS, row)
+            run(conn, q.UPSERT_ADDRESS_SQLITE, {"session_id": session_id, "chat_key": chat_key_of(a),
+                                                  "address": a.to_dict(), "last_used_at": now})
 
     def purge_all(self) -> None:
         """Deletes every row (tests only)."""
