@@ -502,10 +502,10 @@ def test_a_control_reply_after_a_stop_is_not_taken_for_a_stale_one(store):
 
 
 def test_a_turns_messages_are_stored_in_order_and_each_usage_row_keyed_by_its_own_message(store):
-    """Several messages go in with one statement: the transcript keeps their order (ids ascending),
-    a JSON column left empty reads back as ``None``, and a model call's usage row is keyed by the
-    message it belongs to, not by the first or last of the statement. More messages than one
-    statement takes are split, in order. A field that is not a column is refused."""
+    """A turn's messages (on PostgreSQL several in one statement) keep their order in the
+    transcript (ids ascending), a JSON column left empty reads back as ``None``, and a model call's
+    usage row is keyed by the message it belongs to, not by the first or last of the statement. More
+    messages than one statement takes are split, in order. A field that is not a column is refused."""
     from sqlalchemy import select
 
     from gateway.store.models import UsageRow

@@ -596,19 +596,17 @@ class Store(OutboxStore):
     def _append(conn: Any, session_id: str, messages: Sequence[NewMessage], title: bool = True) -> list[int]:
         """Inserts ``messages`` (and their usage rows); with ``title`` also sets the session's title
         when it has none (``_title``). Returns the messages' ids."""
-        ids: list[int] = []
         now = time.time()
-        for start in range(0, len(messages), q.MESSAGES_PER_INSERT):  # several in one statement
-            chunk = messages[start:start + q.MESSAGES_PER_INSERT]
-            values: dict[str, Any] = {}
-            for i, m in enumerate(chunk):
-                content = storable_text(m.content) if m.content else m.content  # a tool result may hold NUL
-                row = {"session_id": session_id, "turn_id": m.turn_id, "role": m.role, "content": content,
-                       "created_at": now, **m.fields}
-                if not row.keys() <= _MESSAGE_KEYS:
-                    raise ValueError(f"not a messages column: {sorted(row.keys() - _MESSAGE_KEYS)}")
-                values.update({f"{column}_{i}": row.get(column) for column in q.MESSAGE_COLUMNS})
-            ids += sorted(int(r.id) for r in run(conn, q.insert_messages(len(chunk)), values).all())
+        rows = [Store._message_row(session_id, m, now) for m in messages]
+        if conn.dialect.name == "postgresql":  # one statement (one round trip) per MESSAGES_PER_INSERT
+            ids: list[int] = []
+            for start in range(0, len(rows), q.MESSAGES_PER_INSERT):
+                chunk = rows[start:start + q.MESSAGES_PER_INSERT]
+                values = {f"{column}_{i}": row.get(column)
+                          for i, row in enumerate(chunk) for column in q.MESSAGE_COLUMNS}
+                ids += sorted(int(r.id) for r in run(conn, q.insert_messages(len(chunk)), values).all())
+        else:
+            ids = [int(run(conn, q.INSERT_MESSAGE, row).inserted_primary_key[0]) for row in rows]
         for m, message_id in zip(messages, ids, strict=True):
             for number, used in enumerate(m.usage):  # counted once: with the message, keyed by its id
                 run(conn, q.INSERT_USAGE, {"call_key": f"message:{message_id}" + (f":{number}" if number else ""),
@@ -617,6 +615,16 @@ class Store(OutboxStore):
         if made is not None:
             run(conn, q.SET_TITLE, {"b_session": session_id, "b_title": made})
         return ids
+
+    @staticmethod
+    def _message_row(session_id: str, m: NewMessage, now: float) -> dict[str, Any]:
+        """``messages`` columns of ``m``. Raises ``ValueError`` for a field that is not a column."""
+        content = storable_text(m.content) if m.content else m.content  # a tool result may hold NUL
+        row = {"session_id": session_id, "turn_id": m.turn_id, "role": m.role, "content": content, "created_at": now,
+               **m.fields}
+        if not row.keys() <= _MESSAGE_KEYS:
+            raise ValueError(f"not a messages column: {sorted(row.keys() - _MESSAGE_KEYS)}")
+        return row
 
     @staticmethod
     def _title(messages: Sequence[NewMessage]) -> str | None:
