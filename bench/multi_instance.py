@@ -1,9 +1,10 @@
 """Several gateway processes on one PostgreSQL, in webhook mode, every update posted to all of
 them: nothing lost, nothing duplicated, per-session order kept; prints throughput.
 
-    .venv/bin/python -m bench.multi_instance --instances 2 --sessions 200 --messages 10
+    .venv/bin/python -m bench.multi_instance --instances 2 --sessions 200 --messages 10 [--keep DIR]
 
-Needs PostgreSQL (``--db-url``, default: a scratch database created through GATEWAY_TEST_PG_URL).
+The gateways' logs and configurations go to a temporary folder, removed after the run unless
+``--keep`` names one. Needs PostgreSQL (``--db-url``, default: a scratch database created through GATEWAY_TEST_PG_URL).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sqlalchemy.engine import make_url
 
 from bench.config import fakes_config
 from bench.fault_injection import TOKEN, GatewayProcess, _free_port
+from bench.harness import positive_int, work_folder
 from tests.fakes import openai as oa
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
@@ -85,7 +87,8 @@ async def _inject(ports: list[int], sessions: int, messages: int, concurrency: i
 
 def run_multi_instance(*, instances: int = 2, sessions: int = 200, messages: int = 10, db_url: str,
                        workdir: Path | None = None, timeout_s: float = 300) -> dict[str, Any]:
-    """Runs the experiment; returns figures (lost, duplicated, out_of_order, seconds, turns/s)."""
+    """Runs the experiment in ``workdir`` (the gateways' configurations and logs; default a new
+    temporary folder, left in place); returns figures (lost, duplicated, out_of_order, seconds, turns/s)."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="gw-multi-"))
     expected = sessions * messages
     with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
@@ -133,18 +136,20 @@ def run_multi_instance(*, instances: int = 2, sessions: int = 200, messages: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--instances", type=int, default=2)
-    parser.add_argument("--sessions", type=int, default=200)
-    parser.add_argument("--messages", type=int, default=10)
+    parser.add_argument("--instances", type=positive_int, default=2)
+    parser.add_argument("--sessions", type=positive_int, default=200)
+    parser.add_argument("--messages", type=positive_int, default=10)
     parser.add_argument("--db-url")
+    parser.add_argument("--keep", help="keep the work folder here (the gateways' logs)")
     args = parser.parse_args()
     drop = None
     db_url = args.db_url
     if db_url is None:
         db_url, drop = scratch_database()
     try:
-        print(json.dumps(run_multi_instance(instances=args.instances, sessions=args.sessions,
-                                            messages=args.messages, db_url=db_url), indent=2))
+        with work_folder(args.keep, "gw-multi-") as workdir:
+            print(json.dumps(run_multi_instance(instances=args.instances, sessions=args.sessions,
+                                                messages=args.messages, db_url=db_url, workdir=workdir), indent=2))
     finally:
         if drop:
             drop()

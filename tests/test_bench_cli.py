@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
     ("bench.workers", ["--processes", "0"], "--processes: must be at least 1"),
     ("bench.workers", ["--processes", "abc"], "--processes: not a whole number"),
     ("bench.overhead", ["--rate", "0"], "--rate: must be more than 0"),
+    ("bench.multi_instance", ["--instances", "0"], "--instances: must be at least 1"),
     ("bench.suite", ["--only", "bogus"], "no benchmark named bogus"),
 ])
 def test_a_nonsense_size_is_refused_in_one_line(module: str, args: list[str], said: str) -> None:
