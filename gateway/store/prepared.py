@@ -183,23 +183,37 @@ MESSAGES_PER_INSERT = 8
 """Rows of one ``insert_messages`` statement at most (a turn's finish writes two or three)."""
 
 
+USAGE_COLUMNS = tuple(c.key for c in _usage.columns if c.key not in ("id", "call_key"))
+"""The ``usage`` columns ``insert_messages`` sets for each usage row besides its ``call_key``."""
+
+
 @functools.cache
-def insert_messages(count: int) -> Any:
-    """PostgreSQL: ``count`` transcript messages in one ``INSERT`` (one round trip instead of one
-    each), ``RETURNING`` their ids. Every column is set: row ``i``'s
-    parameters are ``<column>_<i>`` for each of ``MESSAGE_COLUMNS`` (``None`` where a message has no
-    value; a JSON column's ``None`` is SQL ``NULL``, as when the column is left out). The ids come
-    back in no promised order: they are given in insertion order, so sorted they are the rows' ids
-    in order. Built once per ``count`` (1 to ``MESSAGES_PER_INSERT``). Not on SQLite: there, with no
+def insert_messages(count: int, usage: tuple[tuple[int, int], ...] = ()) -> Any:
+    """PostgreSQL: ``count`` transcript messages and their model calls' ``usage`` rows in one
+    statement (one round trip instead of one per row), selecting the messages' ids. Every column is
+    set: message ``i``'s parameters are ``<column>_<i>`` for each of ``MESSAGE_COLUMNS`` (``None``
+    where a message has no value; a JSON column's ``None`` is SQL ``NULL``, as when the column is
+    left out). ``usage[j] = (i, n)``: the ``j``-th usage row is message ``i``'s ``n``-th call, keyed
+    ``message:<its id>`` (``:<n>`` after the first), its other columns ``u<j>_<column>`` for each of
+    ``USAGE_COLUMNS``. Ids are handed out in insertion order and come back in no promised order:
+    sorted, they are the messages' ids in order (a usage row finds its message's id so too).
+    Built once per shape (``count``: 1 to ``MESSAGES_PER_INSERT``). Not on SQLite: there, with no
     round trip to save, binding every column of every row cost twice the Python of one
     ``INSERT_MESSAGE`` per message (108-123 against 54-58 µs for a turn's two)."""
-    def param(column: Any, i: int) -> Any:
+    def param(column: Any, name: str) -> Any:
         kind = JSON(none_as_null=True) if isinstance(column.type, JSON) else column.type
-        return bindparam(f"{column.key}_{i}", type_=kind)
+        return bindparam(name, type_=kind)
 
     columns = [_messages.c[key] for key in MESSAGE_COLUMNS]
-    rows = [{column.key: param(column, i) for column in columns} for i in range(count)]
-    return insert(_messages).values(rows).returning(_messages.c.id)
+    rows = [{column.key: param(column, f"{column.key}_{i}") for column in columns} for i in range(count)]
+    inserted = insert(_messages).values(rows).returning(_messages.c.id).cte("inserted")
+    calls = []
+    for j, (i, n) in enumerate(usage):
+        message_id = select(inserted.c.id).order_by(inserted.c.id).offset(i).limit(1).scalar_subquery()
+        key = func.concat("message:", message_id, f":{n}" if n else "")
+        values = [param(_usage.c[c], f"u{j}_{c}") for c in USAGE_COLUMNS]
+        calls.append(insert(_usage).from_select(["call_key", *USAGE_COLUMNS], select(key, *values)).cte(f"call_{j}"))
+    return select(inserted.c.id).add_cte(*calls)
 
 
 INSERT_USAGE = insert(_usage)

@@ -598,19 +598,24 @@ class Store(OutboxStore):
         when it has none (``_title``). Returns the messages' ids."""
         now = time.time()
         rows = [Store._message_row(session_id, m, now) for m in messages]
-        if conn.dialect.name == "postgresql":  # one statement (one round trip) per MESSAGES_PER_INSERT
+        if conn.dialect.name == "postgresql":  # with their usage rows: one round trip per MESSAGES_PER_INSERT
             ids: list[int] = []
             for start in range(0, len(rows), q.MESSAGES_PER_INSERT):
-                chunk = rows[start:start + q.MESSAGES_PER_INSERT]
+                chunk = messages[start:start + q.MESSAGES_PER_INSERT]
                 values = {f"{column}_{i}": row.get(column)
-                          for i, row in enumerate(chunk) for column in q.MESSAGE_COLUMNS}
-                ids += sorted(int(r.id) for r in run(conn, q.insert_messages(len(chunk)), values).all())
+                          for i, row in enumerate(rows[start:start + len(chunk)]) for column in q.MESSAGE_COLUMNS}
+                calls = [(i, n, used) for i, m in enumerate(chunk) for n, used in enumerate(m.usage)]
+                for j, (i, _, used) in enumerate(calls):
+                    columns = {"turn_id": chunk[i].turn_id, "created_at": now, **used.columns()}
+                    values.update({f"u{j}_{c}": columns[c] for c in q.USAGE_COLUMNS})
+                statement = q.insert_messages(len(chunk), tuple((i, n) for i, n, _ in calls))
+                ids += sorted(int(r.id) for r in run(conn, statement, values).all())
         else:
             ids = [int(run(conn, q.INSERT_MESSAGE, row).inserted_primary_key[0]) for row in rows]
-        for m, message_id in zip(messages, ids, strict=True):
-            for number, used in enumerate(m.usage):  # counted once: with the message, keyed by its id
-                run(conn, q.INSERT_USAGE, {"call_key": f"message:{message_id}" + (f":{number}" if number else ""),
-                                           "turn_id": m.turn_id, "created_at": now, **used.columns()})
+            for m, message_id in zip(messages, ids, strict=True):
+                for number, used in enumerate(m.usage):  # counted once: with the message, keyed by its id
+                    run(conn, q.INSERT_USAGE, {"call_key": f"message:{message_id}" + (f":{number}" if number else ""),
+                                               "turn_id": m.turn_id, "created_at": now, **used.columns()})
         made = Store._title(messages) if title else None
         if made is not None:
             run(conn, q.SET_TITLE, {"b_session": session_id, "b_title": made})
