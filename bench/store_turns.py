@@ -3,7 +3,8 @@ the turn's finish cost in statements, wall-clock and CPU time, on SQLite or Post
 
 Each turn is the first message of a new chat: its inbox row is stored (not counted), the lane is
 taken with a prefetch that opens (creates) the session, and ``Store.finish_turn`` writes the user
-message and the reply, queues the reply already claimed, marks the inbox row and gives the lane up
+message and the reply, queues the reply already claimed (not streamed: no preview took its row),
+marks the inbox row and gives the lane up
 (``LaneNext``). ``--claim admit`` (what the gateway does for a new chat) takes the lane in the
 inbox row's own transaction (``Store.claim_free_lane_in``); ``--claim apart`` in a transaction of
 its own (``Store.claim_next``, the way into a lane that exists). ``--claim existing`` replays a
@@ -85,7 +86,7 @@ def run_store_turns(db_url: str, turns: int = 400, claim: str = "admit") -> dict
                           messages=[NewMessage(turn_id, "user", message.text, {}),
                                     NewMessage(turn_id, "assistant", "Sure!", {})],
                           stream_key=[reply, f"{reply}:plan"], claim=("bench", 60.0),
-                          then=LaneNext(key, "bench", 1, Prefetch(opened)))
+                          then=LaneNext(key, "bench", 1, Prefetch(opened)), streamed=False)
         statements.append(counted[0] - started)
 
     statements: list[int] = []

@@ -1,11 +1,12 @@
 """A turn's reply queued already claimed (``Store.finish_turn(claim=...)``): only when nothing in its
 chat is unsettled and its lane was not stopped; a claim a dead process held is freed when its id
-is taken over, so the reply goes out after the restart at once (real SQLite, the store's own API)."""
+is taken over, so the reply goes out after the restart at once (SQLite and PostgreSQL, the store's own API).
+``streamed=False`` (no preview took the row in this run of the turn): on PostgreSQL the reply is
+queued in one statement, with the same outcomes."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +19,8 @@ CHAT = ChatAddress("telegram", "", "42")
 
 
 @pytest.fixture
-def store(tmp_path: Path):
-    engine = create_db_engine(f"sqlite:///{tmp_path / 'claim.db'}")
+def store(db_url: str):
+    engine = create_db_engine(db_url)
     upgrade(engine)
     yield Store(engine)
     engine.dispose()
@@ -37,9 +38,11 @@ def _reply(n: int) -> OutboundMessage:
     return OutboundMessage(CHAT, f"answer {n}", idempotency_key=f"in{n}:0")
 
 
-def test_a_reply_is_queued_claimed_only_when_its_chat_is_clear(store) -> None:
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_reply_is_queued_claimed_only_when_its_chat_is_clear(store, streamed: bool) -> None:
     first = _turn(store, 1)
-    items = store.finish_turn([first], "done", [_reply(1)], session_key="telegram::dm:42", claim=("me", 30.0))
+    items = store.finish_turn([first], "done", [_reply(1)], session_key="telegram::dm:42", claim=("me", 30.0),
+                              streamed=streamed)
     assert [i.message.text for i in items] == ["answer 1"] and items[0].attempts == 1
     row = store.outbox_rows()[0]
     assert (row["status"], row["claimed_by"], row["attempts"]) == ("claimed", "me", 1)
@@ -47,18 +50,20 @@ def test_a_reply_is_queued_claimed_only_when_its_chat_is_clear(store) -> None:
 
     store.release_lane("telegram::dm:42", "me")
     second = _turn(store, 2)  # the first reply is still unsettled: the second waits behind it
-    assert store.finish_turn([second], "done", [_reply(2)], session_key="telegram::dm:42", claim=("me", 30.0)) == []
+    assert store.finish_turn([second], "done", [_reply(2)], session_key="telegram::dm:42", claim=("me", 30.0),
+                             streamed=streamed) == []
     assert [r["status"] for r in store.outbox_rows()] == ["claimed", "pending"]
     assert store.mark_sent(items[0].id, "me", ["900"])
     assert [i.message.text for i in store.claim_due("me", 10, 30.0).items] == ["answer 2"]
 
 
-def test_a_stopped_turn_s_reply_is_not_queued_claimed(store) -> None:
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_stopped_turn_s_reply_is_not_queued_claimed(store, streamed: bool) -> None:
     inbox_id = _turn(store, 1)
     interrupting = InboundMessage(address=CHAT, message_id="2", chat_type="dm", sender=Sender("7"), text="new")
     store.insert_inbound(interrupting, "telegram::dm:42", cancel="always", user_id="u1")  # the lane moves on
     assert store.finish_turn([inbox_id], "done", [_reply(1)], session_key="telegram::dm:42", generation=0,
-                             claim=("me", 30.0)) == []
+                             claim=("me", 30.0), streamed=streamed) == []
     assert store.claim_due("me", 10, 30.0).items == []  # claim_due cancels it: never sent
     assert store.outbox_rows()[0]["status"] == "cancelled"
 
@@ -132,3 +137,28 @@ def test_a_stopped_turn_s_streamed_reply_is_not_queued_claimed(store) -> None:
                              claim=("me", 30.0), stream_key="in1:0") == []
     assert store.claim_due("me", 10, 30.0).items == []  # claim_due cancels it: the final text is never sent
     assert store.outbox_rows()[0]["status"] == "cancelled"
+
+
+def test_a_resumed_turn_s_reply_is_queued_once_and_its_streaming_row_finished_without_a_preview_this_run(
+        store) -> None:
+    """``streamed=False`` says only that no preview took the row in this run: a reply an earlier
+    run queued is not queued again, and a *streaming* row an earlier run's preview took gets the
+    final text (claimed, an edit of that preview), as with ``streamed=True``."""
+    first = _turn(store, 1)
+    [item] = store.finish_turn([first], "done", [_reply(1)], session_key="telegram::dm:42", claim=("me", 30.0),
+                               streamed=False)
+    assert store.mark_sent(item.id, "me", ["900"])
+    store.release_lane("telegram::dm:42", "me")
+    again = _turn(store, 2)
+    assert store.finish_turn([again], "done", [_reply(1)], session_key="telegram::dm:42", claim=("me", 30.0),
+                             streamed=False) == []  # the same key: queued already
+    assert [(r["text"], r["status"]) for r in store.outbox_rows()] == [("answer 1", "sent")]
+
+    store.release_lane("telegram::dm:42", "me")
+    third = _turn(store, 3)
+    row_id = store.start_stream(OutboundMessage(CHAT, "", "in3:0"), "s", "telegram::dm:42", 0).row_id
+    assert store.set_preview(row_id, "P7")
+    [edit] = store.finish_turn([third], "done", [_reply(3)], session_key="telegram::dm:42", claim=("me", 30.0),
+                               stream_key="in3:0", streamed=False)
+    assert (edit.id, edit.message.text, edit.message.edit_id) == (row_id, "answer 3", "P7")
+    assert len(store.outbox_rows()) == 2

@@ -41,7 +41,7 @@ from gateway.core.types import CURRENT_MESSAGE, InboundMessage, OutboundAttachme
 from gateway.core.window import WindowPolicy
 from gateway.delivery.files import OutboxFiles, transcript_refs
 from gateway.delivery.progress import PlanMessage, plan_key, resumed_state
-from gateway.delivery.streaming import StreamHub
+from gateway.delivery.streaming import StreamHub, TurnStream
 from gateway.media.contents import transcript_of
 from gateway.media.render import has_images, refs_of
 from gateway.media.service import NO_VISION_NOTE, note_line
@@ -348,6 +348,7 @@ class TurnRunner:
 
         unwritten: list[NewMessage] = []
         plan: list[PlanMessage] = []  # the turn's progress message, once opened
+        streams: list[TurnStream] = []  # the reply's preview, once opened
         # Files come only from tool calls (send_file): a turn that made none, in this run or in an
         # earlier run of it (resumed), has none, and the read is skipped.
         called: list[bool] = [False]
@@ -379,7 +380,7 @@ class TurnRunner:
                     # a turn that stores memory before its reply keeps the lane until that is done (the
                     # next message, here or on another instance, must find the entry): the bus then
                     # reads the next rows itself
-                    then=then if before_send is None else None)
+                    then=then if before_send is None else None, streamed=any(s.row_taken for s in streams))
             if before_send is not None:  # after the transcript is written, before the reply can arrive
                 before_send()
             self._hand_over(claimed, replies)
@@ -553,6 +554,7 @@ class TurnRunner:
             stream = self.streams.open(address=message.address, idempotency_key=reply_key,
                                        reply_to_id=message.reply_to_id, session_id=session_id, session_key=key,
                                        generation=generation)
+            streams += [stream] if stream is not None else []
         state = resumed_state(window, turn_id)  # empty for a new turn
         progress = PlanMessage.open(self.streams, address=message.address, reply_key=reply_key,
                                     reply_to_id=message.reply_to_id, session_id=session_id, session_key=key,

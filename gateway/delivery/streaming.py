@@ -130,6 +130,12 @@ class TurnStream:
         self.disabled = False
         self.edits = 0
 
+    @property
+    def row_taken(self) -> bool:
+        """Whether a preview was tried, so the reply's outbox row may exist (``Store.start_stream``
+        takes it before the preview is sent)."""
+        return self._last_try > 0.0
+
     def on_text(self, text: str) -> None:
         """The model's text so far (called for each streamed delta); never raises."""
         if self.disabled or not text.strip():

@@ -95,14 +95,26 @@ class OutboxStore:
 
     @staticmethod
     def _queue(conn: Any, reply: OutboundMessage, session_id: str | None, session_key: str | None,
-               generation: int, now: float, claim: tuple[str, float] | None = None) -> OutboxItem | None:
+               generation: int, now: float, claim: tuple[str, float] | None = None,
+               streamed: bool = True) -> OutboxItem | None:
         """Inserts an outbox row unless its idempotency key is already queued. A ``streaming`` row
         of the same key (the turn's preview) gets the final text instead. With ``claim`` (see
         ``finish_turn``) the new row, or the streaming one, goes in *claimed* when its chat has no
         unsettled row and its lane's generation is still ``generation``, and is returned (else
-        *pending*)."""
+        *pending*). ``streamed=False``: no preview took the reply's row in this run of the turn, so
+        on PostgreSQL the row is first inserted if its key is not queued, in one statement
+        (``QUEUE_NEW_REPLY``), and looked for only when it is (a resumed turn's)."""
         a = reply.address
         chat_key = chat_key_of(a)
+        if claim is not None and session_key is not None and not streamed and conn.dialect.name == "postgresql":
+            row = run(conn, q.QUEUE_NEW_REPLY, {
+                "idempotency_key": reply.idempotency_key, "session_id": session_id, "session_key": session_key,
+                "chat_key": chat_key, "generation": generation, "address": a.to_dict(), "text": reply.text,
+                "reply_to_id": reply.reply_to_id, "buttons": _buttons(reply), "next_attempt_at": now,
+                "created_at": now, "attachments": _attachments(reply), "b_owner": claim[0],
+                "b_until": now + claim[1]}).first()
+            if row is not None:
+                return OutboxItem(int(row.id), 1, reply) if row.status == "claimed" else None
         preview = None
         if claim is not None and session_key is not None:  # the key's row and both checks in one read
             row = run(conn, q.QUEUE_CHECK, {"b_key": reply.idempotency_key, "b_chat": chat_key,

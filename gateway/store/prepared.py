@@ -261,6 +261,35 @@ QUEUE_CHECK = select(
 ``preview_id``: a streamed reply's preview; ``None`` when not queued yet), whether chat ``b_chat``
 has an unsettled row, and lane ``b_lane``'s generation (``None``: no lane)."""
 
+_NEW_REPLY_COLUMNS = ("idempotency_key", "session_id", "session_key", "chat_key", "generation", "address", "text",
+                      "reply_to_id", "buttons", "next_attempt_at", "created_at", "attachments")
+
+
+def _queue_new_reply() -> Any:
+    claimable = and_(
+        ~exists().where(_outbox.c.chat_key == bindparam("chat_key"), _outbox.c.status.in_(UNSETTLED)),
+        func.coalesce(select(_lanes.c.generation).where(_lanes.c.key == bindparam("session_key"))
+                      .scalar_subquery(), 0) <= bindparam("generation"))
+    flag = select(claimable.label("ok")).subquery("flag")
+    given = [bindparam(name, type_=_outbox.c[name].type) for name in _NEW_REPLY_COLUMNS]
+    row = (select(*given, case((flag.c.ok, "claimed"), else_="pending"), case((flag.c.ok, 1), else_=0),
+                  case((flag.c.ok, bindparam("b_until", type_=_outbox.c.claim_until.type)), else_=0.0),
+                  case((flag.c.ok, bindparam("b_owner", type_=_outbox.c.claimed_by.type)), else_=None))
+           .select_from(flag)
+           .where(~exists().where(_outbox.c.idempotency_key == bindparam("idempotency_key"))))
+    return (insert(_outbox)
+            .from_select([*_NEW_REPLY_COLUMNS, "status", "attempts", "claim_until", "claimed_by"], row)
+            .returning(_outbox.c.id, _outbox.c.status))
+
+
+QUEUE_NEW_REPLY = _queue_new_reply()
+"""PostgreSQL: a turn's reply queued in one statement when its key is not queued yet, *claimed* by
+``b_owner`` until ``b_until`` when its chat has no unsettled row and its lane's generation (lane
+``session_key``) is not past ``generation``, else *pending*: what ``QUEUE_CHECK`` and
+``INSERT_OUTBOX`` do in two round trips. Returns ``(id, status)``, or no row when the key is
+queued already (a resumed turn's reply, a streamed reply's row: ``QUEUE_CHECK`` then decides).
+Parameters: the ``INSERT_OUTBOX`` values but those of the claim, ``b_owner``, ``b_until``."""
+
 FINISH_STREAM = update(_outbox).where(_outbox.c.id == bindparam("b_id"))
 """A streamed reply's row (*streaming*) with its final text: SET columns from the parameters
 (``Store._queue``: *pending*, or *claimed* by the instance that sends it at once)."""

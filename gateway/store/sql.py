@@ -717,6 +717,7 @@ class Store(OutboxStore):
         stream_key: str | Sequence[str] | None = None,
         claim: tuple[str, float] | None = None,
         then: LaneNext | None = None,
+        streamed: bool = True,
     ) -> list[OutboxItem]:
         """Queues ``replies`` and marks the turn's inbox rows in one transaction: the last row gets
         ``status``, earlier ones (answered together by a merged turn) ``merged_status``.
@@ -739,6 +740,8 @@ class Store(OutboxStore):
 
         ``then``: the lane's next rows are read, or its lease given up, in the same transaction
         (``LaneNext``; one transaction per turn fewer than ``next_or_release`` after it).
+        ``streamed=False``: no preview took a reply's row in this run of the turn (PostgreSQL: the
+        reply is then queued in one statement, ``OutboxStore._queue``).
         """
         now = time.time()
         stream_keys = [stream_key] if isinstance(stream_key, str) else list(stream_key or ())
@@ -749,7 +752,7 @@ class Store(OutboxStore):
             claimed: list[OutboxItem] = []
             for reply in replies:
                 owner = claim if claim is not None and len(replies) == 1 else None
-                item = self._queue(conn, reply, session_id, session_key, generation, now, owner)
+                item = self._queue(conn, reply, session_id, session_key, generation, now, owner, streamed)
                 if item is not None:
                     claimed.append(item)
             # After the replies are queued (a streamed reply's row is no longer *streaming*): the
