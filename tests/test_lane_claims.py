@@ -1,6 +1,7 @@
 """A new chat's lane is claimed in the transaction that stores its first message: the turn starts
 without a claim of its own, and the lease still keeps every other instance out (SQLite and
-PostgreSQL alike)."""
+PostgreSQL alike); an admit that waited for another transaction on the lane reads its batch and
+generation as that transaction left them."""
 
 from __future__ import annotations
 
@@ -184,3 +185,62 @@ async def test_a_lane_claimed_while_the_bus_stops_is_given_up_at_once(store):
         # another instance need not wait for the lease to run out
         await wait_until(lambda: store.claim_lane("k", "b", 60), what="the lease given up")
     assert ran == []
+
+
+def _admit_meanwhile(store: Store, key: str, text: str) -> tuple[threading.Thread, list]:
+    """Starts another instance's admit of a message for ``key`` on a thread (it waits for the
+    transaction the caller holds open); its claim's result lands in the returned list."""
+    out: list = []
+
+    def other() -> None:
+        out.append(admit(store, message(f"5:{text}", text), key,
+                         lambda conn: store.claim_free_lane_in(conn, key, "B", 60, 10, None)))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    return thread, out
+
+
+def test_an_admit_waiting_for_the_owners_finish_does_not_take_the_row_that_finish_answered(store):
+    """Another instance's admit finds the lane's lease expired (its owner stalled) while the owner
+    is finishing its turn: it waits for the owner's transaction, then claims the lane the finish
+    freed. Its batch is read after that wait, so it holds only its own message, never the one the
+    owner just answered (PostgreSQL: a read in the claim's statement would see that row as
+    pending still, and answer it twice)."""
+    from sqlalchemy import text as sql
+
+    from gateway.store import prepared as q
+    from gateway.store.sql import run
+
+    key = "k"
+    assert store.claim_lane(key, "A", 60)
+    store.insert_inbound(message("5:1"), key)
+    [answered] = store.pending_batch(key, 10)
+    with write_tx(store.engine) as conn:
+        conn.execute(sql("UPDATE lanes SET lease_until = 1 WHERE key = :k"), {"k": key})  # A stalled
+    with write_tx(store.engine) as conn:  # A's finish: its row done, nothing else waits, lane given up
+        run(conn, q.FINISH_INBOX, {"b_id": answered.inbox_id, "status": "done", "finished_at": 1.0})
+        assert store._next_or_release(conn, key, "A", 10)[0] == []
+        thread, out = _admit_meanwhile(store, key, "second")
+        thread.join(0.5)  # B waits for A's transaction (SQLite: for the writer; PostgreSQL: the lane's row)
+    thread.join(10)
+    [(batch, generation)] = out
+    assert [p.message.text for p in batch] == ["second"] and generation == 0
+
+
+def test_an_admit_waiting_for_a_stop_runs_under_the_generation_the_stop_set(store):
+    """A ``/stop`` moves a free lane's generation on while another instance's admit for the chat
+    waits for it: the admit's claim then returns the new generation, so its message (sent after
+    the stop) is answered, not cancelled as one of the stopped turn's (PostgreSQL: the claim's own
+    snapshot still held the old generation)."""
+    key = "k"
+    assert store.claim_lane(key, "Z", 60)
+    assert store.release_lane(key, "Z") is False  # a free lane, generation 0, nothing waiting
+    with write_tx(store.engine) as conn:
+        store.insert_inbound_in(conn, message("5:stop", "/stop"), key, cancel="always")
+        thread, out = _admit_meanwhile(store, key, "after")
+        thread.join(0.5)
+    thread.join(10)
+    [(batch, generation)] = out
+    assert generation == store.lane_generation(key) == 1
+    assert "after" in [p.message.text for p in batch]

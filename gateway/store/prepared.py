@@ -418,17 +418,22 @@ def _claim_free_lane_with_batch() -> Any:
     state = select(exists(select(new.c.key)).label("fresh"),
                    or_(exists(select(new.c.key)), exists(select(taken.c.key))).label("won")).cte("claim")
     return (select(state.c.won, state.c.fresh, batch.c.id, batch.c.payload, batch.c.user_id, batch.c.generation)
-            .select_from(state.outerjoin(batch, state.c.won))
+            .select_from(state.outerjoin(batch, state.c.fresh))
             .order_by(batch.c.id))
 
 
 CLAIM_FREE_LANE_WITH_BATCH = _claim_free_lane_with_batch()
-"""PostgreSQL: ``INSERT_LANE_IF_NEW``, else ``CLAIM_FREE_LANE``, and the lane's ``PENDING_BATCH``
-when one of them took the lease, in one statement (one round trip instead of three). Rows: ``won``
-(the lease was taken), ``fresh`` (the lane was created), and the batch's columns (``id`` ``None``:
-no row waits); the first row alone when the lease was not taken. The batch's ``generation`` is the
-lane's (``None`` for a lane created by the statement: its own snapshot cannot see it, and a new
-lane's is 0). Parameters: ``b_key``, ``b_owner``, ``b_now``, ``b_until``, ``b_limit``."""
+"""PostgreSQL: ``INSERT_LANE_IF_NEW``, else ``CLAIM_FREE_LANE``, in one statement, with the new
+lane's ``PENDING_BATCH`` (one round trip instead of three for a new chat, two for a free lane).
+Rows: ``won`` (the lease was taken), ``fresh`` (the lane was created), and for a created lane the
+batch's columns (``id`` ``None``: no row waits; ``generation`` ``None``: a new lane's is 0, and the
+statement's own snapshot cannot see the row it inserts); the first row alone otherwise. A lane
+that existed is claimed only: its batch must be read by a statement of its own (``PENDING_BATCH``).
+The claim's ``UPDATE`` may wait for a transaction holding the lane's row (its owner's finish
+releasing it, a ``/stop`` moving its generation on) and then takes the lease from the row as that
+transaction left it, but a read in this statement sees the rows as they were before it: the rows
+that owner finished would be read as pending (answered twice), the generation as before the stop
+(the message cancelled). A created lane was nobody's: its batch is read here."""
 
 
 _batch = PENDING_BATCH.cte("batch")

@@ -384,12 +384,14 @@ class Store(OutboxStore):
         if if_new is None:
             return None
         now = time.time()
-        if conn.dialect.name == "postgresql":  # the claim and the batch read in one round trip
+        if conn.dialect.name == "postgresql":  # the insert or the claim in one round trip, a new lane's batch too
             rows = run(conn, q.CLAIM_FREE_LANE_WITH_BATCH, {"b_key": key, "b_owner": owner, "b_now": now,
                                                              "b_until": now + lease_s, "b_limit": limit}).all()
             if not rows[0].won:
                 return None
-            return self._first_batch(conn, key, owner, limit, prefetch, fresh=rows[0].fresh,
+            if not rows[0].fresh:  # read after the claim, in a snapshot that sees what the claim waited for
+                return self._first_batch(conn, key, owner, limit, prefetch)
+            return self._first_batch(conn, key, owner, limit, prefetch, fresh=True,
                                      rows=[row for row in rows if row.id is not None])
         lane = {"key": key, "lease_owner": owner, "lease_until": now + lease_s, "generation": 0}
         if run(conn, if_new, lane).rowcount == 1:
