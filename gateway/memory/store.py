@@ -42,10 +42,11 @@ SOURCES = ("user_explicit", "task", "import")
 # older release wrote it) is found by its text until ``analyse_missing`` runs.
 _PG_VECTOR = "to_tsvector('english', coalesce(search_text, text))"
 _PG_SEARCH = text(
-    "SELECT * FROM memories WHERE owner = :owner AND superseded_by IS NULL "
+    f"SELECT {', '.join(f'memories.{c.name}' for c in _memories.c)} "
+    "FROM memories WHERE owner = :owner AND superseded_by IS NULL "
     f"AND {_PG_VECTOR} @@ to_tsquery('english', :query) "
     f"ORDER BY ts_rank({_PG_VECTOR}, to_tsquery('english', :query), 1) DESC, id DESC "
-    "LIMIT :limit")
+    "LIMIT :limit").columns(*_memories.c)  # typed columns: planned as the SQLite one
 _SQLITE_SEARCH = text(
     f"SELECT {', '.join(f'memories.{c.name}' for c in _memories.c)} "
     "FROM memories_fts JOIN memories ON memories.id = memories_fts.rowid "
@@ -180,7 +181,7 @@ class MemoryStore:
         if not words:
             return []
         if conn.dialect.name == "postgresql":
-            rows = conn.execute(_PG_SEARCH, {"owner": owner, "query": " | ".join(words), "limit": limit}).all()
+            rows = run(conn, _PG_SEARCH, {"owner": owner, "query": " | ".join(words), "limit": limit}).all()
         else:
             query = " OR ".join(f'"{w}"' for w in words)
             rows = run(conn, _SQLITE_SEARCH, {"owner": owner, "query": query, "limit": limit}).all()
