@@ -140,6 +140,7 @@ WINDOW = (
 )
 """The newest ``b_limit`` messages of ``b_session`` after id ``b_after``, newest first."""
 
+
 def _session_with_window() -> Any:
     current = CURRENT_SESSION_SUMMARY.subquery("current")
     m = _messages
@@ -424,7 +425,8 @@ def _claim_free_lane_with_batch() -> Any:
 
 CLAIM_FREE_LANE_WITH_BATCH = _claim_free_lane_with_batch()
 """PostgreSQL: ``INSERT_LANE_IF_NEW``, else ``CLAIM_FREE_LANE``, in one statement, with the new
-lane's ``PENDING_BATCH`` (one round trip instead of three for a new chat, two for a free lane).
+lane's ``PENDING_BATCH``: a new chat's lane in one round trip instead of three (the insert, the
+claim tried, the batch), a free lane's in two instead of three (this, then its batch).
 Rows: ``won`` (the lease was taken), ``fresh`` (the lane was created), and for a created lane the
 batch's columns (``id`` ``None``: no row waits; ``generation`` ``None``: a new lane's is 0, and the
 statement's own snapshot cannot see the row it inserts); the first row alone otherwise. A lane
