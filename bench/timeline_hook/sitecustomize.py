@@ -42,9 +42,16 @@ if os.environ.get("BENCH_TIMELINE"):
                     _marks.append((_now(), leave))
         setattr(owner, name, marked)
 
+    _dumping = threading.Lock()
+
     def _dump() -> None:
-        with open(os.environ[ENV], "w") as out:
-            json.dump(list(_marks), out)
+        """Writes the marks so far; a reader never sees a half-written file (the every-second
+        dump and the one at exit take turns, and each replaces the file whole)."""
+        path = os.environ[ENV]
+        with _dumping:
+            with open(path + ".part", "w") as out:
+                json.dump(list(_marks), out)
+            os.replace(path + ".part", path)
 
     def _every_second() -> None:
         while True:
