@@ -221,3 +221,11 @@ def no_secret_in_any_log_record(caplog):
         text = record.getMessage() + (record.exc_text or "")
         leaked = [s for s in secrets if s in text]
         assert not leaked, f"secret in a log record of {record.name}: {text[:200]}"
+
+
+@pytest.fixture
+def keep_logging(monkeypatch):
+    """``main`` configures the process's logging and hooks: leave pytest's alone."""
+    monkeypatch.setattr("gateway.app.cli.setup_logging", lambda level, secrets: None)
+    monkeypatch.setattr("gateway.app.cli.install_hooks", lambda: None)
+    monkeypatch.delenv("GATEWAY_CONFIG", raising=False)

@@ -36,14 +36,6 @@ def test_config_is_read_before_or_after_the_subcommand(command, where, broken_co
     assert err.startswith("error: invalid configuration:") and "bogus_key_for_cli_test" in err
 
 
-@pytest.fixture
-def keep_logging(monkeypatch):
-    """``main`` configures the process's logging and hooks: leave pytest's alone."""
-    monkeypatch.setattr("gateway.app.cli.setup_logging", lambda level, secrets: None)
-    monkeypatch.setattr("gateway.app.cli.install_hooks", lambda: None)
-    monkeypatch.delenv("GATEWAY_CONFIG", raising=False)
-
-
 def test_db_upgrade_uses_the_database_of_the_config_given_after_it(tmp_path, capsys, keep_logging):
     path = tmp_path / "gateway.toml"
     path.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "from-file.db"}"\n')

@@ -262,15 +262,15 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(config: GatewayConfig, args: argparse.Namespace) -> int:
     """``gateway run``: this process serves (one process, or worker ``--worker K`` of a supervisor),
     or ``--workers N`` > 1 makes it the supervisor of N workers (``gateway.app.workers``)."""
-    from gateway.app import workers
+    from gateway.app import loops, workers
 
     if args.worker is not None:
-        asyncio.run(_run(workers.worker_config(config, args.worker), args.supervisor_fd))
+        loops.run(_run(workers.worker_config(config, args.worker), args.supervisor_fd), config.event_loop)
         return 0
     count = args.workers if args.workers is not None else config.workers
     workers.check_workers(config, count)
     if count == 1:
-        asyncio.run(_run(config))
+        loops.run(_run(config), config.event_loop)
         return 0
     return workers.Supervisor(config, count, workers.worker_argv(args.config)).run()
 

@@ -30,6 +30,7 @@ from agent.routing import HealthBoard, HealthSettings, RoutedModel
 from agent.skills import SkillLibrary, load_skill_tool
 from agent.tools import ToolRegistry
 from gateway.admin.views import admin_routes
+from gateway.app.loops import running_loop_name
 from gateway.bus.conversation import ConversationContext
 from gateway.bus.lanes import SessionBus
 from gateway.bus.pool import TurnPool
@@ -419,7 +420,8 @@ class Gateway:
             else:
                 await adapter.start_receiving()
         self.started = True
-        log.info("gateway %s started with %s", self.instance_id, ", ".join(self.adapters) or "no platforms")
+        log.info("gateway %s started with %s on the %s event loop", self.instance_id,
+                 ", ".join(self.adapters) or "no platforms", running_loop_name())
 
     async def stop(self) -> None:
         """Graceful stop, bounded by ``config.stop_timeout_s`` (SIGTERM in ``gateway run``):

@@ -697,6 +697,11 @@ class GatewayConfig(BaseSettings):
     workers: int = Field(default=1, ge=1, le=64)
     """Processes ``gateway run`` starts on this machine (``--workers N`` overrides it); more than
     one needs PostgreSQL (``gateway.app.workers``)."""
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    """The event loop ``gateway run`` serves on: ``auto`` is uvloop where it is installed (a
+    dependency on Linux and macOS; less CPU per webhook, send and wake-up than asyncio's loop), else
+    asyncio's; ``uvloop`` refuses to start without it; ``asyncio`` keeps the standard loop
+    (``gateway.app.loops``)."""
     stop_timeout_s: float = Field(default=25.0, ge=0)
     """Graceful stop (SIGTERM): how long running turns may take to finish their step and the
     outbox to drain before the adapters close; a turn cut by it resumes after the restart.
