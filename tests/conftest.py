@@ -229,3 +229,14 @@ def keep_logging(monkeypatch):
     monkeypatch.setattr("gateway.app.cli.setup_logging", lambda level, secrets: None)
     monkeypatch.setattr("gateway.app.cli.install_hooks", lambda: None)
     monkeypatch.delenv("GATEWAY_CONFIG", raising=False)
+
+
+def pytest_asyncio_loop_factories(config, item):
+    """Every async test runs on the loop ``gateway run`` serves on: uvloop where it is installed
+    (``gateway.app.loops``, config ``event_loop = "auto"``), so the adapters' in-process end-to-end
+    tests exercise the production loop. Threads that make their own loop (the agent's bridge, the
+    Feishu long connection) keep asyncio's, as in production."""
+    from gateway.app.loops import loop_factory
+
+    name, factory = loop_factory("auto")
+    return {name.split()[0]: factory}
