@@ -150,7 +150,8 @@ def test_keyword_search_runs_on_the_full_text_index(memories):
     with memories.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql("VACUUM ANALYZE memories")
-            plan = conn.execute(text(f"EXPLAIN {store._PG_SEARCH.element.text}"), {**params, "query": "茶 | 龙"}).scalars()
+            plan = conn.execute(text(f"EXPLAIN {store._PG_SEARCH.element.text}"),
+                                {**params, "query": "茶 | 龙"}).scalars()
         else:
             plan = conn.execute(text(f"EXPLAIN QUERY PLAN {store._SQLITE_SEARCH.element.text}"),
                                 {**params, "query": '"茶" OR "龙"'}).all()

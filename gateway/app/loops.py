@@ -2,8 +2,11 @@
 (libuv's loop in C: sockets, timers and wake-ups from the turn threads cost less CPU than asyncio's
 selector loop), asyncio's own loop otherwise or when chosen.
 
-Measured (bench/README.md, fourteenth round): a burst of 200 new chats, eight alternating pairs on
-one 2-core machine, gateway CPU per turn median 5.9 -> 5.25 ms and the last reply 2.72 -> 2.66 s.
+Measured (bench/README.md, fourteenth round; two gateways side by side on one 2-core machine,
+alternating): 3-4 % less CPU per turn, 5-7 % less on the loop's thread (200 new chats at once:
+7.6 -> 7.3 ms a turn, the loop 2.96 -> 2.76 ms; one chat at a time: 7.1 -> 6.9 ms, the loop 3.65
+-> 3.44 ms). The rest of the loop's time is Python (aiohttp's handlers, the admit) and the socket
+writes themselves.
 Only the main loop changes: the agent's bridge thread (browser, MCP) keeps asyncio's loop, which
 Playwright's subprocess pipes are tested on.
 """
