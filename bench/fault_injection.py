@@ -82,12 +82,14 @@ class GatewayProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.env_extra: dict[str, str] = {}
+        self.python = sys.executable
+        """The interpreter the gateway runs on (a virtualenv's ``bin/python`` with the project installed)."""
 
     def start(self) -> None:
         env = {**os.environ, "FAULT_OPENAI_KEY": "sk-test", "FAULT_TELEGRAM_TOKEN": TOKEN,
                "NO_PROXY": "127.0.0.1,localhost", "PYTHONPATH": str(ROOT), **self.env_extra}
         log = open(self.workdir / f"{self.config.stem}-{self.starts}.log", "wb")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(self.config), "run"],
+        self.proc = subprocess.Popen([self.python, "-m", "gateway", "--config", str(self.config), "run"],
                                      cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.starts += 1
 

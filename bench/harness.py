@@ -58,15 +58,18 @@ def write_config(workdir: Path, telegram: FakeTelegram, model: FakeOpenAI, port:
 
 
 @contextlib.contextmanager
-def rig(workdir: Path, env: dict[str, str] | None = None, **config: Any) -> Iterator[Rig]:
+def rig(workdir: Path, env: dict[str, str] | None = None, python: str | None = None,
+        **config: Any) -> Iterator[Rig]:
     """Starts the fakes and one gateway subprocess (fresh SQLite unless ``db_url`` is given;
-    ``env``: added to the gateway's environment)."""
+    ``env``: added to the gateway's environment; ``python``: the interpreter it runs on, default
+    this one)."""
     workdir.mkdir(parents=True, exist_ok=True)
     config.setdefault("db_url", f"sqlite:///{workdir / 'gateway.db'}")
     with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
         port = _free_port()
         gateway = GatewayProcess(write_config(workdir, telegram, model, port, **config), port, workdir)
         gateway.env_extra = {"FAULT_WEBHOOK_SECRET": SECRET, **(env or {})}
+        gateway.python = python or gateway.python
         gateway.start()
         try:
             gateway.wait_ready(30)

@@ -5,7 +5,9 @@ between runs minutes apart, more than most changes under test. Here both sides r
 own fakes and SQLite database, started once) and take turns: round ``k`` measures ``a`` then ``b``,
 round ``k + 1`` ``b`` then ``a``, so drift falls on both alike. A side is a set of environment
 variables (config overrides such as ``GATEWAY__EVENT_LOOP=asyncio``) and, optionally, a checkout
-to run the gateway from (``--b-root /tmp/wt-base``: ``PYTHONPATH`` points there).
+to run the gateway from (``--b-root /tmp/wt-base``: ``PYTHONPATH`` points there), or the
+interpreter to run it on (``--b-python /opt/venv/bin/python``: a virtualenv with the project's
+dependencies installed, e.g. on another CPython build).
 
 Per round and side: the process's CPU milliseconds per turn (its idle rate subtracted), the event
 loop thread's (the main thread: ``/proc/<pid>/task/<pid>/schedstat``, nanoseconds), and in
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,15 @@ def environment(text: str) -> tuple[str, str]:
     return name, value
 
 
+def interpreter(text: str) -> str:
+    """``argparse`` type: an executable file (a Python interpreter)."""
+    import os
+
+    if not (os.path.isfile(text) and os.access(text, os.X_OK)):
+        raise argparse.ArgumentTypeError(f"not an executable: {text!r}")
+    return text
+
+
 def _side_env(pairs: list[tuple[str, str]], root: str | None) -> dict[str, str]:
     env = dict(pairs)
     if root is not None:
@@ -88,8 +100,10 @@ def _measure(r: Any, pid: int, idle: float, mode: str, tag: str, chats: int, fir
 
 
 def run_side_by_side(workdir: Path, a: dict[str, str], b: dict[str, str], *, mode: str = "burst",
-                     rounds: int = 6, chats: int = 200, rate: float = 20.0, latency_s: float = 2.0) -> dict[str, Any]:
-    """Starts both gateways (``a``, ``b``: environment added to each), warms each with 5 turns,
+                     rounds: int = 6, chats: int = 200, rate: float = 20.0, latency_s: float = 2.0,
+                     pythons: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
+    """Starts both gateways (``a``, ``b``: environment added to each; ``pythons``: each side's
+    interpreter, default this one), warms each with 5 turns,
     then runs ``rounds`` alternating measurements. Returns ``{"mode", "rounds", "chats", "a": {"env",
     "runs": [...], "median": {...}}, "b": {...}, "b_lower": {figure: "k/rounds"}}``."""
     stamps = _Stamps()
@@ -99,8 +113,10 @@ def run_side_by_side(workdir: Path, a: dict[str, str], b: dict[str, str], *, mod
             return stamps.responder(request)
         return oa.delay(latency_s, oa.text(f"re: {last_user_line(request)}", pieces=3))
 
-    sides: dict[str, dict[str, Any]] = {"a": {"env": a, "runs": []}, "b": {"env": b, "runs": []}}
-    with rig(workdir / "a", env=a, pool_size=20) as rig_a, rig(workdir / "b", env=b, pool_size=20) as rig_b:
+    sides: dict[str, dict[str, Any]] = {"a": {"env": a, "python": pythons[0] or sys.executable, "runs": []},
+                                        "b": {"env": b, "python": pythons[1] or sys.executable, "runs": []}}
+    with rig(workdir / "a", env=a, python=pythons[0], pool_size=20) as rig_a, \
+            rig(workdir / "b", env=b, python=pythons[1], pool_size=20) as rig_b:
         rigs = {"a": rig_a, "b": rig_b}
         idle: dict[str, float] = {}
         for name, r in rigs.items():
@@ -132,6 +148,8 @@ if __name__ == "__main__":
                         help="environment of side b (repeatable)")
     parser.add_argument("--a-root", help="run side a's gateway from this checkout (default: this one)")
     parser.add_argument("--b-root", help="run side b's gateway from this checkout (default: this one)")
+    parser.add_argument("--a-python", type=interpreter, help="run side a's gateway on this interpreter")
+    parser.add_argument("--b-python", type=interpreter, help="run side b's gateway on this interpreter")
     parser.add_argument("--mode", choices=["burst", "sequential"], default="burst")
     parser.add_argument("--rounds", type=positive_int, default=6)
     parser.add_argument("--chats", type=positive_int, default=200, help="new chats per side and round")
@@ -143,4 +161,5 @@ if __name__ == "__main__":
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
     with work_folder(args.keep, "gw-side-by-side-") as folder:
         print(json.dumps(run_side_by_side(folder, side_a, side_b, mode=args.mode, rounds=args.rounds,
-                                          chats=args.chats, rate=args.rate, latency_s=args.latency), indent=2))
+                                          chats=args.chats, rate=args.rate, latency_s=args.latency,
+                                          pythons=(args.a_python, args.b_python)), indent=2))

@@ -2,11 +2,13 @@
 (libuv's loop in C: sockets, timers and wake-ups from the turn threads cost less CPU than asyncio's
 selector loop), asyncio's own loop otherwise or when chosen.
 
-Measured (bench/README.md, fourteenth round; two gateways side by side on one 2-core machine,
-alternating): 3-4 % less CPU per turn, 5-7 % less on the loop's thread (200 new chats at once:
-7.6 -> 7.3 ms a turn, the loop 2.96 -> 2.76 ms; one chat at a time: 7.1 -> 6.9 ms, the loop 3.65
--> 3.44 ms). The rest of the loop's time is Python (aiohttp's handlers, the admit) and the socket
-writes themselves.
+Measured (``python -m bench.side_by_side --a GATEWAY__EVENT_LOOP=asyncio``: both gateways at once,
+alternating rounds, on one 2-core machine; bench/README.md, fourteenth round): 200 new chats at
+once, CPU per turn 7.1 -> 6.6 ms and the loop's thread 2.74 -> 2.41 ms (lower in 7 of 8 rounds);
+one new chat at a time, 7.6 -> 7.4 ms and 4.06 -> 3.74 ms, update -> model request 4.9 -> 4.7 ms
+(lower in 6 of 6). The rest of the loop's time is Python (aiohttp's handlers, the admit) and the
+socket writes themselves.
+
 Only the main loop changes: the agent's bridge thread (browser, MCP) keeps asyncio's loop, which
 Playwright's subprocess pipes are tested on.
 """
