@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import time
@@ -44,6 +45,17 @@ from bench.harness import (
 )
 from bench.overhead import _drive, _Stamps
 from tests.fakes import openai as oa
+
+
+class SideFailed(Exception):
+    """A side's gateway did not start, or a round of it answered nothing: the message says why
+    (with the last lines of that side's log)."""
+
+
+def _log_tail(workdir: Path, lines: int = 3) -> str:
+    logs = sorted(workdir.glob("bench-*.log"))
+    text = logs[-1].read_text(errors="replace").strip().splitlines() if logs else []
+    return " | ".join(text[-lines:]) or "(no log)"
 
 
 def loop_cpu_seconds(pid: int) -> float:
@@ -69,13 +81,15 @@ def interpreter(text: str) -> str:
     return text
 
 
+def checkout(text: str) -> str:
+    """``argparse`` type: a checkout of this project (a folder with ``gateway/__main__.py``)."""
+    if not (Path(text) / "gateway" / "__main__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a checkout of this project (no gateway/__main__.py)")
+    return str(Path(text).resolve())
+
+
 def _side_env(pairs: list[tuple[str, str]], root: str | None) -> dict[str, str]:
-    env = dict(pairs)
-    if root is not None:
-        if not (Path(root) / "gateway" / "__main__.py").is_file():
-            raise SystemExit(f"error: {root} is not a checkout of this project (no gateway/__main__.py)")
-        env["PYTHONPATH"] = str(Path(root).resolve())
-    return env
+    return {**dict(pairs), **({"PYTHONPATH": root} if root is not None else {})}
 
 
 def _measure(r: Any, pid: int, idle: float, mode: str, tag: str, chats: int, first: int, rate: float,
@@ -105,7 +119,12 @@ def run_side_by_side(workdir: Path, a: dict[str, str], b: dict[str, str], *, mod
     """Starts both gateways (``a``, ``b``: environment added to each; ``pythons``: each side's
     interpreter, default this one), warms each with 5 turns,
     then runs ``rounds`` alternating measurements. Returns ``{"mode", "rounds", "chats", "a": {"env",
-    "runs": [...], "median": {...}}, "b": {...}, "b_lower": {figure: "k/rounds"}}``."""
+    "runs": [...], "median": {...}}, "b": {...}, "b_lower": {figure: "k/rounds"}}``.
+
+    Raises:
+        SideFailed: a side's folder holds an earlier run's database, its gateway did not start, or
+            a round of it answered no turn.
+    """
     stamps = _Stamps()
 
     def responder(request: dict[str, Any]) -> oa.Reply:
@@ -115,9 +134,16 @@ def run_side_by_side(workdir: Path, a: dict[str, str], b: dict[str, str], *, mod
 
     sides: dict[str, dict[str, Any]] = {"a": {"env": a, "python": pythons[0] or sys.executable, "runs": []},
                                         "b": {"env": b, "python": pythons[1] or sys.executable, "runs": []}}
-    with rig(workdir / "a", env=a, python=pythons[0], pool_size=20) as rig_a, \
-            rig(workdir / "b", env=b, python=pythons[1], pool_size=20) as rig_b:
-        rigs = {"a": rig_a, "b": rig_b}
+    with contextlib.ExitStack() as stack:
+        rigs: dict[str, Any] = {}
+        for name, env, python in (("a", a, pythons[0]), ("b", b, pythons[1])):
+            if (workdir / name / "gateway.db").exists():  # its update ids would repeat: every webhook a duplicate
+                raise SideFailed(f"side {name}: {workdir / name} holds an earlier run's database; "
+                                 "give --keep a new folder")
+            try:
+                rigs[name] = stack.enter_context(rig(workdir / name, env=env, python=python, pool_size=20))
+            except (RuntimeError, TimeoutError) as exc:
+                raise SideFailed(f"side {name}'s gateway did not start ({exc}): {_log_tail(workdir / name)}") from None
         idle: dict[str, float] = {}
         for name, r in rigs.items():
             r.model.responder = responder
@@ -126,8 +152,10 @@ def run_side_by_side(workdir: Path, a: dict[str, str], b: dict[str, str], *, mod
         for k in range(rounds):
             for name in ("a", "b") if k % 2 == 0 else ("b", "a"):
                 r = rigs[name]
-                sides[name]["runs"].append(_measure(r, r.gateway.proc.pid, idle[name], mode,  # type: ignore[union-attr]
-                                                    f"{name}{k}", chats, k * chats, rate, stamps))
+                run = _measure(r, r.gateway.proc.pid, idle[name], mode, f"{name}{k}", chats, k * chats, rate, stamps)
+                if run["turns"] == 0:
+                    raise SideFailed(f"side {name}, round {k + 1}: no turn was answered: {_log_tail(workdir / name)}")
+                sides[name]["runs"].append(run)
     figures = [f for f in sides["a"]["runs"][0] if f not in ("turns", "lost", "duplicated")]
     for side in sides.values():
         side["median"] = {f: round(statistics.median(run[f] for run in side["runs"]), 3) for f in figures}
@@ -146,8 +174,8 @@ if __name__ == "__main__":
                         help="environment of side a (repeatable)")
     parser.add_argument("--b", type=environment, action="append", default=[], metavar="NAME=VALUE",
                         help="environment of side b (repeatable)")
-    parser.add_argument("--a-root", help="run side a's gateway from this checkout (default: this one)")
-    parser.add_argument("--b-root", help="run side b's gateway from this checkout (default: this one)")
+    parser.add_argument("--a-root", type=checkout, help="run side a's gateway from this checkout (default: this one)")
+    parser.add_argument("--b-root", type=checkout, help="run side b's gateway from this checkout (default: this one)")
     parser.add_argument("--a-python", type=interpreter, help="run side a's gateway on this interpreter")
     parser.add_argument("--b-python", type=interpreter, help="run side b's gateway on this interpreter")
     parser.add_argument("--mode", choices=["burst", "sequential"], default="burst")
@@ -160,6 +188,9 @@ if __name__ == "__main__":
     side_a, side_b = _side_env(args.a, args.a_root), _side_env(args.b, args.b_root)
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
     with work_folder(args.keep, "gw-side-by-side-") as folder:
-        print(json.dumps(run_side_by_side(folder, side_a, side_b, mode=args.mode, rounds=args.rounds,
-                                          chats=args.chats, rate=args.rate, latency_s=args.latency,
-                                          pythons=(args.a_python, args.b_python)), indent=2))
+        try:
+            figures = run_side_by_side(folder, side_a, side_b, mode=args.mode, rounds=args.rounds, chats=args.chats,
+                                       rate=args.rate, latency_s=args.latency, pythons=(args.a_python, args.b_python))
+        except SideFailed as exc:
+            raise SystemExit(f"error: {exc}") from None
+    print(json.dumps(figures, indent=2))

@@ -1,5 +1,6 @@
-"""``event_loop``: ``gateway run`` serves on uvloop by default and on asyncio's loop when asked, and
-answers a Telegram DM on either; ``"uvloop"`` without uvloop installed is one line and exit 2."""
+"""``event_loop``: ``gateway run`` serves on uvloop by default and on asyncio's loop when asked,
+answers a Telegram DM and stops gracefully on SIGTERM on either; ``"uvloop"`` without uvloop
+installed is one line and exit 2, before anything is opened (also with ``--workers``)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,19 @@ def test_run_with_uvloop_chosen_and_missing_is_one_line_and_exit_2(tmp_path, mon
     assert not (tmp_path / "gateway.db").exists()  # refused before anything was opened
 
 
+def test_workers_with_uvloop_chosen_and_missing_is_refused_before_the_supervisor_starts(
+        tmp_path, monkeypatch, capsys, keep_logging) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)
+    started = []
+    monkeypatch.setattr("gateway.app.workers.Supervisor.run", lambda self: started.append(self) or 0)
+    config = tmp_path / "gateway.toml"
+    config.write_text('event_loop = "uvloop"\n[database]\nurl = "postgresql+psycopg://gw@127.0.0.1/nowhere"\n')
+    assert main(["--config", str(config), "run", "--workers", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "uvloop cannot be imported" in err[0], err
+    assert started == []
+
+
 async def _loop_name() -> str:
     return loops.running_loop_name()
 
@@ -63,6 +77,9 @@ def test_the_gateway_answers_a_dm_on_the_loop_chosen(choice, tmp_path) -> None:
         assert [call.params["text"] for call in replies(r.telegram)] == ["re: hello over the loop"]
     log = (tmp_path / "bench-0.log").read_text()
     assert f"on the {expected} event loop" in log, log[-2000:]
+    # the rig's SIGTERM was a graceful stop on this loop: its handler ran, exit 0, no traceback
+    assert r.gateway.proc.returncode == 0, log[-2000:]
+    assert "shutting down" in log and "Traceback" not in log, log[-2000:]
 
 
 async def _post_one(url: str) -> None:

@@ -264,6 +264,7 @@ def _serve(config: GatewayConfig, args: argparse.Namespace) -> int:
     or ``--workers N`` > 1 makes it the supervisor of N workers (``gateway.app.workers``)."""
     from gateway.app import loops, workers
 
+    loops.loop_factory(config.event_loop)  # "uvloop" without uvloop: one line, before a supervisor migrates or forks
     if args.worker is not None:
         loops.run(_run(workers.worker_config(config, args.worker), args.supervisor_fd), config.event_loop)
         return 0
