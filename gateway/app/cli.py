@@ -55,12 +55,13 @@ async def _started(build: Callable[[], Gateway]) -> Gateway:
 
 GC_THRESHOLDS = (20_000, 20, 20)
 """The collector's thresholds once the gateway serves (CPython's default: 700, 10, 10): the youngest
-generation is collected after 20,000 net container allocations instead of 700. A turn allocates
-tens of thousands of objects that reference counting frees, so with the default the collector ran
-many times per turn, each time with every thread stopped. Side by side (``bench.side_by_side``,
-fourteenth round in bench/README.md): 200 new chats at once, CPU per turn 6.32 -> 5.70 ms and the
-last reply 2.80 -> 2.64 s (lower in 7 and 6 of 8 rounds); 500 chats 5.38 -> 4.66 ms and 3.58 ->
-3.48 s (3 of 4); peak RSS with 500 turns in flight 194 -> 196 MB."""
+generation is collected after 20,000 net container allocations instead of 700, the older ones after
+20 collections of the younger instead of 10. In a burst of 200 new chats the collector then runs
+3 times (9-20 ms, every thread stopped) instead of 103 (94 young, 9 middle: 24 ms). Side by side
+(``bench.side_by_side``, fourteenth round in bench/README.md), CPU per turn in a 200-chat burst was
+lower in 7 of 8, 2 of 6 and 6 of 8 rounds of three runs (medians 6.32 -> 5.70, 5.40 -> 5.25,
+5.99 -> 5.58 ms), and in 3 of 4 with 500 chats (5.38 -> 4.66 ms); more than the collections' own
+time accounts for, and why was not established. Peak RSS with 500 turns in flight 194 -> 196 MB."""
 
 
 def tune_collector() -> None:
