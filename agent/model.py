@@ -23,6 +23,31 @@ from agent.streaming import StreamAccumulator, ends_reply, new_call_id
 
 __all__ = ["ChatModel", "ModelError", "ModelReply", "OnText", "OpenAIChatModel", "Usage"]
 
+HTTP_CLIENTS = ("auto", "curl", "httpx")
+"""``http_client`` values: the streamed call on libcurl (``agent.model_curl``, where ``pycurl``
+imports, for ``auto``) or on the SDK's own HTTP client (httpx, ``agent.model_http``)."""
+
+
+def curl_available() -> bool:
+    """Whether ``pycurl`` (libcurl) can be imported here."""
+    try:
+        import pycurl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def uses_curl(http_client: str) -> bool:
+    """Whether ``http_client`` (one of ``HTTP_CLIENTS``) sends the streamed call on libcurl.
+    Raises ``ValueError`` for an unknown value, or ``curl`` where ``pycurl`` cannot be imported."""
+    if http_client not in HTTP_CLIENTS:
+        raise ValueError(f"http_client must be one of {', '.join(HTTP_CLIENTS)}, not {http_client!r}")
+    if http_client == "curl" and not curl_available():
+        raise ValueError("http_client = 'curl' needs pycurl (libcurl), which cannot be imported here; "
+                         "install it or use 'auto' or 'httpx'")
+    return http_client == "curl" or (http_client == "auto" and curl_available())
+
+
 _AUTH: Any = {"security": {"bearer_auth": True}}
 
 CLIENT_SHARDS = 8
@@ -95,7 +120,9 @@ class OpenAIChatModel:
     does not end the reply: the complete reply is never told to it) and tool-call deltas are merged by ``id``, then
     ``index`` (``agent.streaming``). ``stream=False`` is for servers without streaming support;
     ``stream_options=False`` for servers that refuse ``stream_options`` (usage then comes only if
-    the server sends it unasked).
+    the server sends it unasked). ``http_client`` (``HTTP_CLIENTS``): what carries a streamed call:
+    libcurl (``agent.model_curl``; ``auto`` where ``pycurl`` imports) or the SDK's httpx client;
+    ``ValueError`` for ``curl`` without ``pycurl``.
 
     ``missing_key`` names the environment variable that should hold the API key when it is unset
     (the call goes out with a placeholder key, so servers that need none still work): every
@@ -115,15 +142,17 @@ class OpenAIChatModel:
         stream: bool = True,
         missing_key: str | None = None,
         stream_options: bool = True,
+        http_client: str = "auto",
     ) -> None:
         self.model = model
+        self.curl = uses_curl(http_client)
         self.missing_key = missing_key
         self.temperature = temperature
         self.stream = stream
         self.stream_options = stream_options
         self._connect: dict[str, Any] = {"base_url": base_url, "api_key": api_key, "timeout": timeout_s,
                                          "max_retries": max_retries}
-        self._shards: list[tuple[openai.OpenAI, StreamingEndpoint] | None] = [None] * CLIENT_SHARDS
+        self._shards: list[tuple[openai.OpenAI, Any] | None] = [None] * CLIENT_SHARDS
         self._shard_lock = threading.Lock()
         self._next_shard = itertools.count()
         self._local = threading.local()
@@ -135,7 +164,7 @@ class OpenAIChatModel:
         return self._shard[0]
 
     @property
-    def _shard(self) -> tuple[openai.OpenAI, StreamingEndpoint]:
+    def _shard(self) -> tuple[openai.OpenAI, Any]:
         """The calling thread's client and its streaming endpoint: one of ``CLIENT_SHARDS``,
         assigned to threads in turn.
 
@@ -155,8 +184,16 @@ class OpenAIChatModel:
                                           max_keepalive_connections=-(-100 // CLIENT_SHARDS))
                     http = openai.DefaultHttpxClient(limits=limits, verify=self._verify)
                     client = openai.OpenAI(**self._connect, http_client=http)
-                    shard = self._shards[index] = (client, StreamingEndpoint(client, http))
+                    shard = self._shards[index] = (client, self._endpoint(client, http))
         return shard
+
+    def _endpoint(self, client: openai.OpenAI, http: httpx2.Client) -> Any:
+        """The streamed call's endpoint for ``client``: ``CurlEndpoint`` or ``StreamingEndpoint``."""
+        if self.curl:
+            from agent.model_curl import CurlEndpoint
+
+            return CurlEndpoint(client, http)
+        return StreamingEndpoint(client, http)
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                  on_text: OnText | None = None) -> ModelReply:

@@ -212,14 +212,22 @@ def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def _data_events(response: httpx2.Response) -> Iterator[dict[str, Any]]:
-    """Server-sent events (WHATWG HTML, "Interpreting an event stream"): ``data:`` lines joined
-    with newlines until a blank line ends the event; comments and other fields skipped. Yields each
-    event's JSON up to ``[DONE]``, then reads the body to its end (errors there ignored: the answer
-    is complete). An ``error`` object in an event raises ``openai.APIError`` (as the SDK's
-    ``Stream`` does), so does an event that is not JSON."""
-    data: list[bytes] = []
+    """``sse_events`` of ``response``'s body (decoded when it names a content encoding)."""
     # iter_raw when there is nothing to decode: iter_bytes adds a decoder and a chunker per call
-    lines = _lines(response.iter_bytes() if "content-encoding" in response.headers else response.iter_raw())
+    chunks = response.iter_bytes() if "content-encoding" in response.headers else response.iter_raw()
+    return sse_events(chunks, response.request, _DRAIN_ERRORS)
+
+
+def sse_events(chunks: Iterator[bytes], request: httpx2.Request,
+               drain_errors: tuple[type[BaseException], ...]) -> Iterator[dict[str, Any]]:
+    """Server-sent events (WHATWG HTML, "Interpreting an event stream") of a body read as
+    ``chunks``: ``data:`` lines joined with newlines until a blank line ends the event; comments
+    and other fields skipped. Yields each event's JSON up to ``[DONE]``, then reads the body to its
+    end (``drain_errors`` there ignored: the answer is complete). An ``error`` object in an event
+    raises ``openai.APIError`` (as the SDK's ``Stream`` does), so does an event that is not JSON
+    (``request``: the one the error names)."""
+    data: list[bytes] = []
+    lines = _lines(chunks)
     for line in lines:
         if line:
             if line.startswith(b"data:"):
@@ -233,17 +241,17 @@ def _data_events(response: httpx2.Response) -> Iterator[dict[str, Any]]:
             try:
                 for _ in lines:  # the connection goes back to the pool once the body is read
                     pass
-            except _DRAIN_ERRORS:
+            except drain_errors:
                 pass  # it is closed instead
             return
         try:
             event = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
             raise openai.APIError(f"the stream sent an event that is not JSON: {payload[:80]!r}",
-                                  response.request, body=None) from exc
+                                  request, body=None) from exc
         if isinstance(event, dict) and event.get("error"):
             error = event["error"]
             text = error.get("message") if isinstance(error, dict) else None
             raise openai.APIError(text if isinstance(text, str) and text else "An error occurred during streaming",
-                                  response.request, body=error)
+                                  request, body=error)
         yield event

@@ -43,7 +43,8 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("gateway.bus.compression", "Compressor.project"),
     ("gateway.memory.service", "MemoryService.annotate"),
     ("agent.model", "OpenAIChatModel.complete"),
-    ("agent.model_http", "StreamingEndpoint._send"),
+    ("agent.model_http", "StreamingEndpoint._send"),  # the streamed call on httpx (llm.http_client)
+    ("agent.model_curl", "CurlEndpoint._send"),  # on libcurl, the default
     ("gateway.delivery.outbox", "Delivery.send_claimed"),
     ("gateway.delivery.outbox", "Delivery._send_item"),
     ("gateway.store.tx", "TxScope.__enter__"),

@@ -26,9 +26,9 @@ def test_bench_suite_short_mode(tmp_path):
     assert timeline["TelegramAdapter._handle_webhook>"] == 0
     # every turn is a new chat's: its lane is claimed in the admit, with no claim of its own
     assert 0 < timeline["SessionBus.claim_free_in<"] < timeline["SessionBus._drain>"]
-    assert timeline["SessionBus._drain>"] < timeline["StreamingEndpoint._send>"]
+    assert timeline["SessionBus._drain>"] < timeline["CurlEndpoint._send>"]  # llm.http_client auto: libcurl
     assert "Store._claim_next>" not in timeline
-    assert timeline["StreamingEndpoint._send>"] < timeline["Store.finish_turn>"]
+    assert timeline["CurlEndpoint._send>"] < timeline["Store.finish_turn>"]
     assert timeline["Store.finish_turn<"] < timeline["TelegramAdapter._api>"]
     overhead = figures["overhead"]
     assert overhead["gateway"]["completed"] == 10 and overhead["floor"]["completed"] == 10

@@ -1,7 +1,8 @@
-"""The streamed model call on the SDK's HTTP client (``agent.model_http``): the SDK's retry policy
-and error types, and server-sent events as servers write them, against the fake OpenAI API and a
-raw HTTP server on loopback (bytes as given: chunked bodies split anywhere, connections closed
-early or kept open)."""
+"""The streamed model call, on libcurl (``agent.model_curl``, the default where pycurl imports)
+and on the SDK's HTTP client (``agent.model_http``, httpx): every test runs on both. The SDK's
+retry policy and error types, and server-sent events as servers write them, against the fake
+OpenAI API and a raw HTTP server on loopback (bytes as given: chunked bodies split anywhere,
+connections closed early or kept open)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import gzip
 import json
 import re
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +23,28 @@ from agent.model import ModelError, OpenAIChatModel
 from tests.fakes import openai as oa
 
 MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(autouse=True, params=["curl", "httpx"])
+def http_client(request, monkeypatch) -> str:
+    """Each test once per HTTP client: ``auto`` picks libcurl, or httpx where pycurl is missing."""
+    import agent.model
+
+    if request.param == "httpx":
+        monkeypatch.setattr(agent.model, "curl_available", lambda: False)
+    else:
+        assert agent.model.curl_available()  # a dependency: its absence must fail, not skip
+    return request.param
+
+
+def test_the_streamed_call_goes_out_on_the_client_auto_picks(fake, http_client):
+    from agent.model_curl import CurlEndpoint
+    from agent.model_http import StreamingEndpoint
+
+    fake.script("hello")
+    model = _model(fake.url, retries=0)
+    assert model.complete(MESSAGES, []).content == "hello"
+    assert isinstance(model._shard[1], CurlEndpoint if http_client == "curl" else StreamingEndpoint)
 
 
 @pytest.fixture
@@ -114,16 +138,28 @@ def test_a_stream_cut_mid_answer_is_not_resent(fake):
     assert len(fake.requests) == 1
 
 
+def test_waiting_for_the_next_piece_of_a_stream_costs_the_thread_no_cpu(fake):
+    """Between pieces the calling thread sleeps in the client (``select``), it does not poll: a
+    reply written over 1.2 s costs it milliseconds of CPU, not a core for 1.2 s."""
+    fake.script(oa.text("one two three four five six seven", pieces=5, piece_delay_s=0.3))
+    model = _model(fake.url, retries=0)
+    model.complete(MESSAGES, [])  # the connection and the client are set up
+    fake.script(oa.text("one two three four five six seven", pieces=5, piece_delay_s=0.3))
+    cpu = time.thread_time()
+    assert model.complete(MESSAGES, []).content == "one two three four five six seven"
+    assert time.thread_time() - cpu < 0.15
+
+
 class RawServer:
     """A loopback server that answers every request with ``response`` (raw bytes: status line,
     headers, body), then closes the connection, or with ``hold_s`` keeps it open that long first.
     ``received`` holds each request's head (request line and headers) and body, as sent."""
 
-    def __init__(self, response: bytes, hold_s: float = 0.0) -> None:
-        self.response, self.hold_s = response, hold_s
+    def __init__(self, response: bytes, hold_s: float = 0.0, tls: ssl.SSLContext | None = None) -> None:
+        self.response, self.hold_s, self.tls = response, hold_s, tls
         self.received: list[tuple[bytes, bytes]] = []
         self._socket = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self._socket.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -135,6 +171,12 @@ class RawServer:
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except (ssl.SSLError, OSError):  # the client refused the certificate
+                conn.close()
+                return
         with conn:
             head = b""
             while b"\r\n\r\n" not in head:
@@ -162,8 +204,8 @@ def _sse(body: bytes, content_type: bytes = b"text/event-stream", end: bool = Tr
 def raw() -> Iterator[Callable[..., RawServer]]:
     servers: list[RawServer] = []
 
-    def start(response: bytes, hold_s: float = 0.0) -> RawServer:
-        servers.append(RawServer(response, hold_s))
+    def start(response: bytes, hold_s: float = 0.0, tls: ssl.SSLContext | None = None) -> RawServer:
+        servers.append(RawServer(response, hold_s, tls))
         return servers[-1]
 
     yield start
@@ -215,6 +257,17 @@ def test_an_answer_complete_at_done_is_kept_whatever_the_connection_does_then(ra
     body = f"data: {_chunk('hello')}\n\ndata: [DONE]\n\n".encode()
     server = raw(_sse(body, end=False), hold_s=3.0 if ending == "kept open after [DONE]" else 0.0)
     assert _model_at(server, timeout_s=1.0).complete(MESSAGES, []).content == "hello"
+
+
+def test_a_stream_that_stalls_mid_answer_is_a_timeout_at_the_read_timeout_and_not_resent(raw):
+    """No byte for the client's read timeout: a ``timeout`` once it passed (not when the server
+    gives up), the request sent once."""
+    server = raw(_sse(f"data: {_chunk('hel')}\n\n".encode(), end=False), hold_s=5.0)
+    started = time.monotonic()
+    with pytest.raises(ModelError) as raised:
+        _model_at(server, retries=2, timeout_s=0.5).complete(MESSAGES, [])
+    assert raised.value.reason == "timeout" and len(server.received) == 1
+    assert time.monotonic() - started < 4.0  # the timeout, not the server's close after 5 s
 
 
 def test_an_error_event_inside_the_stream_is_a_model_error(raw):
@@ -299,6 +352,57 @@ def test_the_http_clients_proxy_from_the_environment_is_used(raw, monkeypatch):
     (head, _), = proxy.received
     assert head.startswith(b"POST http://model.invalid/v1/chat/completions HTTP/1.1\r\n")
     assert _header(head, "host") == ["model.invalid"]
+
+
+def _certificates(folder) -> tuple[str, str, str]:
+    """A CA and a certificate it signed for 127.0.0.1: ``(ca.pem, server.pem, server.key)``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(1).not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    server = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "server")]))
+              .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
+              .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=1))
+              .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                             critical=False)
+              .sign(ca_key, hashes.SHA256()))
+    paths = (folder / "ca.pem", folder / "server.pem", folder / "server.key")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return tuple(str(p) for p in paths)  # type: ignore[return-value]
+
+
+def test_tls_is_verified_against_the_ca_file_httpx_would_load(raw, tmp_path, monkeypatch):
+    """An HTTPS endpoint whose certificate no trusted CA signed is a connection error (nothing is
+    sent); with that CA as ``SSL_CERT_FILE`` (as httpx reads it) the call is answered."""
+    import agent.model
+
+    ca, cert, key = _certificates(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = raw(_sse(f"data: {_chunk('hello')}\n\ndata: [DONE]\n\n".encode()), tls=context)
+    monkeypatch.setattr(agent.model, "_tls", None)  # the shared context is built again below
+    with pytest.raises(ModelError) as raised:
+        _model_at(server).complete(MESSAGES, [])
+    assert raised.value.reason == "connection" and server.received == []
+    monkeypatch.setenv("SSL_CERT_FILE", ca)
+    monkeypatch.setattr(agent.model, "_tls", None)
+    assert _model_at(server).complete(MESSAGES, []).content == "hello"
+    assert len(server.received) == 1
 
 
 def test_every_connection_pool_verifies_with_one_shared_tls_context():

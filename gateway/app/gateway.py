@@ -294,7 +294,7 @@ class Gateway:
             base_url=provider.base_url, api_key=provider.api_key, model=target.model,
             timeout_s=provider.timeout_s or llm.timeout_s, max_retries=llm.max_retries if last else 0,
             temperature=llm.temperature, stream=llm.stream and "stream" not in target.lacks,
-            stream_options="stream_options" not in target.lacks,
+            stream_options="stream_options" not in target.lacks, http_client=llm.http_client,
             missing_key=provider.key_env if provider.key_missing else None)
 
     def build_system_prompt(self) -> str:

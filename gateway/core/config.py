@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from agent.budget import Limits, Price
+from agent.model import uses_curl
 from gateway.core.chats import ChatRule
 from gateway.core.errors import ConfigError
 from gateway.core.i18n import LOCALES, negotiate
@@ -65,6 +66,10 @@ class LlmConfig(RoutesMixin):
     temperature: float | None = None
     stream: bool = True
     """Stream every model call (text previews in chats); off for servers without streaming."""
+    http_client: Literal["auto", "curl", "httpx"] = "auto"
+    """What carries a streamed model call: ``curl`` (libcurl through pycurl: a fifth of the CPU of
+    the SDK's client per call), ``httpx`` (the openai SDK's own client), ``auto`` (curl where pycurl
+    imports, else httpx). ``agent.model_curl`` says what both do alike."""
     context_window_tokens: int = 128_000
     """The model's context window (prompt + reply), in tokens; requests are fitted into it."""
     compress_threshold: float = 0.75
@@ -89,6 +94,7 @@ class LlmConfig(RoutesMixin):
     @model_validator(mode="after")
     def _check_window(self) -> LlmConfig:
         self.window_policy()  # ValueError (a validation error) unless keep < threshold < 0.9
+        uses_curl(self.http_client)  # ValueError for "curl" without pycurl
         return self
 
     def window_policy(self, context_window_tokens: int | None = None) -> WindowPolicy:

@@ -1,0 +1,276 @@
+"""The streamed chat-completions call on libcurl (``pycurl``), the default where it is installed.
+
+Against the same server, the call through the SDK's HTTP client (``agent.model_http``: httpx,
+httpcore and h11, some 700 Python function calls a call) cost the calling thread 1.0-1.2 ms of
+CPU and 1.8-2.1 ms of wall time per call; on libcurl 0.20-0.25 ms and 0.7-1.0 ms (one thread, 300
+calls, a 6.6 KB request with 7 tools, alternating runs; ``bench/README.md``, fifteenth round).
+libcurl does the HTTP/1.1, TLS, chunked and content-encoded transfer in C, releasing the
+interpreter lock while it waits, and caches DNS answers (60 s) and connections per thread.
+
+The request is the one ``StreamingEndpoint`` sends (``llm.http_client``: ``auto`` picks this one
+when ``pycurl`` imports, ``httpx`` keeps the SDK's client), and callers see the same behaviour:
+
+- the same URL, headers (the SDK client's over its HTTP client's, the attempt's
+  ``x-stainless-retry-count``; ``Host`` and ``Content-Length`` as libcurl writes them, no
+  ``Expect: 100-continue``), body, cookies (kept per thread, as libcurl keeps them per handle);
+- the SDK's retry policy and exception types (``agent.model_http``: ``status_error``,
+  ``_should_retry``, ``_backoff``): a status outside 2xx is read whole and raised as the SDK's
+  ``APIStatusError`` subclass; libcurl's timeout is ``APITimeoutError``, any other transfer
+  failure (refused, reset, an undecodable body) ``APIConnectionError``, before the answer starts
+  (retried) and during it (never resent);
+- timeouts: the SDK client's connect timeout, and its read timeout as the longest wait for the
+  next byte (checked here, to the millisecond);
+- proxies from the environment as httpx reads them (``HTTP_PROXY``/``http_proxy``,
+  ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``; libcurl alone ignores an upper-case
+  ``HTTP_PROXY``), redirects followed as the SDK's client follows them (at most 20);
+- TLS verified against the CA file or directory httpx would load (``SSL_CERT_FILE``,
+  ``SSL_CERT_DIR``, else the interpreter's OpenSSL default paths);
+- the event stream read as ``agent.model_http.sse_events`` reads it, up to ``[DONE]``, then the
+  rest of the body, so the connection is kept for the thread's next call.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import ssl
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import openai
+import pycurl
+
+from agent.model_http import _backoff, _should_retry, sse_events, status_error
+
+_TIMED_OUT = pycurl.E_OPERATION_TIMEDOUT
+_HEADERS_LIBCURL_WRITES = frozenset({"host", "content-length", "accept-encoding", "transfer-encoding", "expect"})
+_DECODED = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+"""Headers that no longer describe a body libcurl has decoded (dropped from an error's response)."""
+SUPPRESS_CONNECT_HEADERS = 265
+"""``CURLOPT_SUPPRESS_CONNECT_HEADERS`` (libcurl 7.54; pycurl names no constant for it): a proxy's
+answer to ``CONNECT`` is not handed to the header callback, which would take it for the response."""
+MAX_REDIRECTS = 20
+"""httpx's ``DEFAULT_MAX_REDIRECTS``."""
+CA_FILE_CANDIDATES = ("/etc/ssl/cert.pem", "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", "/etc/pki/tls/cert.pem",
+                      "/etc/ssl/certs/ca-certificates.crt", "/etc/ssl/ca-bundle.pem")
+"""The bundle files httpcore2 (and truststore) try on Linux when OpenSSL's own paths are unusable."""
+
+
+def ca_locations() -> tuple[str | None, str | None]:
+    """``(cafile, capath)`` as ``httpx2.create_ssl_context()`` loads them on Linux (httpcore2's
+    ``default_ssl_context``): ``SSL_CERT_FILE``, else ``SSL_CERT_DIR``, else the interpreter's
+    OpenSSL default file and hashed directory that exist, else the first of the usual bundle files.
+    libcurl's own default path is where its wheel was built, not this system's."""
+    if cafile := os.environ.get("SSL_CERT_FILE"):
+        return cafile, None
+    if capath := os.environ.get("SSL_CERT_DIR"):
+        return None, capath
+    paths = ssl.get_default_verify_paths()
+    cafile = paths.openssl_cafile if os.path.isfile(paths.openssl_cafile) else None
+    capath = paths.openssl_capath if os.path.isdir(paths.openssl_capath) else None
+    if capath and not cafile and not any(re.fullmatch(r"[0-9a-fA-F]{8}\.\d", f) for f in os.listdir(capath)):
+        capath = None
+    if not cafile and not capath:
+        cafile = next(filter(os.path.isfile, CA_FILE_CANDIDATES), None)
+    return cafile, capath
+
+
+def proxy_for(url: httpx2.URL) -> str:
+    """The proxy URL the environment gives for ``url`` (``""``: none), read as httpx reads it."""
+    proxies = urllib.request.getproxies_environment()
+    if not proxies or urllib.request.proxy_bypass_environment(  # type: ignore[attr-defined]  # not in typeshed
+            url.host, proxies):
+        return ""
+    return proxies.get(url.scheme) or proxies.get("all") or ""
+
+
+class _Transfer:
+    """One thread's libcurl handles (an easy handle on a multi handle of its own, which keeps the
+    thread's connection and DNS answers between calls) and the state of the call in progress."""
+
+    def __init__(self) -> None:
+        self.easy = pycurl.Curl()
+        self.multi = pycurl.CurlMulti()
+        self.chunks: list[bytes] = []
+        self.head: list[tuple[str, str]] = []
+        self.status = 0
+        self.head_done = False
+        self.done = False
+        self.error: tuple[int, str] | None = None
+        self.last = 0.0
+        self.added = False
+        self.easy.setopt(pycurl.WRITEFUNCTION, self._body)
+        self.easy.setopt(pycurl.HEADERFUNCTION, self._header)
+
+    def start(self) -> None:
+        self.stop()  # a call stopped by an exception between its start and its end
+        self.chunks.clear()
+        self.head = []
+        self.status = 0
+        self.head_done = self.done = False
+        self.error = None
+        self.last = time.monotonic()
+        self.multi.add_handle(self.easy)
+        self.added = True
+
+    def stop(self) -> None:
+        """Takes the handle off its multi handle (an unfinished transfer's connection is closed)."""
+        if self.added:
+            self.added = False
+            self.multi.remove_handle(self.easy)
+
+    def _body(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.last = time.monotonic()
+
+    def _header(self, line: bytes) -> None:
+        self.last = time.monotonic()
+        text = line.decode("latin-1").rstrip("\r\n")
+        if text.startswith("HTTP/"):  # a new response (after a 1xx or a redirect followed)
+            parts = text.split(" ", 2)
+            self.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+            self.head = []
+            self.head_done = False
+        elif text:
+            name, _, value = text.partition(":")
+            self.head.append((name.strip(), value.strip()))
+        elif self.status >= 200 and not (300 <= self.status < 400
+                                         and any(n.lower() == "location" for n, _ in self.head)):
+            self.head_done = True
+
+    def pump(self, read_s: float, head: bool = False) -> None:
+        """Runs the transfer until body data arrived (``head``: or the response's head), or it ended
+        (``error`` set on failure; no byte for ``read_s`` seconds is libcurl's timeout)."""
+        multi = self.multi
+        while True:
+            while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
+                pass
+            _, finished, failed = multi.info_read()
+            if failed:
+                self.error = (failed[0][1], failed[0][2])
+            if finished or failed:
+                self.done = True
+                return
+            if self.chunks or (head and self.head_done):
+                return
+            left = self.last + read_s - time.monotonic()
+            if left <= 0:
+                self.error = (_TIMED_OUT, f"no data for {read_s} s")
+                self.done = True
+                return
+            timer = multi.timeout()  # ms until libcurl's next timer (-1: none)
+            wait = min(left, 1.0, timer / 1000 if timer >= 0 else 1.0)
+            before = time.monotonic()
+            if multi.select(wait) <= 0 and time.monotonic() - before < min(wait, 0.001):
+                time.sleep(min(wait, 0.001))  # no socket to wait on yet (a name resolving): no spin
+
+    def take(self) -> bytes:
+        data = b"".join(self.chunks) if len(self.chunks) != 1 else self.chunks[0]
+        self.chunks.clear()
+        return data
+
+
+class CurlEndpoint:
+    """``POST {base_url}chat/completions`` with ``stream: true`` for one ``openai.OpenAI`` client
+    on libcurl: the request ``StreamingEndpoint`` sends for that client and ``http`` (its
+    ``httpx2.Client``: headers, timeout), with one libcurl handle per calling thread."""
+
+    def __init__(self, client: openai.OpenAI, http: httpx2.Client) -> None:
+        self.url = httpx2.URL(f"{str(client.base_url).rstrip('/')}/chat/completions")
+        merged = {**client.default_headers, **client.auth_headers}
+        headers = httpx2.Headers(http.headers)
+        headers.update({name: value for name, value in merged.items() if isinstance(value, str)})
+        self.headers = [f"{name}: {value}" for name, value in headers.items()
+                        if name.lower() not in _HEADERS_LIBCURL_WRITES] + ["Expect:"]
+        timeout = httpx2.Timeout(client.timeout)
+        self.connect_s = timeout.connect if timeout.connect is not None else 0.0
+        self.read_s = timeout.read if timeout.read is not None else math.inf
+        self.max_retries = client.max_retries
+        self.proxy = proxy_for(self.url)
+        self.cafile, self.capath = ca_locations()
+        self._request = httpx2.Request("POST", self.url)
+        self._local = threading.local()
+
+    def _transfer(self) -> _Transfer:
+        transfer: _Transfer | None = getattr(self._local, "transfer", None)
+        if transfer is None:
+            transfer = self._local.transfer = _Transfer()
+            easy = transfer.easy
+            easy.setopt(pycurl.URL, str(self.url))
+            easy.setopt(pycurl.POST, 1)
+            easy.setopt(pycurl.ACCEPT_ENCODING, "")  # every encoding libcurl decodes, decoded
+            easy.setopt(pycurl.COOKIEFILE, "")  # keep the cookies the server sets
+            easy.setopt(pycurl.FOLLOWLOCATION, 1)
+            easy.setopt(pycurl.MAXREDIRS, MAX_REDIRECTS)
+            easy.setopt(pycurl.PROXY, self.proxy)
+            easy.setopt(SUPPRESS_CONNECT_HEADERS, 1)
+            easy.setopt(pycurl.NOSIGNAL, 1)
+            if self.connect_s:
+                easy.setopt(pycurl.CONNECTTIMEOUT_MS, max(1, int(self.connect_s * 1000)))
+            if self.cafile:
+                easy.setopt(pycurl.CAINFO, self.cafile)
+            if self.capath:
+                easy.setopt(pycurl.CAPATH, self.capath)
+        return transfer
+
+    def events(self, body: bytes) -> Iterator[dict[str, Any]]:
+        """The JSON objects of the stream's ``data:`` events in order, up to ``[DONE]`` (the rest of
+        the body is read so the connection is kept). Raises the SDK's exceptions (module
+        docstring); retries as the SDK does before the answer starts."""
+        transfer = self._transfer()
+        try:
+            self._send(transfer, body)
+            yield from sse_events(self._chunks(transfer), self._request,
+                                  (openai.APITimeoutError, openai.APIConnectionError))
+        finally:
+            transfer.stop()
+
+    def _chunks(self, transfer: _Transfer) -> Iterator[bytes]:
+        while True:
+            if transfer.chunks:
+                yield transfer.take()
+                continue
+            if transfer.done:
+                if transfer.error is not None:
+                    raise self._failure(transfer.error)
+                return
+            transfer.pump(self.read_s)
+
+    def _failure(self, error: tuple[int, str]) -> openai.APIError:
+        if error[0] == _TIMED_OUT:
+            return openai.APITimeoutError(request=self._request)
+        return openai.APIConnectionError(message=f"Connection error: {error[1]}", request=self._request)
+
+    def _send(self, transfer: _Transfer, body: bytes) -> None:
+        """Sends ``body`` until a 2xx response's head arrived (its body then streams in on
+        ``transfer``), retrying as the SDK does; raises the SDK's exception otherwise."""
+        easy = transfer.easy
+        easy.setopt(pycurl.POSTFIELDS, body)
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            easy.setopt(pycurl.HTTPHEADER, [*self.headers, f"x-stainless-retry-count: {attempt}"])
+            transfer.start()
+            while not (transfer.head_done or transfer.done):
+                transfer.pump(self.read_s, head=True)
+            if transfer.error is not None and not transfer.head_done:
+                transfer.stop()
+                if last:
+                    raise self._failure(transfer.error)
+                time.sleep(_backoff(attempt, None))
+                continue
+            if 200 <= transfer.status < 300:
+                return
+            while not transfer.done:  # an error's body, read whole
+                transfer.pump(self.read_s)
+            transfer.stop()
+            response = httpx2.Response(transfer.status, content=transfer.take(), request=self._request,
+                                       headers=[(n, v) for n, v in transfer.head if n.lower() not in _DECODED])
+            if last or not _should_retry(response):
+                raise status_error(response)
+            time.sleep(_backoff(attempt, response))
+        raise AssertionError("unreachable: the last attempt returns or raises")
