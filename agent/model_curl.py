@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import select
 import ssl
 import threading
 import time
@@ -48,6 +49,7 @@ import pycurl
 from agent.model_http import _backoff, _should_retry, sse_events, status_error
 
 _TIMED_OUT = pycurl.E_OPERATION_TIMEDOUT
+_POLLIN = select.POLLIN
 _HEADERS_LIBCURL_WRITES = frozenset({"host", "content-length", "accept-encoding", "transfer-encoding", "expect"})
 _DECODED = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 """Headers that no longer describe a body libcurl has decoded (dropped from an error's response)."""
@@ -91,11 +93,21 @@ def proxy_for(url: httpx2.URL) -> str:
 
 class _Transfer:
     """One thread's libcurl handles (an easy handle on a multi handle of its own, which keeps the
-    thread's connection and DNS answers between calls) and the state of the call in progress."""
+    thread's connection and DNS answers between calls) and the state of the call in progress.
+
+    The thread waits with ``poll(2)`` on the sockets libcurl names through its socket callback and
+    until the deadline its timer callback sets (libcurl's ``curl_multi_socket_action`` API), not
+    with ``select(2)``: ``select`` cannot watch a descriptor numbered 1024 or above
+    (``FD_SETSIZE``), and a gateway with hundreds of turns in flight holds more descriptors than
+    that; libcurl then leaves its sockets out of the set and the waiting thread spins."""
 
     def __init__(self) -> None:
         self.easy = pycurl.Curl()
         self.multi = pycurl.CurlMulti()
+        self.poll = select.poll()
+        self.watched: set[int] = set()
+        self.deadline: float | None = None
+        """When libcurl's timer expires (``time.monotonic()`` seconds; ``None``: no timer)."""
         self.chunks: list[bytes] = []
         self.head: list[tuple[str, str]] = []
         self.status = 0
@@ -106,6 +118,8 @@ class _Transfer:
         self.added = False
         self.easy.setopt(pycurl.WRITEFUNCTION, self._body)
         self.easy.setopt(pycurl.HEADERFUNCTION, self._header)
+        self.multi.setopt(pycurl.M_SOCKETFUNCTION, self._socket)
+        self.multi.setopt(pycurl.M_TIMERFUNCTION, self._timer)
 
     def start(self) -> None:
         self.stop()  # a call stopped by an exception between its start and its end
@@ -115,6 +129,7 @@ class _Transfer:
         self.head_done = self.done = False
         self.error = None
         self.last = time.monotonic()
+        self.deadline = self.last  # the transfer starts on its first timeout action
         self.multi.add_handle(self.easy)
         self.added = True
 
@@ -123,6 +138,23 @@ class _Transfer:
         if self.added:
             self.added = False
             self.multi.remove_handle(self.easy)
+
+    def _socket(self, what: int, fd: int, _multi: object, _data: object) -> None:
+        """libcurl's socket callback: what to watch on ``fd`` (``POLL_IN``/``OUT``/``INOUT``) or
+        ``POLL_REMOVE``: watch it no more."""
+        if what == pycurl.POLL_REMOVE:
+            if fd in self.watched:
+                self.watched.discard(fd)
+                self.poll.unregister(fd)
+            return
+        mask = (_POLLIN if what in (pycurl.POLL_IN, pycurl.POLL_INOUT) else 0) | (
+            select.POLLOUT if what in (pycurl.POLL_OUT, pycurl.POLL_INOUT) else 0)
+        self.poll.register(fd, mask)  # registering again changes the mask
+        self.watched.add(fd)
+
+    def _timer(self, ms: int) -> None:
+        """libcurl's timer callback: act on a timeout in ``ms`` milliseconds (``-1``: no timer)."""
+        self.deadline = None if ms < 0 else time.monotonic() + ms / 1000
 
     def _body(self, data: bytes) -> None:
         self.chunks.append(data)
@@ -148,8 +180,6 @@ class _Transfer:
         (``error`` set on failure; no byte for ``read_s`` seconds is libcurl's timeout)."""
         multi = self.multi
         while True:
-            while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
-                pass
             _, finished, failed = multi.info_read()
             if failed:
                 self.error = (failed[0][1], failed[0][2])
@@ -158,16 +188,26 @@ class _Transfer:
                 return
             if self.chunks or (head and self.head_done):
                 return
-            left = self.last + read_s - time.monotonic()
+            now = time.monotonic()
+            left = self.last + read_s - now
             if left <= 0:
                 self.error = (_TIMED_OUT, f"no data for {read_s} s")
                 self.done = True
                 return
-            timer = multi.timeout()  # ms until libcurl's next timer (-1: none)
-            wait = min(left, 1.0, timer / 1000 if timer >= 0 else 1.0)
-            before = time.monotonic()
-            if multi.select(wait) <= 0 and time.monotonic() - before < min(wait, 0.001):
-                time.sleep(min(wait, 0.001))  # no socket to wait on yet (a name resolving): no spin
+            if self.deadline is not None and self.deadline <= now:
+                self.deadline = None
+                multi.socket_action(pycurl.SOCKET_TIMEOUT, 0)
+                continue
+            wait = min(left, 1.0, self.deadline - now if self.deadline is not None else 1.0)
+            ready = self.poll.poll(math.ceil(wait * 1000))
+            for fd, event in ready:
+                if event & select.POLLNVAL:  # closed without a POLL_REMOVE: watch it no more
+                    self._socket(pycurl.POLL_REMOVE, fd, None, None)
+                    continue
+                flags = (pycurl.CSELECT_IN if event & (_POLLIN | select.POLLHUP) else 0) | (
+                    pycurl.CSELECT_OUT if event & select.POLLOUT else 0) | (
+                    pycurl.CSELECT_ERR if event & select.POLLERR else 0)
+                multi.socket_action(fd, flags)
 
     def take(self) -> bytes:
         data = b"".join(self.chunks) if len(self.chunks) != 1 else self.chunks[0]

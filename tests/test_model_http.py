@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
+import resource
 import socket
 import ssl
 import threading
@@ -139,7 +141,7 @@ def test_a_stream_cut_mid_answer_is_not_resent(fake):
 
 
 def test_waiting_for_the_next_piece_of_a_stream_costs_the_thread_no_cpu(fake):
-    """Between pieces the calling thread sleeps in the client (``select``), it does not poll: a
+    """Between pieces the calling thread sleeps in the client (``poll``), it does not poll: a
     reply written over 1.2 s costs it milliseconds of CPU, not a core for 1.2 s."""
     fake.script(oa.text("one two three four five six seven", pieces=5, piece_delay_s=0.3))
     model = _model(fake.url, retries=0)
@@ -148,6 +150,31 @@ def test_waiting_for_the_next_piece_of_a_stream_costs_the_thread_no_cpu(fake):
     cpu = time.thread_time()
     assert model.complete(MESSAGES, []).content == "one two three four five six seven"
     assert time.thread_time() - cpu < 0.15
+
+
+def test_a_call_waits_without_cpu_when_the_process_holds_over_1024_descriptors(fake):
+    """A gateway with hundreds of turns in flight holds more than ``FD_SETSIZE`` (1024)
+    descriptors: the connection's socket is numbered past what ``select(2)`` can watch, and the
+    wait must still sleep (libcurl's sockets are watched with ``poll(2)``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        assert hard == resource.RLIM_INFINITY or hard >= 1200, "this machine cannot open 1200 files"
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        model = _model(fake.url, retries=0)
+        fake.script("warm")
+        model.complete(MESSAGES, [])  # the connection (numbered past 1024) and the client are set up
+        fake.script(oa.text("one two three four five six seven", pieces=5, piece_delay_s=0.3))
+        cpu = time.thread_time()
+        assert model.complete(MESSAGES, []).content == "one two three four five six seven"
+        # Woken by libcurl's 1 ms timers instead of the socket, the 1.2 s cost 50 ms; asleep, 1-2 ms.
+        assert time.thread_time() - cpu < 0.02
+        assert len(os.listdir("/proc/self/fd")) > 1024
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 class RawServer:
