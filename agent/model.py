@@ -154,6 +154,7 @@ class OpenAIChatModel:
                                          "max_retries": max_retries}
         self._shards: list[tuple[openai.OpenAI, Any] | None] = [None] * CLIENT_SHARDS
         self._shard_lock = threading.Lock()
+        self._curl_endpoint: Any = None
         self._next_shard = itertools.count()
         self._local = threading.local()
         self._verify = shared_tls_context()  # at construction (start-up), not in the first turn
@@ -188,12 +189,16 @@ class OpenAIChatModel:
         return shard
 
     def _endpoint(self, client: openai.OpenAI, http: httpx2.Client) -> Any:
-        """The streamed call's endpoint for ``client``: ``CurlEndpoint`` or ``StreamingEndpoint``."""
-        if self.curl:
+        """The streamed call's endpoint for ``client`` (called under ``_shard_lock``): a
+        ``StreamingEndpoint`` per shard, or one ``CurlEndpoint`` for every shard (its transfers
+        are a pool of their own: a pool per shard would keep eight times the idle ones)."""
+        if not self.curl:
+            return StreamingEndpoint(client, http)
+        if self._curl_endpoint is None:
             from agent.model_curl import CurlEndpoint
 
-            return CurlEndpoint(client, http)
-        return StreamingEndpoint(client, http)
+            self._curl_endpoint = CurlEndpoint(client, http)
+        return self._curl_endpoint
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                  on_text: OnText | None = None) -> ModelReply:

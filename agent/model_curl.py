@@ -36,9 +36,9 @@ import os
 import re
 import select
 import ssl
-import threading
 import time
 import urllib.request
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,14 +50,19 @@ from agent.model_http import _backoff, _should_retry, sse_events, status_error
 
 _TIMED_OUT = pycurl.E_OPERATION_TIMEDOUT
 _POLLIN = select.POLLIN
-_HEADERS_LIBCURL_WRITES = frozenset({"host", "content-length", "accept-encoding", "transfer-encoding", "expect"})
-_DECODED = frozenset({"content-encoding", "content-length", "transfer-encoding"})
-"""Headers that no longer describe a body libcurl has decoded (dropped from an error's response)."""
+_HTTP_ONLY = pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS
+"""What a call and its redirects may use, as httpx: never ``ftp://``, ``file://`` or others."""
+_LINE_BREAK = re.compile(r"[\r\n\0]")
+_HEADERS_LIBCURL_WRITES = frozenset({"host", "content-length", "transfer-encoding", "expect"})
 SUPPRESS_CONNECT_HEADERS = 265
 """``CURLOPT_SUPPRESS_CONNECT_HEADERS`` (libcurl 7.54; pycurl names no constant for it): a proxy's
 answer to ``CONNECT`` is not handed to the header callback, which would take it for the response."""
 MAX_REDIRECTS = 20
 """httpx's ``DEFAULT_MAX_REDIRECTS``."""
+IDLE_TRANSFERS_KEPT = 64
+"""Idle transfers (libcurl handles and their connection: three descriptors) an endpoint keeps for
+the next calls, as httpx's pools keep 100 idle connections in all; beyond, a finished call's
+transfer is closed."""
 CA_FILE_CANDIDATES = ("/etc/ssl/cert.pem", "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", "/etc/pki/tls/cert.pem",
                       "/etc/ssl/certs/ca-certificates.crt", "/etc/ssl/ca-bundle.pem")
 """The bundle files httpcore2 (and truststore) try on Linux when OpenSSL's own paths are unusable."""
@@ -116,10 +121,12 @@ class _Transfer:
         self.error: tuple[int, str] | None = None
         self.last = 0.0
         self.added = False
-        self.easy.setopt(pycurl.WRITEFUNCTION, self._body)
-        self.easy.setopt(pycurl.HEADERFUNCTION, self._header)
-        self.multi.setopt(pycurl.M_SOCKETFUNCTION, self._socket)
-        self.multi.setopt(pycurl.M_TIMERFUNCTION, self._timer)
+        me = weakref.ref(self)  # the handles' callbacks do not keep their transfer alive (no cycle)
+        self.easy.setopt(pycurl.WRITEFUNCTION, lambda data: me()._body(data))  # type: ignore[union-attr]
+        self.easy.setopt(pycurl.HEADERFUNCTION, lambda line: me()._header(line))  # type: ignore[union-attr]
+        self.multi.setopt(pycurl.M_SOCKETFUNCTION,
+                          lambda what, fd, multi, data: me()._socket(what, fd, multi, data))  # type: ignore[union-attr]
+        self.multi.setopt(pycurl.M_TIMERFUNCTION, lambda ms: me()._timer(ms))  # type: ignore[union-attr]
 
     def start(self) -> None:
         self.stop()  # a call stopped by an exception between its start and its end
@@ -138,6 +145,12 @@ class _Transfer:
         if self.added:
             self.added = False
             self.multi.remove_handle(self.easy)
+
+    def close(self) -> None:
+        """Closes the handles and the connection they keep (their descriptors with them)."""
+        self.stop()
+        self.easy.close()
+        self.multi.close()
 
     def _socket(self, what: int, fd: int, _multi: object, _data: object) -> None:
         """libcurl's socket callback: what to watch on ``fd`` (``POLL_IN``/``OUT``/``INOUT``) or
@@ -218,7 +231,13 @@ class _Transfer:
 class CurlEndpoint:
     """``POST {base_url}chat/completions`` with ``stream: true`` for one ``openai.OpenAI`` client
     on libcurl: the request ``StreamingEndpoint`` sends for that client and ``http`` (its
-    ``httpx2.Client``: headers, timeout), with one libcurl handle per calling thread."""
+    ``httpx2.Client``: headers, timeout).
+
+    A call takes an idle transfer (libcurl handles and the connection they keep) or opens one, and
+    gives it back when it ends; at most ``IDLE_TRANSFERS_KEPT`` stay idle, the rest are closed. So
+    the descriptors held (three a transfer: the connection and the multi handle's wake-up pair)
+    follow the calls in flight, not the threads that ever called. Cookies, DNS answers and TLS
+    sessions are shared by the endpoint's transfers (a libcurl share handle)."""
 
     def __init__(self, client: openai.OpenAI, http: httpx2.Client) -> None:
         self.url = httpx2.URL(f"{str(client.base_url).rstrip('/')}/chat/completions")
@@ -227,6 +246,9 @@ class CurlEndpoint:
         headers.update({name: value for name, value in merged.items() if isinstance(value, str)})
         self.headers = [f"{name}: {value}" for name, value in headers.items()
                         if name.lower() not in _HEADERS_LIBCURL_WRITES] + ["Expect:"]
+        self.bad_header = next((name for name, value in headers.items() if _LINE_BREAK.search(value)), None)
+        """A header whose value holds a line break (an API key read with its newline): never sent,
+        as httpx refuses it."""
         timeout = httpx2.Timeout(client.timeout)
         self.connect_s = timeout.connect if timeout.connect is not None else 0.0
         self.read_s = timeout.read if timeout.read is not None else math.inf
@@ -234,41 +256,85 @@ class CurlEndpoint:
         self.proxy = proxy_for(self.url)
         self.cafile, self.capath = ca_locations()
         self._request = httpx2.Request("POST", self.url)
-        self._local = threading.local()
+        self._idle: list[_Transfer] = []  # append and pop are atomic: no lock
+        self._share = pycurl.CurlShare()
+        for data in (pycurl.LOCK_DATA_COOKIE, pycurl.LOCK_DATA_DNS, pycurl.LOCK_DATA_SSL_SESSION):
+            self._share.setopt(pycurl.SH_SHARE, data)
 
-    def _transfer(self) -> _Transfer:
-        transfer: _Transfer | None = getattr(self._local, "transfer", None)
-        if transfer is None:
-            transfer = self._local.transfer = _Transfer()
-            easy = transfer.easy
-            easy.setopt(pycurl.URL, str(self.url))
-            easy.setopt(pycurl.POST, 1)
-            easy.setopt(pycurl.ACCEPT_ENCODING, "")  # every encoding libcurl decodes, decoded
-            easy.setopt(pycurl.COOKIEFILE, "")  # keep the cookies the server sets
-            easy.setopt(pycurl.FOLLOWLOCATION, 1)
-            easy.setopt(pycurl.MAXREDIRS, MAX_REDIRECTS)
-            easy.setopt(pycurl.PROXY, self.proxy)
-            easy.setopt(SUPPRESS_CONNECT_HEADERS, 1)
-            easy.setopt(pycurl.NOSIGNAL, 1)
-            if self.connect_s:
-                easy.setopt(pycurl.CONNECTTIMEOUT_MS, max(1, int(self.connect_s * 1000)))
-            if self.cafile:
-                easy.setopt(pycurl.CAINFO, self.cafile)
-            if self.capath:
-                easy.setopt(pycurl.CAPATH, self.capath)
+    def _open(self) -> _Transfer:
+        """A new transfer set up for this endpoint. Raises ``APIConnectionError`` when libcurl
+        cannot make its handles (descriptors exhausted)."""
+        try:
+            transfer = _Transfer()
+        except pycurl.error as exc:
+            raise openai.APIConnectionError(message=f"Connection error: {exc.args[-1]}",
+                                            request=self._request) from exc
+        easy = transfer.easy
+        easy.setopt(pycurl.URL, str(self.url))
+        easy.setopt(pycurl.POST, 1)
+        easy.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)  # as httpx speaks it
+        easy.setopt(pycurl.HTTP_CONTENT_DECODING, 0)  # decoded as httpx decodes (_decoded)
+        easy.setopt(pycurl.SHARE, self._share)
+        easy.setopt(pycurl.COOKIEFILE, "")  # keep the cookies the server sets
+        easy.setopt(pycurl.PROTOCOLS, _HTTP_ONLY)
+        easy.setopt(pycurl.REDIR_PROTOCOLS, _HTTP_ONLY)
+        easy.setopt(pycurl.FOLLOWLOCATION, 1)
+        easy.setopt(pycurl.MAXREDIRS, MAX_REDIRECTS)
+        easy.setopt(pycurl.PROXY, self.proxy)
+        easy.setopt(SUPPRESS_CONNECT_HEADERS, 1)
+        easy.setopt(pycurl.NOSIGNAL, 1)
+        if self.connect_s:
+            easy.setopt(pycurl.CONNECTTIMEOUT_MS, max(1, int(self.connect_s * 1000)))
+        for file_option, dir_option in ((pycurl.CAINFO, pycurl.CAPATH), (pycurl.PROXY_CAINFO, pycurl.PROXY_CAPATH)):
+            # Exactly httpx's trust: libcurl's own built-in bundle and directory are unset.
+            for option, location in ((file_option, self.cafile), (dir_option, self.capath)):
+                if location:
+                    easy.setopt(option, location)
+                else:
+                    easy.unsetopt(option)
         return transfer
+
+    def _take(self) -> _Transfer:
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self._open()
+
+    def _give_back(self, transfer: _Transfer) -> None:
+        transfer.stop()
+        if len(self._idle) < IDLE_TRANSFERS_KEPT:
+            self._idle.append(transfer)
+        else:
+            transfer.close()
 
     def events(self, body: bytes) -> Iterator[dict[str, Any]]:
         """The JSON objects of the stream's ``data:`` events in order, up to ``[DONE]`` (the rest of
         the body is read so the connection is kept). Raises the SDK's exceptions (module
         docstring); retries as the SDK does before the answer starts."""
-        transfer = self._transfer()
+        if self.bad_header is not None:
+            raise openai.APIConnectionError(message=f"Connection error: the {self.bad_header} header's value "
+                                            "holds a line break", request=self._request)
+        transfer = self._take()
         try:
             self._send(transfer, body)
-            yield from sse_events(self._chunks(transfer), self._request,
+            yield from sse_events(self._decoded(transfer, self._chunks(transfer)), self._request,
                                   (openai.APITimeoutError, openai.APIConnectionError))
         finally:
-            transfer.stop()
+            self._give_back(transfer)
+
+    def _decoded(self, transfer: _Transfer, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """``chunks`` decoded as httpx decodes the response's ``Content-Encoding`` (gzip, deflate;
+        an encoding it does not know passes as it is)."""
+        if not any(name.lower() == "content-encoding" for name, _ in transfer.head):
+            yield from chunks
+            return
+        decoder = httpx2.Response(transfer.status, headers=transfer.head)._get_content_decoder()
+        try:
+            for chunk in chunks:
+                yield from decoder.decode(chunk)
+            yield from decoder.flush()
+        except httpx2.DecodingError as exc:
+            raise openai.APIConnectionError(message=f"Connection error: {exc}", request=self._request) from exc
 
     def _chunks(self, transfer: _Transfer) -> Iterator[bytes]:
         while True:
@@ -288,7 +354,8 @@ class CurlEndpoint:
 
     def _send(self, transfer: _Transfer, body: bytes) -> None:
         """Sends ``body`` until a 2xx response's head arrived (its body then streams in on
-        ``transfer``), retrying as the SDK does; raises the SDK's exception otherwise."""
+        ``transfer``), retrying as the SDK does; raises the SDK's exception otherwise: for an error
+        status whose body does not come whole within the read timeout, ``APITimeoutError``."""
         easy = transfer.easy
         easy.setopt(pycurl.POSTFIELDS, body)
         for attempt in range(self.max_retries + 1):
@@ -305,12 +372,14 @@ class CurlEndpoint:
                 continue
             if 200 <= transfer.status < 300:
                 return
-            while not transfer.done:  # an error's body, read whole
-                transfer.pump(self.read_s)
+            head = httpx2.Response(transfer.status, headers=transfer.head, request=self._request)
+            if not last and _should_retry(head):  # decided on the head, as the SDK does; the body unread
+                transfer.stop()
+                time.sleep(_backoff(attempt, head))
+                continue
+            content = b"".join(self._chunks(transfer))  # the error's body, read whole
             transfer.stop()
-            response = httpx2.Response(transfer.status, content=transfer.take(), request=self._request,
-                                       headers=[(n, v) for n, v in transfer.head if n.lower() not in _DECODED])
-            if last or not _should_retry(response):
-                raise status_error(response)
-            time.sleep(_backoff(attempt, response))
+            raise status_error(httpx2.Response(transfer.status, content=content, request=self._request,
+                                               headers=[(n, v) for n, v in transfer.head
+                                                        if n.lower() != "transfer-encoding"]))
         raise AssertionError("unreachable: the last attempt returns or raises")

@@ -130,10 +130,28 @@ class StreamingEndpoint:
             if 200 <= response.status_code < 300:
                 return response
             if last or not _should_retry(response):
-                raise status_error(response)
+                raise _read_error(response, request)
             response.close()
             time.sleep(_backoff(attempt, response))
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _read_error(response: httpx2.Response, request: httpx2.Request) -> openai.APIError:
+    """``status_error`` for ``response``, or ``APITimeoutError`` / ``APIConnectionError`` when its
+    body does not come whole (the SDK would let httpx's own exception through)."""
+    try:
+        return status_error(response)
+    except httpx2.TimeoutException as exc:
+        response.close()
+        return _chained(openai.APITimeoutError(request=request), exc)
+    except _CONNECTION_ERRORS as exc:
+        response.close()
+        return _chained(openai.APIConnectionError(request=request), exc)
+
+
+def _chained(error: openai.APIError, cause: BaseException) -> openai.APIError:
+    error.__cause__ = cause
+    return error
 
 
 def status_error(response: httpx2.Response) -> openai.APIStatusError:

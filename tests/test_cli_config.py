@@ -68,3 +68,21 @@ def test_startup_objects_are_frozen_and_the_collector_runs_less_often() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*thresholds)
+
+
+def test_the_open_files_soft_limit_is_raised_to_the_hard_limit() -> None:
+    """Started with the common 1024 (here 512) descriptors, the gateway takes what the hard limit
+    allows: 512 turns in flight hold more connections than that."""
+    import resource
+
+    from gateway.app.cli import raise_open_files_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard > 512, "this machine's hard limit of open files is too low to try it"
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))
+        assert raise_open_files_limit() == (512, hard)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
+        assert raise_open_files_limit() is None  # already there
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

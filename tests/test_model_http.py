@@ -16,6 +16,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -452,3 +453,87 @@ def test_every_connection_pool_verifies_with_one_shared_tls_context():
     assert len(contexts) == 1
     (context,) = contexts
     assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+
+
+def test_an_error_whose_body_stalls_is_a_timeout_at_the_read_timeout(raw):
+    """A 400 whose body stops coming: a ``timeout`` once the read timeout passed, the thread
+    asleep meanwhile (not a hang until the server gives up, not a spin)."""
+    server = raw(b'HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n'
+                 b'{"error":', hold_s=5.0)
+    started, cpu = time.monotonic(), time.thread_time()
+    with pytest.raises(ModelError) as raised:
+        _model_at(server, timeout_s=0.5).complete(MESSAGES, [])
+    assert raised.value.reason == "timeout" and len(server.received) == 1
+    assert time.monotonic() - started < 4.0 and time.thread_time() - cpu < 0.3
+
+
+@pytest.mark.parametrize("status", [200, 400])
+def test_a_content_encoding_httpx_does_not_know_passes_as_it_is(raw, status):
+    """``Content-Encoding: utf-8`` (a misconfigured server): the body is read as it came, as httpx
+    reads it; an error's message is not lost with it."""
+    if status == 200:
+        response = _sse(f"data: {_chunk('plain')}\n\ndata: [DONE]\n\n".encode(), extra=b"Content-Encoding: utf-8\r\n")
+        assert _model_at(raw(response)).complete(MESSAGES, []).content == "plain"
+        return
+    body = (b'{"error":{"message":"This model\'s maximum context length is 8192 tokens",'
+            b'"code":"context_length_exceeded"}}')
+    server = raw(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Encoding: utf-8\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    with pytest.raises(ModelError) as raised:
+        _model_at(server).complete(MESSAGES, [])
+    assert raised.value.status == 400 and raised.value.reason == "context_length"
+
+
+def test_a_redirect_to_another_protocol_is_not_followed(raw):
+    """A 307 to ``ftp://``: a connection error, and nothing connects there (httpx follows http and
+    https only)."""
+    target = socket.create_server(("127.0.0.1", 0))
+    target.settimeout(0.5)
+    port = target.getsockname()[1]
+    server = raw(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: ftp://127.0.0.1:%d/\r\n"
+                 b"Content-Length: 0\r\n\r\n" % port)
+    try:
+        with pytest.raises(ModelError) as raised:
+            _model_at(server).complete(MESSAGES, [])
+        assert raised.value.reason == "connection"
+        with pytest.raises(TimeoutError):
+            target.accept()
+    finally:
+        target.close()
+
+
+def test_an_api_key_with_a_line_break_is_never_sent(raw):
+    """A key read with its newline, or one carrying a header of its own: refused before anything
+    is sent (no header can be injected), as httpx refuses it."""
+    server = raw(_sse(f"data: {_chunk('hello')}\n\ndata: [DONE]\n\n".encode()))
+    for key in ("sk-test\n", "sk-test\r\nX-Injected: yes"):
+        model = OpenAIChatModel(base_url=f"{server.url}/v1", api_key=key, model="gpt-4o-mini", max_retries=0)
+        with pytest.raises(ModelError) as raised:
+            model.complete(MESSAGES, [])
+        assert raised.value.reason == "connection"
+    assert server.received == []
+
+
+def test_tls_is_verified_against_the_ca_directory_httpx_would_load(raw, tmp_path, monkeypatch):
+    """``SSL_CERT_DIR`` alone (a hashed directory holding the CA): the call is answered."""
+    import agent.model
+
+    ca, cert, key = _certificates(tmp_path)
+    folder = tmp_path / "cas"
+    folder.mkdir()
+    (folder / f"{_subject_hash(ca)}.0").write_bytes(Path(ca).read_bytes())
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = raw(_sse(f"data: {_chunk('hello')}\n\ndata: [DONE]\n\n".encode()), tls=context)
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.setenv("SSL_CERT_DIR", str(folder))
+    monkeypatch.setattr(agent.model, "_tls", None)
+    assert _model_at(server).complete(MESSAGES, []).content == "hello"
+
+
+def _subject_hash(ca: str) -> str:
+    """OpenSSL's subject-name hash of the certificate in ``ca`` (``openssl x509 -hash``)."""
+    import subprocess
+
+    return subprocess.run(["openssl", "x509", "-hash", "-noout", "-in", ca], check=True, capture_output=True,
+                          text=True).stdout.strip()

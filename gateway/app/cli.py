@@ -75,6 +75,26 @@ def tune_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def raise_open_files_limit() -> tuple[int, int] | None:
+    """Raises this process's soft limit of open descriptors (``RLIMIT_NOFILE``) to its hard limit,
+    as Go's runtime and nginx's ``worker_rlimit_nofile`` do: every turn in flight holds a model
+    connection (on libcurl, three descriptors) and often a platform's, so 512 turns need more than
+    the 1024 many systems start a process with. Returns ``(before, after)`` when it changed, else
+    ``None`` (already there, or not a POSIX system)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == soft or (soft == resource.RLIM_INFINITY):
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):  # a hard limit the kernel refuses as a soft one (macOS: OPEN_MAX)
+        return None
+    return soft, hard
+
+
 async def _run(config: GatewayConfig, supervisor_fd: int | None = None) -> None:
     """Serves until SIGTERM, SIGINT or SIGHUP (the terminal closed), then stops gracefully.
     ``supervisor_fd``: this is a worker of ``gateway run --workers N``; it writes to that pipe once
@@ -101,6 +121,8 @@ async def _run(config: GatewayConfig, supervisor_fd: int | None = None) -> None:
         provider = setup_tracing(config, gateway.instance_id)
         return gateway
 
+    if raised := raise_open_files_limit():
+        log.info("open files limit raised from %d to %d", *raised)
     try:
         gateway = await _started(build)
         tune_collector()
