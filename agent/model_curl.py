@@ -4,29 +4,35 @@ Against the same server, the call through the SDK's HTTP client (``agent.model_h
 httpcore and h11, some 700 Python function calls a call) cost the calling thread 1.0-1.2 ms of
 CPU and 1.8-2.1 ms of wall time per call; on libcurl 0.20-0.25 ms and 0.7-1.0 ms (one thread, 300
 calls, a 6.6 KB request with 7 tools, alternating runs; ``bench/README.md``, fifteenth round).
-libcurl does the HTTP/1.1, TLS, chunked and content-encoded transfer in C, releasing the
-interpreter lock while it waits, and caches DNS answers (60 s) and connections per thread.
+libcurl does the HTTP/1.1, TLS and chunked transfer in C, releasing the
+interpreter lock while it waits (``poll(2)`` on its sockets), and keeps connections, DNS answers
+(60 s) and TLS sessions between calls (``CurlEndpoint``: a pool of transfers).
 
 The request is the one ``StreamingEndpoint`` sends (``llm.http_client``: ``auto`` picks this one
 when ``pycurl`` imports, ``httpx`` keeps the SDK's client), and callers see the same behaviour:
 
 - the same URL, headers (the SDK client's over its HTTP client's, the attempt's
   ``x-stainless-retry-count``; ``Host`` and ``Content-Length`` as libcurl writes them, no
-  ``Expect: 100-continue``), body, cookies (kept per thread, as libcurl keeps them per handle);
+  ``Expect: 100-continue``), body, cookies (kept per endpoint, as httpx keeps them per client),
+  HTTP/1.1 (no HTTP/2 offered over TLS), the body decoded as httpx decodes it (gzip, deflate; an
+  encoding it does not know passes as it came); a header value with a line break is refused;
 - the SDK's retry policy and exception types (``agent.model_http``: ``status_error``,
-  ``_should_retry``, ``_backoff``): a status outside 2xx is read whole and raised as the SDK's
+  ``_should_retry``, ``_backoff``): a status outside 2xx is retried or not on its head, as the
+  SDK decides, else read whole (within the read timeout) and raised as the SDK's
   ``APIStatusError`` subclass; libcurl's timeout is ``APITimeoutError``, any other transfer
   failure (refused, reset, an undecodable body) ``APIConnectionError``, before the answer starts
   (retried) and during it (never resent);
 - timeouts: the SDK client's connect timeout, and its read timeout as the longest wait for the
   next byte (checked here, to the millisecond);
 - proxies from the environment as httpx reads them (``HTTP_PROXY``/``http_proxy``,
-  ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``; libcurl alone ignores an upper-case
-  ``HTTP_PROXY``), redirects followed as the SDK's client follows them (at most 20);
+  ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``, read by ``urllib``'s rules: a ``NO_PROXY``
+  entry with a port is not matched; libcurl alone ignores an upper-case ``HTTP_PROXY``),
+  redirects followed as the SDK's client follows them (at most 20, http and https only);
 - TLS verified against the CA file or directory httpx would load (``SSL_CERT_FILE``,
-  ``SSL_CERT_DIR``, else the interpreter's OpenSSL default paths);
+  ``SSL_CERT_DIR``, else the interpreter's OpenSSL default paths), and only those: libcurl's own
+  built-in bundle is unset;
 - the event stream read as ``agent.model_http.sse_events`` reads it, up to ``[DONE]``, then the
-  rest of the body, so the connection is kept for the thread's next call.
+  rest of the body, so the connection is kept for the next call.
 """
 
 from __future__ import annotations
