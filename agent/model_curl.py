@@ -103,10 +103,10 @@ def proxy_for(url: httpx2.URL) -> str:
 
 
 class _Transfer:
-    """One thread's libcurl handles (an easy handle on a multi handle of its own, which keeps the
-    thread's connection and DNS answers between calls) and the state of the call in progress.
+    """One transfer's libcurl handles (an easy handle on a multi handle of its own, which keeps its
+    connection between calls), used by one call at a time, and the state of the call in progress.
 
-    The thread waits with ``poll(2)`` on the sockets libcurl names through its socket callback and
+    The calling thread waits with ``poll(2)`` on the sockets libcurl names through its socket callback and
     until the deadline its timer callback sets (libcurl's ``curl_multi_socket_action`` API), not
     with ``select(2)``: ``select`` cannot watch a descriptor numbered 1024 or above
     (``FD_SETSIZE``), and a gateway with hundreds of turns in flight holds more descriptors than
