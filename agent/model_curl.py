@@ -25,8 +25,8 @@ when ``pycurl`` imports, ``httpx`` keeps the SDK's client), and callers see the 
 - timeouts: the SDK client's connect timeout, and its read timeout as the longest wait for the
   next byte (checked here, to the millisecond);
 - proxies from the environment as httpx reads them (``HTTP_PROXY``/``http_proxy``,
-  ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``, read by ``urllib``'s rules: a ``NO_PROXY``
-  entry with a port is not matched; libcurl alone ignores an upper-case ``HTTP_PROXY``),
+  ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY`` as httpx matches them: ``proxy_for``; libcurl
+  alone ignores an upper-case ``HTTP_PROXY`` and reads ``NO_PROXY`` its own way),
   redirects followed as the SDK's client follows them (at most 20, http and https only);
 - TLS verified against the CA file or directory httpx would load (``SSL_CERT_FILE``,
   ``SSL_CERT_DIR``, else the interpreter's OpenSSL default paths), and only those: libcurl's own
@@ -43,7 +43,6 @@ import re
 import select
 import ssl
 import time
-import urllib.request
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -51,6 +50,7 @@ from typing import Any
 import httpx2
 import openai
 import pycurl
+from httpx2._utils import URLPattern, get_environment_proxies
 
 from agent.model_http import _backoff, _should_retry, sse_events, status_error
 
@@ -94,12 +94,13 @@ def ca_locations() -> tuple[str | None, str | None]:
 
 
 def proxy_for(url: httpx2.URL) -> str:
-    """The proxy URL the environment gives for ``url`` (``""``: none), read as httpx reads it."""
-    proxies = urllib.request.getproxies_environment()
-    if not proxies or urllib.request.proxy_bypass_environment(  # type: ignore[attr-defined]  # not in typeshed
-            url.host, proxies):
-        return ""
-    return proxies.get(url.scheme) or proxies.get("all") or ""
+    """The proxy URL the environment gives for ``url`` (``""``: none), as httpx's client picks it:
+    its mounts from ``get_environment_proxies`` (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``;
+    ``NO_PROXY`` entries as URL patterns, with ports, CIDRs and ``*.`` names), the most specific
+    matching pattern first."""
+    mounts = sorted(((URLPattern(pattern), proxy) for pattern, proxy in get_environment_proxies().items()),
+                    key=lambda mount: mount[0])
+    return next((proxy or "" for pattern, proxy in mounts if pattern.matches(url)), "")
 
 
 class _Transfer:
@@ -178,6 +179,9 @@ class _Transfer:
     def _body(self, data: bytes) -> None:
         self.chunks.append(data)
         self.last = time.monotonic()
+        # libcurl hands over no body of a response it goes on from (a redirect it follows): this
+        # one's head is whole, also a 3xx it does not follow (a Location it cannot use).
+        self.head_done = self.status >= 200
 
     def _header(self, line: bytes) -> None:
         self.last = time.monotonic()
@@ -196,8 +200,11 @@ class _Transfer:
 
     def pump(self, read_s: float, head: bool = False) -> None:
         """Runs the transfer until body data arrived (``head``: or the response's head), or it ended
-        (``error`` set on failure; no byte for ``read_s`` seconds is libcurl's timeout)."""
+        (``error`` set on failure). ``read_s``: the longest wait for the socket, counted from the
+        last sign of it (a byte, a socket event) or from this call (the caller may have been busy
+        for longer with what came before), as httpx counts its read timeout."""
         multi = self.multi
+        self.last = max(self.last, time.monotonic())
         while True:
             _, finished, failed = multi.info_read()
             if failed:
@@ -219,6 +226,8 @@ class _Transfer:
                 continue
             wait = min(left, 1.0, self.deadline - now if self.deadline is not None else 1.0)
             ready = self.poll.poll(math.ceil(wait * 1000))
+            if ready:
+                self.last = time.monotonic()
             for fd, event in ready:
                 if event & select.POLLNVAL:  # closed without a POLL_REMOVE: watch it no more
                     self._socket(pycurl.POLL_REMOVE, fd, None, None)
@@ -287,6 +296,7 @@ class CurlEndpoint:
         easy.setopt(pycurl.FOLLOWLOCATION, 1)
         easy.setopt(pycurl.MAXREDIRS, MAX_REDIRECTS)
         easy.setopt(pycurl.PROXY, self.proxy)
+        easy.setopt(pycurl.NOPROXY, "")  # decided by proxy_for: libcurl would read NO_PROXY again
         easy.setopt(SUPPRESS_CONNECT_HEADERS, 1)
         easy.setopt(pycurl.NOSIGNAL, 1)
         if self.connect_s:
@@ -385,7 +395,11 @@ class CurlEndpoint:
                 continue
             content = b"".join(self._chunks(transfer))  # the error's body, read whole
             transfer.stop()
-            raise status_error(httpx2.Response(transfer.status, content=content, request=self._request,
-                                               headers=[(n, v) for n, v in transfer.head
-                                                        if n.lower() != "transfer-encoding"]))
+            try:  # decoded here, as httpx decodes it
+                response = httpx2.Response(transfer.status, content=content, request=self._request,
+                                           headers=[(n, v) for n, v in transfer.head
+                                                    if n.lower() != "transfer-encoding"])
+            except httpx2.DecodingError as exc:
+                raise openai.APIConnectionError(message=f"Connection error: {exc}", request=self._request) from exc
+            raise status_error(response)
         raise AssertionError("unreachable: the last attempt returns or raises")

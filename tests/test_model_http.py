@@ -537,3 +537,54 @@ def _subject_hash(ca: str) -> str:
 
     return subprocess.run(["openssl", "x509", "-hash", "-noout", "-in", ca], check=True, capture_output=True,
                           text=True).stdout.strip()
+
+
+def test_a_redirect_with_an_empty_location_ends_within_the_read_timeout_without_spinning(raw):
+    """A 302 whose ``Location`` is empty, its body sent, the connection kept open: libcurl does not
+    follow it (the 302 is the error), httpx asks the same URL again (no answer: a timeout); either
+    way the call ends within the read timeout and the thread sleeps meanwhile."""
+    server = raw(b"HTTP/1.1 302 Found\r\nLocation: \r\nContent-Length: 30\r\n\r\n"
+                 b"moved, but nowhere to go, sorr", hold_s=5.0)
+    started, cpu = time.monotonic(), time.thread_time()
+    with pytest.raises(ModelError):
+        _model_at(server, timeout_s=1.0).complete(MESSAGES, [])
+    assert time.monotonic() - started < 3.0 and time.thread_time() - cpu < 0.3
+
+
+def test_an_error_body_that_does_not_decode_is_a_connection_error(raw):
+    body = b'{"error":{"message":"not gzip at all"}}'
+    server = raw(b"HTTP/1.1 400 Bad Request\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s"
+                 % (len(body), body))
+    with pytest.raises(ModelError) as raised:
+        _model_at(server).complete(MESSAGES, [])
+    assert raised.value.reason == "connection"
+
+
+def test_a_caller_slower_than_the_read_timeout_loses_nothing_that_came(raw):
+    """The first preview may take longer than the read timeout (a platform slow to answer): the
+    rest of the answer, already sent, is read, as httpx reads it; the timeout counts waits for the
+    socket only."""
+    body = f"data: {_chunk('a')}\n\ndata: {_chunk('bc')}\n\ndata: [DONE]\n\n".encode()
+    server = raw(_sse(body), hold_s=3.0)
+    slow: list[str] = []
+
+    def on_text(text: str) -> None:
+        if not slow:
+            slow.append(text)
+            time.sleep(1.5)
+
+    assert _model_at(server, timeout_s=1.0).complete(MESSAGES, [], on_text=on_text).content == "abc"
+
+
+def test_no_proxy_entries_match_as_httpx_matches_them(raw, monkeypatch):
+    """``NO_PROXY`` with a host and port, or a URL: that endpoint is called directly."""
+    for name in ("ALL_PROXY", "all_proxy", "no_proxy", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    answer = _sse(f"data: {_chunk('hello')}\n\ndata: [DONE]\n\n".encode())
+    proxy, server = raw(answer), raw(answer)
+    monkeypatch.setenv("http_proxy", proxy.url)
+    host_port = server.url.removeprefix("http://")
+    for entry in (host_port, server.url, f"other.invalid, {host_port}"):
+        monkeypatch.setenv("NO_PROXY", entry)
+        assert _model_at(server).complete(MESSAGES, []).content == "hello"
+    assert proxy.received == [] and len(server.received) == 3
