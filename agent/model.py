@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,13 +67,27 @@ def shared_tls_context() -> Any:
     Each client built with the default ``verify=True`` loads the CA bundle anew: about 20 ms of CPU
     (parsing some 150 certificates) per client, so the ``CLIENT_SHARDS`` pools of one model cost
     160 ms in the first turns after a start, under the interpreter lock. An ``SSLContext`` is safe
-    to share between threads and connections (CPython ``ssl``: its settings are read per handshake)."""
+    to share between threads and connections (CPython ``ssl``: its settings are read per handshake).
+
+    Raises ``ValueError`` naming where the certificates were looked for when they cannot be loaded
+    (``SSL_CERT_FILE`` naming no file, an unreadable bundle)."""
     global _tls
     if _tls is None:
         with _tls_lock:
             if _tls is None:
-                _tls = httpx2.create_ssl_context()
+                try:
+                    _tls = httpx2.create_ssl_context()
+                except OSError as exc:  # ssl.SSLError is one too
+                    raise ValueError(f"the CA certificates that verify the model endpoint could not be loaded "
+                                     f"from {_ca_source()}: {exc.strerror or exc}") from exc
     return _tls
+
+
+def _ca_source() -> str:
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        if value := os.environ.get(name):
+            return f"{name}={value}"
+    return "the system's CA bundle"
 
 
 OnText = Callable[[str], None]

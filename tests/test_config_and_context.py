@@ -113,3 +113,26 @@ def test_a_typo_in_an_environment_override_or_a_chat_rules_platform_is_an_error(
     assert load_config(None).http.port == 8123
     with pytest.raises(ConfigError, match=r"chats\.0\.platform"):
         load_config(None, chats=[{"platform": "slak", "persona": "terse"}])
+
+
+def test_ssl_cert_file_or_dir_naming_nothing_is_a_clear_error(monkeypatch, tmp_path):
+    """A CA location in the environment that does not exist stops the start with one line naming
+    it (every HTTPS client would fail to build, with a bare ``FileNotFoundError``); a bundle that
+    exists but holds no certificates makes the model's client fail naming the variable."""
+    import agent.model
+
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "missing.pem"))
+    with pytest.raises(ConfigError, match=r"SSL_CERT_FILE=.*missing\.pem names no file"):
+        load_config(None)
+    monkeypatch.delenv("SSL_CERT_FILE")
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=r"SSL_CERT_DIR=.*nowhere names no directory"):
+        load_config(None)
+    monkeypatch.delenv("SSL_CERT_DIR")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    monkeypatch.setenv("SSL_CERT_FILE", str(garbage))
+    monkeypatch.setattr(agent.model, "_tls", None)
+    with pytest.raises(ValueError, match=r"could not be loaded from SSL_CERT_FILE=.*garbage\.pem"):
+        agent.model.shared_tls_context()

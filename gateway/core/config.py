@@ -807,6 +807,11 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
     if stray:  # pydantic-settings skips variables that name no field; a typo must not go unnoticed
         raise ConfigError(f"unknown setting in the environment: {stray[0]} (GATEWAY__<SECTION>__<KEY>; "
                           f"no {stray[0][len('GATEWAY__'):].split('__')[0].lower()!r} in the configuration)")
+    for name, exists, what in (("SSL_CERT_FILE", Path.is_file, "file"), ("SSL_CERT_DIR", Path.is_dir, "directory")):
+        if (value := os.environ.get(name)) and not exists(Path(value)):  # else every HTTPS client fails to build
+            raise ConfigError(f"{name}={value} names no {what}: every HTTPS call (the model, the platforms, "
+                              "fetched pages) verifies certificates against it; point it at CA certificates "
+                              "or unset it")
 
     class _Loaded(GatewayConfig):
         model_config = SettingsConfigDict(toml_file=toml_path)
