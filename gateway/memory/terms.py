@@ -43,6 +43,7 @@ so both engines index single characters with their default tokenizers (FTS5 ``un
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
@@ -94,6 +95,8 @@ _CJK_STOP = re.compile("(" + "|".join(map(re.escape, sorted(CJK_WORDS))) + ")|"
                        + "|".join(re.escape(w) for w in sorted(CJK_STOPWORDS, key=len, reverse=True)))
 
 _local = threading.local()
+STEMS_CACHED = 50_000
+"""Distinct words whose stems are remembered (some 10 MB at most)."""
 
 
 def _stemmer() -> snowballstemmer.stemmer:
@@ -101,6 +104,13 @@ def _stemmer() -> snowballstemmer.stemmer:
     if stemmer is None:
         stemmer = _local.stemmer = snowballstemmer.stemmer("english")
     return stemmer
+
+
+@functools.lru_cache(maxsize=STEMS_CACHED)
+def _stem(word: str) -> str:
+    """``word``'s Snowball stem, remembered: a turn stems every Latin word of its message for
+    recall, and the words of a chat repeat (a stem costs 5-40 µs, a remembered one 0.1 µs)."""
+    return _stemmer().stemWord(word)
 
 
 def normalize(text: str) -> str:
@@ -180,11 +190,10 @@ def pair_terms(text: str) -> set[str]:
 
 
 def _terms(text: str, pairs: bool) -> set[str]:
-    stemmer = _stemmer()
     out: set[str] = set()
     for kind, piece in _pieces(text):
         if kind == "latin":
-            out.add(stemmer.stemWord(piece))
+            out.add(_stem(piece))
         elif kind in ("digits", "word"):
             out.add(piece)
         else:
