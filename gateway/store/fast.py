@@ -215,24 +215,19 @@ class _Fixed:
 _NO_VALUE = object()
 
 
-def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any] | None = None) -> Any:
-    """Runs ``statement`` (built once, e.g. ``gateway.store.prepared``) with ``params`` in ``conn``'s
-    transaction; returns a ``FastResult`` when planned, SQLAlchemy's ``CursorResult`` otherwise (both
-    give ``first``/``all``/``scalar*``/``rowcount``/``inserted_primary_key``).
-
-    Raises what the driver raises, as SQLAlchemy's exceptions (``OperationalError`` for a locked
-    database, ``IntegrityError`` for a constraint), so callers' retries and handling see the same
-    errors either way."""
-    values = params or {}
+def _planned(conn: Connection, statement: ClauseElement, values: Mapping[str, Any]) -> _Plan | None:
+    """``statement``'s plan for parameters named as ``values``' keys (made at its first use), or
+    ``None`` when it runs through SQLAlchemy: another driver, statement listeners on the engine,
+    a statement that cannot be planned, or the plan cache full."""
     dispatch = conn.dispatch
     dbapi = conn.dialect.driver
     if dbapi not in _DRIVERS or dispatch.before_cursor_execute or dispatch.after_cursor_execute:
-        return conn.execute(statement, dict(values))  # (statement listeners: instrumentation sees every one)
+        return None  # (statement listeners: instrumentation sees every one)
     cache_key: tuple[Any, ...] = (id(statement), dbapi, frozenset(values))
     expanding = _EXPANDING.get(cache_key)
     if expanding is None:
         if len(_PLANS) >= MAX_PLANS:  # statements built per call were passed: not worth a plan each
-            return conn.execute(statement, dict(values))
+            return None
         compiled: Any = statement.compile(  # type: ignore[attr-defined]
             dialect=conn.dialect, column_keys=sorted(values))
         with _PLANS_LOCK:  # kept alive with its entry: its id is never another statement's
@@ -244,12 +239,15 @@ def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any
     plan = _PLANS.get(cache_key, _NO_VALUE)
     if plan is _NO_VALUE:
         if len(_PLANS) >= MAX_PLANS:  # statements built per call were passed: not worth a plan each
-            return conn.execute(statement, dict(values))
+            return None
         with _PLANS_LOCK:
             plan = _PLANS[cache_key] = _plan(conn, statement, values)
-    if plan is None:
-        return conn.execute(statement, dict(values))
-    assert isinstance(plan, _Plan)
+    assert plan is None or isinstance(plan, _Plan)
+    return plan
+
+
+def _bound(plan: _Plan, values: Mapping[str, Any]) -> list[Any] | dict[str, Any]:
+    """``values`` as ``plan``'s driver parameters: in placeholder order, bind-processed."""
     args = []
     for name, how, processor in plan.binds:
         if how is _NO_VALUE:
@@ -259,8 +257,22 @@ def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any
         else:
             value = how.value
         args.append(processor(value) if processor is not None else value)
-    bound: list[Any] | dict[str, Any] = args if plan.placeholders is None else dict(zip(plan.placeholders, args,
-                                                                                       strict=True))
+    return args if plan.placeholders is None else dict(zip(plan.placeholders, args, strict=True))
+
+
+def execute(conn: Connection, statement: ClauseElement, params: Mapping[str, Any] | None = None) -> Any:
+    """Runs ``statement`` (built once, e.g. ``gateway.store.prepared``) with ``params`` in ``conn``'s
+    transaction; returns a ``FastResult`` when planned, SQLAlchemy's ``CursorResult`` otherwise (both
+    give ``first``/``all``/``scalar*``/``rowcount``/``inserted_primary_key``).
+
+    Raises what the driver raises, as SQLAlchemy's exceptions (``OperationalError`` for a locked
+    database, ``IntegrityError`` for a constraint), so callers' retries and handling see the same
+    errors either way."""
+    values = params or {}
+    plan = _planned(conn, statement, values)
+    if plan is None:
+        return conn.execute(statement, dict(values))
+    bound = _bound(plan, values)
     kept = isinstance(conn, Tx)  # the transaction's own cursor, kept for its next statement
     on: Any = conn.cursor if isinstance(conn, Tx) else conn.connection.driver_connection
     try:
@@ -299,3 +311,31 @@ def _translated(conn: Connection, exc: Exception, sql: str, args: list[Any] | di
     if isinstance(exc, dbapi.Error):
         return sa_exc.DBAPIError.instance(sql, args, exc, dbapi.Error, dialect=conn.dialect)
     return exc
+
+
+def execute_many(conn: Connection, statement: ClauseElement, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Runs ``statement`` (an ``INSERT`` or ``UPDATE`` built once) once per item of ``rows``, in
+    order, in ``conn``'s transaction, its results discarded; every item names the same parameters.
+    On the planned drivers it is one ``executemany`` of the driver: psycopg 3 sends the lot in one
+    pipeline (one round trip to PostgreSQL instead of one a row), sqlite3 steps one prepared
+    statement. Otherwise (statement listeners, another driver) SQLAlchemy's executemany.
+
+    Raises as ``execute`` does (``IntegrityError`` for a refused row: the transaction must be rolled
+    back, on PostgreSQL it is spoilt)."""
+    if not rows:
+        return
+    plan = _planned(conn, statement, rows[0])
+    if plan is None:
+        conn.execute(statement, [dict(row) for row in rows])
+        return
+    bound = [_bound(plan, row) for row in rows]
+    kept = isinstance(conn, Tx)
+    driver: Any = conn.connection.driver_connection
+    on: Any = conn.cursor if isinstance(conn, Tx) else driver.cursor()
+    try:
+        on.executemany(plan.sql, bound)
+    except Exception as exc:
+        raise _translated(conn, exc, plan.sql, bound[0]) from exc
+    finally:
+        if not kept:
+            on.close()

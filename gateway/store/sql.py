@@ -21,6 +21,7 @@ from gateway.core.types import InboundMessage, OutboundMessage
 from gateway.store import prepared as q
 from gateway.store.db import read_one, read_tx, write_tx
 from gateway.store.fast import execute as run
+from gateway.store.fast import execute_many
 from gateway.store.models import (
     Base,
     InboxRow,
@@ -103,6 +104,15 @@ class LaneNext:
     def released(self) -> bool:
         """The lease was given up (nothing waited when the turn finished)."""
         return self.done and not self.batch
+
+
+def _inbox_row(message: InboundMessage, session_key: str, user_id: str | None, done: bool,
+               now: float) -> dict[str, Any]:
+    """The inbox columns of ``message`` (``done``: handled at once, a control command's row)."""
+    return {"platform": message.platform, "tenant": message.address.tenant,
+            "platform_message_id": storable_text(message.message_id), "session_key": session_key,
+            "user_id": user_id, "payload": storable(message.to_dict()), "status": "done" if done else "pending",
+            "received_at": message.received_at, "finished_at": now if done else None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,13 +231,7 @@ class Store(OutboxStore):
         is read or created in it too: ``gateway.inbound.receive``). Raises ``IntegrityError`` for a
         duplicate; the caller rolls back (on PostgreSQL the transaction is spoilt)."""
         now = time.time()
-        run(conn, q.INSERT_INBOX, {
-            "platform": message.platform, "tenant": message.address.tenant,
-            "platform_message_id": storable_text(message.message_id), "session_key": session_key,
-            "user_id": user_id, "payload": storable(message.to_dict()),
-            "status": "pending" if control_reply is None else "done",
-            "received_at": message.received_at, "finished_at": None if control_reply is None else now,
-        })
+        run(conn, q.INSERT_INBOX, _inbox_row(message, session_key, user_id, control_reply is not None, now))
         if cancel is not None:
             condition = [_lanes.c.key == session_key]
             if cancel == "if_busy":
@@ -238,6 +242,16 @@ class Store(OutboxStore):
             # take it for a reply of a stopped turn and drop it).
             generation = run(conn, q.LANE_GENERATION, {"b_key": session_key}).scalar_one_or_none() or 0
             self._queue(conn, control_reply, None, session_key, generation, now)
+
+    @staticmethod
+    def insert_inbound_many_in(conn: Connection, rows: Sequence[tuple[InboundMessage, str, str | None]]) -> None:
+        """``insert_inbound_in`` (no ``cancel``, no ``control_reply``) of several ``(message,
+        session_key, user_id)`` in the caller's write transaction, in order (their ids ascending so),
+        with one ``execute_many`` (PostgreSQL: one round trip for the lot). Raises ``IntegrityError``
+        when any is a duplicate; the caller rolls back."""
+        now = time.time()
+        execute_many(conn, q.INSERT_INBOX, [_inbox_row(message, key, user_id, False, now)
+                                            for message, key, user_id in rows])
 
     def next_pending(self, session_key: str, limit: int = 1) -> list[PendingInbound]:
         """The oldest ``limit`` pending inbox rows of ``session_key``, in arrival order."""
