@@ -87,6 +87,12 @@ def _stored(engine: Any) -> list[tuple[int, str]]:
     return [(int(p["address"]["chat_id"]), p["text"]) for p in rows]
 
 
+def _stored_tenant(engine: Any) -> str:
+    """The Telegram tenant (the bot's id) of the stored rows."""
+    with engine.connect() as conn:
+        return str(conn.execute(select(InboxRow.tenant).limit(1)).scalar_one())
+
+
 def _identities(engine: Any, user: int) -> list[str]:
     """The user ids the gateway holds for Telegram user ``user``."""
     with engine.connect() as conn:
@@ -109,6 +115,10 @@ async def test_a_batch_of_webhooks_is_admitted_together_each_sender_once_each_me
     await fake_telegram.wait_for_call("sendMessage", lambda call: int(call.params["chat_id"]) == known, timeout=15)
     known_user = _identities(engine, known)
     batches = gateway.inbound._admits.batches
+    tenant = _stored_tenant(engine)
+    # c's chat has a persona an admin set: the batch reads the chats' settings together, and c's
+    # new session is made with it, the others' without
+    gateway.chats.overrides.set("telegram", tenant, str(c), "persona", "Answer like a pirate.", "telegram:1")
 
     # The first waits on the inbox in a transaction of its own; the rest arrive meanwhile and are
     # admitted together once it committed: a's two messages among them, the known sender too.
@@ -139,6 +149,10 @@ async def test_a_batch_of_webhooks_is_admitted_together_each_sender_once_each_me
     await asyncio.sleep(0.3)
     for chat, texts in answers.items():  # each once, a chat's in the order its messages came
         assert [call.params["text"] for call in sends_to(fake_telegram, chat)] == texts
+    systems = {_answer(record["json"]).content.split()[-1]: record["json"]["messages"][0]["content"]
+               for record in fake_openai.requests}
+    assert "Answer like a pirate." in systems["w6"]
+    assert not any("pirate" in systems[word] for word in ("w1", "w2", "w3", "w4", "w5"))
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(InboxRow).where(InboxRow.status != "done")).scalar() == 0
 

@@ -274,7 +274,8 @@ class Gateway:
                                runner=self.runner, bus=self.bus, metrics=self.metrics, redact=self.redact,
                                run_db=self.run_db, model_name=lambda: self.agent_spec.model,
                                wake_delivery=self.delivery.wake, group_context=self.group_context,
-                               busy_policy=self.chats.busy_policy, write_now=self.write_now,
+                               busy_policy=self.chats.busy_policy, prime_settings=self.chats.prime,
+                               write_now=self.write_now,
                                submit_db=self.submit_db)
         self._receivers: list[asyncio.Task[None]] = []
         self._housekeeping: list[asyncio.Task[None]] = []

@@ -77,6 +77,9 @@ class Inbound:
         busy_policy: the busy policy of a message's chat, ``(message, conn)`` (blocking, on the DB
             pool; per-chat settings, ``gateway.sessions.chat_settings``; ``conn``: read in that
             transaction, or ``None``); ``None``: ``bus.busy_policy`` everywhere.
+        prime_settings: reads the chat settings of several messages together in a transaction,
+            ``(messages, conn)``, ahead of ``busy_policy`` for each (``ChatSetup.prime``; a batch's
+            admit); ``None``: each read on its own.
 
     Counters ``received``, ``duplicates`` and ``dropped`` count messages stored, refused as
     already stored, and not for the bot (unaddressed, or denied by the access rules).
@@ -88,8 +91,10 @@ class Inbound:
                  wake_delivery: Callable[[], None], group_context: GroupContextStore | None = None,
                  busy_policy: Callable[[InboundMessage, Connection | None], str] | None = None,
                  write_now: Callable[..., tuple[bool, Any]] | None = None,
-                 submit_db: Callable[..., asyncio.Future[Any]] | None = None) -> None:
+                 submit_db: Callable[..., asyncio.Future[Any]] | None = None,
+                 prime_settings: Callable[[list[InboundMessage], Connection], None] | None = None) -> None:
         self.busy_policy = busy_policy
+        self.prime_settings = prime_settings
         # messages addressed to the bot arriving while one is written are admitted together
         submit = submit_db or submit_via(run_db)
         self._admits: GroupCommit[InboundMessage, Admitted] = GroupCommit(self._admit, self._admit_many,
@@ -175,12 +180,15 @@ class Inbound:
     def _admit_set(self, conn: Connection, messages: list[InboundMessage]) -> list[Admitted]:
         """``_admit_in`` of each of ``messages`` in ``conn``, step by step for the lot rather than
         message by message: their senders read and created together (``Directory.identify_many_in``),
-        their inbox rows written together (``Store.insert_inbound_many_in``), then each session
+        their chats' settings read together (``prime_settings``), their inbox rows written together
+        (``Store.insert_inbound_many_in``), then each session
         key's lane claimed once, for the first message of it (a later one found it held before, as
         it does here). On PostgreSQL a burst's batch of 32 costs some 4 round trips plus the
         claims instead of about seven a message. Under the busy policy ``interrupt`` (a message
         that may cancel the turn of one admitted before it) message by message, as ``_admit_in``."""
         identities = self.directory.identify_many_in(conn, messages)
+        if self.prime_settings is not None:  # the chats' settings in one read, for _cancel below
+            self.prime_settings(messages, conn)
         admitted: list[Admitted] = []
         for message, identity in zip(messages, identities, strict=True):
             message, key = self._keyed(message, identity)

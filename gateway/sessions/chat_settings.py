@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,11 @@ _GET = select(*(getattr(_chat_settings.c, n) for n in OVERRIDABLE)).where(
     _chat_settings.c.platform == bindparam("b_platform"), _chat_settings.c.tenant == bindparam("b_tenant"),
     _chat_settings.c.chat_id == bindparam("b_chat"))
 
+_GET_MANY = select(_chat_settings.c.chat_id, *(getattr(_chat_settings.c, n) for n in OVERRIDABLE)).where(
+    _chat_settings.c.platform == bindparam("b_platform"), _chat_settings.c.tenant == bindparam("b_tenant"),
+    _chat_settings.c.chat_id.in_(bindparam("b_chats", expanding=True)))
+"""``_GET`` for several chats of one platform and tenant, each row with its ``chat_id``."""
+
 CACHE_S = 1.0
 """How long a chat's settings read from the database are reused by this process (a message is
 read about four times on its way: receive, lane, new session). A change made through this process
@@ -115,6 +120,30 @@ class ChatOverrides:
                     del self._cache[old]
             self._cache[key] = (now, found)
         return dict(found)
+
+    def prime(self, conn: Connection, chats: Sequence[tuple[str, str, str]]) -> None:
+        """Reads the settings of the ``(platform, tenant, chat_id)`` not cached (or cached too
+        long ago) in the caller's transaction ``conn``, one statement per platform and tenant, and
+        caches them, so the ``get`` of each that follows reads nothing (the admit of a batch of
+        messages: one read instead of one a chat)."""
+        now = time.monotonic()
+        wanted: dict[tuple[str, str], list[str]] = {}
+        for platform, tenant, chat_id in chats:
+            cached = self._cache.get((platform, tenant, chat_id))
+            if cached is None or now - cached[0] >= self.cache_s:
+                ids = wanted.setdefault((platform, tenant), [])
+                if chat_id not in ids:
+                    ids.append(chat_id)
+        for (platform, tenant), ids in wanted.items():
+            found: dict[str, dict[str, str]] = {chat_id: {} for chat_id in ids}
+            for row in run(conn, _GET_MANY, {"b_platform": platform, "b_tenant": tenant, "b_chats": ids}):
+                found[row.chat_id] = {n: v for n, v in zip(OVERRIDABLE, row[1:], strict=True) if v is not None}
+            with self._lock:
+                if len(self._cache) + len(found) > CACHE_MAX:
+                    for old in list(self._cache)[: CACHE_MAX // 2]:
+                        del self._cache[old]
+                for chat_id, settings in found.items():
+                    self._cache[(platform, tenant, chat_id)] = (now, settings)
 
     @retry_locked
     def set(self, platform: str, tenant: str, chat_id: str, name: str, value: str | None, by: str) -> None:
@@ -178,6 +207,11 @@ class ChatSetup:
         overrides = self.overrides.get(address.platform, address.tenant, address.chat_id, conn)
         return resolve(self.config.chats, address.platform, address.chat_id, address.thread_id,
                        message.sender.user_id, overrides)
+
+    def prime(self, messages: Sequence[InboundMessage], conn: Connection) -> None:
+        """The settings of the chats of ``messages`` read together in ``conn`` and cached, ahead of
+        ``settings`` for each (``ChatOverrides.prime``)."""
+        self.overrides.prime(conn, [(m.address.platform, m.address.tenant, m.address.chat_id) for m in messages])
 
     def busy_policy(self, message: InboundMessage, conn: Connection | None = None) -> str:
         """``queue``, ``merge`` or ``interrupt`` for a message to this chat now (``conn``: see

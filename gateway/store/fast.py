@@ -23,6 +23,7 @@ statement. The SQLAlchemy connection keeps owning the transaction: ``BEGIN``, ``
 from __future__ import annotations
 
 import collections
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -332,10 +333,56 @@ def execute_many(conn: Connection, statement: ClauseElement, rows: Sequence[Mapp
     kept = isinstance(conn, Tx)
     driver: Any = conn.connection.driver_connection
     on: Any = conn.cursor if isinstance(conn, Tx) else driver.cursor()
+    many = _multi_row(plan, len(rows)) if plan.placeholders is not None and len(rows) > 1 else None
     try:
-        on.executemany(plan.sql, bound)
+        if many is not None:  # psycopg: one multi-row INSERT, one send and one wait
+            sql, names = many
+            flat: list[Any] = []
+            for row in bound:
+                assert isinstance(row, dict)  # (named placeholders: _multi_row made it)
+                flat.extend(row[name] for name in names)
+            on.execute(sql, flat)
+        else:
+            on.executemany(plan.sql, bound)
     except Exception as exc:
         raise _translated(conn, exc, plan.sql, bound[0]) from exc
     finally:
         if not kept:
             on.close()
+
+
+_MULTI: dict[tuple[int, int], tuple[str, list[str]] | None] = {}
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+def _multi_row(plan: _Plan, count: int) -> tuple[str, list[str]] | None:
+    """``plan``'s ``INSERT ... VALUES (%(a)s, %(b)s::JSONB) [RETURNING ...]`` (psycopg's named
+    placeholders) as one ``INSERT`` of ``count`` rows with positional ``%s`` placeholders, and the
+    parameter names of a row in their order there; ``None`` for any other shape (the caller runs
+    ``executemany``). The rows are inserted in their order, so a serial key ascends with them.
+    Psycopg's ``executemany`` pipelines the rows (one round trip) but gives the interpreter lock up
+    and takes it again several times a row, which costs a turn's worth of waiting each time hundreds
+    of threads are runnable (a burst); one statement gives it up once."""
+    key = (id(plan), count)
+    if key in _MULTI:
+        return _MULTI[key]
+    made: tuple[str, list[str]] | None = None
+    sql = plan.sql
+    start = sql.find(" VALUES (")
+    if sql.startswith("INSERT INTO ") and start > 0:
+        depth, end = 0, -1
+        for index in range(start + len(" VALUES "), len(sql)):
+            depth += {"(": 1, ")": -1}.get(sql[index], 0)
+            if depth == 0:
+                end = index + 1
+                break
+        tail = sql[end:].strip() if end > 0 else "?"
+        if end > 0 and (not tail or tail.startswith("RETURNING ")):
+            group = sql[start + len(" VALUES "):end]
+            names = _PLACEHOLDER.findall(group)
+            if "%" not in _PLACEHOLDER.sub("", group):
+                row = _PLACEHOLDER.sub("%s", group)
+                made = (f"{sql[:start]} VALUES {', '.join([row] * count)}", names)
+    if len(_MULTI) < MAX_PLANS:
+        _MULTI[key] = made
+    return made

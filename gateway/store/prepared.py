@@ -455,6 +455,20 @@ INSERT_SESSION = insert(_sessions)
 SET_LANE_SESSION = update(_lanes).where(_lanes.c.key == bindparam("b_key"))
 """Parameters: ``b_key`` and ``session_id`` (the SET column)."""
 
+
+def _create_session_set_lane() -> Any:
+    columns = ("id", "key", "system_prompt", "created_at", "updated_at", "owner_user_id", "settings")
+    made = (insert(_sessions).values({c: bindparam(f"s_{c}", type_=_sessions.c[c].type) for c in columns})
+            .returning(_sessions.c.id).cte("new_session"))
+    return (update(_lanes).where(_lanes.c.key == bindparam("b_key"))
+            .values(session_id=select(made.c.id).scalar_subquery()).add_cte(made))
+
+
+CREATE_SESSION_SET_LANE = _create_session_set_lane()
+"""PostgreSQL: ``INSERT_SESSION`` and ``SET_LANE_SESSION`` in one statement (one round trip
+instead of two for a new chat's session). Parameters: the session's columns as ``s_<column>``,
+and ``b_key``; ``rowcount`` 0: the key has no lane (the session is inserted all the same)."""
+
 _address_insert = sqlite.insert(_addresses)
 UPSERT_ADDRESS_SQLITE = _address_insert.on_conflict_do_update(
     index_elements=[_addresses.c.session_id, _addresses.c.chat_key],

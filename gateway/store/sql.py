@@ -553,10 +553,15 @@ class Store(OutboxStore):
                         settings: dict[str, Any] | None) -> str:
         session_id = uuid.uuid4().hex
         now = time.time()
-        run(conn, q.INSERT_SESSION, {"id": session_id, "key": key, "system_prompt": system_prompt,
-                                     "created_at": now, "updated_at": now, "owner_user_id": owner_user_id,
-                                     "settings": settings})
-        if run(conn, q.SET_LANE_SESSION, {"b_key": key, "session_id": session_id}).rowcount == 0:
+        row = {"id": session_id, "key": key, "system_prompt": system_prompt, "created_at": now, "updated_at": now,
+               "owner_user_id": owner_user_id, "settings": settings}
+        if conn.dialect.name == "postgresql":  # the session and the lane's pointer to it in one round trip
+            lane_set = run(conn, q.CREATE_SESSION_SET_LANE,
+                           {"b_key": key, **{f"s_{name}": value for name, value in row.items()}}).rowcount == 1
+        else:
+            run(conn, q.INSERT_SESSION, row)
+            lane_set = run(conn, q.SET_LANE_SESSION, {"b_key": key, "session_id": session_id}).rowcount == 1
+        if not lane_set:
             conn.execute(insert(_lanes).values(key=key, session_id=session_id, lease_until=0.0, generation=0))
         return session_id
 
