@@ -1,9 +1,9 @@
 """A burst's admit, step by step for the whole batch (``Inbound._admit_set``), on SQLite and on
 PostgreSQL: Telegram webhooks that arrive while another writer holds the inbox are stored together
 once it lets go. Each is acknowledged only once stored, in the order they came; a sender with two
-of them is created once; a sender known before keeps their user; a chat's two messages are
-answered one after the other, each once; a redelivery among a later batch is refused and the rest
-of that batch stored."""
+of them is created once; a sender known before keeps their user; a chat's settings apply to its
+new session; a chat's two messages are answered one after the other, each once; a redelivery, and
+a message posted twice in one batch, are refused once each and the rest of that batch stored."""
 
 from __future__ import annotations
 
@@ -133,12 +133,13 @@ async def test_a_batch_of_webhooks_is_admitted_together_each_sender_once_each_me
     for user in (first, a, b, c):
         assert len(_identities(engine, user)) == 1
 
-    # A redelivery of b's message among the next batch: refused, the others stored once.
+    # A redelivery of b's message among the next batch, and d's message twice in it (a retry that
+    # came before the first was acknowledged): each refused, the others stored once.
     again = [dm_update("w7 first again", 9807, user_id=first), dm_update("w3 from b", 9803, user_id=b),
-             dm_update("w8 from d", 9808, user_id=d)]
-    assert await _post_held(fake_telegram, engine, url, again) == [200] * 3
+             dm_update("w8 from d", 9808, user_id=d), dm_update("w8 from d", 9808, user_id=d)]
+    assert await _post_held(fake_telegram, engine, url, again) == [200] * 4
     assert _stored(engine)[7:] == [(first, "w7 first again"), (d, "w8 from d")]
-    assert (gateway.inbound.received, gateway.inbound.duplicates) == (9, 1)
+    assert (gateway.inbound.received, gateway.inbound.duplicates) == (9, 2)
 
     answers = {known: ["re w0", "re w5"], first: ["re w1", "re w7"], a: ["re w2", "re w4"], b: ["re w3"],
                c: ["re w6"], d: ["re w8"]}
