@@ -17,7 +17,8 @@ beside a bare-relay floor; (b)
 ``rss`` with 10k stored and 500 active sessions; (d, e) ``long_conversation``: prefix stability
 and input tokens at turn 10/100/500; (f) ``load_time`` of 100 vs 100,000 transcript messages;
 (g) ``restart``: seconds from ``/readyz`` to the answers after a kill -9 and immediate restart
-(Telegram polling, default 15 s leases; ``bench.restart``).
+(Telegram polling, default 15 s leases; ``bench.restart``); ``admit``: statements, wall and CPU
+time of a batch of 32 new chats' admit (``bench.admit``; on PostgreSQL too with ``--postgres``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.admit import run_admit
 from bench.burst import run_burst
 from bench.harness import work_folder
 from bench.overhead import run_image_overhead, run_overhead
@@ -55,6 +57,7 @@ FULL: dict[str, Callable[[Path], Any]] = {
     "load_time": lambda d: run_load_time(d, small=100, large=100_000),
     "restart": lambda d: run_restart(d, runs=3),
     "store_turns": lambda d: run_store_turns(f"sqlite:///{d / 'store.db'}", turns=400),
+    "admit": lambda d: run_admit(d, batch=32, rounds=20),
 }
 
 SHORT: dict[str, Callable[[Path], Any]] = {
@@ -69,19 +72,21 @@ SHORT: dict[str, Callable[[Path], Any]] = {
     "load_time": lambda d: run_load_time(d, small=100, large=1000, repeats=3),
     "restart": lambda d: run_restart(d, runs=1),
     "store_turns": lambda d: run_store_turns(f"sqlite:///{d / 'store.db'}", turns=20),
+    "admit": lambda d: run_admit(d, batch=4, rounds=1),
 }
 
 
 def run_suite(workdir: Path, *, short: bool = False, only: list[str] | None = None,
               postgres: bool = False) -> dict[str, Any]:
     """Runs the selected benchmarks, each in its own subfolder of ``workdir``; returns the figures.
-    ``postgres`` adds the throughput runs on a scratch database of the local PostgreSQL (as
-    ``bench.multi_instance``)."""
+    ``postgres`` adds the throughput runs and the admit on a scratch database of the local
+    PostgreSQL (as ``bench.multi_instance``)."""
     table = dict(SHORT if short else FULL)
     if postgres and not short:
         table["throughput_postgres"] = lambda d: [
             run_throughput(d / "c100", conversations=100, rounds=3, latency_s=2.0, postgres=True),
             run_throughput(d / "c500", conversations=500, rounds=3, latency_s=2.0, postgres=True)]
+        table["admit_postgres"] = lambda d: run_admit(d, batch=32, rounds=20, postgres=True)
     figures: dict[str, Any] = {"mode": "short" if short else "full", "python": platform.python_version(),
                                "cpus": os.cpu_count()}
     for name, bench in table.items():
@@ -103,14 +108,15 @@ def run_suite(workdir: Path, *, short: bool = False, only: list[str] | None = No
 def main() -> None:
     parser = argparse.ArgumentParser(description="gateway benchmark suite (prints JSON)")
     parser.add_argument("--short", action="store_true", help="tiny sizes (about a minute in all, not an hour)")
-    parser.add_argument("--only", help="comma-separated: " + ",".join(FULL) + ",throughput_postgres")
-    parser.add_argument("--postgres", action="store_true", help="also run throughput on PostgreSQL")
+    parser.add_argument("--only", help="comma-separated: " + ",".join(FULL) + ",throughput_postgres,admit_postgres")
+    parser.add_argument("--postgres", action="store_true", help="also run throughput and the admit on PostgreSQL")
     parser.add_argument("--keep", help="keep the work folder here (the logs)")
     args = parser.parse_args()
     only = [name.strip() for name in args.only.split(",")] if args.only else None
-    unknown = sorted(set(only or ()) - {*FULL, "throughput_postgres"})
+    unknown = sorted(set(only or ()) - {*FULL, "throughput_postgres", "admit_postgres"})
     if unknown:
-        parser.error(f"--only: no benchmark named {', '.join(unknown)} (known: {','.join(FULL)},throughput_postgres)")
+        parser.error(f"--only: no benchmark named {', '.join(unknown)} "
+                     f"(known: {','.join(FULL)},throughput_postgres,admit_postgres)")
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
     with work_folder(args.keep, "gw-bench-") as workdir:
         print(json.dumps(run_suite(workdir, short=args.short, only=only, postgres=args.postgres), indent=2))

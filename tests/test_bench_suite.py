@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.admit import run_admit
 from bench.suite import run_suite
 
 
@@ -43,3 +44,16 @@ def test_bench_suite_short_mode(tmp_path):
     assert figures["restart"]["idle_chat_max_s"] is not None and figures["restart"]["duplicated"] == []
     store = figures["store_turns"]  # a new chat's claim (in its admit) and finish: 15 planned statements on SQLite
     assert store["claim"] == "admit" and store["statements_per_turn"] == 14 and store["cpu_us_per_turn"] > 0
+    # a batch of 4 new chats admitted together: its senders, their chats' settings and its inbox rows
+    # in 5 statements for the lot, then 5 a chat for its lane's claim (on SQLite: the lane, its
+    # batch, the new session, the lane's pointer to it, the memory candidates)
+    admit = figures["admit"]
+    assert admit["backend"] == "sqlite" and admit["statements_per_batch"] == 5 + 5 * 4 and admit["cpu_ms_per_batch"] > 0
+
+
+def test_bench_admit_on_postgresql(tmp_path):
+    """On PostgreSQL a batch of new chats is 5 statements for the lot and 2 a chat (the lane's
+    claim with its batch, the new session with the lane's pointer to it): one round trip each."""
+    admit = run_admit(tmp_path, batch=4, rounds=1, postgres=True)
+    assert admit["backend"] == "postgresql" and admit["statements_per_batch"] == 5 + 2 * 4
+    assert admit["wall_ms_per_batch"] > 0 and admit["cpu_ms_per_batch"] > 0
