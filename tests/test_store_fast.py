@@ -154,3 +154,42 @@ def test_a_one_statement_transaction_commits_alone_and_leaves_its_connection_tra
             assert conn.execute(select(_INBOX.c.platform_message_id)).scalars().all() == ["1"]
     finally:
         engine.dispose()
+
+
+def test_execute_many_writes_every_row_in_order_and_refuses_a_duplicate_whole(engine) -> None:
+    """``execute_many``: SQLite's ``executemany``, PostgreSQL's one multi-row ``INSERT``; the rows'
+    ids ascend in their order, the JSON and text survive, and one refused row writes none."""
+    texts = ["plain", "with %s and %(x)s and $1", "quote ' ) (", "ü 🙂"]
+    rows = [{**_inbox(900 + i), "payload": {"text": text}} for i, text in enumerate(texts)]
+    with write_tx(engine) as conn:
+        fast.execute_many(conn, q.INSERT_INBOX, rows)
+    with read_tx(engine) as conn:
+        stored = conn.execute(select(_INBOX.c.platform_message_id, _INBOX.c.payload)
+                              .where(_INBOX.c.platform_message_id.like("90%")).order_by(_INBOX.c.id)).all()
+    assert [(r.platform_message_id, r.payload["text"]) for r in stored] == [(str(900 + i), t) for i, t in
+                                                                             enumerate(texts)]
+    with pytest.raises(IntegrityError), write_tx(engine) as conn:
+        fast.execute_many(conn, q.INSERT_INBOX, [_inbox(950), _inbox(900)])  # 900 is stored already
+    with read_tx(engine) as conn:
+        assert conn.execute(select(_INBOX.c.id).where(_INBOX.c.platform_message_id == "950")).first() is None
+
+
+def test_a_plan_keeps_its_own_multi_row_statement(pg_database) -> None:
+    """A multi-row statement (PostgreSQL's) is the plan's own: a plan made after another was
+    dropped (and may have its address) never gets the dropped one's SQL."""
+    engine = create_db_engine(pg_database)
+    upgrade(engine)
+    with write_tx(engine) as conn:
+        for _ in range(20):
+            first = fast._plan(conn, q.INSERT_INBOX, _inbox(1))
+            assert first is not None
+            made = fast._multi_row(first, 2)
+            assert made is not None and made[0].startswith("INSERT INTO inbox ")
+            del first
+            other = fast._plan(conn, q.INSERT_SESSION, {"id": "s", "key": "k", "system_prompt": "p",
+                                                       "created_at": 1.0, "updated_at": 1.0,
+                                                       "owner_user_id": None, "settings": None})
+            assert other is not None
+            again = fast._multi_row(other, 2)
+            assert again is not None and again[0].startswith("INSERT INTO sessions ")
+    engine.dispose()

@@ -46,7 +46,8 @@ class _Plan:
     ``returns_key``: an ``INSERT`` whose ``RETURNING`` gives its new primary key; ``key_param``: an
     ``INSERT`` given its primary key as this parameter (the new key is that value)."""
 
-    __slots__ = ("binds", "dialect", "key_param", "placeholders", "processors", "returns_key", "row", "sql", "types")
+    __slots__ = ("binds", "dialect", "key_param", "multi", "placeholders", "processors", "returns_key", "row", "sql",
+                 "types")
 
     def __init__(self, sql: str, binds: list[tuple[str, Any, _Processor]], names: list[str] | None,
                  types: list[Any], dialect: Any, *, placeholders: list[str] | None = None,
@@ -60,6 +61,8 @@ class _Plan:
         self.dialect = dialect
         self.processors: list[_Processor] | None = None if types and not returns_key else []
         self.row = _row_class(names) if names is not None and not returns_key else None
+        self.multi: dict[int, tuple[str, list[str]] | None] = {}
+        """``_multi_row``'s statements of this plan, by row count."""
 
 
 class FastRow(tuple):
@@ -242,7 +245,7 @@ def _planned(conn: Connection, statement: ClauseElement, values: Mapping[str, An
         if len(_PLANS) >= MAX_PLANS:  # statements built per call were passed: not worth a plan each
             return None
         with _PLANS_LOCK:
-            plan = _PLANS[cache_key] = _plan(conn, statement, values)
+            plan = _PLANS.setdefault(cache_key, _plan(conn, statement, values))  # (one plan per key)
     assert plan is None or isinstance(plan, _Plan)
     return plan
 
@@ -357,7 +360,8 @@ def execute_many(conn: Connection, statement: ClauseElement, rows: Sequence[Mapp
             on.close()
 
 
-_MULTI: dict[tuple[int, int], tuple[str, list[str]] | None] = {}
+MULTI_ROW_COUNTS = 64
+"""Row counts a plan keeps a multi-row statement for at most (a batch has at most 32)."""
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
@@ -371,9 +375,8 @@ def _multi_row(plan: _Plan, count: int) -> tuple[str, list[str]] | None:
     Psycopg's ``executemany`` pipelines the rows (one round trip) but gives the interpreter lock up
     and takes it again several times a row, which costs a turn's worth of waiting each time hundreds
     of threads are runnable (a burst); one statement gives it up once."""
-    key = (id(plan), count)
-    if key in _MULTI:
-        return _MULTI[key]
+    if count in plan.multi:
+        return plan.multi[count]
     made: tuple[str, list[str]] | None = None
     sql = plan.sql
     start = sql.find(" VALUES (")
@@ -398,6 +401,6 @@ def _multi_row(plan: _Plan, count: int) -> tuple[str, list[str]] | None:
                         numbered += [f"${at}", piece]
                     groups.append("".join(numbered))
                 made = (f"{sql[:start]} VALUES {', '.join(groups)}", names)
-    if len(_MULTI) < MAX_PLANS:
-        _MULTI[key] = made
+    if len(plan.multi) < MULTI_ROW_COUNTS:
+        plan.multi[count] = made
     return made
