@@ -114,12 +114,17 @@ class ChatOverrides:
             with read_tx(self.engine) as own:
                 row = run(own, _GET, {"b_platform": platform, "b_tenant": tenant, "b_chat": chat_id}).first()
         found = {} if row is None else {n: v for n, v in zip(OVERRIDABLE, row, strict=True) if v is not None}
+        self._remember({key: found}, now)
+        return dict(found)
+
+    def _remember(self, read: dict[tuple[str, str, str], dict[str, str]], now: float) -> None:
+        """Caches chats' settings as read at ``now`` (the oldest half dropped past ``CACHE_MAX``)."""
         with self._lock:
-            if len(self._cache) >= CACHE_MAX:
+            if len(self._cache) + len(read) > CACHE_MAX:
                 for old in list(self._cache)[: CACHE_MAX // 2]:
                     del self._cache[old]
-            self._cache[key] = (now, found)
-        return dict(found)
+            for key, settings in read.items():
+                self._cache[key] = (now, settings)
 
     def prime(self, conn: Connection, chats: Sequence[tuple[str, str, str]]) -> None:
         """Reads the settings of the ``(platform, tenant, chat_id)`` not cached (or cached too
@@ -135,15 +140,11 @@ class ChatOverrides:
                 if chat_id not in ids:
                     ids.append(chat_id)
         for (platform, tenant), ids in wanted.items():
-            found: dict[str, dict[str, str]] = {chat_id: {} for chat_id in ids}
+            found: dict[tuple[str, str, str], dict[str, str]] = {(platform, tenant, chat_id): {} for chat_id in ids}
             for row in run(conn, _GET_MANY, {"b_platform": platform, "b_tenant": tenant, "b_chats": ids}):
-                found[row.chat_id] = {n: v for n, v in zip(OVERRIDABLE, row[1:], strict=True) if v is not None}
-            with self._lock:
-                if len(self._cache) + len(found) > CACHE_MAX:
-                    for old in list(self._cache)[: CACHE_MAX // 2]:
-                        del self._cache[old]
-                for chat_id, settings in found.items():
-                    self._cache[(platform, tenant, chat_id)] = (now, settings)
+                found[(platform, tenant, row.chat_id)] = {n: v for n, v in zip(OVERRIDABLE, row[1:], strict=True)
+                                                          if v is not None}
+            self._remember(found, now)
 
     @retry_locked
     def set(self, platform: str, tenant: str, chat_id: str, name: str, value: str | None, by: str) -> None:

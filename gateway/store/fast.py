@@ -320,9 +320,10 @@ def _translated(conn: Connection, exc: Exception, sql: str, args: list[Any] | di
 def execute_many(conn: Connection, statement: ClauseElement, rows: Sequence[Mapping[str, Any]]) -> None:
     """Runs ``statement`` (an ``INSERT`` or ``UPDATE`` built once) once per item of ``rows``, in
     order, in ``conn``'s transaction, its results discarded; every item names the same parameters.
-    On the planned drivers it is one ``executemany`` of the driver: psycopg 3 sends the lot in one
-    pipeline (one round trip to PostgreSQL instead of one a row), sqlite3 steps one prepared
-    statement. Otherwise (statement listeners, another driver) SQLAlchemy's executemany.
+    On PostgreSQL an ``INSERT ... VALUES`` of several rows is one multi-row statement
+    (``_multi_row``: one round trip, the rows' serial keys ascending in their order); any other
+    planned statement is the driver's ``executemany`` (sqlite3 steps one prepared statement;
+    psycopg pipelines). Otherwise (statement listeners, another driver) SQLAlchemy's executemany.
 
     Raises as ``execute`` does (``IntegrityError`` for a refused row: the transaction must be rolled
     back, on PostgreSQL it is spoilt)."""
