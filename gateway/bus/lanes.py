@@ -160,7 +160,13 @@ class SessionBus:
         """Ensures ``key`` gets drained (main loop only; cheap, never blocks). A no-op once
         stopping. ``claimed``: the lane was claimed with its first batch when its row was stored
         (``claim_free_in``, committed): the drain runs that batch without claiming (when it starts
-        within a third of the lease; later it claims again, in case the lease was lost)."""
+        within a third of the lease; later it claims again, in case the lease was lost).
+
+        The drain is handed to a worker from the loop's next iteration, not at once: the caller
+        (a webhook's handler) first writes its response. A worker woken at once would wait for the
+        interpreter lock the handler still holds and need a second wake (measured: the drain
+        started 0.19 ms after the response was written; deferred, the update -> model median is
+        0.1-0.5 ms lower)."""
         if self._stopping.is_set():
             if claimed is not None:  # the lease would keep other instances out until it expired
                 self._release_soon(key)
@@ -172,6 +178,13 @@ class SessionBus:
             self._again.add(key)
             return
         self._active.add(key)
+        if self._loop is not None:
+            self._loop.call_soon(self._submit, key, claimed)
+        else:
+            self._submit(key, claimed)
+
+    def _submit(self, key: str, claimed: Claimed | None) -> None:
+        """Runs ``_drain(key, claimed)`` on a turn worker; ``_drained`` follows on the loop."""
         future = self._workers.submit(self._drain, key, claimed)
         future.add_done_callback(lambda f, k=key: self._call_main(self._drained, k, f))  # type: ignore[misc]
 
