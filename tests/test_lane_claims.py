@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -244,3 +245,27 @@ def test_an_admit_waiting_for_a_stop_runs_under_the_generation_the_stop_set(stor
     [(batch, generation)] = out
     assert generation == store.lane_generation(key) == 1
     assert "after" in [p.message.text for p in batch]
+
+
+async def test_a_kick_whose_workers_shut_down_before_its_drain_left_leaves_no_lane_busy(store):
+    """The drain goes to a worker from the loop's next iteration: when the workers were shut down
+    in between (a stop that gave up waiting), the lane is not left marked busy, nothing raises on
+    the loop, and the row stays pending for the next start."""
+    ran: list[str] = []
+    failures: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: failures.append(context))
+    workers = ThreadPoolExecutor(1)
+    bus = SessionBus(store=store, run_turn=finishing(store, ran), workers=workers, instance_id="a",
+                     lease_s=60, sweep_interval_s=3600, busy_policy="queue",
+                     on_turn_start=lambda address: None, on_turn_end=lambda address: None)
+    await bus.start()
+    try:
+        admit(store, message("5:1", "first"), "k", lambda conn: None)
+        bus.kick("k")
+        assert not bus.idle  # scheduled
+        workers.shutdown(wait=True)
+        await asyncio.sleep(0.05)
+        assert bus.idle and ran == [] and failures == []
+    finally:
+        await bus.stop()
+    assert store.keys_waiting(time.time()) == ["k"]  # the sweeper of the next start finds it

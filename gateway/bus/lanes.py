@@ -185,7 +185,12 @@ class SessionBus:
 
     def _submit(self, key: str, claimed: Claimed | None) -> None:
         """Runs ``_drain(key, claimed)`` on a turn worker; ``_drained`` follows on the loop."""
-        future = self._workers.submit(self._drain, key, claimed)
+        try:
+            future = self._workers.submit(self._drain, key, claimed)
+        except RuntimeError:  # the workers were shut down since the kick: the rows wait for the next start
+            self._active.discard(key)
+            log.debug("lane %s: not drained, the workers are shut down", key)
+            return
         future.add_done_callback(lambda f, k=key: self._call_main(self._drained, k, f))  # type: ignore[misc]
 
     def _drained(self, key: str, future: Future[_Drained]) -> None:
