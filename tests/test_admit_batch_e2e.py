@@ -2,7 +2,8 @@
 PostgreSQL: Telegram webhooks that arrive while another writer holds the inbox are stored together
 once it lets go. Each is acknowledged only once stored, in the order they came; a sender with two
 of them is created once; a sender known before keeps their user; a chat's settings apply to its
-new session; a chat's two messages are answered one after the other, each once; a redelivery, and
+new session; a chat's two messages are answered one after the other, each once, the second with
+the first in its context; a redelivery, and
 a message posted twice in one batch, are refused once each and the rest of that batch stored."""
 
 from __future__ import annotations
@@ -154,6 +155,11 @@ async def test_a_batch_of_webhooks_is_admitted_together_each_sender_once_each_me
                for record in fake_openai.requests}
     assert "Answer like a pirate." in systems["w6"]
     assert not any("pirate" in systems[word] for word in ("w1", "w2", "w3", "w4", "w5"))
+    # the session a new chat got at its batch's admit is the chat's: its next turn continues it
+    contexts = {_answer(record["json"]).content.split()[-1]: [m.get("content") for m in record["json"]["messages"]]
+                for record in fake_openai.requests}
+    assert "w1 first" in str(contexts["w7"]) and "re w1" in str(contexts["w7"])
+    assert "w2 from a" in str(contexts["w4"]) and "w0 hello" in str(contexts["w5"])
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(InboxRow).where(InboxRow.status != "done")).scalar() == 0
 

@@ -269,3 +269,69 @@ async def test_a_kick_whose_workers_shut_down_before_its_drain_left_leaves_no_la
     finally:
         await bus.stop()
     assert store.keys_waiting(time.time()) == ["k"]  # the sweeper of the next start finds it
+
+
+def _store_rows(store: Store, rows: list[tuple[str, str]], claim) -> object:
+    """Stores a batch's ``(key, text)`` rows in one write transaction and runs ``claim(conn)`` in it,
+    as a batch's admit does."""
+    with write_tx(store.engine) as conn:
+        for index, (key, text) in enumerate(rows):
+            store.insert_inbound_in(conn, message(f"{key}:{index}", text), key)
+        return claim(conn)
+
+
+def test_a_batchs_lanes_are_claimed_together_new_ones_with_their_sessions_held_ones_left_alone(store):
+    """A batch's admit claims its lanes in one go (PostgreSQL: one statement for the lot, the new
+    lanes' sessions written together): each new lane is claimed with its oldest row and gets the
+    session its prefetch opened; a lane that existed and was free or whose lease ran out is claimed
+    with its oldest row; a lane another instance holds is left alone, its lease untouched."""
+    for key in ("free", "expired", "held"):
+        assert store.claim_lane(key, "Z", 60 if key == "held" else -1)
+    store.release_lane("free", "Z")
+    store.insert_inbound(message("free:old", "free first"), "free")
+    told: dict[str, bool] = {}
+
+    def opened(conn, batch, fresh):
+        key = batch[-1].session_key
+        told[key] = bool(fresh)
+        return store.open_session_in(conn, key, lambda: f"prompt {key}", 10, fresh=fresh)
+
+    keys = ["new-b", "free", "new-a", "held", "expired"]
+    rows = [("new-b", "b1"), ("free", "free second"), ("new-a", "a1"), ("new-b", "b2"), ("held", "h1"),
+            ("expired", "e1")]
+    claimed = _store_rows(store, rows, lambda conn: store.claim_free_lanes_in(
+        conn, keys, "a", 60, 1, lambda: Prefetch(opened)))
+    assert sorted(claimed) == ["expired", "free", "new-a", "new-b"]
+    texts = {key: [p.message.text for p in batch] for key, (batch, generation, prefetch) in claimed.items()}
+    assert texts == {"new-b": ["b1"], "new-a": ["a1"], "free": ["free first"], "expired": ["e1"]}
+    assert told == {"new-b": True, "new-a": True, "free": False, "expired": False}
+    for key, (batch, generation, prefetch) in claimed.items():
+        prefetch.commit()
+        assert generation == 0
+        assert store.current_session_id(key) == prefetch.value.session_id  # the lane points at it
+        assert prefetch.value.system_prompt == f"prompt {key}"
+        assert not store.claim_lane(key, "b", 60)  # a's now
+    assert not store.claim_lane("held", "a", 60) and store.claim_lane("held", "Z", 60)  # still Z's
+
+
+def test_an_instance_whose_batch_waits_on_another_instances_new_lanes_claims_none_of_them(store):
+    """Two instances admit batches naming the same new chats: the second one's claim waits for the
+    first one's uncommitted lanes (PostgreSQL: their keys' index entries; SQLite: the writer) and
+    then takes none of them, only the chat the first did not name; each lane is won once."""
+    keys = [f"chat-{n:02d}" for n in range(6)]
+    with write_tx(store.engine) as conn:
+        for index, key in enumerate(keys):
+            store.insert_inbound_in(conn, message(f"A:{index}", f"A {key}"), key)
+        first = store.claim_free_lanes_in(conn, keys, "A", 60, 5, lambda: None)
+        out: list = []
+        other = ["chat-99", *keys[::-1]]
+        thread = threading.Thread(target=lambda: out.append(_store_rows(
+            store, [(key, f"B {key}") for key in other],
+            lambda conn: store.claim_free_lanes_in(conn, other, "B", 60, 5, lambda: None))))
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive()  # waiting for A's transaction
+    thread.join(10)
+    assert sorted(first) == keys
+    [second] = out
+    assert list(second) == ["chat-99"] and [p.message.text for p in second["chat-99"][0]] == ["B chat-99"]

@@ -156,6 +156,23 @@ class SessionBus:
             return None
         return Claimed(claimed[0], claimed[1], prefetch, time.monotonic())
 
+    def claim_free_many_in(self, conn: Connection, keys: Sequence[str]) -> dict[str, Claimed]:
+        """``claim_free_in`` for each of ``keys`` (distinct), all in the write transaction ``conn``
+        that stored their rows (a batch's admit): on PostgreSQL the new chats' lanes in one
+        statement (``Store.claim_free_lanes_in``). Returns the keys claimed, each with its
+        ``Claimed`` for ``kick``; a key missing is left to its drain, as ``claim_free_in``'s
+        ``None``."""
+        if self._stopping.is_set():
+            return {}
+        free = [key for key in keys if key not in self._active]
+        if not free:
+            return {}
+        made = self.store.claim_free_lanes_in(
+            conn, free, self.instance_id, self.lease_s, self.batch_size,
+            lambda: Prefetch(self.prefetch) if self.prefetch is not None else None)
+        at = time.monotonic()
+        return {key: Claimed(batch, generation, prefetch, at) for key, (batch, generation, prefetch) in made.items()}
+
     def kick(self, key: str, claimed: Claimed | None = None) -> None:
         """Ensures ``key`` gets drained (main loop only; cheap, never blocks). A no-op once
         stopping. ``claimed``: the lane was claimed with its first batch when its row was stored

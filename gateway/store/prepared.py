@@ -438,6 +438,45 @@ that owner finished would be read as pending (answered twice), the generation as
 (the message cancelled). A created lane was nobody's: its batch is read here."""
 
 
+def _claim_free_lanes() -> Any:
+    keys = bindparam("b_keys", type_=postgresql.ARRAY(_lanes.c.key.type))
+    owner = bindparam("b_owner", type_=_lanes.c.lease_owner.type)
+    until = bindparam("b_until", type_=_lanes.c.lease_until.type)
+    wanted = select(func.unnest(keys).label("key")).cte("wanted")
+    new = (postgresql.insert(_lanes)
+           .from_select(["key", "lease_owner", "lease_until", "generation"],
+                        select(wanted.c.key, owner, until, literal_column("0")).order_by(wanted.c.key))
+           .on_conflict_do_nothing(index_elements=[_lanes.c.key]).returning(_lanes.c.key).cte("new_lanes"))
+    taken = (update(_lanes)
+             .where(_lanes.c.key == func.any(keys),
+                    or_(_lanes.c.lease_owner.is_(None), _lanes.c.lease_until < bindparam("b_now")))
+             .values(lease_owner=owner, lease_until=until)
+             .returning(_lanes.c.key).cte("taken"))
+    ranked = (select(_inbox.c.id, _inbox.c.payload, _inbox.c.user_id, _inbox.c.session_key,
+                     func.row_number().over(partition_by=_inbox.c.session_key, order_by=_inbox.c.id).label("n"))
+              .where(_inbox.c.session_key.in_(select(new.c.key)), _inbox.c.status == "pending")
+              .cte("first_batches"))
+    return (select(wanted.c.key, new.c.key.is_not(None).label("fresh"), ranked.c.id, ranked.c.payload,
+                   ranked.c.user_id, literal_column("0").label("generation"))
+            .select_from(wanted.outerjoin(new, new.c.key == wanted.c.key)
+                         .outerjoin(taken, taken.c.key == wanted.c.key)
+                         .outerjoin(ranked, and_(ranked.c.session_key == new.c.key,
+                                                 ranked.c.n <= bindparam("b_limit"))))
+            .where(or_(new.c.key.is_not(None), taken.c.key.is_not(None)))
+            .order_by(wanted.c.key, ranked.c.id))
+
+
+CLAIM_FREE_LANES = _claim_free_lanes()
+"""PostgreSQL: ``CLAIM_FREE_LANE_WITH_BATCH`` for the session keys ``b_keys`` (a list, sorted: lanes
+are created in the keys' order, so two instances creating the same lanes cannot deadlock) in one
+statement: a batch's new chats claimed in one round trip instead of one each
+(``Store.claim_free_lanes_in``). Rows, ordered by ``key`` and inbox id, only for the lanes won:
+``key``, ``fresh`` (created here), and for a created lane its first ``b_limit`` pending rows
+(``id`` ``None``: none waits; ``generation``: a new lane's, 0); a lane that existed and was free is claimed only, and its batch
+read by a statement of its own, for the reason ``CLAIM_FREE_LANE_WITH_BATCH`` gives. Parameters:
+``b_keys``, ``b_owner``, ``b_now``, ``b_until``, ``b_limit``."""
+
+
 _batch = PENDING_BATCH.cte("batch")
 BATCH_OR_RELEASE = (
     select(_batch.c.id, _batch.c.payload, _batch.c.user_id, _batch.c.generation)
@@ -468,6 +507,17 @@ CREATE_SESSION_SET_LANE = _create_session_set_lane()
 """PostgreSQL: ``INSERT_SESSION`` and ``SET_LANE_SESSION`` in one statement (one round trip
 instead of two for a new chat's session). Parameters: the session's columns as ``s_<column>``,
 and ``b_key``; ``rowcount`` 0: the key has no lane (the session is inserted all the same)."""
+
+def _set_lanes_sessions() -> Any:
+    pairs = (func.unnest(bindparam("b_keys", type_=postgresql.ARRAY(_lanes.c.key.type)),
+                         bindparam("b_sessions", type_=postgresql.ARRAY(_lanes.c.session_id.type)))
+             .table_valued("key", "session_id").render_derived(name="made"))
+    return update(_lanes).where(_lanes.c.key == pairs.c.key).values(session_id=pairs.c.session_id)
+
+
+SET_LANES_SESSIONS = _set_lanes_sessions()
+"""PostgreSQL: ``SET_LANE_SESSION`` for many lanes in one statement: lane ``b_keys[i]`` gets
+session ``b_sessions[i]`` (two lists of one length)."""
 
 _address_insert = sqlite.insert(_addresses)
 UPSERT_ADDRESS_SQLITE = _address_insert.on_conflict_do_update(

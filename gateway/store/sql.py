@@ -65,21 +65,57 @@ class Prefetch:
     ``LaneNext``) instead of transactions of their own: ``fn(conn, batch, fresh)`` runs there (again
     if the transaction is retried), and ``value`` is its result once that transaction committed
     (``None`` until then). ``fresh``: the lane was created in that transaction, so it has no
-    session yet (``Store.open_session_in`` need not look for one). ``fn`` must raise only what
-    should fail that transaction (a database error)."""
+    session yet (``Store.open_session_in`` need not look for one); a ``NewSessions`` there
+    collects the new session, written with the batch's others before the commit. ``fn`` must raise
+    only what should fail that transaction (a database error) and, given a ``NewSessions``, must not
+    read the lane's session."""
 
     __slots__ = ("_pending", "fn", "value")
 
-    def __init__(self, fn: Callable[[Connection, list[PendingInbound], bool], Any]) -> None:
+    def __init__(self, fn: Callable[[Connection, list[PendingInbound], bool | NewSessions], Any]) -> None:
         self.fn = fn
         self.value: Any = None
         self._pending: Any = None
 
-    def run(self, conn: Connection, batch: list[PendingInbound], fresh: bool = False) -> None:
+    def run(self, conn: Connection, batch: list[PendingInbound], fresh: bool | NewSessions = False) -> None:
         self._pending = self.fn(conn, batch, fresh)
 
     def commit(self) -> None:
         self.value, self._pending = self._pending, None
+
+
+class NewSessions:
+    """The sessions of lanes created in one transaction (a batch's admit: ``Store.claim_free_lanes_in``),
+    written together before it commits: on PostgreSQL two statements for a batch of new chats
+    (one multi-row ``INSERT_SESSION``, ``SET_LANES_SESSIONS``) instead of one each
+    (``CREATE_SESSION_SET_LANE``). Truthy: it is passed where ``fresh`` is (``Prefetch``), as the
+    lanes it serves were created in that transaction."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def __bool__(self) -> bool:
+        return True
+
+    def add(self, key: str, system_prompt: str, owner_user_id: str | None, settings: dict[str, Any] | None) -> str:
+        """Queues lane ``key``'s new session (owned by ``owner_user_id`` for a DM); returns its id."""
+        now = time.time()
+        session_id = uuid.uuid4().hex
+        self.rows.append({"id": session_id, "key": key, "system_prompt": system_prompt, "created_at": now,
+                          "updated_at": now, "owner_user_id": owner_user_id, "settings": settings})
+        return session_id
+
+    def write(self, conn: Any) -> None:
+        """Inserts the queued sessions and points their lanes (created in ``conn``'s transaction) at
+        them; raises the database's errors (the transaction is then rolled back)."""
+        if not self.rows:
+            return
+        execute_many(conn, q.INSERT_SESSION, self.rows)
+        run(conn, q.SET_LANES_SESSIONS, {"b_keys": [row["key"] for row in self.rows],
+                                         "b_sessions": [row["id"] for row in self.rows]})
+        self.rows = []
 
 
 @dataclass(slots=True)
@@ -415,8 +451,46 @@ class Store(OutboxStore):
             return self._first_batch(conn, key, owner, limit, prefetch)
         return None
 
+    def claim_free_lanes_in(self, conn: Any, keys: Sequence[str], owner: str, lease_s: float, limit: int,
+                            prefetches: Callable[[], Prefetch | None]) -> dict[str, tuple[list[PendingInbound], int,
+                                                                                        Prefetch | None]]:
+        """``claim_free_lane_in`` for each of ``keys`` (distinct) in the caller's write transaction
+        ``conn`` (a batch's admit, ``gateway.inbound.receive``). On PostgreSQL the lanes are created
+        or claimed in one statement (``CLAIM_FREE_LANES``: one round trip for a batch's new chats
+        instead of one each); a lane that existed has its batch read afterwards, one statement
+        each. ``prefetches()`` makes each claimed lane's ``Prefetch`` (run on its batch here).
+        Returns ``{key: (batch, generation, prefetch)}`` for the lanes claimed with rows waiting;
+        a key missing was not claimed (a lease is held, nothing waits, or the database has no
+        single-statement insert-if-new)."""
+        claimed: dict[str, tuple[list[PendingInbound], int, Prefetch | None]] = {}
+        if conn.dialect.name != "postgresql" or len(keys) < 2:
+            for key in keys:
+                prefetch = prefetches()
+                one = self.claim_free_lane_in(conn, key, owner, lease_s, limit, prefetch)
+                if one is not None:
+                    claimed[key] = (*one, prefetch)
+            return claimed
+        now = time.time()
+        rows = run(conn, q.CLAIM_FREE_LANES, {"b_keys": sorted(keys), "b_owner": owner, "b_now": now,
+                                              "b_until": now + lease_s, "b_limit": limit}).all()
+        by_key: dict[str, list[Any]] = {}
+        for row in rows:
+            by_key.setdefault(row.key, []).append(row)
+        sessions = NewSessions()  # the new lanes' sessions, written together below
+        for key, won in by_key.items():
+            prefetch = prefetches()
+            if won[0].fresh:
+                one = self._first_batch(conn, key, owner, limit, prefetch, fresh=sessions,
+                                        rows=[row for row in won if row.id is not None])
+            else:  # read after the claim, in a snapshot that sees what the claim waited for
+                one = self._first_batch(conn, key, owner, limit, prefetch)
+            if one is not None:
+                claimed[key] = (*one, prefetch)
+        sessions.write(conn)
+        return claimed
+
     def _first_batch(self, conn: Any, key: str, owner: str, limit: int, prefetch: Prefetch | None,
-                     fresh: bool = False, rows: list[Any] | None = None) -> tuple[list[PendingInbound], int] | None:
+                     fresh: bool | NewSessions = False, rows: list[Any] | None = None) -> tuple[list[PendingInbound], int] | None:
         """The batch of a lane just claimed by ``owner`` (``prefetch`` run on it; ``fresh``: the
         lane was created in this transaction; ``rows``: the batch's rows, read with the claim), or
         ``None`` with the lease given up when nothing waits."""
@@ -503,15 +577,18 @@ class Store(OutboxStore):
     def open_session_in(self, conn: Connection, key: str, build_system_prompt: Callable[[], str], window: int,
                         owner_user_id: str | None = None,
                         settings: Callable[[], dict[str, Any] | None] = lambda: None,
-                        fresh: bool = False) -> OpenSession:
+                        fresh: bool | NewSessions = False) -> OpenSession:
         """``open_session`` in the caller's write transaction ``conn`` (a lane's claim: ``Prefetch``),
         the session created in it when the key has none. ``fresh``: the key's lane was created in
         this transaction (``Prefetch``), so it has no session: none is looked for (one statement
-        fewer for a new chat's first turn)."""
+        fewer for a new chat's first turn); a ``NewSessions`` there: the session is added to it, and
+        written with the others it holds before the transaction commits."""
         current = None if fresh else self._current_session(conn, key, window)
         if current is not None:
             return current
         prompt, made = build_system_prompt(), settings()
+        if isinstance(fresh, NewSessions):
+            return OpenSession(fresh.add(key, prompt, owner_user_id, made), prompt, [], None, settings=made)
         return OpenSession(self._create_session(conn, key, prompt, owner_user_id, made), prompt, [], None,
                            settings=made)
 
