@@ -188,8 +188,20 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", type=lambda text: int(non_negative(text)), default=0,
                         help="each reply streams this many more words, one event each (default: 3 events at once)")
     parser.add_argument("--token-gap", type=non_negative, default=0.0, help="seconds between those events")
+    parser.add_argument("--postgres", action="store_true",
+                        help="the gateway on a scratch PostgreSQL database (bench.multi_instance.PG_ADMIN_URL)")
     args = parser.parse_args()
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
-    with work_folder(args.keep, "gw-burst-") as folder:
-        print(json.dumps(run_burst(folder, chats=args.chats, latency_s=args.latency, profile=args.profile,
-                                   tokens=args.tokens, token_gap_s=args.token_gap), indent=2))
+    options: dict[str, Any] = {}
+    drop = None
+    if args.postgres:
+        from bench.multi_instance import scratch_database
+
+        options["db_url"], drop = scratch_database()
+    try:
+        with work_folder(args.keep, "gw-burst-") as folder:
+            print(json.dumps(run_burst(folder, chats=args.chats, latency_s=args.latency, profile=args.profile,
+                                       tokens=args.tokens, token_gap_s=args.token_gap, **options), indent=2))
+    finally:
+        if drop is not None:
+            drop()

@@ -41,8 +41,8 @@ class DatabaseConfig(_Section):
     url: str = "sqlite:///./data/gateway.db"
     """SQLAlchemy URL. SQLite for one instance; ``postgresql+psycopg://...`` for several."""
     pool_size: int = Field(default=10, ge=1)
-    """Connections kept open, as many again under load (SQLAlchemy ``pool_size`` and
-    ``max_overflow``); at least 1 (SQLAlchemy reads 0 as no limit)."""
+    """Connections for the store: up to twice this many, opened as load needs them and kept open
+    (``gateway.store.db.create_db_engine``); at least 1."""
 
 
 class HttpConfig(_Section):
