@@ -302,10 +302,10 @@ def test_a_batchs_lanes_are_claimed_together_new_ones_with_their_sessions_held_o
     claimed = _store_rows(store, rows, lambda conn: store.claim_free_lanes_in(
         conn, keys, "a", 60, 1, lambda: Prefetch(opened)))
     assert sorted(claimed) == ["expired", "free", "new-a", "new-b"]
-    texts = {key: [p.message.text for p in batch] for key, (batch, generation, prefetch) in claimed.items()}
+    texts = {key: [p.message.text for p in batch] for key, (batch, _generation, _prefetch) in claimed.items()}
     assert texts == {"new-b": ["b1"], "new-a": ["a1"], "free": ["free first"], "expired": ["e1"]}
     assert told == {"new-b": True, "new-a": True, "free": False, "expired": False}
-    for key, (batch, generation, prefetch) in claimed.items():
+    for key, (_batch, generation, prefetch) in claimed.items():
         prefetch.commit()
         assert generation == 0
         assert store.current_session_id(key) == prefetch.value.session_id  # the lane points at it

@@ -28,7 +28,7 @@ from sqlalchemy import Connection
 
 from gateway.core.errors import TurnInterrupted
 from gateway.core.types import ChatAddress, InboundMessage
-from gateway.store.sql import LaneNext, PendingInbound, Prefetch, Store
+from gateway.store.sql import LaneNext, NewSessions, PendingInbound, Prefetch, Store
 
 log = logging.getLogger("gateway.bus.lanes")
 
@@ -84,7 +84,7 @@ class SessionBus:
                  busy_policy: str, on_turn_start: Callable[[ChatAddress], None],
                  on_turn_end: Callable[[ChatAddress], None], on_replies: Callable[[], None] | None = None,
                  album_wait_s: float = 0.0, merges: Callable[[InboundMessage], bool] | None = None,
-                 prefetch: Callable[[Connection, list[PendingInbound], bool], Any] | None = None) -> None:
+                 prefetch: Callable[[Connection, list[PendingInbound], bool | NewSessions], Any] | None = None) -> None:
         self.prefetch = prefetch
         self.album_wait_s = album_wait_s
         self.merges = merges
@@ -140,6 +140,10 @@ class SessionBus:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
+    def _new_prefetch(self) -> Prefetch | None:
+        """A ``Prefetch`` of ``prefetch`` for one lane's claim (``None`` without one)."""
+        return Prefetch(self.prefetch) if self.prefetch is not None else None
+
     def claim_free_in(self, conn: Connection, key: str) -> Claimed | None:
         """In the write transaction ``conn`` that stored a row for ``key`` (the admit,
         ``gateway.inbound.receive``; any thread): when no turn holds ``key``'s lane (a new chat's, or
@@ -150,7 +154,7 @@ class SessionBus:
         cannot do it in one statement (the drain claims the lane the ordinary way)."""
         if self._stopping.is_set() or key in self._active:
             return None
-        prefetch = Prefetch(self.prefetch) if self.prefetch is not None else None
+        prefetch = self._new_prefetch()
         claimed = self.store.claim_free_lane_in(conn, key, self.instance_id, self.lease_s, self.batch_size, prefetch)
         if claimed is None:
             return None
@@ -169,7 +173,7 @@ class SessionBus:
             return {}
         made = self.store.claim_free_lanes_in(
             conn, free, self.instance_id, self.lease_s, self.batch_size,
-            lambda: Prefetch(self.prefetch) if self.prefetch is not None else None)
+            self._new_prefetch)
         at = time.monotonic()
         return {key: Claimed(batch, generation, prefetch, at) for key, (batch, generation, prefetch) in made.items()}
 
@@ -252,7 +256,7 @@ class SessionBus:
             if first is not None:
                 first.commit()  # its transaction committed before the claim reached ``kick``
         else:
-            first = Prefetch(self.prefetch) if self.prefetch is not None else None
+            first = self._new_prefetch()
             again = self.store.claim_next(key, self.instance_id, self.lease_s, self.batch_size, first)
             if again is None:
                 return None, False  # another instance runs this session (it drains what waits), or nothing waits
@@ -274,7 +278,7 @@ class SessionBus:
                 # transaction (``then``). A message stored between that read and the release would
                 # wait for the sweeper: the release looks once more, and we drain again if so.
                 then = LaneNext(key, self.instance_id, self.batch_size,
-                                Prefetch(self.prefetch) if self.prefetch is not None else None)
+                                self._new_prefetch())
                 try:
                     self._run_turn(batch, generation, then, ready)
                 except BaseException:

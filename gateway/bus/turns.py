@@ -308,7 +308,8 @@ class TurnRunner:
 
         return build_prompt, build_settings
 
-    def prefetch(self, conn: Connection, batch: list[PendingInbound], fresh: bool | NewSessions = False) -> Ready | None:
+    def prefetch(self, conn: Connection, batch: list[PendingInbound],
+                 fresh: bool | NewSessions = False) -> Ready | None:
         """What the turn of ``batch`` reads before it starts, read in the transaction that hands the
         lane its rows (``gateway.store.sql.Prefetch``; ``fresh``: the lane was created there): its
         session (created when the lane has none) and its memory candidates, instead of transactions

@@ -184,8 +184,9 @@ class Inbound:
         (``Store.insert_inbound_many_in``), then each session key's lane claimed once, for the first
         message of it (a later one found it held before, as it does here), the lot together
         (``SessionBus.claim_free_many_in``). On PostgreSQL 32 new chats cost 8 statements for the
-        lot, claims and new sessions included, instead of 8 a chat (``bench.admit``). Under the busy policy ``interrupt`` (a message that may cancel the turn
-        of one admitted before it) message by message, as ``_admit_in``."""
+        lot, claims and new sessions included, instead of 8 a chat (``bench.admit``). Under the busy
+        policy ``interrupt`` (a message that may cancel the turn of one admitted before it) message
+        by message, as ``_admit_in``."""
         identities = self.directory.identify_many_in(conn, messages)
         if self.prime_settings is not None:  # the chats' settings in one read, for _cancel below
             self.prime_settings(messages, conn)

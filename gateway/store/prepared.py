@@ -467,14 +467,15 @@ def _claim_free_lanes() -> Any:
 
 
 CLAIM_FREE_LANES = _claim_free_lanes()
-"""PostgreSQL: ``CLAIM_FREE_LANE_WITH_BATCH`` for the session keys ``b_keys`` (a list, sorted: lanes
-are created in the keys' order, so two instances creating the same lanes cannot deadlock) in one
-statement: a batch's new chats claimed in one round trip instead of one each
-(``Store.claim_free_lanes_in``). Rows, ordered by ``key`` and inbox id, only for the lanes won:
-``key``, ``fresh`` (created here), and for a created lane its first ``b_limit`` pending rows
-(``id`` ``None``: none waits; ``generation``: a new lane's, 0); a lane that existed and was free is claimed only, and its batch
-read by a statement of its own, for the reason ``CLAIM_FREE_LANE_WITH_BATCH`` gives. Parameters:
-``b_keys``, ``b_owner``, ``b_now``, ``b_until``, ``b_limit``."""
+"""PostgreSQL: ``CLAIM_FREE_LANE_WITH_BATCH`` for the session keys ``b_keys`` (a list, sorted: the
+lanes are created in the keys' order, so two instances creating the same lanes take their index
+entries in one order) in one statement: a batch's new chats claimed in one round trip instead of
+one each (``Store.claim_free_lanes_in``). Rows, ordered by ``key`` and inbox id, only for the
+lanes won: ``key``, ``fresh`` (created here), and for a created lane its first ``b_limit``
+pending rows (``id`` ``None``: none waits; ``generation``: a new lane's, 0); a lane that existed
+and was free is claimed only, and its batch read by a statement of its own, for the reason
+``CLAIM_FREE_LANE_WITH_BATCH`` gives. Parameters: ``b_keys``, ``b_owner``, ``b_now``,
+``b_until``, ``b_limit``."""
 
 
 _batch = PENDING_BATCH.cte("batch")
@@ -508,6 +509,7 @@ CREATE_SESSION_SET_LANE = _create_session_set_lane()
 instead of two for a new chat's session). Parameters: the session's columns as ``s_<column>``,
 and ``b_key``; ``rowcount`` 0: the key has no lane (the session is inserted all the same)."""
 
+
 def _set_lanes_sessions() -> Any:
     pairs = (func.unnest(bindparam("b_keys", type_=postgresql.ARRAY(_lanes.c.key.type)),
                          bindparam("b_sessions", type_=postgresql.ARRAY(_lanes.c.session_id.type)))
@@ -518,6 +520,7 @@ def _set_lanes_sessions() -> Any:
 SET_LANES_SESSIONS = _set_lanes_sessions()
 """PostgreSQL: ``SET_LANE_SESSION`` for many lanes in one statement: lane ``b_keys[i]`` gets
 session ``b_sessions[i]`` (two lists of one length)."""
+
 
 _address_insert = sqlite.insert(_addresses)
 UPSERT_ADDRESS_SQLITE = _address_insert.on_conflict_do_update(

@@ -490,7 +490,8 @@ class Store(OutboxStore):
         return claimed
 
     def _first_batch(self, conn: Any, key: str, owner: str, limit: int, prefetch: Prefetch | None,
-                     fresh: bool | NewSessions = False, rows: list[Any] | None = None) -> tuple[list[PendingInbound], int] | None:
+                     fresh: bool | NewSessions = False,
+                     rows: list[Any] | None = None) -> tuple[list[PendingInbound], int] | None:
         """The batch of a lane just claimed by ``owner`` (``prefetch`` run on it; ``fresh``: the
         lane was created in this transaction; ``rows``: the batch's rows, read with the claim), or
         ``None`` with the lease given up when nothing waits."""
