@@ -471,7 +471,7 @@ class Store(OutboxStore):
                     claimed[key] = (*one, prefetch)
             return claimed
         now = time.time()
-        rows = run(conn, q.CLAIM_FREE_LANES, {"b_keys": sorted(keys), "b_owner": owner, "b_now": now,
+        rows = run(conn, q.CLAIM_FREE_LANES, {"b_keys": sorted(set(keys)), "b_owner": owner, "b_now": now,
                                               "b_until": now + lease_s, "b_limit": limit}).all()
         by_key: dict[str, list[Any]] = {}
         for row in rows:
