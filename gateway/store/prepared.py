@@ -472,7 +472,8 @@ lanes are created in the keys' order; distinct: a key named twice would read its
 planner may run the lease's ``UPDATE`` before the ``INSERT``, so two instances' batches can still
 deadlock on lanes that exist and are new at once: PostgreSQL aborts one, ``retry_locked``
 retries it) in one statement: a batch's new chats claimed in one round trip instead of one each
-(``Store.claim_free_lanes_in``). Rows, ordered by ``key`` and inbox id, only for the lanes won: ``key``, ``fresh`` (created here), and for a created lane its first ``b_limit``
+(``Store.claim_free_lanes_in``). Rows, ordered by ``key`` and inbox id, only for the lanes won:
+``key``, ``fresh`` (created here), and for a created lane its first ``b_limit``
 pending rows (``id`` ``None``: none waits; ``generation``: a new lane's, 0); a lane that existed
 and was free is claimed only, and its batch read by a statement of its own, for the reason
 ``CLAIM_FREE_LANE_WITH_BATCH`` gives. Parameters: ``b_keys``, ``b_owner``, ``b_now``,
