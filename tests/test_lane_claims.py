@@ -188,21 +188,29 @@ async def test_a_lane_claimed_while_the_bus_stops_is_given_up_at_once(store):
     assert ran == []
 
 
-def _admit_meanwhile(store: Store, key: str, text: str) -> tuple[threading.Thread, list]:
+def _admit_meanwhile(store: Store, key: str, text: str, batch: bool) -> tuple[threading.Thread, list]:
     """Starts another instance's admit of a message for ``key`` on a thread (it waits for the
-    transaction the caller holds open); its claim's result lands in the returned list."""
+    transaction the caller holds open); its claim's result lands in the returned list. ``batch``:
+    the claim is a batch's (``claim_free_lanes_in``, with a new chat beside ``key``: on PostgreSQL
+    the set-based statement), else the single lane's."""
     out: list = []
 
+    def claim(conn):
+        if not batch:
+            return store.claim_free_lane_in(conn, key, "B", 60, 10, None)
+        claimed = store.claim_free_lanes_in(conn, [key, "zz-new"], "B", 60, 10, lambda: None)
+        return claimed[key][:2] if key in claimed else None
+
     def other() -> None:
-        out.append(admit(store, message(f"5:{text}", text), key,
-                         lambda conn: store.claim_free_lane_in(conn, key, "B", 60, 10, None)))
+        out.append(admit(store, message(f"5:{text}", text), key, claim))
 
     thread = threading.Thread(target=other)
     thread.start()
     return thread, out
 
 
-def test_an_admit_waiting_for_the_owners_finish_does_not_take_the_row_that_finish_answered(store):
+@pytest.mark.parametrize("batch", [False, True], ids=["lane", "batch"])
+def test_an_admit_waiting_for_the_owners_finish_does_not_take_the_row_that_finish_answered(store, batch):
     """Another instance's admit finds the lane's lease expired (its owner stalled) while the owner
     is finishing its turn: it waits for the owner's transaction, then claims the lane the finish
     freed. Its batch is read after that wait, so it holds only its own message, never the one the
@@ -222,14 +230,15 @@ def test_an_admit_waiting_for_the_owners_finish_does_not_take_the_row_that_finis
     with write_tx(store.engine) as conn:  # A's finish: its row done, nothing else waits, lane given up
         run(conn, q.FINISH_INBOX, {"b_id": answered.inbox_id, "status": "done", "finished_at": 1.0})
         assert store._next_or_release(conn, key, "A", 10)[0] == []
-        thread, out = _admit_meanwhile(store, key, "second")
+        thread, out = _admit_meanwhile(store, key, "second", batch)
         thread.join(0.5)  # B waits for A's transaction (SQLite: for the writer; PostgreSQL: the lane's row)
     thread.join(10)
     [(batch, generation)] = out
     assert [p.message.text for p in batch] == ["second"] and generation == 0
 
 
-def test_an_admit_waiting_for_a_stop_runs_under_the_generation_the_stop_set(store):
+@pytest.mark.parametrize("batch", [False, True], ids=["lane", "batch"])
+def test_an_admit_waiting_for_a_stop_runs_under_the_generation_the_stop_set(store, batch):
     """A ``/stop`` moves a free lane's generation on while another instance's admit for the chat
     waits for it: the admit's claim then returns the new generation, so its message (sent after
     the stop) is answered, not cancelled as one of the stopped turn's (PostgreSQL: the claim's own
@@ -239,7 +248,7 @@ def test_an_admit_waiting_for_a_stop_runs_under_the_generation_the_stop_set(stor
     assert store.release_lane(key, "Z") is False  # a free lane, generation 0, nothing waiting
     with write_tx(store.engine) as conn:
         store.insert_inbound_in(conn, message("5:stop", "/stop"), key, cancel="always")
-        thread, out = _admit_meanwhile(store, key, "after")
+        thread, out = _admit_meanwhile(store, key, "after", batch)
         thread.join(0.5)
     thread.join(10)
     [(batch, generation)] = out
@@ -335,3 +344,95 @@ def test_an_instance_whose_batch_waits_on_another_instances_new_lanes_claims_non
     assert sorted(first) == keys
     [second] = out
     assert list(second) == ["chat-99"] and [p.message.text for p in second["chat-99"][0]] == ["B chat-99"]
+
+
+@pytest.fixture
+def pg_store(pg_database):
+    from gateway.store.db import upgrade
+
+    engine = create_db_engine(pg_database)
+    upgrade(engine)
+    Store(engine).purge_all()
+    yield Store(engine)
+    engine.dispose()
+
+
+def _lock_waiters(store: Store) -> int:
+    """How many of the database's sessions wait for a lock (PostgreSQL: pg_stat_activity)."""
+    from sqlalchemy import text as sql
+
+    with store.engine.connect() as conn:
+        return conn.execute(sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                " AND wait_event_type = 'Lock'")).scalar_one()
+
+
+def _poll(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_two_instances_batches_over_new_and_freed_lanes_do_not_deadlock(pg_store):
+    """Two instances' batches name lanes that exist and lanes that are new, overlapping, while a
+    third transaction holds a new lane's key and an existing lane is freed in between (PostgreSQL).
+    Each batch takes its keys' locks in key order, new lanes before existing ones, so neither waits
+    for the other in a cycle: no deadlock is reported (it would cost the batch a retry, about a
+    second), and each lane is won once."""
+    from sqlalchemy import text as sql
+
+    store = pg_store
+    with write_tx(store.engine) as conn:  # a table the size of a busy gateway's, and its statistics
+        conn.execute(sql("INSERT INTO lanes (key, lease_owner, lease_until, generation) "
+                         "SELECT 'old-' || n, NULL, 0, 0 FROM generate_series(1, 10000) AS n"))
+    with store.engine.connect() as conn:
+        conn.execute(sql("ANALYZE lanes"))
+        conn.commit()
+    for key in ("w", "x"):
+        assert store.claim_lane(key, "Z", 60)
+    store.release_lane("x", "Z")  # x free, w held by Z
+    errors: list[BaseException] = []
+    results: dict[str, object] = {}
+
+    def batch(owner: str, keys: list[str]) -> threading.Thread:
+        def claim() -> None:
+            try:
+                results[owner] = _store_rows(store, [(key, f"{owner} {key}") for key in keys],
+                                             lambda conn: store.claim_free_lanes_in(conn, keys, owner, 60, 5,
+                                                                                    lambda: None))
+            except BaseException as exc:  # reported by the assertion below
+                errors.append(exc)
+        thread = threading.Thread(target=claim)
+        thread.start()
+        return thread
+
+    with store.engine.connect() as holder:  # C: a new lane's key inserted, not committed yet
+        holder.execute(sql("INSERT INTO lanes (key, lease_owner, lease_until, generation) "
+                           "VALUES ('a0', 'C', :until, 0)"), {"until": time.time() + 60})
+        first = batch("A", ["a0", "b0", "w", "x"])
+        _poll(lambda: _lock_waiters(store) == 1, "A waiting for C's a0")
+        assert not store.release_lane("w", "Z")  # Z's turn ends: w free
+        second = batch("B", ["w", "x", "y1", "y2"])
+        _poll(lambda: "B" in results or errors or _lock_waiters(store) == 2, "B done or waiting")
+        holder.commit()
+    first.join(20)
+    second.join(20)
+    assert errors == []
+    assert sorted(results["A"]) == ["b0"]  # a0 is C's, w and x went to B, whose claim did not wait
+    assert sorted(results["B"]) == ["w", "x", "y1", "y2"]
+
+
+def test_a_new_lane_is_claimed_with_its_oldest_rows_up_to_the_batch_size_and_no_session_without_a_prefetch(store):
+    """A batch's new chat with more rows waiting than a batch holds is claimed with its oldest ones
+    only (the rest wait for its next turn); without a prefetch nothing opens a session in the admit
+    (the lane has none: the turn opens it), and the lease is held all the same."""
+    rows = [("new-a", f"a{n}") for n in range(5)] + [("new-b", "b0")]
+    claimed = _store_rows(store, rows, lambda conn: store.claim_free_lanes_in(
+        conn, ["new-b", "new-a"], "a", 60, 3, lambda: None))
+    texts = {key: [p.message.text for p in batch] for key, (batch, _generation, _prefetch) in claimed.items()}
+    assert texts == {"new-a": ["a0", "a1", "a2"], "new-b": ["b0"]}
+    assert all(prefetch is None for _batch, _generation, prefetch in claimed.values())
+    for key in ("new-a", "new-b"):
+        assert store.current_session_id(key) is None
+        assert not store.claim_lane(key, "b", 60)
+    assert [p.message.text for p in store.pending_batch("new-a", 10)] == ["a0", "a1", "a2", "a3", "a4"]

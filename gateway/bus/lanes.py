@@ -46,7 +46,8 @@ ALBUM_LIMIT = 10
 class Claimed:
     """A free lane claimed in the transaction that stored a row for it (``SessionBus.claim_free_in``):
     its first batch, the lane's generation, what the prefetch read for it (its ``value`` set once
-    that transaction committed) and when the claim was made (``time.monotonic()`` seconds)."""
+    that transaction committed) and when the claim began (``time.monotonic()`` seconds, taken before
+its statement: the lease runs from about then, whatever the claim waited for)."""
 
     batch: list[PendingInbound]
     generation: int
@@ -155,10 +156,11 @@ class SessionBus:
         if self._stopping.is_set() or key in self._active:
             return None
         prefetch = self._new_prefetch()
+        at = time.monotonic()  # before the claim: its lease runs from then, however long it waits
         claimed = self.store.claim_free_lane_in(conn, key, self.instance_id, self.lease_s, self.batch_size, prefetch)
         if claimed is None:
             return None
-        return Claimed(claimed[0], claimed[1], prefetch, time.monotonic())
+        return Claimed(claimed[0], claimed[1], prefetch, at)
 
     def claim_free_many_in(self, conn: Connection, keys: Sequence[str]) -> dict[str, Claimed]:
         """``claim_free_in`` for each of ``keys`` (distinct), all in the write transaction ``conn``
@@ -171,10 +173,10 @@ class SessionBus:
         free = [key for key in keys if key not in self._active]
         if not free:
             return {}
+        at = time.monotonic()  # before the claim: its leases run from then (``claim_free_in``)
         made = self.store.claim_free_lanes_in(
             conn, free, self.instance_id, self.lease_s, self.batch_size,
             self._new_prefetch)
-        at = time.monotonic()
         return {key: Claimed(batch, generation, prefetch, at) for key, (batch, generation, prefetch) in made.items()}
 
     def kick(self, key: str, claimed: Claimed | None = None) -> None:

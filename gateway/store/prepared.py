@@ -447,9 +447,13 @@ def _claim_free_lanes() -> Any:
            .from_select(["key", "lease_owner", "lease_until", "generation"],
                         select(wanted.c.key, owner, until, literal_column("0")).order_by(wanted.c.key))
            .on_conflict_do_nothing(index_elements=[_lanes.c.key]).returning(_lanes.c.key).cte("new_lanes"))
-    taken = (update(_lanes)
-             .where(_lanes.c.key == func.any(keys),
-                    or_(_lanes.c.lease_owner.is_(None), _lanes.c.lease_until < bindparam("b_now")))
+    # the lanes that existed, locked in key order (an index scan's or a sort's) once every insert
+    # is done: the NOT IN reads the insert's rows in full before the first row reaches the lock
+    free = (select(_lanes.c.key)
+            .where(_lanes.c.key == func.any(keys), _lanes.c.key.not_in(select(new.c.key)),
+                   or_(_lanes.c.lease_owner.is_(None), _lanes.c.lease_until < bindparam("b_now")))
+            .order_by(_lanes.c.key).with_for_update().cte("free_lanes"))
+    taken = (update(_lanes).where(_lanes.c.key.in_(select(free.c.key)))
              .values(lease_owner=owner, lease_until=until)
              .returning(_lanes.c.key).cte("taken"))
     ranked = (select(_inbox.c.id, _inbox.c.payload, _inbox.c.user_id, _inbox.c.session_key,
@@ -467,13 +471,16 @@ def _claim_free_lanes() -> Any:
 
 
 CLAIM_FREE_LANES = _claim_free_lanes()
-"""PostgreSQL: ``CLAIM_FREE_LANE_WITH_BATCH`` for the session keys ``b_keys`` (a list, sorted: the
-lanes are created in the keys' order; distinct: a key named twice would read its batch twice. The
-planner may run the lease's ``UPDATE`` before the ``INSERT``, so two instances' batches can still
-deadlock on lanes that exist and are new at once: PostgreSQL aborts one, ``retry_locked``
-retries it) in one statement: a batch's new chats claimed in one round trip instead of one each
-(``Store.claim_free_lanes_in``). Rows, ordered by ``key`` and inbox id, only for the lanes won:
-``key``, ``fresh`` (created here), and for a created lane its first ``b_limit``
+"""PostgreSQL: ``CLAIM_FREE_LANE_WITH_BATCH`` for the session keys ``b_keys`` (a list, sorted;
+distinct: a key named twice would read its batch twice) in one statement: a batch's new chats
+claimed in one round trip instead of one each (``Store.claim_free_lanes_in``). Locks are taken in
+two passes, each in key order: the new lanes' inserts (waiting on a key another transaction
+inserts or updates), then, once every insert is done, the free lanes that existed (``FOR
+UPDATE``, then the lease's ``UPDATE``). Two such statements therefore never wait for each other in
+a cycle, whatever plan the planner picks (an ``UPDATE`` the planner ran before the ``INSERT``
+locked existing lanes while inserts still waited: two instances' batches over new and freed
+lanes deadlocked, ``tests/test_lane_claims.py``). Rows, ordered by ``key`` and inbox id, only for
+the lanes won: ``key``, ``fresh`` (created here), and for a created lane its first ``b_limit``
 pending rows (``id`` ``None``: none waits; ``generation``: a new lane's, 0); a lane that existed
 and was free is claimed only, and its batch read by a statement of its own, for the reason
 ``CLAIM_FREE_LANE_WITH_BATCH`` gives. Parameters: ``b_keys``, ``b_owner``, ``b_now``,
