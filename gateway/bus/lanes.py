@@ -47,7 +47,7 @@ class Claimed:
     """A free lane claimed in the transaction that stored a row for it (``SessionBus.claim_free_in``):
     its first batch, the lane's generation, what the prefetch read for it (its ``value`` set once
     that transaction committed) and when the claim began (``time.monotonic()`` seconds, taken before
-its statement: the lease runs from about then, whatever the claim waited for)."""
+    its statement: the lease runs from about then, whatever the claim waited for)."""
 
     batch: list[PendingInbound]
     generation: int
