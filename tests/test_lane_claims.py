@@ -188,15 +188,15 @@ async def test_a_lane_claimed_while_the_bus_stops_is_given_up_at_once(store):
     assert ran == []
 
 
-def _admit_meanwhile(store: Store, key: str, text: str, batch: bool) -> tuple[threading.Thread, list]:
+def _admit_meanwhile(store: Store, key: str, text: str, many: bool) -> tuple[threading.Thread, list]:
     """Starts another instance's admit of a message for ``key`` on a thread (it waits for the
-    transaction the caller holds open); its claim's result lands in the returned list. ``batch``:
+    transaction the caller holds open); its claim's result lands in the returned list. ``many``:
     the claim is a batch's (``claim_free_lanes_in``, with a new chat beside ``key``: on PostgreSQL
     the set-based statement), else the single lane's."""
     out: list = []
 
     def claim(conn):
-        if not batch:
+        if not many:
             return store.claim_free_lane_in(conn, key, "B", 60, 10, None)
         claimed = store.claim_free_lanes_in(conn, [key, "zz-new"], "B", 60, 10, lambda: None)
         return claimed[key][:2] if key in claimed else None
@@ -209,8 +209,8 @@ def _admit_meanwhile(store: Store, key: str, text: str, batch: bool) -> tuple[th
     return thread, out
 
 
-@pytest.mark.parametrize("batch", [False, True], ids=["lane", "batch"])
-def test_an_admit_waiting_for_the_owners_finish_does_not_take_the_row_that_finish_answered(store, batch):
+@pytest.mark.parametrize("many", [False, True], ids=["lane", "batch"])
+def test_an_admit_waiting_for_the_owners_finish_does_not_take_the_row_that_finish_answered(store, many):
     """Another instance's admit finds the lane's lease expired (its owner stalled) while the owner
     is finishing its turn: it waits for the owner's transaction, then claims the lane the finish
     freed. Its batch is read after that wait, so it holds only its own message, never the one the
@@ -230,15 +230,15 @@ def test_an_admit_waiting_for_the_owners_finish_does_not_take_the_row_that_finis
     with write_tx(store.engine) as conn:  # A's finish: its row done, nothing else waits, lane given up
         run(conn, q.FINISH_INBOX, {"b_id": answered.inbox_id, "status": "done", "finished_at": 1.0})
         assert store._next_or_release(conn, key, "A", 10)[0] == []
-        thread, out = _admit_meanwhile(store, key, "second", batch)
+        thread, out = _admit_meanwhile(store, key, "second", many)
         thread.join(0.5)  # B waits for A's transaction (SQLite: for the writer; PostgreSQL: the lane's row)
     thread.join(10)
     [(batch, generation)] = out
     assert [p.message.text for p in batch] == ["second"] and generation == 0
 
 
-@pytest.mark.parametrize("batch", [False, True], ids=["lane", "batch"])
-def test_an_admit_waiting_for_a_stop_runs_under_the_generation_the_stop_set(store, batch):
+@pytest.mark.parametrize("many", [False, True], ids=["lane", "batch"])
+def test_an_admit_waiting_for_a_stop_runs_under_the_generation_the_stop_set(store, many):
     """A ``/stop`` moves a free lane's generation on while another instance's admit for the chat
     waits for it: the admit's claim then returns the new generation, so its message (sent after
     the stop) is answered, not cancelled as one of the stopped turn's (PostgreSQL: the claim's own
@@ -248,7 +248,7 @@ def test_an_admit_waiting_for_a_stop_runs_under_the_generation_the_stop_set(stor
     assert store.release_lane(key, "Z") is False  # a free lane, generation 0, nothing waiting
     with write_tx(store.engine) as conn:
         store.insert_inbound_in(conn, message("5:stop", "/stop"), key, cancel="always")
-        thread, out = _admit_meanwhile(store, key, "after", batch)
+        thread, out = _admit_meanwhile(store, key, "after", many)
         thread.join(0.5)
     thread.join(10)
     [(batch, generation)] = out
@@ -346,17 +346,6 @@ def test_an_instance_whose_batch_waits_on_another_instances_new_lanes_claims_non
     assert list(second) == ["chat-99"] and [p.message.text for p in second["chat-99"][0]] == ["B chat-99"]
 
 
-@pytest.fixture
-def pg_store(pg_database):
-    from gateway.store.db import upgrade
-
-    engine = create_db_engine(pg_database)
-    upgrade(engine)
-    Store(engine).purge_all()
-    yield Store(engine)
-    engine.dispose()
-
-
 def _lock_waiters(store: Store) -> int:
     """How many of the database's sessions wait for a lock (PostgreSQL: pg_stat_activity)."""
     from sqlalchemy import text as sql
@@ -373,7 +362,8 @@ def _poll(predicate, what: str, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_two_instances_batches_over_new_and_freed_lanes_do_not_deadlock(pg_store):
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_two_instances_batches_over_new_and_freed_lanes_do_not_deadlock(store):
     """Two instances' batches name lanes that exist and lanes that are new, overlapping, while a
     third transaction holds a new lane's key and an existing lane is freed in between (PostgreSQL).
     Each batch takes its keys' locks in key order, new lanes before existing ones, so neither waits
@@ -381,7 +371,6 @@ def test_two_instances_batches_over_new_and_freed_lanes_do_not_deadlock(pg_store
     second), and each lane is won once."""
     from sqlalchemy import text as sql
 
-    store = pg_store
     with write_tx(store.engine) as conn:  # a table the size of a busy gateway's, and its statistics
         conn.execute(sql("INSERT INTO lanes (key, lease_owner, lease_until, generation) "
                          "SELECT 'old-' || n, NULL, 0, 0 FROM generate_series(1, 10000) AS n"))
