@@ -232,3 +232,27 @@ def test_a_broken_config_file_is_one_line_and_exit_2(tmp_path, body, expected):
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: config file {path} {expected}"), result.stderr
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"GATEWAY__HTTP__PORT": "70000"}, "http.port: Input should be less than or equal to 65535"),
+    ({"GATEWAY__BUS__SWEEP_INTERVAL_S": "0"}, "bus.sweep_interval_s: Input should be greater than 0"),
+    ({"GATEWAY__AGENT__ITERATION_BUDGET": "-5"}, "agent.iteration_budget: Input should be greater than or equal to 1"),
+    ({"GATEWAY__LOGGING__LEVEL": "LOUD"}, "logging.level: 'LOUD' is not a log level; one of DEBUG, INFO"),
+    ({"GATEWAY__FEISHU__APP_SECRET_ENV": "cli_a1b2PastedSecret9x"},
+     "feishu.app_secret_env: not an environment variable name"),
+    ({"GATEWAY__LLM__API_KEY_ENV": "sk-short-pasted-key"}, "llm.api_key_env: not an environment variable name"),
+])
+def test_an_out_of_range_setting_or_a_secret_where_its_name_goes_is_one_line_and_exit_2(tmp_path, env, expected):
+    """Values that would start a broken gateway (a port taken modulo 65536, a sweeper spinning on
+    a zero interval, every turn refused by a negative budget) and a secret pasted into a ``*_env``
+    key are refused before anything starts; the pasted value is never repeated."""
+    path = tmp_path / "gateway.toml"
+    path.write_text("")
+    result = run_gateway(path, env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: invalid configuration: ") and expected in lines[0], lines
+    for value in env.values():
+        if "ecret" in value or value.startswith("sk-"):
+            assert value not in result.stderr + result.stdout
