@@ -15,7 +15,7 @@ from PIL import Image
 from gateway.app.gateway import Gateway
 from tests.conftest import FIXTURES, fixture, gateway_config, start_gateway
 from tests.fakes import openai as oa
-from tests.fakes.slack import FakeSlack
+from tests.fakes.slack import FakeSlack, post_interaction
 from tests.helpers import wait_until
 
 CHANNEL, DM = "C0GENERAL1", "D0ALICE001"
@@ -161,6 +161,41 @@ async def test_forged_requests_get_401_and_store_nothing(tmp_path, fake_slack, f
     assert challenge.status == 200
     assert fixture("slack", "expected.json")["url_verification.json"]["http_response"]["json"]["challenge"] \
         in challenge.body
+
+
+async def test_signed_bodies_the_gateway_does_not_handle_are_acknowledged_not_retried(tmp_path, fake_slack, fake_openai,
+                                                                                       running, caplog):
+    """Slack counts every non-2xx answer as a failed delivery, retries it, and disables an app's
+    event subscriptions when too many fail (Events API: "Responding to events"). An authentic body
+    the gateway has no use for (an ``app_rate_limited`` notice, an interaction type it never asked
+    for, a view payload Bolt's own matchers cannot read) is answered 200 with ``X-Slack-No-Retry: 1``
+    and logged, never 404 or 500, and stores nothing."""
+    fake_openai.reset()
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_slack=fake_slack), running)
+    url = events_url(gateway)
+    caplog.set_level(logging.INFO, logger="adapters.slack")
+    notices = [{"token": "x", "team_id": "T0TEAM0001", "minute_rate_limited": 1735690000,
+                "api_app_id": "A0APP00001", "type": "app_rate_limited"}, {"type": "something_new"}]
+    for body in notices:
+        delivery = await fake_slack.post_event(url, json.dumps(body).encode())
+        assert (delivery.status, delivery.headers.get("X-Slack-No-Retry")) == (200, "1"), (body, delivery)
+    user, channel = {"id": "U0ALICE001"}, {"id": DM}
+    interactions = [
+        {"type": "view_submission", "user": user, "view": {"id": "V1"}},
+        {"type": "view_closed", "user": user, "view": {"id": "V1"}},
+        {"type": "shortcut", "user": user, "callback_id": "x"},
+        {"type": "message_action", "user": user, "channel": channel, "callback_id": "x"},
+        {"type": "block_suggestion", "user": user, "action_id": "x"},
+        {"type": "block_actions", "user": user, "channel": channel, "actions": []},
+        {"type": "block_actions", "user": user, "channel": channel, "actions": [{"type": "static_select"}]},
+    ]
+    for payload in interactions:
+        caplog.clear()
+        delivery = await post_interaction(fake_slack, url, payload)
+        assert (delivery.status, delivery.headers.get("X-Slack-No-Retry")) == (200, "1"), (payload, delivery)
+        assert "Traceback" not in caplog.text and "ERROR" not in caplog.text, caplog.text
+    await asyncio.sleep(0.2)
+    assert inbox_total(gateway) == 0 and fake_openai.requests == []
 
 
 async def test_rate_limited_post_is_retried_after_retry_after(tmp_path, fake_slack, fake_openai, running):

@@ -114,32 +114,68 @@ def signature_problem(body: bytes, headers: Mapping[str, str], signing_secret: s
     return None
 
 
-def _body_problem(raw: bytes, content_type: str) -> tuple[str | None, str | None]:
-    """Why an authentic Events API or interactivity body cannot be used (``None`` when it can),
-    and its ``event_id`` when readable. JSON bodies are events; form bodies (interactivity, slash
-    commands) must be UTF-8 and their ``payload`` field a well-typed interaction."""
+BUTTON = re.compile(f"^{ACTION_PREFIX}\\d+$")
+"""The ``action_id`` of the gateway's own buttons (``adapters.slack.inbound.command_buttons``)."""
+
+HANDLED_BODIES = frozenset({"event_callback", "url_verification"})
+"""Events API envelope types the gateway answers through Bolt; any other authentic one
+(``app_rate_limited``, a type Slack adds later) is acknowledged and logged."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Body:
+    """What ``_read_body`` found in an authentic body: ``unreadable`` (why it cannot be used),
+    ``unhandled`` (what it is, when it is readable but nothing the gateway listens to), and its
+    ``event_id`` when it has one; all ``None``: Bolt takes it."""
+
+    unreadable: str | None = None
+    unhandled: str | None = None
+    event_id: str | None = None
+
+
+def _interaction_unhandled(data: dict[str, Any]) -> str | None:
+    """Why a well-typed interaction is none of the gateway's (``None``: a press of one of its
+    buttons). Only those reach Bolt: its built-in matchers index other payloads' fields without
+    checking them (a ``view_submission`` without ``view.type`` raised ``KeyError`` there: HTTP 500,
+    which Slack retries)."""
+    kind = data.get("type")
+    if kind != "block_actions":
+        return f"interaction {kind}"
+    if not any(isinstance(a, dict) and BUTTON.match(str(a.get("action_id", ""))) for a in data.get("actions") or ()):
+        return "block_actions on no button of the gateway"
+    return None
+
+
+def _read_body(raw: bytes, content_type: str) -> _Body:
+    """Reads an authentic Events API or interactivity body (see ``_Body``). JSON bodies are
+    events; form bodies (interactivity, slash commands) must be UTF-8 and their ``payload`` field
+    a well-typed interaction."""
     if content_type == "application/x-www-form-urlencoded":
         try:
             fields = parse_qs(raw.decode("utf-8"), errors="strict")
         except (UnicodeDecodeError, ValueError):
-            return "form body is not UTF-8", None
+            return _Body("form body is not UTF-8")
         if "payload" not in fields:
             if "ssl_check" in fields:
-                return None, None  # Slack's certificate probe: Bolt answers it
+                return _Body()  # Slack's certificate probe: Bolt answers it
             if "command" not in fields:
-                return "form body is neither an interaction nor a slash command", None
-            return slash_command_problem({k: v[0] for k, v in fields.items()}), None
+                return _Body("form body is neither an interaction nor a slash command")
+            return _Body(slash_command_problem({k: v[0] for k, v in fields.items()}))
         try:
-            return interaction_problem(load_json(fields["payload"][0])), None
+            payload = load_json(fields["payload"][0])
         except UnreadableBody as exc:
-            return f"payload: {exc}", None
+            return _Body(f"payload: {exc}")
+        problem = interaction_problem(payload)
+        return _Body(problem) if problem is not None else _Body(unhandled=_interaction_unhandled(payload))
     try:
         data = load_json(raw)
     except UnreadableBody as exc:
-        return str(exc), None
+        return _Body(str(exc))
     if not isinstance(data, dict):
-        return "body is not a JSON object", None
-    return envelope_problem(data), event_id_of(data)
+        return _Body("body is not a JSON object")
+    if isinstance(data.get("type"), str) and data["type"] not in HANDLED_BODIES:
+        return _Body(unhandled=f"{data['type']} body")
+    return _Body(envelope_problem(data), event_id=event_id_of(data))
 
 
 CREDENTIAL_ERRORS = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired",
@@ -333,7 +369,7 @@ class SlackAdapter:
         app.event("assistant_thread_started")(on_assistant_thread)
         app.event("message")(on_message_event)
         app.event("app_mention")(on_message_event)
-        app.action(re.compile(f"^{ACTION_PREFIX}\\d+$"))(on_button)
+        app.action(BUTTON)(on_button)
         app.event(re.compile(".*"))(on_other_event)  # anything else subscribed: ack, never 404
         return app
 
@@ -425,14 +461,21 @@ class SlackAdapter:
         if problem is not None:
             log.warning("slack request rejected with 401: %s", problem)
             return web.json_response({"error": "invalid request"}, status=401)
-        unreadable, event_id = _body_problem(raw, request.content_type)
-        if unreadable is not None:
-            log.warning("slack event %s unreadable (%s, %d bytes); acknowledged and dropped", event_id or "?",
-                        unreadable, len(raw))
+        body = _read_body(raw, request.content_type)
+        if body.unreadable is not None:
+            log.warning("slack event %s unreadable (%s, %d bytes); acknowledged and dropped", body.event_id or "?",
+                        body.unreadable, len(raw))
+            return web.Response(status=200, headers={"X-Slack-No-Retry": "1"})
+        if body.unhandled is not None:
+            level = logging.WARNING if body.unhandled.startswith("app_rate_limited") else logging.INFO
+            log.log(level, "slack %s: nothing here handles it; acknowledged", body.unhandled)
             return web.Response(status=200, headers={"X-Slack-No-Retry": "1"})
         bolt_request = AsyncBoltRequest(body=raw.decode("utf-8"), query=request.query_string,
                                         headers={k: v for k, v in request.headers.items()})
         response = await self.app.async_dispatch(bolt_request)
+        if response.status == 404:  # no listener matched it: an acknowledgement, not a failure Slack retries
+            log.info("slack event %s matched no listener; acknowledged", body.event_id or "?")
+            return web.Response(status=200, headers={"X-Slack-No-Retry": "1"})
         headers = response.first_headers_without_set_cookie()
         content_type = headers.pop("content-type", None) or (
             "application/json" if response.body.startswith("{") else "text/plain")
