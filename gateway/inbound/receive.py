@@ -198,7 +198,7 @@ class Inbound:
                 admitted.append((message, identity, key, decision, None, False, None))
                 continue
             if self._cancel(message, conn) is not None:  # the chat's settings, read in this transaction
-                return [self._admit_in(conn, m, i) for m, i in zip(messages, identities, strict=True)]
+                return self._admit_each_in_key_order(conn, messages, identities)
             admitted.append((message, identity, key, decision, True, False, None))
         stored = [entry for entry in admitted if entry[4]]
         self.store.insert_inbound_many_in(conn, [(message, key, identity.user_id)
@@ -209,6 +209,20 @@ class Inbound:
             if entry[4] and entry[2] in claimed:
                 admitted[index] = (*entry[:6], claimed.pop(entry[2]))
         return admitted
+
+    def _admit_each_in_key_order(self, conn: Connection, messages: list[InboundMessage],
+                                 identities: list[Identity]) -> list[Admitted]:
+        """``_admit_in`` of each message (in ``messages``' order in the result), run grouped by
+        session key with the keys sorted, one key's messages in their order: each admit locks its
+        lane (a claim, or a busy lane's generation moved on), and two instances' batches naming the
+        same chats in another order would each hold a lane the other waits for (PostgreSQL:
+        deadlock detected, a second lost and the batch redone). Sorted, every transaction that locks
+        several lanes takes them in key order (``prepared.lock_lanes_in_key_order``)."""
+        keys = [self._keyed(m, i)[1] for m, i in zip(messages, identities, strict=True)]
+        admitted: dict[int, Admitted] = {}
+        for n in sorted(range(len(messages)), key=keys.__getitem__):  # stable: a key's messages keep their order
+            admitted[n] = self._admit_in(conn, messages[n], identities[n])
+        return [admitted[n] for n in range(len(messages))]
 
     def _admit_in(self, conn: Connection, message: InboundMessage, identity: Identity | None = None) -> Admitted:
         """One message's admit in ``conn`` (``identity``: its sender, already read in ``conn``)."""

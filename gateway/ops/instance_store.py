@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 from gateway.store.db import read_tx, write_one, write_tx
 from gateway.store.models import InstanceRow, JobRunRow, LaneRow, OutboxRow, table
+from gateway.store.prepared import lock_lanes_in_key_order
 from gateway.store.sql import retry_locked
 
 _instances = table(InstanceRow)
@@ -118,8 +119,10 @@ def _free(conn: Connection, owner: str) -> Released:
     """Frees what ``owner`` holds. Lanes: no owner (their pending rows are swept at once). Outbox
     and job-run claims: expired, so the next claim takes them with the usual rules (a reply left
     ``sending`` becomes ``unconfirmed``, never sent twice; a report run is resumed or failed)."""
-    lanes = conn.execute(update(_lanes).where(_lanes.c.lease_owner == owner)
-                         .values(lease_owner=None, lease_until=0.0)).rowcount
+    held = lock_lanes_in_key_order(_lanes.c.lease_owner == owner)  # the order every lane writer locks in
+    # counted from RETURNING: sqlite3 reports rowcount -1 for a statement that starts with WITH
+    lanes = len(conn.execute(update(_lanes).where(_lanes.c.key.in_(select(held.c.key)))
+                             .values(lease_owner=None, lease_until=0.0).returning(_lanes.c.key)).all())
     replies = conn.execute(update(_outbox).where(_outbox.c.claimed_by == owner,
                                                  _outbox.c.status.in_(("claimed", "sending")))
                            .values(claim_until=0.0)).rowcount

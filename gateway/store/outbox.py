@@ -244,16 +244,26 @@ class OutboxStore:
         """
         now = time.time()
         items: list[OutboxItem] = []
-        with write_tx(self.engine) as conn:
-            while True:
+        while True:
+            # Replies of stopped turns are never sent: cancelled in a transaction of their own, one
+            # row at a time in id order, committed before any row is claimed; rows behind them may
+            # then go (selected again). Each transaction below locks its rows in id order, so two
+            # instances never hold a row the other waits for (a cancel before the claims in one
+            # transaction did: A cancelled r9 then claimed r0 while B, whose snapshot predated
+            # the /stop, held r0 and claimed r9: PostgreSQL's deadlock detected).
+            with read_tx(self.engine) as conn:
                 rows = run(conn, q.DUE_OUTBOX, {"b_now": now, "b_limit": limit}).all()
-                stale = [r.id for r in rows if r.lane_generation is not None and r.lane_generation > r.generation]
-                if not stale:
-                    break
-                # Replies of stopped turns are never sent; rows behind them may now go: select again.
-                conn.execute(update(_outbox).where(_outbox.c.id.in_(stale))
-                             .values(status="cancelled", error="turn stopped before delivery"))
-            for row in rows:
+            stale = sorted(r.id for r in rows if r.lane_generation is not None and r.lane_generation > r.generation)
+            if not stale:
+                break
+            with write_tx(self.engine) as conn:
+                for outbox_id in stale:
+                    conn.execute(update(_outbox).where(_outbox.c.id == outbox_id)
+                                 .values(status="cancelled", error="turn stopped before delivery"))
+        if not rows:
+            return ClaimedOutbox([], False)  # nothing due: no write transaction (SQLite's writer stays free)
+        with write_tx(self.engine) as conn:
+            for row in sorted(rows, key=lambda r: r.id):
                 claimed = run(conn, q.CLAIM_OUTBOX_ROW, {"b_id": row.id, "b_now": now, "b_owner": owner,
                                                             "b_until": now + claim_s,
                                                             "b_attempts": row.attempts + 1}).rowcount

@@ -356,18 +356,19 @@ class Store(OutboxStore):
 
     @retry_locked
     def renew_lanes(self, keys: Sequence[str], owner: str, lease_s: float) -> list[str]:
-        """Extends the leases ``owner`` holds on ``keys``; returns the keys it still holds."""
+        """Extends the leases ``owner`` holds on ``keys``; returns the keys it still holds.
+
+        One statement whose row locks are taken in key order (``prepared.lock_lanes_in_key_order``), as every
+        other transaction that locks several lanes takes them: a plain multi-row ``UPDATE`` locks in
+        the plan's order (heap order under a bitmap scan) and could deadlock with another
+        instance's batch admit (PostgreSQL)."""
         if not keys:
             return []
         with write_tx(self.engine) as conn:
-            conn.execute(
-                update(_lanes)
-                .where(_lanes.c.key.in_(list(keys)), _lanes.c.lease_owner == owner)
-                .values(lease_until=time.time() + lease_s)
-            )
-            held = conn.execute(select(_lanes.c.key).where(_lanes.c.key.in_(list(keys)),
-                                                           _lanes.c.lease_owner == owner)).scalars().all()
-        return list(held)
+            mine = q.lock_lanes_in_key_order(_lanes.c.key.in_(list(keys)), _lanes.c.lease_owner == owner)
+            held = conn.execute(update(_lanes).where(_lanes.c.key.in_(select(mine.c.key)))
+                                .values(lease_until=time.time() + lease_s).returning(_lanes.c.key)).scalars().all()
+        return sorted(held)
 
     @retry_locked
     def release_lane(self, key: str, owner: str) -> bool:
