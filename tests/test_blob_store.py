@@ -72,6 +72,22 @@ def test_delete_removes_only_the_named_blobs(blobs):
         blobs.get(gone)
 
 
+def test_blobs_stored_before_a_time_are_listed_and_deleted_only_when_not_stored_again(blobs):
+    """The sweep of unused blobs lists those last stored before a cutoff, and deletes with the
+    same cutoff: a blob stored again in between (the same bytes uploaded anew) is kept."""
+    import time
+
+    old, renewed = blobs.put(b"old upload", "text/plain"), blobs.put(b"renewed upload", "text/plain")
+    cutoff = time.time() + 0.05  # both were stored before it
+    time.sleep(0.1)
+    assert sorted(blobs.stored_before(cutoff)) == sorted([old.sha256, renewed.sha256])
+    new = blobs.put(b"new upload", "text/plain")
+    blobs.put(b"renewed upload", "text/plain")  # stored again after the cutoff
+    assert new.sha256 not in set(blobs.stored_before(cutoff))
+    assert blobs.delete([old.sha256, renewed.sha256, new.sha256], stored_before=cutoff) == 1
+    assert not blobs.exists(old.sha256) and blobs.exists(renewed.sha256) and blobs.exists(new.sha256)
+
+
 def test_file_store_shards_and_refuses_a_damaged_file(tmp_path):
     store = FileBlobStore(tmp_path)
     ref = store.put(b"original", "text/plain")

@@ -4,11 +4,15 @@ reaches the model as a content part and the page shows it inline, to its own bro
 
 from __future__ import annotations
 
+import asyncio
 import io
+import os
 import re
+import time
 
 from PIL import Image
 
+from gateway.media.store import digest
 from tests.conftest import gateway_config, start_gateway
 from tests.fakes import openai as oa
 from tests.helpers import wait_until
@@ -107,3 +111,74 @@ async def test_the_admin_transcript_shows_thumbnails_and_file_names(tmp_path, fa
     finally:
         await page.close()
         await operator.http.close()
+
+
+async def test_a_browser_past_its_hourly_upload_quota_gets_429_and_others_go_on(tmp_path, fake_openai, running):
+    """Anyone who can open the page gets an identity; one browser may upload ``web.uploads_per_hour``
+    files and ``web.upload_mb_per_hour`` MB an hour, then 429 with ``Retry-After`` and nothing
+    stored; another browser is not held back."""
+    fake_openai.reset()
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, web={"uploads_per_hour": 2,
+                                                                             "upload_mb_per_hour": 1.0}), running)
+    page, other = WebClient(base_of(gateway)), WebClient(base_of(gateway))
+    try:
+        await page.open()
+        await other.open()
+        for n in range(2):
+            status, _answer = await page.upload(b"note %d" % n, "text/plain", f"n{n}.txt")
+            assert status == 200
+        headers = {"X-Requested-With": "gateway-web", "Content-Type": "text/plain"}
+        async with page.http.post(f"{page.base}/web/files", data=b"one too many", headers=headers) as response:
+            assert response.status == 429 and int(response.headers["Retry-After"]) > 3000
+            assert "too many uploads" in (await response.json())["error"]
+        stored = set(gateway.media.blobs.stored_before(time.time() + 1))
+        assert digest(b"one too many") not in stored
+        status, _answer = await other.upload(b"x" * 600_000, "application/zip", "a.zip")
+        assert status == 200
+        status, answer = await other.upload(b"y" * 600_000, "application/zip", "b.zip")  # past 1 MB this hour
+        assert status == 429 and "too many uploads" in answer["error"]
+    finally:
+        await page.close()
+        await other.close()
+
+
+async def test_an_upload_never_sent_is_deleted_after_unreferenced_hours_and_a_sent_one_is_kept(
+        tmp_path, fake_openai, running):
+    """An upload no message uses is deleted once it was last stored ``media.unreferenced_hours``
+    ago (the hourly sweep, ``MediaIndex.collect_unreferenced``); the same bytes uploaded again
+    meanwhile count from then, and a file sent with a message stays while its conversation
+    keeps it."""
+    fake_openai.reset()
+    fake_openai.script(oa.text("Noted."))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai), running)
+    page = WebClient(base_of(gateway))
+    blobs = gateway.media.blobs
+    day_ago = time.time() - 86400 - 60
+
+    def age(sha: str) -> None:  # as if stored a day ago
+        path = blobs.path(sha)
+        assert path is not None
+        os.utime(path, (day_ago, day_ago))
+
+    try:
+        await page.open()
+        page.listen()
+        _, sent = await page.upload(b"the minutes of monday", "text/plain", "minutes.txt")
+        _, unsent = await page.upload(b"a draft never sent", "text/plain", "draft.txt")
+        _, again = await page.upload(b"uploaded twice", "text/plain", "twice.txt")
+        assert (await page.say("file this", files=[sent["file"]])).status == 200
+        await wait_until(lambda: page.of("row", lambda e: e["role"] == "assistant"), timeout=20, what="the answer")
+        for file in (sent, unsent, again):
+            age(file["file"]["sha256"])
+        status, _ = await page.upload(b"uploaded twice", "text/plain", "twice.txt")  # stored again just now
+        assert status == 200
+
+        removed = await asyncio.to_thread(gateway.media.index.collect_unreferenced, 24 * 3600)
+        assert removed == 1
+        assert blobs.path(unsent["file"]["sha256"]) is None
+        assert blobs.path(sent["file"]["sha256"]) is not None and blobs.path(again["file"]["sha256"]) is not None
+        async with page.http.get(f"{page.base}/web/files/{unsent['file']['sha256']}",
+                                 params={"t": unsent["file"]["ticket"]}) as response:
+            assert response.status == 404
+    finally:
+        await page.close()

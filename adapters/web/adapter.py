@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import uuid
 from collections import deque
 from pathlib import Path
@@ -35,7 +36,8 @@ from aiohttp import web
 from itsdangerous import BadSignature, Signer
 
 from adapters.web.format import INLINE_IMAGE_TYPES, attachment_html, markdown_html, plain_html
-from adapters.web.inbound import TENANT, WebInputError, client_id_of, message_from_post
+from adapters.web.inbound import MEDIA_TYPE, TENANT, WebInputError, client_id_of, message_from_post
+from adapters.web.quota import UploadQuota
 from adapters.wire import UnreadableBody, header_bytes, load_json
 from gateway.core.errors import BlobMissing
 from gateway.core.files import MB, human_size
@@ -70,13 +72,17 @@ class WebAdapter:
     Args:
         secret: key that signs the browser's user id cookie.
         cookie_secure: mark the cookie ``Secure`` (HTTPS deployments).
+        uploads_per_hour, upload_mb_per_hour: what one browser may upload in an hour
+            (``web.uploads_per_hour``, ``web.upload_mb_per_hour``; ``UploadQuota``).
     """
 
     platform = "web"
     idempotent_send = False
     receiver_lease: str | None = None
 
-    def __init__(self, *, secret: str, cookie_secure: bool = False) -> None:
+    def __init__(self, *, secret: str, cookie_secure: bool = False, uploads_per_hour: int = 60,
+                 upload_mb_per_hour: float = 200.0) -> None:
+        self._uploads = UploadQuota(uploads_per_hour, int(upload_mb_per_hour * MB))
         self._signer = Signer(secret, salt="gateway-web-user")
         self._tickets = Signer(secret, salt="gateway-web-file")
         self._blobs: BlobStore | None = None
@@ -236,6 +242,10 @@ class WebAdapter:
         if request.content_length is not None and request.content_length > limit:
             return _error(413, f"the file is too big ({request.content_length / 1e6:.1f} MB); "
                                f"the web chat takes files up to {limit / 1e6:g} MB")
+        wait = self._uploads.wait_s(user_id, request.content_length or 1)
+        if wait is not None:
+            return _error(429, f"too many uploads from this browser; try again in {max(1, round(wait / 60))} min",
+                          headers={"Retry-After": str(max(1, math.ceil(wait)))})
         data = bytearray()
         async for chunk in request.content.iter_chunked(64 * 1024):
             data += chunk
@@ -243,8 +253,9 @@ class WebAdapter:
                 return _error(413, f"the file is too big; the web chat takes files up to {limit / 1e6:g} MB")
         if not data:
             return _error(400, "the file is empty")
+        self._uploads.add(user_id, len(data))
         mime = (request.content_type or "application/octet-stream").lower()
-        if mime in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        if mime in ("application/x-www-form-urlencoded", "multipart/form-data") or not MEDIA_TYPE.fullmatch(mime):
             mime = "application/octet-stream"
         name = unquote(request.headers.get("X-File-Name", ""))[:255] or None
         ref = await asyncio.to_thread(self._blobs.put, bytes(data), mime)
@@ -424,8 +435,8 @@ def _image_type(data: bytes) -> str | None:
     return None
 
 
-def _error(status: int, text: str) -> web.Response:
-    return web.json_response({"ok": False, "error": text}, status=status)
+def _error(status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"ok": False, "error": text}, status=status, headers=headers)
 
 
 def _page_headers() -> dict[str, str]:

@@ -24,6 +24,12 @@ DEFAULT_NAME = "Web user"
 MAX_FILES = 10
 _MESSAGE_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,126}/[a-z0-9][a-z0-9!#$&^_.+-]{0,126}")
+"""A media type as ``POST /web/files`` answers it: ``type/subtype``, lower case, no parameters
+(RFC 6838 §4.2: restricted names of at most 127 characters)."""
+MAX_UPLOAD_BYTES = 1 << 40
+"""Largest ``size`` a message's file may claim (the upload limit itself is ``media.upload_max_mb``,
+checked when the file is read): a size past any real upload is refused as malformed."""
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_-]{0,31})(?:\s+|$)")
 
 
@@ -69,7 +75,9 @@ def files_from_post(files: Any, user_id: str, check: Any) -> tuple[Attachment, .
         valid = isinstance(sha, str) and _SHA256.match(sha) and isinstance(ticket, str)
         if not (valid and check(user_id, sha, ticket)):
             raise WebInputError("a file is not one of your uploads: upload it again")
-        if not isinstance(mime, str) or not isinstance(size, int) or (name is not None and not isinstance(name, str)):
+        if not (isinstance(mime, str) and MEDIA_TYPE.fullmatch(mime) and isinstance(size, int)
+                and not isinstance(size, bool) and 0 < size <= MAX_UPLOAD_BYTES
+                and (name is None or isinstance(name, str))):
             raise WebInputError("a file's mime_type, size or name is malformed")
         found.append(Attachment(kind_of(mime), str(sha), name, mime, size, sha256=str(sha)))
     return tuple(found)

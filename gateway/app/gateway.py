@@ -346,6 +346,18 @@ class Gateway:
                 log.exception("media retention sweep failed; trying again in an hour")
             await asyncio.sleep(MEDIA_EXPIRY_INTERVAL_S)
 
+    async def _collect_unreferenced_media(self, older_than_s: float) -> None:
+        """Deletes stored files no message uses, ``media.unreferenced_hours`` after they were last
+        stored, at start and every hour (``MediaIndex.collect_unreferenced``; every instance may)."""
+        while True:
+            try:
+                removed = await self.run_db(self.media.index.collect_unreferenced, older_than_s)
+                if removed:
+                    log.info("media: deleted %d stored file(s) no message uses", removed)
+            except Exception:
+                log.exception("the sweep of unused media failed; trying again in an hour")
+            await asyncio.sleep(MEDIA_EXPIRY_INTERVAL_S)
+
     def _wake_delivery(self) -> None:
         """Thread-safe ``delivery.wake`` (worker threads queue approval prompts and replies)."""
         if self._loop is not None:
@@ -397,6 +409,8 @@ class Gateway:
         if self.config.media.retention_days:
             self._housekeeping.append(asyncio.create_task(
                 self._expire_media(self.config.media.retention_days * 86400)))
+        self._housekeeping.append(asyncio.create_task(
+            self._collect_unreferenced_media(self.config.media.unreferenced_hours * 3600)))
         await self.delivery.start()
         if self.pushes is not None:
             await self.pushes.start()

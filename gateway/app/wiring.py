@@ -67,7 +67,9 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
     if config.web.enabled:
         from adapters.web.adapter import WebAdapter
 
-        adapters.append(WebAdapter(secret=config.web_secret(), cookie_secure=config.web.cookie_secure))
+        adapters.append(WebAdapter(secret=config.web_secret(), cookie_secure=config.web.cookie_secure,
+                                   uploads_per_hour=config.web.uploads_per_hour,
+                                   upload_mb_per_hour=config.web.upload_mb_per_hour))
     return adapters
 
 

@@ -401,6 +401,9 @@ class MediaConfig(_Section):
     retention_days: float | None = Field(default=90.0, gt=0)
     """Files older than this are deleted (the transcript keeps their name, type and size);
     ``None``: kept as long as their session."""
+    unreferenced_hours: float = Field(default=24.0, gt=0)
+    """Stored files no message uses (a web chat upload never sent, a download whose turn crashed
+    before recording it) are deleted this many hours after they were last stored (checked hourly)."""
     max_mb: dict[str, float] = Field(default_factory=lambda: {
         "image": 20.0, "sticker": 5.0, "animation": 20.0, "audio": 25.0, "voice": 25.0, "video": 50.0,
         "document": 50.0})
@@ -533,6 +536,10 @@ class WebConfig(_Section):
     cookie_secure: bool = False
     """Mark cookies ``Secure`` (set it when the gateway is served over HTTPS)."""
     admin_session_hours: float = Field(default=12.0, gt=0)
+    uploads_per_hour: int = Field(default=60, ge=1)
+    """Files one browser may upload to the web chat per hour (``POST /web/files``; 429 past it)."""
+    upload_mb_per_hour: float = Field(default=200.0, gt=0)
+    """Megabytes one browser may upload to the web chat per hour (429 past it)."""
 
 
 class AccessConfig(_Section):

@@ -52,11 +52,12 @@ class MediaError(GatewayError):
 
 class FileTooBig(MediaError):
     """The file is larger than a limit: ``limit`` bytes, set by ``who`` (``Telegram bots``,
-    ``this gateway``); ``size`` is the file's size when known."""
+    ``this gateway``) for ``what`` (``files``, ``document files``); ``size`` is the file's size
+    when known: ``too big (30.0 MB); this gateway can take document files up to 20 MB``."""
 
-    def __init__(self, size: int | None, limit: int, who: str) -> None:
+    def __init__(self, size: int | None, limit: int, who: str, what: str = "files") -> None:
         shown = f"{size / 1e6:.1f} MB" if size is not None else "larger than the limit"
-        super().__init__(f"too big ({shown}); {who} can take files up to {limit / 1e6:g} MB")
+        super().__init__(f"too big ({shown}); {who} can take {what} up to {limit / 1e6:g} MB")
         self.size, self.limit, self.who = size, limit, who
 
 

@@ -9,6 +9,7 @@ whose file was deleted is rendered as "no longer stored".
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -115,6 +116,24 @@ class MediaIndex:
         files, unreferenced, size = self._delete_rows(where)
         removed = self.collect(unreferenced)
         return Forgotten(files, removed, size if removed else 0)
+
+    def collect_unreferenced(self, older_than_s: float, now: float | None = None, chunk: int = 500) -> int:
+        """Deletes the blobs no row refers to that were last stored more than ``older_than_s``
+        seconds before ``now`` (``media.unreferenced_hours``): a web upload never sent with a
+        message, a file stored by a turn that crashed before recording its use. A blob used or
+        stored again meanwhile is kept. Returns how many were deleted."""
+        cutoff = (now if now is not None else time.time()) - older_than_s
+        stored_before = getattr(self.blobs, "stored_before", None)
+        delete_blobs = getattr(self.blobs, "delete", None)
+        if stored_before is None or delete_blobs is None:
+            return 0
+        removed = 0
+        candidates = iter(stored_before(cutoff))
+        while batch := list(itertools.islice(candidates, chunk)):
+            with read_tx(self.engine) as conn:
+                used = set(conn.execute(select(_rows.c.sha256).where(_rows.c.sha256.in_(batch)).distinct()).scalars())
+            removed += int(delete_blobs([s for s in batch if s not in used], stored_before=cutoff))
+        return removed
 
     def collect(self, shas: Iterable[str]) -> int:
         """Deletes those of ``shas`` that no row refers to (a use recorded meanwhile keeps its blob)."""

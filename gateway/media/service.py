@@ -217,7 +217,7 @@ class MediaService:
         """The bytes and their type, within the gateway's and the platform's limits."""
         limit = self.config.max_bytes(attachment.kind)
         if attachment.size is not None and attachment.size > limit:
-            raise FileTooBig(attachment.size, limit, f"this gateway takes {attachment.kind} files")
+            raise FileTooBig(attachment.size, limit, "this gateway", f"{attachment.kind} files")
         if attachment.sha256:  # already stored (a web chat upload)
             try:
                 data = self.blobs.get(attachment.sha256)
@@ -238,7 +238,7 @@ class MediaService:
             log.warning("download of a %s from %s failed: %s", attachment.kind, message.platform, exc)
             raise DownloadFailed("the download failed") from None
         if len(data) > limit:
-            raise FileTooBig(len(data), limit, f"this gateway takes {attachment.kind} files")
+            raise FileTooBig(len(data), limit, "this gateway", f"{attachment.kind} files")
         if not data:
             raise DownloadFailed("the file is empty")
         found = sniff(data)

@@ -9,8 +9,12 @@ through ``asyncio.to_thread`` on the main loop):
 * ``get(ref) -> bytes``: the bytes of a ``BlobRef`` or of a sha256 string; raises
   ``gateway.core.errors.BlobMissing`` when they are gone (retention, ``/forget_files``). The bytes
   are checked against the digest on the way out (a torn or altered file is ``BlobMissing`` too).
-* ``exists(sha256) -> bool``; ``delete(sha256s) -> int`` (blobs removed; missing ones ignored):
+* ``exists(sha256) -> bool``; ``delete(sha256s, stored_before=None) -> int`` (blobs removed;
+  missing ones ignored; with ``stored_before`` only those last stored before that time):
   callers delete only blobs no ``attachments`` row refers to (``gateway.media.index``).
+* ``stored_before(cutoff) -> Iterator[str]``: the blobs last stored (``put``) before ``cutoff``:
+  the candidates of the sweep of unreferenced blobs (``MediaIndex.collect_unreferenced``: a web
+  upload never sent, a download whose turn crashed before it was recorded).
 * ``path(ref) -> Path | None``: the file holding the blob (``FileBlobStore``: hand it to a tool or
   copy it into a workspace without reading it into memory), ``None`` for the database store.
 * ``reads``: how many ``get`` calls this store answered (tests and ``/metrics`` count blob reads).
@@ -31,15 +35,16 @@ Two implementations, chosen by ``media.store`` (``open_blob_store``):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from sqlalchemy import Engine, delete, insert, select
+from sqlalchemy import ColumnElement, Engine, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gateway.core.config import MediaConfig
@@ -92,7 +97,10 @@ class FileBlobStore(_Counted):
         """Stores ``data`` (atomic: temporary file, fsync, rename) unless it is there already."""
         sha = digest(data)
         target = self._file(sha)
-        if not target.exists():
+        if target.exists():
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(target)  # stored again now: not an old unreferenced blob (``stored_before``)
+        else:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
             try:
@@ -126,15 +134,33 @@ class FileBlobStore(_Counted):
         file = self._file(_sha(ref))
         return file if file.is_file() else None
 
-    def delete(self, sha256s: Iterable[str]) -> int:
+    def delete(self, sha256s: Iterable[str], stored_before: float | None = None) -> int:
+        """Removes the blobs (missing ones ignored); with ``stored_before`` (Unix seconds) only
+        those last stored before it (a blob stored again meanwhile is kept)."""
         removed = 0
         for sha in sha256s:
+            file = self._file(_sha(sha))
             try:
-                self._file(_sha(sha)).unlink()
+                if stored_before is not None and file.stat().st_mtime >= stored_before:
+                    continue
+                file.unlink()
                 removed += 1
             except FileNotFoundError:
                 pass
         return removed
+
+    def stored_before(self, cutoff: float) -> Iterator[str]:
+        """The digests of the blobs last stored before ``cutoff`` (Unix seconds; a file's
+        modification time, which ``put`` renews), in no particular order."""
+        for shard in self.root.glob("[0-9a-f][0-9a-f]/[0-9a-f][0-9a-f]"):
+            with os.scandir(shard) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if len(name) != 64 or not set(name) <= _HEX:  # a temporary file of a write under way
+                        continue
+                    with contextlib.suppress(FileNotFoundError):
+                        if entry.stat().st_mtime < cutoff:
+                            yield name
 
 
 class DatabaseBlobStore(_Counted):
@@ -151,6 +177,8 @@ class DatabaseBlobStore(_Counted):
         sha = digest(data)
         ref = BlobRef(sha, len(data), mime_type)
         if self.exists(sha):
+            with write_tx(self.engine) as conn:  # stored again now: not an old unreferenced blob
+                conn.execute(update(_blobs).where(_blobs.c.sha256 == sha).values(created_at=time.time()))
             return ref
         try:
             with write_tx(self.engine) as conn:
@@ -181,12 +209,23 @@ class DatabaseBlobStore(_Counted):
         return None
 
     @retry_locked
-    def delete(self, sha256s: Iterable[str]) -> int:
+    def delete(self, sha256s: Iterable[str], stored_before: float | None = None) -> int:
+        """Removes the rows (missing ones ignored); with ``stored_before`` (Unix seconds) only
+        those last stored before it."""
         shas = [_sha(s) for s in sha256s]
         if not shas:
             return 0
+        where: list[ColumnElement[bool]] = [_blobs.c.sha256.in_(shas)]
+        if stored_before is not None:
+            where.append(_blobs.c.created_at < stored_before)
         with write_tx(self.engine) as conn:
-            return int(conn.execute(delete(_blobs).where(_blobs.c.sha256.in_(shas))).rowcount or 0)
+            return int(conn.execute(delete(_blobs).where(*where)).rowcount or 0)
+
+    def stored_before(self, cutoff: float) -> Iterator[str]:
+        """The digests of the blobs last stored before ``cutoff`` (Unix seconds)."""
+        with read_tx(self.engine) as conn:
+            found = list(conn.execute(select(_blobs.c.sha256).where(_blobs.c.created_at < cutoff)).scalars())
+        yield from found
 
 
 BlobBackend = FileBlobStore | DatabaseBlobStore
