@@ -114,7 +114,7 @@ class PushRunner:
                                model=model, tools=tools, bridge=self.turns.bridge,
                                limits=self.turns.limits, record=record, should_stop=lost,
                                context=RunContext(session_id=session_id, turn_id=turn_id,
-                                                  approver=self._deny_unattended,
+                                                  approver=self._deny_unattended, redact=self.turns.redact,
                                                   state=resumed_state(window, turn_id), on_child_usage=child_usage))
         except ModelError as exc:
             log.warning("push run %s of job %s failed: %s", claim.run_id, job.id, exc)

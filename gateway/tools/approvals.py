@@ -65,11 +65,22 @@ class ApprovalPolicy:
         return any(p.search(command) for p in self.dangerous_shell)
 
 
-def summarize(tool: Tool, args: dict[str, Any], redact: Callable[[str], str], limit: int = 600) -> str:
-    """What the person approves: the arguments, redacted and shortened."""
-    text = json.dumps(args, ensure_ascii=False, default=str)
-    text = redact(text)
-    return text if len(text) <= limit else text[:limit] + " …"
+SUMMARY_MAX_CHARS = 2000
+"""Longest argument summary a person is asked to approve (well inside one chat message: Telegram
+Bot API sendMessage, 4096 UTF-16 units). A call whose arguments are longer is denied without
+asking: nobody can approve what the prompt would have to cut (a command padded past the cut hid
+its tail from the approver)."""
+
+_WHITESPACE_RUN = re.compile(r"\s{4,}")
+
+
+def summarize(tool: Tool, args: dict[str, Any], redact: Callable[[str], str]) -> str | None:
+    """What the person approves: the arguments as JSON, redacted, each run of 4 or more blanks
+    shown as ``⟨N blanks⟩`` (padding cannot push text out of view); ``None`` when that is longer
+    than ``SUMMARY_MAX_CHARS`` (the call is then denied, never shown cut)."""
+    text = redact(json.dumps(args, ensure_ascii=False, default=str))
+    text = _WHITESPACE_RUN.sub(lambda m: f" ⟨{len(m.group())} blanks⟩ ", text)
+    return text if len(text) <= SUMMARY_MAX_CHARS else None
 
 
 @dataclass
@@ -111,9 +122,14 @@ class ChatApprover:
         if not trusted and not self.policy.admin_reachable:
             return NO_ADMIN.replace("{tool}", tool.name)
         timeout = self.policy.timeout_s
+        summary = summarize(tool, args, self.redact)
+        if summary is None:
+            return (f"Denied: the arguments of {tool.name} are longer than {SUMMARY_MAX_CHARS} characters, too long "
+                    "for a person to check in an approval request, so it did not run. Make the call shorter "
+                    "(e.g. write a script file first and run that).")
         prompt = (_(PROMPT if trusted else ADMIN_PROMPT).replace("{tool}", tool.name)
                   .replace("{timeout}", f"{timeout:g} s")
-                  .replace("{summary}", summarize(tool, args, self.redact).replace("{id}", "{ id}")))
+                  .replace("{summary}", summary.replace("{id}", "{ id}")))
         approval_id = self.approvals.request(
             session_key=self.session_key, turn_id=self.turn_id, call_id=ctx.call_id, requested_by=self.requested_by,
             tool=tool.name, summary=prompt, timeout_s=timeout,
