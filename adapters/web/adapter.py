@@ -242,10 +242,8 @@ class WebAdapter:
         if request.content_length is not None and request.content_length > limit:
             return _error(413, f"the file is too big ({request.content_length / 1e6:.1f} MB); "
                                f"the web chat takes files up to {limit / 1e6:g} MB")
-        wait = self._uploads.wait_s(user_id, request.content_length or 1)
-        if wait is not None:
-            return _error(429, f"too many uploads from this browser; try again in {max(1, round(wait / 60))} min",
-                          headers={"Retry-After": str(max(1, math.ceil(wait)))})
+        if (refused := self._over_quota(user_id, request.content_length or 1)) is not None:
+            return refused
         data = bytearray()
         async for chunk in request.content.iter_chunked(64 * 1024):
             data += chunk
@@ -253,6 +251,8 @@ class WebAdapter:
                 return _error(413, f"the file is too big; the web chat takes files up to {limit / 1e6:g} MB")
         if not data:
             return _error(400, "the file is empty")
+        if request.content_length is None and (refused := self._over_quota(user_id, len(data))) is not None:
+            return refused  # a chunked body: its size is known only now
         self._uploads.add(user_id, len(data))
         mime = (request.content_type or "application/octet-stream").lower()
         if mime in ("application/x-www-form-urlencoded", "multipart/form-data") or not MEDIA_TYPE.fullmatch(mime):
@@ -261,6 +261,14 @@ class WebAdapter:
         ref = await asyncio.to_thread(self._blobs.put, bytes(data), mime)
         return web.json_response({"ok": True, "file": {"sha256": ref.sha256, "ticket": self.ticket(user_id, ref.sha256),
                                                        "name": name, "mime_type": mime, "size": ref.size}})
+
+    def _over_quota(self, user_id: str, size: int) -> web.Response | None:
+        """429 (with ``Retry-After``) when ``user_id`` may not upload ``size`` more bytes this hour."""
+        wait = self._uploads.wait_s(user_id, size)
+        if wait is None:
+            return None
+        return _error(429, f"too many uploads from this browser; try again in {max(1, round(wait / 60))} min",
+                      headers={"Retry-After": str(max(1, math.ceil(wait)))})
 
     async def _file(self, request: web.Request) -> web.StreamResponse:
         """``GET /web/files/<sha256>?t=<ticket>``: a blob of this browser's conversation (an upload or

@@ -263,7 +263,7 @@ class OutboxStore:
         if not rows:
             return ClaimedOutbox([], False)  # nothing due: no write transaction (SQLite's writer stays free)
         with write_tx(self.engine) as conn:
-            for row in sorted(rows, key=lambda r: r.id):
+            for row in rows:  # in id order (DUE_OUTBOX's)
                 claimed = run(conn, q.CLAIM_OUTBOX_ROW, {"b_id": row.id, "b_now": now, "b_owner": owner,
                                                             "b_until": now + claim_s,
                                                             "b_attempts": row.attempts + 1}).rowcount
