@@ -92,23 +92,32 @@ def _bwrap_prefix(cwd: Path, allow_network: bool) -> list[str]:
 
 
 @functools.lru_cache(maxsize=4)
-def _works(isolation: Isolation) -> bool:
-    """Whether ``isolation`` runs a trivial command on this host (probed once per process)."""
+def probe(isolation: Isolation) -> str | None:
+    """``None`` when ``isolation`` runs a trivial command on this host, else why not (one line:
+    the program missing, or its own error, e.g. ``bwrap: No permissions to create new namespace``).
+    Probed once per process (at most 10 s)."""
     if isolation == "bubblewrap":
         if shutil.which("bwrap") is None:
-            return False
+            return "bwrap is not installed (Debian package bubblewrap)"
         argv = [*_bwrap_prefix(Path("/tmp"), allow_network=False), "true"]
     elif isolation == "namespaces":
         if shutil.which("unshare") is None:
-            return False
+            return "unshare is not installed (Debian package util-linux)"
         argv = ["unshare", "-rn", "--pid", "--fork", "--kill-child", "true"]
     else:
-        return True
+        return None
     try:
         done = subprocess.run(argv, capture_output=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{argv[0]}: {type(exc).__name__}: {exc}"
+    if done.returncode == 0:
+        return None
+    lines = [line.strip() for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1][:200] if lines else f"{argv[0]} exited with status {done.returncode}"
+
+
+def _works(isolation: Isolation) -> bool:
+    return probe(isolation) is None
 
 
 def best_isolation(use_namespaces: bool = True) -> Isolation:
@@ -141,8 +150,8 @@ class Sandbox:
         self.memory_bytes = memory_bytes
         self.allow_network = allow_network
         self.process_cap = ProcessCap(max_processes)
-        if isolation is not None and not _works(isolation):
-            raise ValueError(f"shell isolation {isolation!r} does not work on this host")
+        if isolation is not None and (why := probe(isolation)) is not None:
+            raise ValueError(f"shell isolation {isolation!r} does not work on this host: {why}")
         self.isolation: Isolation = isolation or best_isolation(use_namespaces)
 
     def describe_isolation(self) -> str:

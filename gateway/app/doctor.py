@@ -57,7 +57,7 @@ async def run_doctor(config: GatewayConfig) -> int:
             report(True, adapter.platform, detail)
         except Exception as exc:  # one line, the setting at fault named, as `gateway run` says it
             report(False, adapter.platform, describe(exc, config, redact, f"{adapter.platform} check"))
-    await _check_tools(config, report)
+    await _check_tools(config, report, warn)
     _check_access(config, report, warn)
     _check_skills(config, report)
     print("all checks passed" if failures == 0 else f"{failures} check(s) failed", flush=True)
@@ -113,7 +113,10 @@ def guarded_tools(config: GatewayConfig) -> tuple[list[str], list[str]]:
     from agent.bridge import AsyncBridge
     from gateway.tools.catalog import build_catalog, expand_toolset
 
-    tools = build_catalog(config, AsyncBridge("doctor-catalog")).tools  # built, never started
+    # Built, never started; only names and side effects are read, so the shell sandbox is not
+    # probed (its own check reports whether it works).
+    listing = config.model_copy(update={"tools": config.tools.model_copy(update={"shell_isolation": "none"})})
+    tools = build_catalog(listing, AsyncBridge("doctor-catalog")).tools
     mounted = set(expand_toolset(config.agent.toolset, config.tools.toolsets)) \
         if config.agent.toolset is not None else None
     effects = {name: tool.side_effect for name, tool in tools.items()}
@@ -198,7 +201,8 @@ async def _check_search(config: GatewayConfig, bridge: Any, report: Callable[[bo
     report(True, "web search", f"{config.search.engine} answers ({text.count(chr(10) + '   http')} results)")
 
 
-async def _check_tools(config: GatewayConfig, report: Callable[[bool, str, str], None]) -> None:
+async def _check_tools(config: GatewayConfig, report: Callable[[bool, str, str], None],
+                       warn: Callable[[str, str], None]) -> None:
     """The workspace rung and shell sandbox in effect, and each MCP server's tools (or why not)."""
     from agent.bridge import AsyncBridge
     from agent.mcp import McpClients
@@ -207,13 +211,22 @@ async def _check_tools(config: GatewayConfig, report: Callable[[bool, str, str],
     if config.tools.workspace == "off":
         report(True, "workspace", "off (no file or shell tools)")
     else:
-        workspace = await asyncio.to_thread(build_workspace, config)
-        detail = f"{config.tools.workspace} in {workspace.root}"
-        if config.tools.workspace == "shell":
-            detail += f"; shell sandbox {workspace.sandbox.describe()}"
-        report(True, "workspace", detail)
-        if config.tools.workspace == "shell":  # bubblewrap / namespaces / none
-            report(True, "shell isolation", workspace.sandbox.describe_isolation())
+        try:
+            workspace = await asyncio.to_thread(build_workspace, config)
+        except ConfigError as exc:  # shell without the isolation asked for: `gateway run` refuses too
+            report(False, "shell isolation", str(exc))
+            workspace = None
+        if workspace is not None:
+            detail = f"{config.tools.workspace} in {workspace.root}"
+            if config.tools.workspace == "shell":
+                detail += f"; shell sandbox {workspace.sandbox.describe()}"
+            report(True, "workspace", detail)
+        if workspace is not None and config.tools.workspace == "shell":  # bubblewrap / namespaces / none
+            isolation = workspace.sandbox.isolation
+            if isolation == "bubblewrap":
+                report(True, "shell isolation", workspace.sandbox.describe_isolation())
+            else:  # chosen by the operator (tools.shell_isolation), or the fallback of "best"
+                warn("shell isolation", workspace.sandbox.describe_isolation())
     specs = mcp_specs(config)
     if not specs and not config.search.configured():
         return

@@ -240,6 +240,12 @@ class ToolsConfig(_Section):
     """Processes one ``run_shell`` command may have at once (a pids cgroup; see ``agent.process_cap``)."""
     shell_allow_network: bool = False
     """Keep the host network for ``run_shell`` (default: a network namespace without network)."""
+    shell_isolation: Literal["best", "bubblewrap", "namespaces", "none"] = "best"
+    """How ``run_shell`` commands are isolated (``agent.sandbox``): ``best`` = bubblewrap if it works
+    on this host, else ``unshare`` namespaces, and the gateway refuses to start when neither does
+    (containers often forbid the user namespaces both need); ``bubblewrap`` / ``namespaces``
+    require that one; ``none`` runs commands with limits only, the host's files, processes and
+    network visible to them (only where the whole gateway is itself a sandbox)."""
 
 
 class SearchConfig(_Section):

@@ -14,12 +14,13 @@ from agent.bridge import AsyncBridge
 from agent.browser import BrowserTools
 from agent.delegate import delegate_tool
 from agent.mcp import McpServerSpec
-from agent.sandbox import Sandbox
+from agent.sandbox import Sandbox, probe
 from agent.search import WebSearch
 from agent.tools import ToolRegistry
 from agent.web import WebFetcher
 from agent.workspace import Workspace
 from gateway.core.config import GatewayConfig
+from gateway.core.errors import ConfigError
 
 log = logging.getLogger("gateway")
 
@@ -87,9 +88,27 @@ def mcp_specs(config: GatewayConfig) -> list[McpServerSpec]:
 
 
 def build_workspace(config: GatewayConfig) -> Workspace:
-    """The workspace (and its shell sandbox) as configured; ``tools.workspace`` is its rung."""
+    """The workspace (and its shell sandbox) as configured; ``tools.workspace`` is its rung.
+
+    Raises:
+        ConfigError: ``tools.workspace = "shell"`` and the isolation ``tools.shell_isolation``
+            asks for does not work on this host (``best``: neither bubblewrap nor unshare does).
+    """
     t = config.tools
-    sandbox = Sandbox(timeout_s=t.shell_timeout_s, max_output_bytes=t.shell_max_output_bytes, cpu_s=t.shell_cpu_s,
-                      memory_bytes=t.shell_memory_mb << 20, allow_network=t.shell_allow_network,
-                      use_namespaces=t.workspace == "shell", max_processes=t.shell_max_processes)
+    shell = t.workspace == "shell"
+    wanted = t.shell_isolation if shell else "none"
+    try:
+        sandbox = Sandbox(timeout_s=t.shell_timeout_s, max_output_bytes=t.shell_max_output_bytes, cpu_s=t.shell_cpu_s,
+                          memory_bytes=t.shell_memory_mb << 20, allow_network=t.shell_allow_network,
+                          use_namespaces=shell, max_processes=t.shell_max_processes,
+                          isolation=None if wanted == "best" else wanted)
+    except ValueError as exc:
+        raise ConfigError(f'tools.shell_isolation = "{wanted}": {exc}') from None
+    if shell and wanted == "best" and sandbox.isolation == "none":
+        raise ConfigError(
+            'tools.workspace = "shell" needs bubblewrap or unshare to isolate commands, and neither works on this '
+            f'host (bubblewrap: {probe("bubblewrap")}; unshare: {probe("namespaces")}). Install bubblewrap and '
+            'allow unprivileged user namespaces (in a container: a seccomp profile that permits them), or set '
+            'tools.shell_isolation = "none" to run commands with limits only: they would then see the host\'s '
+            "files, processes and network, the gateway's own included")
     return Workspace(t.workspace_root, "read" if t.workspace == "off" else t.workspace, sandbox=sandbox)
