@@ -149,14 +149,12 @@ def run_calls(calls: list[dict[str, Any]], tools: ToolRegistry, ctx: RunContext)
         try:
             denied = _guard(tool, checked, call_ctx)
             if denied is not None:
-                result, ok = denied, False
-            else:
-                result, ok = _execute(tool, checked, call_ctx, limits)
+                result, ok = (ctx.redact(denied) if ctx.redact is not None else denied), False
+            else:  # redacted before it is shortened: a secret across the cut would leave half of itself
+                result, ok = _execute(tool, checked, call_ctx, limits, ctx.redact or _same)
         finally:
             if call_ctx.reservation is not None:
                 call_ctx.reservation.close()
-        if ctx.redact is not None:
-            result = ctx.redact(result)
         content = wrap_untrusted(name, result) if ok and not tool.trusted_output else result
         return ToolOutcome(_message(call, content), name, json.dumps(args, sort_keys=True), result, ran=True, ok=ok)
 
@@ -225,8 +223,14 @@ def _message(call: dict[str, Any], content: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call["id"], "content": content}
 
 
-def _execute(tool: Tool, args: dict[str, Any], ctx: RunContext, limits: Limits) -> tuple[str, bool]:
-    """Runs ``tool`` with retries; returns ``(text, ok)`` where ``ok`` means a real result."""
+def _same(text: str) -> str:
+    return text
+
+
+def _execute(tool: Tool, args: dict[str, Any], ctx: RunContext, limits: Limits,
+             redact: Callable[[str], str]) -> tuple[str, bool]:
+    """Runs ``tool`` with retries; returns ``(text, ok)`` where ``ok`` means a real result. The
+    result and any error detail pass through ``redact`` before they are shortened."""
     retries = limits.tool_retries if tool.retries is None else tool.retries
     timeout = limits.tool_timeout_s if tool.timeout_s is None else tool.timeout_s
     name = tool.name
@@ -236,7 +240,7 @@ def _execute(tool: Tool, args: dict[str, Any], ctx: RunContext, limits: Limits) 
             value = _invoke(tool, args, ctx, timeout)
         except ToolRetry as exc:
             if last:
-                return f"Error: {name} failed after {attempt + 1} attempts: {_detail(exc)}", False
+                return f"Error: {name} failed after {attempt + 1} attempts: {_detail(exc, redact)}", False
             time.sleep(RETRY_BACKOFF_S * 2 ** attempt)
             continue
         except _Timeout:
@@ -244,16 +248,16 @@ def _execute(tool: Tool, args: dict[str, Any], ctx: RunContext, limits: Limits) 
                 continue
             return f"Error: tool {name} timed out after {timeout:g} s.", False
         except TypeError as exc:
-            return f"Error: wrong arguments for {name}: {_detail(exc)}", False
+            return f"Error: wrong arguments for {name}: {_detail(exc, redact)}", False
         except Exception as exc:
-            return f"Error: {name} failed: {type(exc).__name__}: {_detail(exc)}", False
+            return f"Error: {name} failed: {type(exc).__name__}: {_detail(exc, redact)}", False
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-        return cap_text(text, limits.tool_result_max_chars), True
+        return cap_text(redact(text), limits.tool_result_max_chars), True
     raise AssertionError("unreachable")
 
 
-def _detail(exc: BaseException) -> str:
-    return cap_text(str(exc), ERROR_DETAIL_CHARS)
+def _detail(exc: BaseException, redact: Callable[[str], str]) -> str:
+    return cap_text(redact(str(exc)), ERROR_DETAIL_CHARS)
 
 
 def _invoke(tool: Tool, args: dict[str, Any], ctx: RunContext, timeout: float) -> Any:

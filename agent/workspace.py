@@ -103,22 +103,58 @@ class Workspace:
         return target
 
     def open_inside(self, session_id: str, relative: str, flags: int, *, make_dirs: bool = False) -> int:
-        """A file descriptor for ``relative`` inside the session's workspace (``os.open`` ``flags``).
+        """A file descriptor for the regular file ``relative`` inside the session's workspace
+        (``os.open`` ``flags``).
 
         The path is checked with ``resolve`` and then opened component by component without
-        following any symlink; ``make_dirs`` creates missing parent folders (mode 0700).
+        following any symlink; ``make_dirs`` creates missing parent folders (mode 0700). The file
+        itself is opened without blocking and must be a regular file: a FIFO made by ``run_shell``
+        would otherwise hang the open until something wrote to it (or read from it).
 
         Raises:
-            WorkspaceError: outside the workspace, or a symlink appeared on the path meanwhile.
+            WorkspaceError: outside the workspace, a symlink appeared on the path meanwhile, or
+                not a regular file (a FIFO, a socket, a folder).
             OSError: the file system's own errors (missing file, permissions).
         """
         base = self.directory(session_id).resolve()
         parts = self.resolve(session_id, relative).relative_to(base).parts
         if not parts:
             raise IsADirectoryError(f"{relative!r} is the workspace folder itself")
+        parent = self._open_folder(base, parts[:-1], relative, make_dirs=make_dirs)
+        try:
+            fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise WorkspaceError(f"{relative!r}: a part of the path is a symlink or not a folder (it "
+                                     "changed after the check); refused") from None
+            if exc.errno == errno.ENXIO:  # O_WRONLY on a FIFO nobody reads
+                raise WorkspaceError(f"{relative!r} is not a regular file; refused") from None
+            raise
+        finally:
+            os.close(parent)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise WorkspaceError(f"{relative!r} is not a regular file; refused")
+        os.set_blocking(fd, True)
+        return fd
+
+    def open_folder(self, session_id: str, relative: str) -> int:
+        """A file descriptor (``O_DIRECTORY``) for the folder ``relative`` inside the session's
+        workspace, opened component by component without following any symlink.
+
+        Raises:
+            WorkspaceError: outside the workspace, or a symlink or a file on the path.
+            OSError: the file system's own errors (missing folder, permissions).
+        """
+        base = self.directory(session_id).resolve()
+        parts = self.resolve(session_id, relative).relative_to(base).parts
+        return self._open_folder(base, parts, relative)
+
+    @staticmethod
+    def _open_folder(base: Path, parts: tuple[str, ...], relative: str, *, make_dirs: bool = False) -> int:
         fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            for part in parts[:-1]:
+            for part in parts:
                 if make_dirs:
                     try:
                         os.mkdir(part, 0o700, dir_fd=fd)
@@ -127,14 +163,13 @@ class Workspace:
                 next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
                 os.close(fd)
                 fd = next_fd
-            return os.open(parts[-1], flags | os.O_NOFOLLOW, 0o600, dir_fd=fd)
         except OSError as exc:
+            os.close(fd)
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise WorkspaceError(f"{relative!r}: a part of the path is a symlink or not a folder (it "
                                      "changed after the check); refused") from None
             raise
-        finally:
-            os.close(fd)
+        return fd
 
     def save_file(self, session_id: str, folder: str, name: str, data: bytes) -> str:
         """Stores ``data`` as ``folder/<safe name>`` in the session's workspace (an upload the
@@ -221,16 +256,28 @@ class Workspace:
         start = self.resolve(ctx.session_id, path)
         if not start.is_dir():
             return f"Error: {path} is not a folder in the workspace."
+        # Walked by descriptor (os.fwalk, no symlink followed): a folder swapped for a symlink
+        # while the walk runs (a concurrent run_shell) is skipped, never listed through.
+        try:
+            top = self.open_folder(ctx.session_id, path)
+        except (WorkspaceError, FileNotFoundError):
+            return f"Error: {path} is not a folder in the workspace."
+        prefix = start.relative_to(base)
         lines: list[str] = []
-        for folder, dirs, files in os.walk(start):
-            dirs.sort()
-            for name in sorted(files):
-                full = Path(folder) / name
-                size = full.lstat().st_size
-                lines.append(f"{full.relative_to(base)} ({size} bytes)")
-            if len(lines) >= 500:
-                lines = [*lines[:500], "[more entries omitted]"]
-                break
+        try:
+            for folder, dirs, files, folder_fd in os.fwalk(".", dir_fd=top):
+                dirs.sort()
+                for name in sorted(files):
+                    try:
+                        size = os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_size
+                    except FileNotFoundError:  # deleted meanwhile
+                        continue
+                    lines.append(f"{os.path.normpath(os.path.join(prefix, folder, name))} ({size} bytes)")
+                if len(lines) >= 500:
+                    lines = [*lines[:500], "[more entries omitted]"]
+                    break
+        finally:
+            os.close(top)
         return "\n".join(lines) or "(empty)"
 
     def run_shell(self, ctx: RunContext, command: str) -> str:

@@ -104,3 +104,34 @@ def test_redactor_removes_the_password_of_a_url_and_keeps_other_at_signs():
     assert redact("postgresql+psycopg://gw:p%40ss@db:5432/gateway") == "postgresql+psycopg://gw:***@db:5432/gateway"
     for kept in ("http://example.com/a@b", "mailto:me@example.org", "meet 10:30@home", "https://bob@host/x"):
         assert redact(kept) == kept
+
+
+def test_a_secret_across_the_cut_of_a_long_tool_result_is_redacted_not_halved(fake_openai):
+    """A tool result is redacted before it is shortened to ``tool_result_max_chars``: a secret that
+    straddled the cut used to reach the model as a half no exact-value redaction could match."""
+    from agent.context import RunContext
+
+    secret = "s3cret-value-" + "q" * 40
+    limits = Limits(tool_result_max_chars=1000)
+    head = "a" * (limits.tool_result_max_chars // 2 - 20)
+
+    def dump() -> str:
+        """A long debug dump."""
+        return head + secret + "b" * 5000
+
+    def broken() -> str:
+        """Fails with the secret in its error."""
+        raise RuntimeError("x" * 280 + secret)
+
+    fake_openai.reset()
+    tools = ToolRegistry()
+    tools.add(tool(dump))
+    tools.add(tool(broken))
+    fake_openai.script(oa.tool_calls(oa.call("dump", {}), oa.call("broken", {})), oa.text("ok"))
+    model = OpenAIChatModel(base_url=f"{fake_openai.url}/v1", api_key="sk-test", model="gpt-4o-mini", max_retries=0)
+    run_turn(system_prompt="s", history=[{"role": "user", "content": "dump"}], model=model, tools=tools,
+             bridge=None, limits=limits, record=lambda *a: None, context=RunContext(redact=Redactor([secret])))
+    results = [m["content"] for m in fake_openai.requests[1]["json"]["messages"] if m["role"] == "tool"]
+    assert len(results) == 2 and "characters omitted" in results[0] and "***" in results[0]
+    for result in results:
+        assert "s3cret-value" not in result and "q" * 10 not in result, result[480:560]

@@ -229,3 +229,70 @@ async def test_doctor_says_which_isolation_is_active(tmp_path, fake_openai, caps
         assert lines[0] == ("[ok] shell isolation: bubblewrap: the command sees only its workspace (system "
                             "directories read-only), no network, own PID namespace")
     assert Sandbox(use_namespaces=False).describe_isolation().startswith("none: limits only")
+
+
+def test_a_fifo_in_the_workspace_never_hangs_a_write_a_read_or_an_upload(ws):
+    """A FIFO made by ``run_shell`` (``mkfifo notes.txt``) at a path ``write_file`` or a user's
+    upload writes to used to block the turn's thread until something read from it."""
+    folder = ws.directory("sess-1")
+    os.mkfifo(folder / "notes.txt")
+    (folder / "uploads").mkdir()
+    os.mkfifo(folder / "uploads" / "report.pdf")
+    done: dict[str, object] = {}
+
+    def attempt() -> None:
+        try:
+            ws.write_file(CTX, "notes.txt", "hello")
+        except WorkspaceError as exc:
+            done["write"] = str(exc)
+        with pytest.raises(WorkspaceError, match="not a regular file"):
+            ws.open_inside("sess-1", "notes.txt", os.O_RDONLY)
+        done["upload"] = ws.save_file("sess-1", "uploads", "report.pdf", b"%PDF-1.7 data")
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(5)
+    assert not worker.is_alive(), "a FIFO blocked the workspace"
+    assert done["write"] == "'notes.txt' is not a regular file; refused"
+    assert done["upload"] == "uploads/report (2).pdf"
+    assert (folder / "uploads" / "report (2).pdf").read_bytes() == b"%PDF-1.7 data"
+
+
+def test_list_files_never_lists_through_a_folder_swapped_for_a_symlink(ws, tmp_path):
+    """``run_shell`` can swap a folder for a symlink to anywhere while ``list_files`` walks; the walk
+    goes by descriptor and skips it (it used to list the target's names and sizes ~0.4 % of tries)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for i in range(20):
+        (outside / f"outside-secret-{i}.txt").write_text("x")
+    folder = ws.directory("sess-1")
+    (folder / "keep.txt").write_text("k")
+    stop = threading.Event()
+
+    (outside / "inside.txt").write_text("o")  # a name both sides have: a stat after a swap finds it
+    (folder / "d").mkdir()
+    (folder / "d" / "inside.txt").write_text("i")
+    os.symlink(outside, folder / "d.link")
+
+    def swap() -> None:  # "d": the real folder, then a symlink to ``outside``, and back (renames are atomic)
+        d, old, link = folder / "d", folder / "d.old", folder / "d.link"
+        while not stop.is_set():
+            os.rename(d, old)
+            os.rename(link, d)
+            os.rename(d, link)
+            os.rename(old, d)
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    listings = 0
+    deadline = time.monotonic() + 3
+    try:
+        while time.monotonic() < deadline:
+            out = ws.list_files(CTX, ".")
+            listings += 1
+            assert "outside-secret" not in out, out
+            assert "keep.txt" in out
+    finally:
+        stop.set()
+        swapper.join(5)
+    assert listings > 100
