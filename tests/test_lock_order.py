@@ -156,3 +156,44 @@ def test_a_stopped_turns_reply_is_cancelled_before_and_apart_from_the_claims(sto
     with store.engine.connect() as conn:
         rows = dict(conn.execute(select(OutboxRow.id, OutboxRow.status)).all())
     assert rows == {r0: "claimed", r1: "cancelled"}
+
+
+def test_two_lanes_of_one_chat_finishing_at_once_queue_their_replies_one_after_the_other(store):
+    """Two forum topics (two lanes) of one group finish at once on two instances. Each used to see no
+    unsettled row of the chat in its own snapshot and queue its reply *claimed*: both sent at once,
+    in no set order. The chat's lock makes the second wait for the first's commit and see its row:
+    the second reply is queued *pending*, handed out by ``claim_due`` after the first settles."""
+    from gateway.core.types import OutboundMessage
+    from gateway.store.outbox import shares_chat
+
+    now = time.time()
+    group = "-1001000000077"
+    topic = [ChatAddress("telegram", "lock-order", group, thread_id=str(n)) for n in (1, 2)]
+    keys = [f"telegram:lock-order:chat:{group}:thread:{n}" for n in (1, 2)]
+    replies = [OutboundMessage(address, f"reply {n}", f"turn-{n}:0") for n, address in enumerate(topic, 1)]
+    out: dict[str, Any] = {}
+
+    def second_instance() -> None:
+        try:
+            with write_tx(store.engine) as conn:
+                out["item"] = Store._queue(conn, replies[1], None, keys[1], 0, time.time(), ("B", 60), False)
+        except BaseException as exc:  # re-raised below
+            out["error"] = exc
+
+    with store.engine.connect() as first:
+        first.begin()
+        item = Store._queue(first, replies[0], None, keys[0], 0, now, ("A", 60), False)
+        assert item is not None  # queued claimed: A sends it at once
+        thread = threading.Thread(target=second_instance)
+        thread.start()
+        _poll(lambda: bool(out) or _lock_waiters(store.engine) == 1, "the second queue waiting for the chat")
+        first.commit()
+    thread.join(20)
+    if "error" in out:
+        raise out["error"]
+    assert out["item"] is None  # behind the first: pending, not claimed
+    with store.engine.connect() as conn:
+        rows = dict(conn.execute(select(OutboxRow.idempotency_key, OutboxRow.status)).all())
+    assert rows == {"turn-1:0": "claimed", "turn-2:0": "pending"}
+    assert shares_chat(keys[0], topic[0]) and not shares_chat(f"telegram:lock-order:chat:{group}", topic[0])
+    assert not shares_chat("dm:u1", ChatAddress("telegram", "lock-order", "42"))

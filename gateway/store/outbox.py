@@ -34,6 +34,14 @@ def chat_key_of(address: ChatAddress) -> str:
     return f"{address.platform}:{address.tenant}:{address.chat_id}"
 
 
+def shares_chat(session_key: str, address: ChatAddress) -> bool:
+    """Whether lane ``session_key`` may share the chat at ``address`` with other lanes: a thread's
+    or a member's conversation in a group (``gateway.core.session_keys``). A DM's lane and a whole
+    group's lane are the chat's only lane (``dm:`` keys stay one lane per chat too)."""
+    return not session_key.startswith("dm:") and \
+        session_key != f"{address.platform}:{address.tenant}:chat:{address.chat_id}"
+
+
 def _attachments(reply: OutboundMessage) -> list[dict[str, Any]] | None:
     """The outbox row's ``attachments`` column for ``reply`` (``None`` without files)."""
     return [a.to_dict() for a in reply.attachments] or None
@@ -106,6 +114,12 @@ class OutboxStore:
         (``QUEUE_NEW_REPLY``), and looked for only when it is (a resumed turn's)."""
         a = reply.address
         chat_key = chat_key_of(a)
+        if claim is not None and session_key is not None and conn.dialect.name == "postgresql" \
+                and shares_chat(session_key, a):
+            # Two lanes of one chat (threads, per-member sessions) finishing at once would each see
+            # no unsettled row (READ COMMITTED) and both claim: the chat's lock, held to commit,
+            # makes the second wait and then see the first (statements after it take a new snapshot).
+            run(conn, q.LOCK_CHAT, {"b_chat": chat_key})
         if claim is not None and session_key is not None and not streamed and conn.dialect.name == "postgresql":
             row = run(conn, q.QUEUE_NEW_REPLY, {
                 "idempotency_key": reply.idempotency_key, "session_id": session_id, "session_key": session_key,

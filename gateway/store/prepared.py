@@ -241,6 +241,10 @@ TOUCH_ADDRESS = (
 )
 
 # -- outbox -----------------------------------------------------------------------------------
+LOCK_CHAT = select(func.pg_advisory_xact_lock(func.hashtextextended(bindparam("b_chat"), 0)))
+"""PostgreSQL: chat ``b_chat``'s transaction-level advisory lock (released at commit or rollback):
+the reply queues of a chat's lanes, one after the other."""
+
 INSERT_OUTBOX = insert(_outbox)
 
 UNSETTLED_IN_CHAT = select(_outbox.c.id).where(_outbox.c.chat_key == bindparam("b_chat"),
