@@ -1,6 +1,6 @@
 """JobStore contract on SQLite and PostgreSQL: a fire is claimed once, a dead owner's claim is
 taken over and fenced, the answer reaches the outbox with the run linked, the run settles with
-its outbox row, failures are told once, and the permission look-ups read the inbox."""
+its outbox row, failures are told once, and the permission look-ups read who has written from which chat."""
 
 from __future__ import annotations
 
@@ -167,19 +167,38 @@ def test_only_the_claims_owner_settles_the_row_and_its_run_and_only_settling_mar
     assert run.finished_at is not None
 
 
-def test_permission_lookups_read_the_inbox(stores):
+def test_permission_lookups_read_who_has_written_from_which_chat(stores):
+    """The scheduler's look-ups answer from the senders recorded when their messages' turns finish
+    (or a command's row is stored handled), with the session keys the gateway really uses (a DM is
+    ``dm:<user>``; the look-up used to search for ``platform:tenant:dm:<platform user>`` and never
+    found a DM, so a report scheduled from a group never told its owner of a failure), and they
+    still answer once the inbox rows are gone (deleted ``database.keep_settled_days`` after)."""
+    from sqlalchemy import delete
+
+    from gateway.store.models import InboxRow
+
     jobs, store = stores
 
-    def inbound(address: ChatAddress, user: str, message_id: str, chat_type: str = "group") -> None:
+    def answered(address: ChatAddress, user: str, message_id: str, key: str, chat_type: str = "group") -> None:
         message = InboundMessage(address, message_id, chat_type, Sender(user, "U"), "hi")
-        key = f"{address.platform}:{address.tenant}:dm:{user}" if chat_type == "dm" else f"k:{message_id}"
         assert store.insert_inbound(message, key)
+        [pending] = store.next_pending(key)
+        store.finish_turn([pending.inbox_id], "done", [OutboundMessage(address, "ok", f"r:{message_id}")],
+                          session_id=store.new_session(key, "prompt", None), session_key=key)
 
-    inbound(SLACK_CHANNEL, "U0ALICE001", "C0GENERAL1:1.1")
-    inbound(ChatAddress("slack", "T0FAKE0001", "C0GENERAL1", "1.1"), "U0BOB00001", "C0GENERAL1:1.2")
-    inbound(ChatAddress("slack", "T0FAKE0001", "D0ALICE001"), "U0ALICE001", "D0ALICE001:1.3", "dm")
+    answered(SLACK_CHANNEL, "U0ALICE001", "C0GENERAL1:1.1", "slack:T0FAKE0001:chat:C0GENERAL1")
+    answered(ChatAddress("slack", "T0FAKE0001", "C0GENERAL1", "1.1"), "U0BOB00001", "C0GENERAL1:1.2",
+             "slack:T0FAKE0001:chat:C0GENERAL1:thread:1.1")
+    answered(ChatAddress("slack", "T0FAKE0001", "D0ALICE001"), "U0ALICE001", "D0ALICE001:1.3", "dm:u-alice", "dm")
+    command = InboundMessage(ChatAddress("slack", "T0FAKE0001", "C0RANDOM01"), "C0RANDOM01:1.4", "group",
+                             Sender("U0CAROL001", "Carol"), "/status")
+    assert store.insert_inbound(command, "slack:T0FAKE0001:chat:C0RANDOM01",
+                                control_reply=OutboundMessage(command.address, "status", "c:1.4"))
+    with store.engine.begin() as conn:
+        conn.execute(delete(InboxRow))
     assert jobs.has_written_from("slack", "T0FAKE0001", "U0ALICE001", "C0GENERAL1")
     assert jobs.has_written_from("slack", "T0FAKE0001", "U0BOB00001", "C0GENERAL1")  # from a thread of it
+    assert jobs.has_written_from("slack", "T0FAKE0001", "U0CAROL001", "C0RANDOM01")  # a command counts
     assert not jobs.has_written_from("slack", "T0FAKE0001", "U0CAROL001", "C0GENERAL1")
     assert not jobs.has_written_from("slack", "T0OTHER001", "U0ALICE001", "C0GENERAL1")
     assert jobs.chat_seen("slack", "T0FAKE0001", "C0GENERAL1") and not jobs.chat_seen("slack", "T0FAKE0001", "C9")
@@ -200,3 +219,50 @@ def test_migrations_match_the_models(db_url):
                                 Base.metadata)
     engine.dispose()
     assert diff == []
+
+
+def test_migration_0810_fills_chat_members_from_the_inbox(db_url):
+    """A database from before 0810: who wrote from which chat is read out of the inbox's payloads
+    (one row per sender and chat, the earliest time), so permissions granted by old messages hold."""
+    import json
+
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import text
+
+    from gateway.store.db import MIGRATIONS_DIR, sa_connection, write_tx
+    from gateway.store.models import Base
+
+    engine = create_db_engine(db_url)
+    Base.metadata.drop_all(engine)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE IF EXISTS session_addresses")
+        conn.exec_driver_sql("DROP TABLE IF EXISTS alembic_version")
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+
+    def migrate(step, target) -> None:
+        with write_tx(engine) as conn:
+            cfg.attributes["connection"] = sa_connection(conn)
+            step(cfg, target)
+
+    migrate(command.upgrade, "0808")
+    rows = [("1", ChatAddress("slack", "T1", "D0ALICE"), "dm", "U0ALICE", 30.0),
+            ("2", ChatAddress("slack", "T1", "C0GEN", "171.1"), "group", "U0ALICE", 20.0),
+            ("3", ChatAddress("slack", "T1", "C0GEN"), "group", "U0ALICE", 10.0)]
+    with engine.begin() as conn:
+        for mid, address, chat_type, user, at in rows:
+            payload = InboundMessage(address, mid, chat_type, Sender(user, "A"), "hi").to_dict()
+            conn.execute(text("INSERT INTO inbox (platform, tenant, platform_message_id, session_key, payload, "
+                              "status, received_at) VALUES ('slack', 'T1', :mid, 'k', :payload, 'done', :at)"),
+                         {"mid": mid, "payload": json.dumps(payload), "at": at})
+    migrate(command.upgrade, "heads")
+    with engine.connect() as conn:
+        members = conn.execute(text("SELECT chat_id, user_id, chat_type, first_seen_at FROM chat_members "
+                                    "ORDER BY chat_id")).all()
+    assert [tuple(m) for m in members] == [("C0GEN", "U0ALICE", "group", 10.0), ("D0ALICE", "U0ALICE", "dm", 30.0)]
+    jobs = JobStore(engine)
+    assert jobs.dm_address("slack", "T1", "U0ALICE") == ChatAddress("slack", "T1", "D0ALICE")
+    migrate(command.downgrade, "0808")
+    migrate(command.upgrade, "heads")
+    engine.dispose()

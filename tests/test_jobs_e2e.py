@@ -319,3 +319,26 @@ async def test_scheduled_runs_deny_side_effects_by_default(tmp_path, fake_telegr
     assert "report: denied" in texts(fake_telegram, user)
     assert gateway.jobs.get_run(run_id) is not None
     assert not list((tmp_path / "ws").rglob("push.txt"))
+
+
+async def test_a_report_scheduled_in_a_group_knows_its_owners_dm(tmp_path, fake_telegram, fake_openai, running):
+    """A member who has talked to the bot in a DM schedules a report from a group: the job keeps
+    their DM, where its failures are told. The DM look-up searched the inbox for a session key the
+    gateway no longer uses, so such a job had no DM and its failures were told to nobody."""
+    fake_openai.reset()
+    fake_openai.responder = respond
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram,
+                                                 scheduler={"reload_interval_s": 0.3}), running)
+    member, group = 5553071, -4000000071
+    fake_telegram.inject(dm_update("hello", 7101, user_id=member))
+    await wait_until(lambda: texts(fake_telegram, member), what="the DM answered")
+    text = '/schedule@gateway_test_bot "0 9 * * 1-5" UTC team digest'
+    fake_telegram.inject({"update_id": 870000071, "message": {
+        "message_id": 7102, "from": {"id": member, "is_bot": False, "first_name": "Mia"},
+        "chat": {"id": group, "title": "Team", "type": "group"}, "date": int(time.time()), "text": text,
+        "entities": [{"type": "bot_command", "offset": 0, "length": len(text.split()[0])}]}})
+    await wait_until(lambda: any("Scheduled report" in t for t in texts(fake_telegram, group)),
+                     what="the job created in the group")
+    [job] = gateway.jobs.list_jobs()
+    assert job.target == ChatAddress("telegram", "7000000001", str(group))
+    assert job.owner_dm == ChatAddress("telegram", "7000000001", str(member))

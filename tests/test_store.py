@@ -102,78 +102,44 @@ def test_reads_for_the_next_turn_run_in_the_transaction_that_hands_over_its_rows
     assert len(seen) == 2
 
 
-def test_a_turns_finish_titles_the_session_once_and_records_each_chat_it_was_used_from_once(store):
+def test_a_turns_finish_titles_the_session_once_and_records_each_sender_in_each_chat_once(store):
     """``finish_turn`` with the turn's messages: the session's title is its first user message (on
-    one line, at most 80 characters) and stays; its last use moves; each chat it answered in is
-    listed once, with the address and time of its latest use."""
+    one line, at most 80 characters) and stays; its last use moves; each sender of the turn's
+    inbox rows (a merged turn has several) is recorded once per chat, when first seen."""
     from sqlalchemy import select
 
-    from gateway.store.models import SessionAddressRow, SessionRow, table
+    from gateway.store.models import ChatMemberRow, SessionRow, table
     from gateway.store.sql import NewMessage
 
-    sessions, addresses = table(SessionRow), table(SessionAddressRow)
-    here, there = ChatAddress("telegram", "1", "5"), ChatAddress("slack", "T1", "D9", thread_id="171.2")
+    sessions, members = table(SessionRow), table(ChatMemberRow)
     session_id = store.new_session("k", "prompt", None)
 
-    def turn(n: int, text: str, address: ChatAddress) -> float:
-        store.insert_inbound(message(f"5:{n}", text=text), "k")
-        [pending] = store.next_pending("k")
+    def turn(n: int, text: str, chat: str, senders: tuple[str, ...] = ("7",)) -> float:
+        for i, sender in enumerate(senders):
+            store.insert_inbound(InboundMessage(ChatAddress("telegram", "1", chat), f"{chat}:{n}.{i}", "group",
+                                                Sender(sender, "A"), text), "k")
+        pending = store.next_pending("k", 5)
         before = time.time()
-        store.finish_turn([pending.inbox_id], "done", [OutboundMessage(address, "ok", f"r{n}")],
+        store.finish_turn([p.inbox_id for p in pending], "done",
+                          [OutboundMessage(ChatAddress("telegram", "1", chat), "ok", f"r{n}")],
                           session_id=session_id, session_key="k", claim=("me", 60),
                           messages=[NewMessage(f"in{n}", "user", text, {}),
                                     NewMessage(f"in{n}", "assistant", "ok", {})])
         return before
 
-    turn(1, "  plan the\n trip " + "to Oslo " * 20, here)
-    second = turn(2, "and the hotel", here)
-    third = turn(3, "from Slack now", there)
+    first = turn(1, "  plan the\n trip " + "to Oslo " * 20, "-100")
+    turn(2, "and the hotel", "-100", senders=("7", "8", "8"))  # merged: three rows, two senders
+    third = turn(3, "another group now", "-200")
     with store.engine.connect() as conn:
         title, updated_at = conn.execute(select(sessions.c.title, sessions.c.updated_at)
                                          .where(sessions.c.id == session_id)).one()
-        used = conn.execute(select(addresses.c.chat_key, addresses.c.address, addresses.c.last_used_at)
-                            .where(addresses.c.session_id == session_id).order_by(addresses.c.chat_key)).all()
+        seen = conn.execute(select(members).order_by(members.c.chat_id, members.c.user_id)).all()
     assert title == ("plan the trip " + "to Oslo " * 20)[:80]
     assert updated_at >= third
-    assert [(r.chat_key, r.address) for r in used] == [("slack:T1:D9", there.to_dict()),
-                                                       ("telegram:1:5", here.to_dict())]
-    assert used[1].last_used_at >= second and used[0].last_used_at >= third
-
-
-def test_a_sessions_chat_is_recorded_once_and_then_updated_without_spending_row_ids(store):
-    """The first finish from a chat inserts the session's row for it; later ones from that chat
-    update it (the address as last seen), never a second row, and take no number from the id
-    sequence (PostgreSQL: one statement updates the row or, only when there is none, inserts it), so
-    the next chat's row gets the next id."""
-    from sqlalchemy import select
-
-    from gateway.store.models import SessionAddressRow, table
-
-    addresses = table(SessionAddressRow)
-    here = ChatAddress("telegram", "1", "5")
-    moved = ChatAddress("telegram", "1", "5", thread_id="77")
-    there = ChatAddress("slack", "T1", "D9")
-    session_id = store.new_session("k", "prompt", None)
-
-    def rows() -> list:
-        with store.engine.connect() as conn:
-            return conn.execute(select(addresses.c.id, addresses.c.chat_key, addresses.c.address,
-                                       addresses.c.last_used_at)
-                                .where(addresses.c.session_id == session_id).order_by(addresses.c.id)).all()
-
-    for n, address in enumerate((here, moved, here, moved, there), start=1):
-        store.insert_inbound(message(f"5:{n}"), "k")
-        [pending] = store.next_pending("k")
-        before = time.time()
-        store.finish_turn([pending.inbox_id], "done", [OutboundMessage(address, "ok", f"r{n}")],
-                          session_id=session_id, session_key="k")
-        if n == 4:
-            [only] = rows()
-            assert (only.chat_key, only.address) == ("telegram:1:5", moved.to_dict())
-            assert only.last_used_at >= before
-    first, second = rows()
-    assert (second.chat_key, second.address) == ("slack:T1:D9", there.to_dict())
-    assert second.id == first.id + 1
+    assert [(r.platform, r.tenant, r.chat_id, r.user_id, r.chat_type) for r in seen] == [
+        ("telegram", "1", "-100", "7", "group"), ("telegram", "1", "-100", "8", "group"),
+        ("telegram", "1", "-200", "7", "group")]
+    assert first <= seen[0].first_seen_at < seen[1].first_seen_at  # kept from the first time
 
 
 def test_a_failed_finish_leaves_the_lane_step_undone(store):

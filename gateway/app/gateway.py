@@ -77,6 +77,7 @@ from gateway.sessions.resets import ResetPolicy
 from gateway.store.db import close_now_connection, create_db_engine, upgrade, write_now
 from gateway.store.offload import Offload
 from gateway.store.outbox import OutboxItem
+from gateway.store.prune import prune_settled
 from gateway.store.sql import Store
 from gateway.tools.approvals import ApprovalPolicy
 from gateway.tools.approvals_store import Approvals
@@ -85,7 +86,7 @@ from gateway.tools.catalog import build_catalog, build_workspace, expand_toolset
 log = logging.getLogger("gateway")
 T = TypeVar("T")
 
-MEDIA_EXPIRY_INTERVAL_S = 3600.0
+HOUSEKEEPING_INTERVAL_S = 3600.0
 SEND_GRACE_S = 5.0
 """A send still in flight at the stop deadline gets this long to finish (a send cut mid-call is
 recorded ``unconfirmed`` and never repeated, so it may be lost)."""
@@ -344,7 +345,7 @@ class Gateway:
                     log.info("media retention: deleted %d file use(s), %d blob(s)", gone.files, gone.blobs)
             except Exception:
                 log.exception("media retention sweep failed; trying again in an hour")
-            await asyncio.sleep(MEDIA_EXPIRY_INTERVAL_S)
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
 
     async def _collect_unreferenced_media(self, older_than_s: float) -> None:
         """Deletes stored files no message uses, ``media.unreferenced_hours`` after they were last
@@ -356,7 +357,20 @@ class Gateway:
                     log.info("media: deleted %d stored file(s) no message uses", removed)
             except Exception:
                 log.exception("the sweep of unused media failed; trying again in an hour")
-            await asyncio.sleep(MEDIA_EXPIRY_INTERVAL_S)
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
+
+    async def _prune_settled(self, older_than_s: float) -> None:
+        """Deletes settled bookkeeping rows past ``database.keep_settled_days`` at start and every
+        hour (``gateway.store.prune``; every instance may)."""
+        while True:
+            try:
+                pruned = await self.run_db(prune_settled, self.engine, older_than_s)
+                if pruned:
+                    log.info("database: deleted settled rows older than %g days: %s", older_than_s / 86400,
+                             pruned.describe())
+            except Exception:
+                log.exception("pruning settled rows failed; trying again in an hour")
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
 
     def _wake_delivery(self) -> None:
         """Thread-safe ``delivery.wake`` (worker threads queue approval prompts and replies)."""
@@ -411,6 +425,9 @@ class Gateway:
                 self._expire_media(self.config.media.retention_days * 86400)))
         self._housekeeping.append(asyncio.create_task(
             self._collect_unreferenced_media(self.config.media.unreferenced_hours * 3600)))
+        if self.config.database.keep_settled_days:
+            self._housekeeping.append(asyncio.create_task(
+                self._prune_settled(self.config.database.keep_settled_days * 86400)))
         await self.delivery.start()
         if self.pushes is not None:
             await self.pushes.start()

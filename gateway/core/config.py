@@ -44,6 +44,10 @@ class DatabaseConfig(_Section):
     pool_size: int = Field(default=10, ge=1)
     """Connections for the store: up to twice this many, opened as load needs them and kept open
     (``gateway.store.db.create_db_engine``); at least 1."""
+    keep_settled_days: float | None = Field(default=30.0, gt=0)
+    """Inbox and outbox rows (every message and reply's bookkeeping), finished scheduled runs and
+    expired codes are deleted this many days after they settled (``gateway.store.prune``; hourly,
+    in batches). The transcript is not: it stays with its session. ``None``: kept for ever."""
 
 
 class HttpConfig(_Section):

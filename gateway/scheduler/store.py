@@ -23,10 +23,10 @@ from sqlalchemy.exc import IntegrityError
 
 from gateway.core.types import ChatAddress, OutboundMessage
 from gateway.store.db import read_tx, write_tx
-from gateway.store.models import InboxRow, JobRow, JobRunRow, OutboxRow, SessionRow, table
+from gateway.store.models import ChatMemberRow, JobRow, JobRunRow, OutboxRow, SessionRow, table
 from gateway.store.sql import Store, retry_locked
 
-_inbox = table(InboxRow)
+_members = table(ChatMemberRow)
 _jobs = table(JobRow)
 _outbox = table(OutboxRow)
 _runs = table(JobRunRow)
@@ -346,46 +346,41 @@ class JobStore:
                     queued += 1
         return queued
 
-    # -- who may post where (inbox look-ups) -----------------------------------------------------
+    # -- who may post where (``chat_members``: who has written to the bot from which chat) ---------
     def has_written_from(self, platform: str, tenant: str, user_id: str, chat_id: str) -> bool:
-        """Whether ``user_id`` has a message in the inbox from chat ``chat_id`` (any thread)."""
+        """Whether platform user ``user_id`` has written to the bot from chat ``chat_id`` (any thread)."""
         with read_tx(self.engine) as conn:
             return conn.execute(
-                select(_inbox.c.id).where(
-                    _inbox.c.platform == platform, _inbox.c.tenant == tenant,
-                    _inbox.c.payload[("address", "chat_id")].as_string() == chat_id,
-                    _inbox.c.payload[("sender", "user_id")].as_string() == user_id,
-                ).limit(1)
+                select(_members.c.chat_type).where(
+                    _members.c.platform == platform, _members.c.tenant == tenant, _members.c.chat_id == chat_id,
+                    _members.c.user_id == user_id)
             ).first() is not None
 
     def chat_seen(self, platform: str, tenant: str, chat_id: str) -> bool:
-        """Whether any message from chat ``chat_id`` is in the inbox (the bot is part of it)."""
+        """Whether anyone has written to the bot from chat ``chat_id`` (the bot is part of it)."""
         with read_tx(self.engine) as conn:
             return conn.execute(
-                select(_inbox.c.id).where(_inbox.c.platform == platform, _inbox.c.tenant == tenant,
-                                          _inbox.c.payload[("address", "chat_id")].as_string() == chat_id).limit(1)
+                select(_members.c.user_id).where(_members.c.platform == platform, _members.c.tenant == tenant,
+                                                 _members.c.chat_id == chat_id).limit(1)
             ).first() is not None
 
     def tenants_of_chat(self, platform: str, chat_id: str) -> list[str]:
         """Tenants (platform accounts) from which chat ``chat_id`` has written to the bot."""
         with read_tx(self.engine) as conn:
             rows = conn.execute(
-                select(_inbox.c.tenant).where(_inbox.c.platform == platform,
-                                              _inbox.c.payload[("address", "chat_id")].as_string() == chat_id)
-                .group_by(_inbox.c.tenant)
+                select(_members.c.tenant).where(_members.c.platform == platform, _members.c.chat_id == chat_id)
+                .group_by(_members.c.tenant).order_by(_members.c.tenant)
             ).scalars().all()
         return list(rows)
 
     def dm_address(self, platform: str, tenant: str, user_id: str) -> ChatAddress | None:
-        """The DM chat of ``user_id`` on that platform account, if they ever wrote to the bot there."""
+        """The DM chat of platform user ``user_id`` on that platform account, if they ever wrote to
+        the bot there (the latest such chat first seen)."""
         with read_tx(self.engine) as conn:
-            payload = conn.execute(
-                select(_inbox.c.payload).where(_inbox.c.platform == platform, _inbox.c.tenant == tenant,
-                                               _inbox.c.session_key == f"{platform}:{tenant}:dm:{user_id}")
-                .order_by(_inbox.c.id.desc()).limit(1)
+            chat_id = conn.execute(
+                select(_members.c.chat_id).where(_members.c.platform == platform, _members.c.tenant == tenant,
+                                                 _members.c.user_id == user_id, _members.c.chat_type == "dm")
+                .order_by(_members.c.first_seen_at.desc()).limit(1)
             ).scalar_one_or_none()
-        if payload is None:
-            return None
-        address = ChatAddress.from_dict(payload["address"])
-        return ChatAddress(address.platform, address.tenant, address.chat_id)
+        return ChatAddress(platform, tenant, chat_id) if chat_id is not None else None
 

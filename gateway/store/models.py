@@ -225,17 +225,28 @@ class CodeRow(Base):
     used_at: Mapped[float | None] = mapped_column(Float)
 
 
-class SessionAddressRow(Base):
-    """A chat a session was used from (a linked user's conversation spans several)."""
+class ChatMemberRow(Base):
+    """That a platform user has written to the bot from a chat (recorded once, when the first of
+    their messages there is finished or handled; ``Store.finish_turn``). What the scheduler asks:
+    may this user post reports into that chat, which account (tenant) a chat id belongs to, where a
+    user's DM with the bot is. Inbox rows are deleted ``database.keep_settled_days`` after they
+    settle; this record stays."""
 
-    __tablename__ = "session_addresses"
-    __table_args__ = (UniqueConstraint("session_id", "chat_key", name="uq_session_address"),)
+    __tablename__ = "chat_members"
+    __table_args__ = (
+        Index("ix_chat_members_chat", "platform", "chat_id"),
+        Index("ix_chat_members_user", "platform", "tenant", "user_id", "chat_type"),
+    )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    session_id: Mapped[str] = mapped_column(String(32))
-    chat_key: Mapped[str] = mapped_column(String(255))
-    address: Mapped[dict[str, Any]] = mapped_column(JSON)
-    last_used_at: Mapped[float] = mapped_column(Float)
+    platform: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    chat_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    """The sender's id on the platform (``Sender.user_id``), not the gateway's ``users.id``."""
+    chat_type: Mapped[str] = mapped_column(String(16))
+    """``dm`` | ``group`` (``InboundMessage.chat_type``)."""
+    first_seen_at: Mapped[float] = mapped_column(Float)
+
 
 class JobRow(Base):
     """A scheduled report (DESIGN §8): what to ask the agent, when (in which IANA zone), where to

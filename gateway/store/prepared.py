@@ -19,12 +19,12 @@ from sqlalchemy import JSON, and_, bindparam, case, exists, func, insert, litera
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gateway.store.models import (
+    ChatMemberRow,
     InboxRow,
     JobRunRow,
     LaneRow,
     MessageRow,
     OutboxRow,
-    SessionAddressRow,
     SessionRow,
     SummaryRow,
     UsageRow,
@@ -36,7 +36,7 @@ _lanes = table(LaneRow)
 _messages = table(MessageRow)
 _outbox = table(OutboxRow)
 _sessions = table(SessionRow)
-_addresses = table(SessionAddressRow)
+_members = table(ChatMemberRow)
 _summaries = table(SummaryRow)
 _job_runs = table(JobRunRow)
 _usage = table(UsageRow)
@@ -234,11 +234,28 @@ TOUCH_SESSION_TITLED = update(_sessions).where(_sessions.c.id == bindparam("b_se
 """``TOUCH_SESSION`` and ``SET_TITLE`` in one statement (a turn whose user message is appended with
 its reply)."""
 
-TOUCH_ADDRESS = (
-    update(_addresses)
-    .where(_addresses.c.session_id == bindparam("b_session"), _addresses.c.chat_key == bindparam("b_chat"))
-    .values(last_used_at=bindparam("b_now"), address=bindparam("b_address", type_=_addresses.c.address.type))
-)
+
+
+def _members_seen(dialect_insert: Any) -> Any:
+    chat_id = _inbox.c.payload[("address", "chat_id")].as_string()
+    user_id = _inbox.c.payload[("sender", "user_id")].as_string()
+    seen = (select(_inbox.c.platform, _inbox.c.tenant, chat_id, user_id, _inbox.c.payload["chat_type"].as_string(),
+                   bindparam("b_now", type_=_members.c.first_seen_at.type))
+            .where(_inbox.c.id.in_(bindparam("b_ids", expanding=True)), user_id.is_not(None)).distinct())
+    return (dialect_insert(_members)
+            .from_select(["platform", "tenant", "chat_id", "user_id", "chat_type", "first_seen_at"], seen)
+            .on_conflict_do_nothing())
+
+
+RECORD_MEMBERS_SQLITE = _members_seen(sqlite.insert)
+"""SQLite: the senders of inbox rows ``b_ids`` recorded in ``chat_members`` (those not yet there),
+seen at ``b_now``. PostgreSQL does it in ``finish_writes`` (``RECORD_MEMBERS`` alone elsewhere)."""
+RECORD_MEMBERS = _members_seen(postgresql.insert)
+"""PostgreSQL: ``RECORD_MEMBERS_SQLITE``."""
+RECORD_MEMBER = {name: insert_(_members).on_conflict_do_nothing()
+                 for name, insert_ in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))}
+"""By dialect name: one sender recorded in ``chat_members`` unless there already (values: the
+columns), for a row stored handled at once (a control command's)."""
 
 # -- outbox -----------------------------------------------------------------------------------
 LOCK_CHAT = select(func.pg_advisory_xact_lock(func.hashtextextended(bindparam("b_chat"), 0)))
@@ -383,31 +400,22 @@ def settle_with_job_run(keys: frozenset[str]) -> Any:
 @functools.cache
 def finish_writes(titled: bool, streams: bool) -> Any:
     """PostgreSQL: the unread writes of ``Store.finish_turn`` in one statement (data-modifying CTEs,
-    one round trip instead of four or five): ``TOUCH_SESSION`` (``titled``: ``TOUCH_SESSION_TITLED``),
-    the chat's ``session_addresses`` row updated or, when the session has no row for it yet,
-    inserted (``TOUCH_ADDRESS`` and an insert that runs, and takes a number from the id sequence,
-    only when the update found no row), ``CANCEL_STREAMS`` (``streams``) and the inbox rows
-    finished (``b_ids``: the last one, ``b_last``, gets ``b_status``, earlier ones ``b_merged``).
-    Parameters: ``b_session``, ``b_now`` (``b_title``), ``b_chat``, ``b_address`` (a dict), ``b_keys``
-    (a list), ``b_ids`` (a list), ``b_last``, ``b_status``, ``b_merged``. The statements touch four
-    different tables: no row is written twice, so one snapshot gives what the statements one by one
+    one round trip instead of three or four): ``TOUCH_SESSION`` (``titled``: ``TOUCH_SESSION_TITLED``),
+    the senders of the turn's inbox rows recorded (``RECORD_MEMBERS``), ``CANCEL_STREAMS``
+    (``streams``) and the inbox rows finished (``b_ids``: the last one, ``b_last``, gets
+    ``b_status``, earlier ones ``b_merged``). Parameters: ``b_session``, ``b_now`` (``b_title``),
+    ``b_keys`` (a list), ``b_ids`` (a list), ``b_last``, ``b_status``, ``b_merged``. The statements
+    write four different tables: no row is written twice, so one snapshot gives what the statements one by one
     gave. Built once per shape."""
     session = TOUCH_SESSION_TITLED if titled else TOUCH_SESSION
-    touched = TOUCH_ADDRESS.returning(_addresses.c.id).cte("touched")
-    new_address = insert(_addresses).from_select(
-        ["session_id", "chat_key", "address", "last_used_at"],
-        select(bindparam("b_session", type_=_addresses.c.session_id.type),
-               bindparam("b_chat", type_=_addresses.c.chat_key.type),
-               bindparam("b_address", type_=_addresses.c.address.type),
-               bindparam("b_now", type_=_addresses.c.last_used_at.type))
-        .where(~exists(select(touched.c.id)))).cte("new_address")
+    members = RECORD_MEMBERS.cte("members")
     finished = (update(_inbox).where(_inbox.c.id.in_(bindparam("b_ids", expanding=True)))
                 .values(status=case((_inbox.c.id == bindparam("b_last"),
                                      bindparam("b_status", type_=_inbox.c.status.type)),
                                     else_=bindparam("b_merged", type_=_inbox.c.status.type)),
                         finished_at=bindparam("b_now"))
                 .cte("finished"))
-    ctes = [session.cte("touched_session"), touched, new_address, finished]
+    ctes = [session.cte("touched_session"), members, finished]
     if streams:
         ctes.append(CANCEL_STREAMS.cte("cancelled"))
     return select(literal_column("1")).add_cte(*ctes)
@@ -544,11 +552,3 @@ SET_LANES_SESSIONS = _set_lanes_sessions()
 session ``b_sessions[i]`` (two lists of one length)."""
 
 
-_address_insert = sqlite.insert(_addresses)
-UPSERT_ADDRESS_SQLITE = _address_insert.on_conflict_do_update(
-    index_elements=[_addresses.c.session_id, _addresses.c.chat_key],
-    set_={"address": _address_insert.excluded.address, "last_used_at": _address_insert.excluded.last_used_at})
-"""SQLite: ``TOUCH_ADDRESS``, or the chat's row inserted when the session was not used from it yet,
-in one statement (values: ``session_id``, ``chat_key``, ``address``, ``last_used_at``). PostgreSQL
-has ``finish_writes`` (there every ``ON CONFLICT DO UPDATE`` would take a number from the id
-sequence, an ``integer``, once per turn)."""

@@ -27,13 +27,12 @@ from gateway.store.models import (
     InboxRow,
     LaneRow,
     MessageRow,
-    SessionAddressRow,
     SessionRow,
     SummaryRow,
     UsageRow,
     table,
 )
-from gateway.store.outbox import OutboxItem, OutboxStore, chat_key_of
+from gateway.store.outbox import OutboxItem, OutboxStore
 from gateway.store.retries import retry_locked
 from gateway.store.text import storable, storable_text
 
@@ -41,7 +40,6 @@ _inbox = table(InboxRow)
 _lanes = table(LaneRow)
 _messages = table(MessageRow)
 _sessions = table(SessionRow)
-_addresses = table(SessionAddressRow)
 
 _summaries = table(SummaryRow)
 _usage = table(UsageRow)
@@ -278,6 +276,10 @@ class Store(OutboxStore):
             # take it for a reply of a stopped turn and drop it).
             generation = run(conn, q.LANE_GENERATION, {"b_key": session_key}).scalar_one_or_none() or 0
             self._queue(conn, control_reply, None, session_key, generation, now)
+            a = message.address  # a finished turn records its senders; a command's row is finished now
+            conn.execute(q.RECORD_MEMBER[conn.dialect.name], {
+                "platform": a.platform, "tenant": a.tenant, "chat_id": a.chat_id, "user_id": message.sender.user_id,
+                "chat_type": message.chat_type, "first_seen_at": now})
 
     @staticmethod
     def insert_inbound_many_in(conn: Connection, rows: Sequence[tuple[InboundMessage, str, str | None]]) -> None:
@@ -787,13 +789,12 @@ class Store(OutboxStore):
 
     @retry_locked
     def delete_session(self, session_id: str) -> bool:
-        """Deletes a session: its transcript, summaries, chat addresses and row; a lane whose current
+        """Deletes a session: its transcript, summaries and row; a lane whose current
         session it was starts a fresh one with its next message. Its files are deleted by the
         caller (``gateway.media.index.MediaIndex.forget_session``). Returns whether it existed."""
         with write_tx(self.engine) as conn:
             conn.execute(delete(_messages).where(_messages.c.session_id == session_id))
             conn.execute(delete(_summaries).where(_summaries.c.session_id == session_id))
-            conn.execute(delete(_addresses).where(_addresses.c.session_id == session_id))
             conn.execute(update(_lanes).where(_lanes.c.session_id == session_id).values(session_id=None))
             return bool(conn.execute(delete(_sessions).where(_sessions.c.id == session_id)).rowcount)
 
@@ -859,10 +860,8 @@ class Store(OutboxStore):
             # session's touch and its chat, the turn's streams cancelled, its inbox rows finished
             title = self._title(messages)
             if conn.dialect.name == "postgresql" and session_id is not None and replies:
-                a = replies[0].address
                 values = {"b_ids": list(inbox_ids), "b_last": inbox_ids[-1], "b_status": status,
-                          "b_merged": merged_status, "b_now": now, "b_session": session_id, "b_chat": chat_key_of(a),
-                          "b_address": a.to_dict()}
+                          "b_merged": merged_status, "b_now": now, "b_session": session_id}
                 if stream_keys:
                     values["b_keys"] = stream_keys
                 if title is not None:
@@ -870,7 +869,9 @@ class Store(OutboxStore):
                 run(conn, q.finish_writes(title is not None, bool(stream_keys)), values)  # one round trip
             else:
                 if session_id is not None:
-                    self._touch_session(conn, session_id, replies, now, title)
+                    self._touch_session(conn, session_id, now, title)
+                run(conn, q.RECORD_MEMBERS if conn.dialect.name == "postgresql" else q.RECORD_MEMBERS_SQLITE,
+                    {"b_ids": list(inbox_ids), "b_now": now})
                 if stream_keys:
                     run(conn, q.CANCEL_STREAMS, {"b_keys": stream_keys})
                 *earlier, last = inbox_ids
@@ -888,18 +889,13 @@ class Store(OutboxStore):
         return claimed
 
     @staticmethod
-    def _touch_session(conn: Any, session_id: str, replies: Sequence[OutboundMessage], now: float,
-                       title: str | None = None) -> None:
-        """Last use, the title when the session has none yet (``title``: ``_title``), and the chat
-        the session was used from (SQLite; on PostgreSQL ``q.finish_writes`` does all three)."""
+    def _touch_session(conn: Any, session_id: str, now: float, title: str | None = None) -> None:
+        """Last use, and the title when the session has none yet (``title``: ``_title``; SQLite, on
+        PostgreSQL ``q.finish_writes`` does both)."""
         if title is None:
             run(conn, q.TOUCH_SESSION, {"b_session": session_id, "b_now": now})
         else:
             run(conn, q.TOUCH_SESSION_TITLED, {"b_session": session_id, "b_now": now, "b_title": title})
-        for reply in replies[:1]:
-            a = reply.address
-            run(conn, q.UPSERT_ADDRESS_SQLITE, {"session_id": session_id, "chat_key": chat_key_of(a),
-                                                  "address": a.to_dict(), "last_used_at": now})
 
     def purge_all(self) -> None:
         """Deletes every row (tests only)."""
