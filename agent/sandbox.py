@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from agent.disk_quota import DiskWatch
 from agent.execute import cap_text
 from agent.process_cap import ProcessCap
 
@@ -50,6 +51,8 @@ class ShellResult:
     output: str
     timed_out: bool = False
     truncated: bool = False
+    disk_full: int | None = None
+    """The workspace quota in bytes, when the command was killed for going over it."""
 
     def describe(self) -> str:
         """The text the model reads."""
@@ -58,6 +61,9 @@ class ShellResult:
             notes.append("killed: time limit reached")
         if self.truncated:
             notes.append("killed: output limit reached")
+        if self.disk_full is not None:
+            over = f"the workspace is over its {self.disk_full >> 20} MB quota; delete files before writing more"
+            notes.append(f"killed: {over}" if self.exit_code is None else over)
         head = f"exit code: {self.exit_code if self.exit_code is not None else 'none'}"
         if notes:
             head += f" ({'; '.join(notes)})"
@@ -73,8 +79,20 @@ _ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "pass
 _ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
-def _bwrap_prefix(cwd: Path, allow_network: bool) -> list[str]:
-    """``bwrap`` arguments that show the command only ``cwd`` (read-write) and the system read-only."""
+@functools.lru_cache(maxsize=1)
+def _bwrap_sizes_tmpfs() -> bool:
+    """Whether this ``bwrap`` takes ``--size`` for a tmpfs (bubblewrap 0.7 and later)."""
+    try:
+        done = subprocess.run(["bwrap", "--help"], capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return b"--size" in done.stdout + done.stderr
+
+
+def _bwrap_prefix(cwd: Path, allow_network: bool, tmp_bytes: int | None = None) -> list[str]:
+    """``bwrap`` arguments that show the command only ``cwd`` (read-write) and the system read-only;
+    ``/tmp`` is a tmpfs of at most ``tmp_bytes`` (in memory: unbounded, a command could take the
+    host's RAM) where bwrap can size it."""
     argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]
     if allow_network:
         argv.append("--share-net")
@@ -86,7 +104,10 @@ def _bwrap_prefix(cwd: Path, allow_network: bool) -> list[str]:
             argv += ["--ro-bind", str(path), str(path)]
     for name in _ETC_FILES:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(cwd), str(cwd),
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    if tmp_bytes is not None and _bwrap_sizes_tmpfs():
+        argv += ["--size", str(tmp_bytes)]
+    argv += ["--tmpfs", "/tmp", "--bind", str(cwd), str(cwd),
              "--chdir", str(cwd), "--"]
     return argv
 
@@ -139,12 +160,14 @@ class Sandbox:
         allow_network: keep the host network (no network namespace).
         use_namespaces: isolate with the best of bubblewrap/unshare that works (``False``: limits only).
         isolation: force one (``ValueError`` when it does not work here); default: the best.
+        tmp_bytes: size of the command's own ``/tmp`` (bubblewrap; a tmpfs, in memory).
     """
 
     def __init__(self, *, timeout_s: float = 20.0, max_output_bytes: int = 64_000, cpu_s: int = 10,
                  memory_bytes: int = 1 << 30, allow_network: bool = False, use_namespaces: bool = True,
-                 isolation: Isolation | None = None, max_processes: int = 128) -> None:
+                 isolation: Isolation | None = None, max_processes: int = 128, tmp_bytes: int = 256 << 20) -> None:
         self.timeout_s = timeout_s
+        self.tmp_bytes = tmp_bytes
         self.max_output_bytes = max_output_bytes
         self.cpu_s = cpu_s
         self.memory_bytes = memory_bytes
@@ -169,7 +192,8 @@ class Sandbox:
     def describe(self) -> str:
         """One line for ``gateway doctor``: isolation and limits."""
         return (f"{self.describe_isolation()}; timeout {self.timeout_s:g} s, cpu {self.cpu_s} s, "
-                f"memory {self.memory_bytes >> 20} MiB, output {self.max_output_bytes} bytes; "
+                f"memory {self.memory_bytes >> 20} MiB, output {self.max_output_bytes} bytes"
+                + (f", /tmp {self.tmp_bytes >> 20} MiB" if self.isolation == "bubblewrap" else "") + "; "
                 f"{self.process_cap.describe()}")
 
     def _limits(self) -> None:  # runs in the child between fork and exec
@@ -178,22 +202,24 @@ class Sandbox:
         resource.setrlimit(resource.RLIMIT_FSIZE, (100 << 20, 100 << 20))
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
-    def run(self, command: str, cwd: Path) -> ShellResult:
-        """Runs ``command`` with ``/bin/sh -c`` in ``cwd``; never raises for the command's faults."""
+    def run(self, command: str, cwd: Path, max_disk_bytes: int | None = None) -> ShellResult:
+        """Runs ``command`` with ``/bin/sh -c`` in ``cwd``; never raises for the command's faults.
+        ``max_disk_bytes``: the command is killed once ``cwd`` takes more (``agent.disk_quota``)."""
         argv = ["/bin/sh", "-c", command]
         if self.isolation == "bubblewrap":
-            argv = [*_bwrap_prefix(cwd.resolve(), self.allow_network), *argv]
+            argv = [*_bwrap_prefix(cwd.resolve(), self.allow_network, self.tmp_bytes), *argv]
         elif self.isolation == "namespaces":
             flags = "-r" if self.allow_network else "-rn"
             argv = ["unshare", flags, "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(cwd), "TMPDIR": str(cwd), "LANG": "C.UTF-8"}
         slot = self.process_cap.prepare()
         try:
-            return self._run(argv, cwd, env, slot)
+            return self._run(argv, cwd, env, slot, DiskWatch(cwd, max_disk_bytes) if max_disk_bytes else None)
         finally:
             self.process_cap.release(slot)
 
-    def _run(self, argv: list[str], cwd: Path, env: dict[str, str], slot: Path | int | None) -> ShellResult:
+    def _run(self, argv: list[str], cwd: Path, env: dict[str, str], slot: Path | int | None,
+             disk: DiskWatch | None) -> ShellResult:
         def before_exec() -> None:  # runs in the child between fork and exec
             self._limits()
             ProcessCap.join(slot)
@@ -203,7 +229,7 @@ class Sandbox:
         assert proc.stdout is not None
         os.set_blocking(proc.stdout.fileno(), False)
         chunks: list[bytes] = []
-        size, timed_out, truncated = 0, False, False
+        size, timed_out, truncated, disk_full = 0, False, False, False
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
@@ -219,16 +245,24 @@ class Sandbox:
                 continue
             if chunk == b"" and proc.poll() is not None:
                 break
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 timed_out = True
                 break
+            if disk is not None and disk.over(now):
+                disk_full = True
+                break
             time.sleep(0.02)
-        if timed_out or truncated:
+        killed = timed_out or truncated or disk_full
+        if killed:
             self._kill(proc)
-        exit_code = proc.wait(5) if not (timed_out or truncated) else None
+        exit_code = proc.wait(5) if not killed else None
         proc.stdout.close()
+        if disk is not None and not disk_full and disk.over(force=True):  # what it left behind
+            disk_full = True
         output = b"".join(chunks)[: self.max_output_bytes].decode("utf-8", errors="replace")
-        return ShellResult(exit_code, cap_text(output, self.max_output_bytes), timed_out, truncated)
+        return ShellResult(exit_code, cap_text(output, self.max_output_bytes), timed_out, truncated,
+                           disk.limit if disk is not None and disk_full else None)
 
     @staticmethod
     def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from agent.context import RunContext
+from agent.disk_quota import disk_usage
 from agent.sandbox import Sandbox
 from agent.tools import Tool, tool
 
@@ -61,6 +62,11 @@ class WorkspaceError(PermissionError):
     """A path outside the session's workspace (the message is shown to the model)."""
 
 
+class WorkspaceFull(OSError):
+    """The session's workspace is at its quota (``Workspace.max_disk_bytes``; the message is
+    shown to the model)."""
+
+
 class Workspace:
     """Per-session directories under ``root`` and the tools confined to them.
 
@@ -70,16 +76,27 @@ class Workspace:
         sandbox: runs ``run_shell`` commands.
         max_read_chars: ``read_file`` returns at most this many characters.
         max_write_bytes: ``write_file`` refuses larger contents.
+        max_disk_bytes: what one session's workspace may take on disk (``agent.disk_quota``): a
+            command is killed once over it; a write or an upload that would go over is refused.
     """
 
     def __init__(self, root: str | os.PathLike[str], permission: Permission = "read", *,
                  sandbox: Sandbox | None = None, max_read_chars: int = 50_000,
-                 max_write_bytes: int = 1_000_000) -> None:
+                 max_write_bytes: int = 1_000_000, max_disk_bytes: int = 1 << 30) -> None:
         self.root = Path(root).resolve()
         self.permission = permission
         self.sandbox = sandbox or Sandbox()
         self.max_read_chars = max_read_chars
         self.max_write_bytes = max_write_bytes
+        self.max_disk_bytes = max_disk_bytes
+
+    def check_room(self, session_id: str, size: int) -> None:
+        """Raises ``WorkspaceFull`` when ``size`` more bytes would take the session's workspace past
+        ``max_disk_bytes``."""
+        used = disk_usage(self.directory(session_id), stop_above=self.max_disk_bytes)
+        if used + size > self.max_disk_bytes:
+            raise WorkspaceFull(f"the workspace is full ({used >> 20} MB of its {self.max_disk_bytes >> 20} MB "
+                                f"quota; {size} more bytes do not fit): delete files first")
 
     def directory(self, session_id: str) -> Path:
         """The session's workspace, created on first use (``ValueError`` for an empty id)."""
@@ -181,9 +198,11 @@ class Workspace:
 
         Raises:
             WorkspaceError: ``folder`` leads outside the workspace.
+            WorkspaceFull: the workspace has no room for ``data``.
             OSError: the file system's own errors (disk full, permissions).
         """
         safe = safe_file_name(name)
+        self.check_room(session_id, len(data))
         stem, dot, ext = safe.rpartition(".")
         if not dot or not stem:
             stem, ext = safe, ""
@@ -240,6 +259,10 @@ class Workspace:
         if len(data) > self.max_write_bytes:
             return f"Error: content is {len(data)} bytes; the limit is {self.max_write_bytes}."
         target = self.resolve(ctx.session_id, path)
+        try:
+            self.check_room(ctx.session_id, len(data))
+        except WorkspaceFull as exc:
+            return f"Error: {exc}."
         # No symlink is followed on the way: one swapped in after the check is refused.
         fd = self.open_inside(ctx.session_id, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_dirs=True)
         with os.fdopen(fd, "wb") as handle:
@@ -287,7 +310,7 @@ class Workspace:
         Args:
             command: the shell command line.
         """
-        result = self.sandbox.run(command, self.directory(ctx.session_id))
+        result = self.sandbox.run(command, self.directory(ctx.session_id), max_disk_bytes=self.max_disk_bytes)
         return result.describe()
 
     def tools(self) -> list[Tool]:

@@ -296,3 +296,37 @@ def test_list_files_never_lists_through_a_folder_swapped_for_a_symlink(ws, tmp_p
         stop.set()
         swapper.join(5)
     assert listings > 100
+
+
+def test_the_workspace_quota_stops_a_command_filling_the_disk_and_refuses_writes(tmp_path):
+    """``RLIMIT_FSIZE`` bounds one file, not how many: a loop writing 2 MB files used to run until
+    the gateway's disk was full. Now the command is killed once the workspace is over its quota,
+    and ``write_file`` or a saved upload that would go over is refused with the reason."""
+    from agent.disk_quota import disk_usage
+    from agent.workspace import WorkspaceFull
+
+    quota = 8 << 20
+    ws = Workspace(tmp_path / "ws", "shell", sandbox=Sandbox(timeout_s=15, max_output_bytes=10_000, cpu_s=10),
+                   max_disk_bytes=quota)
+    started = time.monotonic()
+    out = ws.run_shell(CTX, "i=0; while true; do head -c 2000000 /dev/zero > f$i; i=$((i+1)); sleep 0.01; done")
+    assert out.startswith("exit code: none (killed: the workspace is over its 8 MB quota; delete files"), out
+    assert time.monotonic() - started < 5  # not the 15 s time limit
+    used = disk_usage(ws.directory("sess-1"))
+    assert quota < used < 200 << 20
+    assert ws.write_file(CTX, "notes.txt", "x" * 100).startswith("Error: the workspace is full (")
+    with pytest.raises(WorkspaceFull):
+        ws.save_file("sess-1", "uploads", "photo.jpg", b"\xff\xd8" + b"0" * 1000)
+    done = ws.run_shell(CTX, "rm f*; echo cleaned")  # the model can still clean up
+    assert done.startswith("exit code: 0") and "cleaned" in done
+    assert ws.write_file(CTX, "notes.txt", "x" * 100) == "Wrote 100 bytes to notes.txt."
+    left = ws.run_shell(CTX, "head -c 9000000 /dev/zero > one; echo written")  # done before it was measured
+    assert left.startswith("exit code: 0 (the workspace is over its 8 MB quota; delete files"), left
+
+
+def test_a_commands_tmp_under_bubblewrap_is_a_sized_tmpfs(bwrap_ws, tmp_path):
+    small = Workspace(tmp_path / "ws2", "shell", sandbox=Sandbox(timeout_s=10, max_output_bytes=10_000, cpu_s=5,
+                                                                 tmp_bytes=4 << 20))
+    out = small.run_shell(CTX, "head -c 20000000 /dev/zero > /tmp/big; echo status=$?; df -k /tmp | tail -1")
+    assert "No space left on device" in out and "status=1" in out, out
+    assert " 4096 " in out  # the tmpfs's size in KB

@@ -242,6 +242,11 @@ class ToolsConfig(_Section):
     shell_memory_mb: int = Field(default=1024, ge=1)
     shell_max_processes: int = Field(default=128, ge=1)
     """Processes one ``run_shell`` command may have at once (a pids cgroup; see ``agent.process_cap``)."""
+    workspace_max_mb: int = Field(default=1024, ge=1)
+    """Disk one session's workspace may take (MB): a command is killed once over it, a write or an
+    upload that would go over is refused (``agent.disk_quota``; measured, not a file-system quota)."""
+    shell_tmp_mb: int = Field(default=256, ge=1)
+    """Size of each command's own ``/tmp`` under bubblewrap (a tmpfs, held in memory)."""
     shell_allow_network: bool = False
     """Keep the host network for ``run_shell`` (default: a network namespace without network)."""
     shell_isolation: Literal["best", "bubblewrap", "namespaces", "none"] = "best"

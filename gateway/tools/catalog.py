@@ -101,7 +101,7 @@ def build_workspace(config: GatewayConfig) -> Workspace:
         sandbox = Sandbox(timeout_s=t.shell_timeout_s, max_output_bytes=t.shell_max_output_bytes, cpu_s=t.shell_cpu_s,
                           memory_bytes=t.shell_memory_mb << 20, allow_network=t.shell_allow_network,
                           use_namespaces=shell, max_processes=t.shell_max_processes,
-                          isolation=None if wanted == "best" else wanted)
+                          isolation=None if wanted == "best" else wanted, tmp_bytes=t.shell_tmp_mb << 20)
     except ValueError as exc:
         raise ConfigError(f'tools.shell_isolation = "{wanted}": {exc}') from None
     if shell and wanted == "best" and sandbox.isolation == "none":
@@ -111,4 +111,5 @@ def build_workspace(config: GatewayConfig) -> Workspace:
             'allow unprivileged user namespaces (in a container: a seccomp profile that permits them), or set '
             'tools.shell_isolation = "none" to run commands with limits only: they would then see the host\'s '
             "files, processes and network, the gateway's own included")
-    return Workspace(t.workspace_root, "read" if t.workspace == "off" else t.workspace, sandbox=sandbox)
+    return Workspace(t.workspace_root, "read" if t.workspace == "off" else t.workspace, sandbox=sandbox,
+                     max_disk_bytes=t.workspace_max_mb << 20)
