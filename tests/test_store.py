@@ -530,3 +530,31 @@ def test_a_lanes_session_opens_with_its_window_exactly_as_stored(store):
     assert [m.id for m in store.open_session("k", lambda: "unused", 3).window] == ids[3:]
     empty = store.new_session("k2", "prompt", None)
     assert store.open_session("k2", lambda: "unused", 40).window == [] and empty
+
+
+def test_deleting_a_session_erases_what_its_turns_left_in_the_inbox_and_outbox(store):
+    """``gateway sessions delete``: the transcript goes, and the user's words in the inbox and the
+    replies in the outbox with it (those rows stay for deduplication until they are pruned)."""
+    from sqlalchemy import select
+
+    from gateway.store.models import InboxRow, OutboxRow, table
+    from gateway.store.sql import NewMessage
+
+    session_id = store.new_session("k", "prompt", None)
+    other = store.new_session("k2", "prompt", None)
+    for key, session, n in (("k", session_id, 1), ("k2", other, 2)):
+        store.insert_inbound(message(f"5:{n}", chat=str(n), text=f"my secret plan {n}"), key)
+        [pending] = store.next_pending(key)
+        store.finish_turn([pending.inbox_id], "done", [OutboundMessage(ChatAddress("telegram", "1", str(n)),
+                                                                       f"about your plan {n}", f"r{n}")],
+                          session_id=session, session_key=key,
+                          messages=[NewMessage(f"in{pending.inbox_id}", "user", f"my secret plan {n}", {}),
+                                    NewMessage(f"in{pending.inbox_id}", "assistant", f"about your plan {n}", {})])
+        [item] = store.claim_due("me", 10, 60).items
+        store.mark_sent(item.id, "me", ["p"])
+    assert store.delete_session(session_id)
+    with store.engine.connect() as conn:
+        inbox = [str(p) for p in conn.execute(select(table(InboxRow).c.payload)).scalars()]
+        outbox = list(conn.execute(select(table(OutboxRow).c.text)).scalars())
+    assert not any("plan 1" in p for p in inbox) and any("my secret plan 2" in p for p in inbox)
+    assert "about your plan 1" not in outbox and "about your plan 2" in outbox and len(outbox) == 2

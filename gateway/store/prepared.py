@@ -42,6 +42,10 @@ _job_runs = table(JobRunRow)
 _usage = table(UsageRow)
 
 UNSETTLED = ("pending", "claimed", "sending")
+SETTLED_OUTBOX = ("sent", "failed", "cancelled", "unconfirmed")
+"""Outbox states a row never leaves."""
+SETTLED_INBOX = ("done", "failed", "cancelled", "merged", "limited")
+"""Inbox states a row never leaves (every one but *pending*)."""
 
 # -- inbox and lanes --------------------------------------------------------------------------
 INSERT_INBOX = insert(_inbox)

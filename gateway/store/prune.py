@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Engine, Table, delete, exists, func, select
 
 from gateway.store.db import write_tx
+from gateway.store.prepared import SETTLED_INBOX, SETTLED_OUTBOX
 from gateway.store.models import (
     CodeRow,
     InboxRow,
@@ -36,8 +37,6 @@ BATCH = 2000
 """Rows deleted per transaction."""
 NOTICE_DAYS = 40.0
 """Usage-limit notices are for a day or a month (``gateway.ops.usage``): older ones are done with."""
-SETTLED_INBOX = ("done", "failed", "cancelled", "merged")
-SETTLED_OUTBOX = ("sent", "failed", "cancelled", "unconfirmed")
 FINISHED_RUNS = ("sent", "unconfirmed", "failed", "skipped")
 
 _inbox = table(InboxRow)

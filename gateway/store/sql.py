@@ -27,6 +27,7 @@ from gateway.store.models import (
     InboxRow,
     LaneRow,
     MessageRow,
+    OutboxRow,
     SessionRow,
     SummaryRow,
     UsageRow,
@@ -39,8 +40,8 @@ from gateway.store.text import storable, storable_text
 _inbox = table(InboxRow)
 _lanes = table(LaneRow)
 _messages = table(MessageRow)
+_outbox = table(OutboxRow)
 _sessions = table(SessionRow)
-
 _summaries = table(SummaryRow)
 _usage = table(UsageRow)
 _MESSAGE_KEYS = frozenset(q.MESSAGE_COLUMNS)
@@ -790,9 +791,21 @@ class Store(OutboxStore):
     @retry_locked
     def delete_session(self, session_id: str) -> bool:
         """Deletes a session: its transcript, summaries and row; a lane whose current
-        session it was starts a fresh one with its next message. Its files are deleted by the
+        session it was starts a fresh one with its next message. What its settled turns left in
+        the inbox and outbox is erased too (the messages' payloads, the replies' texts; the rows
+        stay until ``database.keep_settled_days``, for deduplication). Its files are deleted by the
         caller (``gateway.media.index.MediaIndex.forget_session``). Returns whether it existed."""
         with write_tx(self.engine) as conn:
+            turns = conn.execute(select(_messages.c.turn_id).where(_messages.c.session_id == session_id)
+                                 .distinct()).scalars().all()
+            inbox_ids = sorted({int(t[2:]) for t in turns if t and t.startswith("in") and t[2:].isdigit()})
+            for chunk in range(0, len(inbox_ids), 500):
+                conn.execute(update(_inbox).where(_inbox.c.id.in_(inbox_ids[chunk:chunk + 500]),
+                                                  _inbox.c.status.in_(q.SETTLED_INBOX))
+                             .values(payload={"erased": True}))
+            conn.execute(update(_outbox).where(_outbox.c.session_id == session_id,
+                                               _outbox.c.status.in_(q.SETTLED_OUTBOX))
+                         .values(text="", buttons=None))
             conn.execute(delete(_messages).where(_messages.c.session_id == session_id))
             conn.execute(delete(_summaries).where(_summaries.c.session_id == session_id))
             conn.execute(update(_lanes).where(_lanes.c.session_id == session_id).values(session_id=None))
