@@ -219,7 +219,8 @@ async def _check_tools(config: GatewayConfig, report: Callable[[bool, str, str],
         if workspace is not None:
             detail = f"{config.tools.workspace} in {workspace.root}"
             if config.tools.workspace == "shell":
-                detail += f" (at most {workspace.max_disk_bytes >> 20} MB each); shell sandbox {workspace.sandbox.describe()}"
+                detail += (f" (at most {workspace.max_disk_bytes >> 20} MB each); "
+                           f"shell sandbox {workspace.sandbox.describe()}")
             report(True, "workspace", detail)
         if workspace is not None and config.tools.workspace == "shell":  # bubblewrap / namespaces / none
             isolation = workspace.sandbox.isolation

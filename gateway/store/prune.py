@@ -22,7 +22,6 @@ from typing import Any
 from sqlalchemy import ColumnElement, Engine, Table, delete, exists, func, select
 
 from gateway.store.db import write_tx
-from gateway.store.prepared import SETTLED_INBOX, SETTLED_OUTBOX
 from gateway.store.models import (
     CodeRow,
     InboxRow,
@@ -32,6 +31,7 @@ from gateway.store.models import (
     OutboxRow,
     table,
 )
+from gateway.store.prepared import SETTLED_INBOX, SETTLED_OUTBOX
 
 BATCH = 2000
 """Rows deleted per transaction."""
