@@ -9,14 +9,16 @@ Always enforced:
     fork bomb cannot starve the gateway or the host of processes; what is left when the command
     ends is killed;
   * a scrubbed environment: only ``PATH``, ``HOME`` (the workspace), ``LANG``, ``TMPDIR`` —
-    no secrets from the gateway's environment.
+    no secrets from the gateway's environment;
+  * a disk quota (``run``'s ``max_disk_bytes``, ``agent.disk_quota``): the command is killed once
+    it has taken its workspace over it.
 
 Isolation (``Sandbox.isolation``, the best one that works on the host, as ``gateway doctor`` says):
   * ``"bubblewrap"`` (Debian package ``bubblewrap``, ``bwrap``): new user, PID, network, IPC and
     UTS namespaces and its own file system: the session's workspace (read-write, at its real
     path), ``/usr`` and the ``/bin``/``/lib`` links read-only, a few ``/etc`` files programs need
     (loader cache, alternatives, passwd/group, time zone, TLS roots), a fresh ``/proc``, a
-    minimal ``/dev`` and an empty ``/tmp``. Nothing else of the host exists: not ``/home``,
+    minimal ``/dev`` and an empty ``/tmp`` (a tmpfs of ``tmp_bytes``). Nothing else of the host exists: not ``/home``,
     ``/root``, ``/srv``, ``/var``, other sessions' workspaces, the gateway's config or database.
   * ``"namespaces"`` (util-linux ``unshare``): new user, network and PID namespaces only: no
     network and no view of the gateway's processes, but the host's file system is readable with
