@@ -93,3 +93,35 @@ def test_a_turn_run_again_after_a_kill_does_not_transcribe_again(tmp_path, fake_
     first, second = (r["json"]["messages"][-1]["content"] for r in fake_openai.requests[:2])
     assert "Book a table for four at eight." in second
     assert first == second  # the same bytes: the words the model saw are the stored ones
+
+
+def test_a_photo_turn_run_again_after_a_kill_still_sees_the_photo(tmp_path, fake_telegram, fake_openai):
+    """The bus starts before the adapters (turns left by the crash resume at once), so the rerun's
+    download ran before python-telegram-bot's client existed: the photo was dropped for good
+    ("Telegram did not hand over the file"). A download now waits for the adapters to have started
+    (and a retryable failure is tried again)."""
+    from tests.test_media_telegram_e2e import jpeg, photo_update
+
+    chat = 5580077
+    fake_openai.reset()
+    gate = threading.Event()
+    photo = jpeg(800, 600)
+    fake_telegram.add_file("rerun-photo", photo)
+    fake_openai.script(oa.hold(gate, oa.text("never delivered")), oa.text("A red rectangle."))
+    port = _free_port()
+    gateway = GatewayProcess(config(tmp_path, fake_telegram, fake_openai, port), port, tmp_path)
+    try:
+        gateway.start()
+        gateway.wait_ready()
+        fake_telegram.inject(photo_update(chat, 7, [("rerun-photo", 800, 600, len(photo))], caption="what is it?"))
+        fake_openai.wait_for_requests(1, 20)  # the model call is in flight (held)
+        gateway.kill()
+        gate.set()
+        gateway.start()
+        gateway.wait_ready()
+        wait(lambda: fake_telegram.sent_messages(chat), 30, "the reply after the restart")
+    finally:
+        gateway.terminate()
+    texts = [m["text"] for m in fake_telegram.sent_messages(chat)]
+    assert texts == ["A red rectangle."], texts
+    assert oa.image_parts(fake_openai.requests[-1]), "the rerun sent no image"

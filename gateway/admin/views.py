@@ -211,11 +211,10 @@ class AdminSite:
         if not await self._logged_in(request):
             return web.Response(status=403, text="Not logged in: open /admin/login first.")
         from gateway.core.errors import BlobMissing, MediaError
-        from gateway.media.images import thumbnail
 
         try:
             data = await asyncio.to_thread(self.gateway.blobs.get, request.match_info["sha256"])
-            small = await asyncio.to_thread(thumbnail, data)
+            small = await asyncio.to_thread(self.gateway.media_readers.thumbnail, data)
         except (BlobMissing, MediaError):
             raise web.HTTPNotFound(text="No image with that address is stored.") from None
         return web.Response(body=small.data, content_type=small.mime_type,

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
@@ -50,6 +51,7 @@ from gateway.media.commands import MediaCommands
 from gateway.media.contents import ContentReader
 from gateway.media.fetch import GuardedFetch
 from gateway.media.index import MediaIndex
+from gateway.media.isolated import MediaReaders
 from gateway.media.service import MediaService
 from gateway.media.store import open_blob_store
 from gateway.media.transcribe import build_transcriber
@@ -122,13 +124,20 @@ class Gateway:
         self.store = Store(self.engine)
         self.blobs = open_blob_store(config.media, self.engine)
         self.redact = Redactor(config.secret_values())
-        self.media = MediaService(config.media, vision=config.llm.vision, blobs=self.blobs,
+        self.media_readers = MediaReaders(config.media.reader_processes, config.media.reader_timeout_s,
+                                          config.media.reader_memory_mb << 20)
+        # Set once every adapter has started: a turn resumed at start-up (the bus starts first) waits
+        # for it before it downloads a file (the adapter's client does not exist before).
+        self.adapters_ready = threading.Event()
+        self.media = MediaService(config.media, vision=config.llm.vision, blobs=self.blobs, readers=self.media_readers,
+                                  adapters_ready=self.adapters_ready.wait,
                                   index=MediaIndex(self.engine, self.blobs), adapters=self.adapters,
                                   run_async=self._run_on_loop,
                                   reader=ContentReader(  # voice, audio, documents; originals into the workspace
                                       transcriber=build_transcriber(config.llm, config.secret),
                                       workspace=build_workspace(config) if config.tools.workspace != "off" else None,
-                                      max_tokens=config.media.document_max_tokens, redact=self.redact))
+                                      max_tokens=config.media.document_max_tokens, redact=self.redact,
+                                      readers=self.media_readers))
         for adapter in adapters:  # channels that take uploads themselves (the web chat)
             if callable(getattr(adapter, "bind_blobs", None)):
                 adapter.bind_blobs(self.blobs, config.media)  # type: ignore[attr-defined]
@@ -452,6 +461,7 @@ class Gateway:
             else:
                 await adapter.start_receiving()
         self.started = True
+        self.adapters_ready.set()
         log.info("gateway %s started with %s on the %s event loop", self.instance_id,
                  ", ".join(self.adapters) or "no platforms", running_loop_name())
 
@@ -515,6 +525,7 @@ class Gateway:
         if self.memory is not None and finished:  # queued write-backs finish first
             await loop.run_in_executor(None, self.memory.close)
         self.bridge.stop()
+        await loop.run_in_executor(None, self.media_readers.close)
         await self.instance.release()  # last: nothing of ours holds a lease now
         self._db_pool.shutdown(wait=True)
         close_now_connection(self.engine)

@@ -416,6 +416,15 @@ class MediaConfig(_Section):
     retention_days: float | None = Field(default=90.0, gt=0)
     """Files older than this are deleted (the transcript keeps their name, type and size);
     ``None``: kept as long as their session."""
+    reader_processes: int = Field(default=2, ge=0)
+    """Child processes that decode images and read documents (``gateway.media.isolated``): at most
+    this many files are read at once; 0 reads in the gateway's own process (not isolated: a hostile
+    file can then hold a turn for hours or exhaust its memory)."""
+    reader_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest one file may take to decode or read; its process is then killed and the message is
+    answered with a note."""
+    reader_memory_mb: int = Field(default=1024, ge=128)
+    """Address space of each reader process (``RLIMIT_AS``); a file needing more gets a note."""
     unreferenced_hours: float = Field(default=24.0, gt=0)
     """Stored files no message uses (a web chat upload never sent, a download whose turn crashed
     before recording it) are deleted this many hours after they were last stored (checked hourly)."""

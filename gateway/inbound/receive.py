@@ -268,6 +268,9 @@ class Inbound:
         redacted = self.redact(message.text)  # a pasted secret is never stored, not even in the inbox
         if redacted != message.text:
             message = dataclasses.replace(message, text=redacted)
+        if any(a.name and self.redact(a.name) != a.name for a in message.attachments):  # a file's name too
+            message = dataclasses.replace(message, attachments=tuple(
+                dataclasses.replace(a, name=self.redact(a.name)) if a.name else a for a in message.attachments))
         if message.quoted is not None and message.quoted.text:  # what it quotes is stored with it too
             quoted = self.redact(message.quoted.text)
             if quoted != message.quoted.text:

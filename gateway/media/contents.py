@@ -23,8 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.workspace import Workspace
+from gateway.core.errors import MediaError
 from gateway.core.types import MediaRef
-from gateway.media.extract import Extracted, cap_text, display_name, extract
+from gateway.media.extract import Extracted, cap_text, display_name
+from gateway.media.isolated import MediaReaders
 from gateway.media.transcribe import Transcriber, TranscriptionError
 
 log = logging.getLogger("gateway.media.contents")
@@ -91,10 +93,13 @@ class ContentReader:
         max_tokens: cap of one document's text or one transcript (``media.document_max_tokens``).
         redact: applied to the text and the transcript before the model (and the transcript)
             sees them: configured secrets and token shapes become ``***``, as in user text.
+        readers: where documents are read (``gateway.media.isolated``; default: in this thread).
     """
 
     def __init__(self, *, transcriber: Transcriber | None, workspace: Workspace | None,
-                 max_tokens: int = 8000, redact: Callable[[str], str] = lambda text: text) -> None:
+                 max_tokens: int = 8000, redact: Callable[[str], str] = lambda text: text,
+                 readers: MediaReaders | None = None) -> None:
+        self.readers = readers or MediaReaders(processes=0)
         self.transcriber = transcriber
         self.workspace = workspace
         self.max_tokens = max_tokens
@@ -134,11 +139,16 @@ class ContentReader:
 
     # -- documents ------------------------------------------------------------------------------
     def _document(self, ref: MediaRef, data: bytes, session_id: str) -> Reading:
-        got = extract(data, name=ref.name, mime=ref.mime_type, max_tokens=self.max_tokens)
+        try:
+            got = self.readers.extract(data, name=ref.name, mime=ref.mime_type, max_tokens=self.max_tokens)
+        except MediaError as exc:  # took too long, too much memory, or its reader died
+            got = Extracted("other", False, problem=exc.user_message)
         saved = self._save(ref, data, session_id)
         where = _saved_line(saved)
         if got.ok:
-            got = dataclasses.replace(got, text=self.redact(got.text))
+            # The title and what was cut come from the file too (an HTML <title> quoting a token)
+            got = dataclasses.replace(got, text=self.redact(got.text), detail=self.redact(got.detail),
+                                      cut=self.redact(got.cut))
             return Reading(dataclasses.replace(ref, text=_document_text(got, _tag(ref), where)))
         if got.problem:
             return Reading(dataclasses.replace(ref, note=got.problem, text=where), got.problem)

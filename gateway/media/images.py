@@ -78,6 +78,11 @@ class Rendition:
     height: int
 
 
+MAX_JPEG_SCANS = 100
+"""Most scans (SOS markers, ``FF DA``) a JPEG may have: progressive encoders write about ten; the
+marker cannot occur inside the compressed data (``FF`` is followed by ``00`` there)."""
+
+
 def prepare_image(data: bytes, max_side: int = 2048, max_bytes: int = 3_500_000) -> Rendition:
     """The model's rendition of ``data`` (see the module doc).
 
@@ -88,6 +93,9 @@ def prepare_image(data: bytes, max_side: int = 2048, max_bytes: int = 3_500_000)
     if found is not None and not found.startswith("image/"):
         what = "a web page" if found == "text/html" else found
         raise MediaError(f"it is not an image (the file is {what})")
+    if data.startswith(b"\xff\xd8") and (scans := data.count(b"\xff\xda")) > MAX_JPEG_SCANS:
+        # libjpeg decodes every scan of a progressive JPEG: 1,000 repeated scans cost a minute of CPU
+        raise MediaError(f"the image is built of {scans} scans (a normal photo has at most a few dozen)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

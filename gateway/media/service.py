@@ -37,6 +37,8 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
 from agent.model import ChatModel, ModelError, ModelReply, OnText
 from gateway.core.config import MediaConfig
 from gateway.core.errors import BlobMissing, DownloadFailed, FileTooBig, MediaError
@@ -44,8 +46,9 @@ from gateway.core.i18n import N_, _
 from gateway.core.ports import BlobStore, can_download
 from gateway.core.types import Attachment, InboundMessage, MediaRef
 from gateway.media.contents import ContentReader, wants
-from gateway.media.images import Rendition, is_image_type, prepare_image, sniff
+from gateway.media.images import Rendition, is_image_type, sniff
 from gateway.media.index import MediaIndex, Use
+from gateway.media.isolated import MediaReaders
 from gateway.media.render import ImagePolicy, has_images, quoted, resolve_images, strip_images
 from gateway.store.text import file_name
 
@@ -55,6 +58,10 @@ RunAsync = Callable[[Coroutine[Any, Any, Any], float], Any]
 """Runs a coroutine on the main loop from a worker thread and waits for its result (or raises)."""
 
 DOWNLOAD_TIMEOUT_S = 120.0
+DOWNLOAD_ATTEMPTS = 3
+"""Tries of one download that fails retryably (a network error, a platform's 5xx)."""
+ADAPTERS_READY_WAIT_S = 30.0
+"""How long a turn resumed at start-up waits for the adapters before downloading its files."""
 PICTURE_KINDS = frozenset({"image", "sticker", "animation"})
 _DECODABLE = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp", "image/bmp", "image/tiff"})
 UNSUPPORTED_IMAGES = re.compile(
@@ -98,11 +105,17 @@ class MediaService:
         run_async: runs an adapter coroutine on the main loop (``None``: downloads are refused).
         reader: transcribes voice and audio, extracts documents' text, saves originals into the
             session's workspace (``gateway.media.contents``; ``None``: described in words only).
+        readers: where images are decoded (``gateway.media.isolated``; default: in this thread).
+        adapters_ready: waits up to the given seconds for the adapters to have started (a turn
+            resumed at start-up runs before them); ``False``: they have not.
     """
 
     def __init__(self, config: MediaConfig, *, vision: bool, blobs: BlobStore, index: MediaIndex,
                  adapters: Mapping[str, object], run_async: RunAsync | None = None,
-                 reader: ContentReader | None = None) -> None:
+                 reader: ContentReader | None = None, readers: MediaReaders | None = None,
+                 adapters_ready: Callable[[float], bool] | None = None) -> None:
+        self.readers = readers or MediaReaders(processes=0)
+        self.adapters_ready = adapters_ready
         self.config = config
         self.reader = reader
         self.vision = vision
@@ -182,7 +195,7 @@ class MediaService:
             return reading.ref, reading.notice
         if sniff(data) in _DECODABLE:
             try:
-                rendition = prepare_image(data, self.config.image_max_side, self.config.image_max_bytes)
+                rendition = self.readers.prepare_image(data, self.config.image_max_side, self.config.image_max_bytes)
             except MediaError as exc:
                 return replace(ref, note=exc.user_message), exc.user_message
             return self._with_rendition(ref, rendition, uses), None
@@ -201,7 +214,7 @@ class MediaService:
             return ref
         try:
             data, _mime = self._fetch(message, Attachment("image", thumbnail_id, None, "image/jpeg"))
-            rendition = prepare_image(data, self.config.image_max_side, self.config.image_max_bytes)
+            rendition = self.readers.prepare_image(data, self.config.image_max_side, self.config.image_max_bytes)
         except MediaError:
             return ref
         return self._with_rendition(ref, rendition, uses)
@@ -227,16 +240,9 @@ class MediaService:
         adapter = self.adapters.get(message.platform)
         if adapter is None or not can_download(adapter) or self.run_async is None:
             raise DownloadFailed(f"files from {message.platform} cannot be downloaded here")
-        try:
-            data, served = self.run_async(adapter.download(message, attachment, limit),  # type: ignore[attr-defined]
-                                          DOWNLOAD_TIMEOUT_S)
-        except MediaError:
-            raise
-        except TimeoutError:
-            raise DownloadFailed("the download took too long", retryable=True) from None
-        except Exception as exc:  # an adapter bug must not fail the turn
-            log.warning("download of a %s from %s failed: %s", attachment.kind, message.platform, exc)
-            raise DownloadFailed("the download failed") from None
+        if self.adapters_ready is not None and not self.adapters_ready(ADAPTERS_READY_WAIT_S):
+            raise DownloadFailed(f"the connection to {message.platform} is not up yet", retryable=True)
+        data, served = self._download(adapter, message, attachment, limit)
         if len(data) > limit:
             raise FileTooBig(len(data), limit, "this gateway", f"{attachment.kind} files")
         if not data:
@@ -247,6 +253,24 @@ class MediaService:
                       or (is_image_type(found) != is_image_type(mime))):
             mime = found  # what the bytes are beats what was declared
         return data, (mime or "application/octet-stream").split(";")[0].strip()
+
+
+    @retry(retry=retry_if_exception(lambda exc: isinstance(exc, DownloadFailed) and exc.retryable),
+           stop=stop_after_attempt(DOWNLOAD_ATTEMPTS), wait=wait_exponential(multiplier=0.5, max=4), reraise=True)
+    def _download(self, adapter: object, message: InboundMessage, attachment: Attachment,
+                  limit: int) -> tuple[bytes, str]:
+        """The adapter's download, tried again after a network error, a timeout or a 5xx
+        (``DownloadFailed.retryable``; ``DOWNLOAD_ATTEMPTS`` in all, 0.5 s then 1 s apart)."""
+        try:
+            return self.run_async(adapter.download(message, attachment, limit),  # type: ignore[attr-defined,misc]
+                                  DOWNLOAD_TIMEOUT_S)
+        except MediaError:
+            raise
+        except TimeoutError:  # DOWNLOAD_TIMEOUT_S spent: not again
+            raise DownloadFailed("the download took too long") from None
+        except Exception as exc:  # an adapter bug must not fail the turn
+            log.warning("download of a %s from %s failed: %s", attachment.kind, message.platform, exc)
+            raise DownloadFailed("the download failed") from None
 
 
 def note_line(ref: MediaRef) -> str:
