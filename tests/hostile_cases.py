@@ -504,8 +504,8 @@ class FeishuCases(Generator):
                 "event": {"sender": {"sender_id": {"open_id": f"ou_fz{n:08d}", "union_id": "", "user_id": ""},
                                      "sender_type": "user", "tenant_key": self.tenant_key}, "message": message}}
 
-    def headers(self, body: bytes, key: str | None = None) -> list[tuple[bytes, bytes]]:
-        timestamp, nonce = str(int(time.time())), uuid.uuid4().hex
+    def headers(self, body: bytes, key: str | None = None, timestamp: str | None = None) -> list[tuple[bytes, bytes]]:
+        timestamp, nonce = timestamp or str(int(time.time())), uuid.uuid4().hex
         sig = lark_signature(timestamp, nonce, key or self.key, body)
         return [(b"Content-Type", b"application/json"), (b"X-Lark-Request-Timestamp", timestamp.encode()),
                 (b"X-Lark-Request-Nonce", nonce.encode()), (b"X-Lark-Signature", sig.encode())]
@@ -522,11 +522,6 @@ class FeishuCases(Generator):
         chat = self.chat_of("genuine", n)
         return self.push(_json(self.event(n, chat, f"genuine feishu {n}")), chat=chat)
 
-    def genuine_unsigned_plain(self, n: int) -> Case:
-        """The verification token alone authenticates a plain (unsigned) push."""
-        chat = self.chat_of("genuine", n)
-        return Case("", "", self.path, _json(self.event(n, chat, f"genuine plain {n}")),
-                    [(b"Content-Type", b"application/json")], chat=chat)
 
     def odd_text(self, n: int) -> Case:
         chat = self.chat_of("odd", n)
@@ -591,6 +586,17 @@ class FeishuCases(Generator):
         if self.rng.random() < 0.4:
             body = _json({"encrypt": encrypt_body(body, self.key)})
         return Case("", "", self.path, body, [(b"Content-Type", b"application/json")])
+
+    def forged_unsigned_with_token(self, n: int) -> Case:
+        """Unsigned although an encrypt key is set (Feishu then signs every push): refused even
+        with the right verification token (it leaks more easily than the key)."""
+        body = _json(self.event(n, self.chat_of("forged", n), f"FORGED unsigned {n}"))
+        return Case("", "", self.path, body, [(b"Content-Type", b"application/json")])
+
+    def forged_stale(self, n: int) -> Case:
+        """Signed with the right key, but older than Feishu's re-push window: a replay."""
+        body = self._forged_body(n)
+        return Case("", "", self.path, body, self.headers(body, timestamp=str(int(time.time()) - 9 * 3600)))
 
     def forged_unverifiable(self, n: int) -> Case:
         """Unsigned, and no readable token: nothing proves where it came from."""

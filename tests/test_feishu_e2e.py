@@ -182,7 +182,9 @@ async def test_topic_thread_reply_and_follow_up_without_mention(tmp_path, fake_f
     assert [m["thread_id"] for m in fake_feishu.sent(topic["chat_id"])][-2:] == [topic["thread_id"]] * 2
 
 
-async def test_encrypted_and_signed_events(tmp_path, fake_feishu, fake_openai, running, caplog):
+async def test_encrypted_and_signed_events(tmp_path, fake_feishu, fake_openai, running, caplog, monkeypatch):
+    import adapters.feishu.adapter as feishu_adapter
+
     caplog.set_level(logging.DEBUG)
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.text("decrypted and answered")
@@ -193,8 +195,14 @@ async def test_encrypted_and_signed_events(tmp_path, fake_feishu, fake_openai, r
     raw = (FIXTURES / "feishu" / "p2p_text_encrypted.json").read_bytes()
     headers = EXPECTED["p2p_text_encrypted.json"]["delivery"]["headers"]
     fake_feishu._learn(fixture("feishu", "p2p_text.json"))
-    status, _ = await fake_feishu.post_event(url(gateway), raw=raw, headers=headers)
+    # Recorded on 2025-01-01: today it is a replay, past Feishu's 7-hour re-push window.
+    assert (await fake_feishu.post_event(url(gateway), raw=raw, headers=headers))[0] == 401
+    fresh = feishu_adapter._fresh
+    recorded = float(headers["X-Lark-Request-Timestamp"])
+    monkeypatch.setattr(feishu_adapter, "_fresh", lambda timestamp: fresh(timestamp, now=recorded + 20))
+    status, _ = await fake_feishu.post_event(url(gateway), raw=raw, headers=headers)  # as on the day
     assert status == 200
+    monkeypatch.setattr(feishu_adapter, "_fresh", fresh)
     call = await fake_feishu.wait_for_call("create", lambda c: post_text(c.content) == "decrypted and answered")
     assert call.body["receive_id"] == P2P
     assert model_inputs(fake_openai)[0].endswith("Hello, what's on my calendar today?")
@@ -214,6 +222,9 @@ async def test_encrypted_and_signed_events(tmp_path, fake_feishu, fake_openai, r
     wrong_token = fake_feishu.text_event("wrong token", chat_id=P2P)
     wrong_token["header"]["token"] = "not-the-token"
     assert (await fake_feishu.post_event(url(gateway), wrong_token, encrypt=True))[0] == 401
+    # Unsigned while an encrypt key is set (Feishu then signs every push): forged, even when readable.
+    unsigned = fake_feishu.text_event("unsigned", chat_id=P2P)
+    assert (await fake_feishu.post_event(url(gateway), unsigned))[0] == 401
     # Unsigned and unreadable: nothing vouches for them (no signature, no readable token).
     garbage = json.dumps({"encrypt": "AAECAwQFBgcICQoLDA0ODw==" + "Zm9v" * 8}).encode()
     assert (await fake_feishu.post_event(url(gateway), raw=garbage))[0] == 401

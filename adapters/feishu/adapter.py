@@ -499,12 +499,16 @@ class FeishuAdapter:
         """
         signed = False
         signature = header_bytes(request.headers.get("X-Lark-Signature"))
-        if signature and self._encrypt_key:
+        if self._encrypt_key:  # Feishu signs every push once an encrypt key is set: unsigned is forged
+            if not signature:
+                return 401, None, "no signature (an encrypt key is set, so Feishu signs every request)"
             timestamp = header_bytes(request.headers.get("X-Lark-Request-Timestamp"))
             nonce = header_bytes(request.headers.get("X-Lark-Request-Nonce"))
             expected = hashlib.sha256(timestamp + nonce + self._encrypt_key.encode() + raw).hexdigest().encode()
             if not hmac.compare_digest(expected, signature):
                 return 401, None, "bad signature"
+            if not _fresh(timestamp):
+                return 401, None, "stale or malformed timestamp (a replayed request)"
             signed = True
         unreadable = 200 if signed else 401  # unsigned, only the token inside can vouch for it
         try:
@@ -831,3 +835,20 @@ class FeishuAdapter:
                 await self._call(invoke)
             except Exception as exc:
                 log.debug("feishu typing reaction removal failed: %s", type(exc).__name__)
+
+
+SIGNED_MAX_AGE_S = 8 * 3600.0
+"""How old a signed push's ``X-Lark-Request-Timestamp`` may be: Feishu re-pushes an event it got no
+200 for after 15 s, 5 min, 1 h and 6 h (about 7.1 h in all), so older is a replay; within it the
+inbox drops a repeated ``event_id``."""
+SIGNED_MAX_AHEAD_S = 300.0
+
+
+def _fresh(timestamp: bytes, now: float | None = None) -> bool:
+    """Whether a signed request's timestamp (epoch seconds) is within the re-push window."""
+    try:
+        at = int(timestamp.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return False
+    now = time.time() if now is None else now
+    return now - SIGNED_MAX_AGE_S <= at <= now + SIGNED_MAX_AHEAD_S

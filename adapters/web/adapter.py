@@ -27,7 +27,7 @@ import json
 import logging
 import math
 import uuid
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlencode
@@ -39,6 +39,7 @@ from adapters.web.format import INLINE_IMAGE_TYPES, attachment_html, markdown_ht
 from adapters.web.inbound import MEDIA_TYPE, TENANT, WebInputError, client_id_of, message_from_post
 from adapters.web.quota import UploadQuota
 from adapters.wire import UnreadableBody, header_bytes, load_json
+from gateway.core.clients import Network, client_address
 from gateway.core.errors import BlobMissing
 from gateway.core.files import MB, human_size
 from gateway.core.i18n import accept_language
@@ -55,6 +56,9 @@ it, and a cross-site script would need a CORS preflight this server never grants
 POLL_S = 1.0
 """How often an open page's stream looks for new transcript rows (turns from other platforms)."""
 HEARTBEAT_S = 15.0
+ADDRESS_FACTOR = 4
+"""One client address may upload this many times one browser's quota (several people behind one
+NAT; a fresh cookie per request gets no more than this)."""
 MAX_STREAMS_PER_USER = 8
 """Open event streams one web user may hold (tabs, devices); a further one gets 429 (the page
 retries it, so it comes in once another tab closes)."""
@@ -81,8 +85,16 @@ class WebAdapter:
     receiver_lease: str | None = None
 
     def __init__(self, *, secret: str, cookie_secure: bool = False, uploads_per_hour: int = 60,
-                 upload_mb_per_hour: float = 200.0) -> None:
+                 upload_mb_per_hour: float = 200.0, streams_per_address: int = 64, max_streams: int = 500,
+                 proxies: tuple[Network, ...] = ()) -> None:
         self._uploads = UploadQuota(uploads_per_hour, int(upload_mb_per_hour * MB))
+        # identities are free (a new cookie per visit): the client's address is limited too
+        self._address_uploads = UploadQuota(uploads_per_hour * ADDRESS_FACTOR,
+                                            int(upload_mb_per_hour * MB) * ADDRESS_FACTOR)
+        self._proxies = proxies
+        self._streams_per_address = streams_per_address
+        self._max_streams = max_streams
+        self._streams: Counter[str] = Counter()  # open event streams per client address
         self._signer = Signer(secret, salt="gateway-web-user")
         self._tickets = Signer(secret, salt="gateway-web-file")
         self._blobs: BlobStore | None = None
@@ -242,7 +254,8 @@ class WebAdapter:
         if request.content_length is not None and request.content_length > limit:
             return _error(413, f"the file is too big ({request.content_length / 1e6:.1f} MB); "
                                f"the web chat takes files up to {limit / 1e6:g} MB")
-        if (refused := self._over_quota(user_id, request.content_length or 1)) is not None:
+        address = client_address(request, self._proxies)
+        if (refused := self._over_quota(user_id, address, request.content_length or 1)) is not None:
             return refused
         data = bytearray()
         async for chunk in request.content.iter_chunked(64 * 1024):
@@ -251,9 +264,10 @@ class WebAdapter:
                 return _error(413, f"the file is too big; the web chat takes files up to {limit / 1e6:g} MB")
         if not data:
             return _error(400, "the file is empty")
-        if request.content_length is None and (refused := self._over_quota(user_id, len(data))) is not None:
+        if request.content_length is None and (refused := self._over_quota(user_id, address, len(data))) is not None:
             return refused  # a chunked body: its size is known only now
         self._uploads.add(user_id, len(data))
+        self._address_uploads.add(address, len(data))
         mime = (request.content_type or "application/octet-stream").lower()
         if mime in ("application/x-www-form-urlencoded", "multipart/form-data") or not MEDIA_TYPE.fullmatch(mime):
             mime = "application/octet-stream"
@@ -262,13 +276,16 @@ class WebAdapter:
         return web.json_response({"ok": True, "file": {"sha256": ref.sha256, "ticket": self.ticket(user_id, ref.sha256),
                                                        "name": name, "mime_type": mime, "size": ref.size}})
 
-    def _over_quota(self, user_id: str, size: int) -> web.Response | None:
-        """429 (with ``Retry-After``) when ``user_id`` may not upload ``size`` more bytes this hour."""
-        wait = self._uploads.wait_s(user_id, size)
-        if wait is None:
-            return None
-        return _error(429, f"too many uploads from this browser; try again in {max(1, round(wait / 60))} min",
-                      headers={"Retry-After": str(max(1, math.ceil(wait)))})
+    def _over_quota(self, user_id: str, address: str, size: int) -> web.Response | None:
+        """429 (with ``Retry-After``) when ``user_id``, or anyone at ``address``, may not upload
+        ``size`` more bytes this hour."""
+        for quota, key, who in ((self._uploads, user_id, "this browser"),
+                                (self._address_uploads, address, "this address")):
+            wait = quota.wait_s(key, size)
+            if wait is not None:
+                return _error(429, f"too many uploads from {who}; try again in {max(1, round(wait / 60))} min",
+                              headers={"Retry-After": str(max(1, math.ceil(wait)))})
+        return None
 
     async def _file(self, request: web.Request) -> web.StreamResponse:
         """``GET /web/files/<sha256>?t=<ticket>``: a blob of this browser's conversation (an upload or
@@ -307,11 +324,18 @@ class WebAdapter:
         except ValueError:
             return _error(400, "after must be a message id")
         known = request.query.get("session") or None
+        address = client_address(request, self._proxies)
+        if sum(self._streams.values()) >= self._max_streams:
+            return _error(503, "the chat is at its limit of open pages; try again in a minute",
+                          headers={"Retry-After": "60"})
+        if self._streams[address] >= self._streams_per_address:
+            return _error(429, f"too many open chat pages from this address (at most {self._streams_per_address})")
         listeners = self._listeners.setdefault(user_id, set())
         if len(listeners) >= MAX_STREAMS_PER_USER:
             return _error(429, f"too many open chat pages (at most {MAX_STREAMS_PER_USER}); close one")
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         listeners.add(queue)  # before the first await, so parallel opens count each other
+        self._streams[address] += 1
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                "X-Accel-Buffering": "no"})
         answered: deque[str] = deque(maxlen=20)  # assistant texts shown from the transcript
@@ -363,9 +387,12 @@ class WebAdapter:
                 while not queue.empty():
                     events.append(queue.get_nowait())
                 read = any(e is None or e["type"] == "reply" for e in events)
-        except (ConnectionResetError, asyncio.CancelledError):
+        except (ConnectionError, asyncio.CancelledError):  # aiohttp's "Connection lost" is a plain one
             return response
         finally:
+            self._streams[address] -= 1
+            if self._streams[address] <= 0:
+                del self._streams[address]
             listeners.discard(queue)
             if not listeners:
                 self._listeners.pop(user_id, None)

@@ -4,7 +4,9 @@ Counts failed logins in a sliding window: at most ``per_client`` failures per cl
 ``overall`` failures from all addresses together per ``window_s`` (defaults: 5 per address, 100
 overall, per 5 minutes, the "limit failed attempts" control of the OWASP Authentication Cheat
 Sheet). Past either limit, login answers 429 with ``Retry-After`` until the oldest failure leaves
-the window, even for the right password. A correct login clears its address's failures.
+the window, even for the right password; the overall limit binds only addresses that have failed
+in the window themselves, so guesses from elsewhere never lock the admin out. A correct login
+clears its address's failures.
 Held in this process: each instance counts on its own (N instances allow N times the figures).
 """
 
@@ -56,7 +58,7 @@ class LoginLimiter:
                 del self._by_client[client]
             elif len(failures) >= self.per_client:
                 waits.append(failures[-self.per_client] + self.window_s - now)
-        if len(self._all) >= self.overall:
+        if failures and len(self._all) >= self.overall:  # only an address that has guessed wrong itself
             waits.append(self._all[-self.overall] + self.window_s - now)
         return max(1, math.ceil(max(waits))) if waits else None
 

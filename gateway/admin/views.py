@@ -32,6 +32,7 @@ from gateway.admin.charts import bar_chart, stacked_chart
 from gateway.admin.limits import LoginLimiter
 from gateway.admin.queries import AdminQueries
 from gateway.admin.sessions import AdminSessions
+from gateway.core.clients import client_address
 from gateway.ops.usage_limits import usd
 from gateway.scheduler.planner import format_address, job_schedule, local_time, next_fire_of
 from gateway.tools.approvals import decide_reply
@@ -165,7 +166,7 @@ class AdminSite:
         if not self.auth.csrf_ok(request, form.get(CSRF_FIELD)):
             return web.Response(status=403, text="CSRF token missing or wrong: reload the page and try again.")
         target = _safe_next(str(form.get("next", "")))
-        client = request.remote or "unknown"
+        client = client_address(request, self.gateway.config.http.proxies())
         wait_s = self.limiter.retry_after(client)
         if wait_s is not None:
             return web.Response(status=429, headers={"Retry-After": str(wait_s)},

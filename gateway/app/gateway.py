@@ -445,7 +445,10 @@ class Gateway:
             routes += admin_routes(self)
             app = build_app(routes, self._ready, self._metrics, CONTENT_TYPE, accepting=lambda: self.started,
                             instance=self.instance_id)
-            self._runner = web.AppRunner(app, access_log=None)
+            # A connection that has not sent a whole request within idle_timeout_s (from its start, or
+            # since its last response) is closed: aiohttp's default, an hour, let a client holding
+            # idle sockets use up the process's file descriptors (every endpoint then went dark).
+            self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=self.config.http.idle_timeout_s)
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.config.http.host, self.config.http.port,
                                reuse_port=self.config.http.reuse_port or None)

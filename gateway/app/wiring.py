@@ -69,7 +69,9 @@ def build_adapters(config: GatewayConfig) -> list[Adapter]:
 
         adapters.append(WebAdapter(secret=config.web_secret(), cookie_secure=config.web.cookie_secure,
                                    uploads_per_hour=config.web.uploads_per_hour,
-                                   upload_mb_per_hour=config.web.upload_mb_per_hour))
+                                   upload_mb_per_hour=config.web.upload_mb_per_hour,
+                                   streams_per_address=config.web.streams_per_address,
+                                   max_streams=config.web.max_streams, proxies=config.http.proxies()))
     return adapters
 
 

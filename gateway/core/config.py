@@ -53,10 +53,35 @@ class DatabaseConfig(_Section):
 class HttpConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    trusted_proxies: list[str] = Field(default_factory=list)
+    """Addresses or networks of reverse proxies in front of the gateway (``["172.16.0.0/12"]`` for
+    Caddy in the shipped compose file): a request from one is attributed to the client address in
+    its ``X-Forwarded-For`` for per-client limits (``gateway.core.clients``); empty: the connecting
+    address, the header ignored."""
+    idle_timeout_s: float = Field(default=15.0, gt=0)
+    """A connection is closed when it has not sent a whole request this long after it opened or
+    after its last response (slow or idle clients; a request being answered is never cut)."""
     reuse_port: bool = False
     """Listen with ``SO_REUSEPORT``: several processes on one host share ``port`` and the kernel
     spreads connections over them (set for each worker of ``gateway run --workers N``; set it
     yourself for processes started some other way, e.g. a systemd template unit)."""
+
+    @field_validator("trusted_proxies", mode="after")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        from gateway.core.clients import parse_networks
+
+        try:
+            parse_networks(value)
+        except ValueError as exc:
+            raise ValueError(f"not an address or network: {exc}") from None
+        return value
+
+    def proxies(self) -> tuple[Any, ...]:
+        """``trusted_proxies`` parsed (``gateway.core.clients.parse_networks``)."""
+        from gateway.core.clients import parse_networks
+
+        return parse_networks(self.trusted_proxies)
 
 
 class LlmConfig(RoutesMixin):
@@ -564,6 +589,11 @@ class WebConfig(_Section):
     """Files one browser may upload to the web chat per hour (``POST /web/files``; 429 past it)."""
     upload_mb_per_hour: float = Field(default=200.0, gt=0)
     """Megabytes one browser may upload to the web chat per hour (429 past it)."""
+    streams_per_address: int = Field(default=64, ge=1)
+    """Open chat pages (event streams) from one client address (``http.trusted_proxies``); an
+    address also gets four times the per-browser upload quota, since identities are free."""
+    max_streams: int = Field(default=500, ge=1)
+    """Open chat pages this process serves at once (each costs a poll of the database a second)."""
 
 
 class AccessConfig(_Section):

@@ -80,6 +80,10 @@ LINK_GUESSES = 5
 LINK_GUESS_WINDOW_S = 900.0
 """At most ``LINK_GUESSES`` wrong ``/link CODE`` guesses per user in ``LINK_GUESS_WINDOW_S``; past
 that, ``/link CODE`` is refused (even with a right code) until the oldest guess leaves the window."""
+LINK_GUESSES_OVERALL = 100
+"""Wrong guesses by all users together in ``LINK_GUESS_WINDOW_S`` after which ``/link CODE`` is
+refused for everyone until the oldest leaves the window: identities are free (a new web cookie, a
+new account), so a per-user limit alone let one client try some 365 codes a second."""
 
 
 class CodeError(Exception):
@@ -279,9 +283,16 @@ class Directory:
             guesses = conn.execute(select(_link_failures.c.failed_at).where(
                 _link_failures.c.user_id == user_id, _link_failures.c.failed_at > now - LINK_GUESS_WINDOW_S)
                 .order_by(_link_failures.c.failed_at.desc()).limit(LINK_GUESSES)).scalars().all()
+            overall = conn.execute(select(_link_failures.c.failed_at).where(
+                _link_failures.c.failed_at > now - LINK_GUESS_WINDOW_S)
+                .order_by(_link_failures.c.failed_at.desc()).limit(LINK_GUESSES_OVERALL)).scalars().all()
         if len(guesses) >= LINK_GUESSES:
             minutes = max(1, math.ceil((min(guesses) + LINK_GUESS_WINDOW_S - now) / 60))
             raise CodeError(_("Too many wrong codes; try again in {minutes} minutes.", minutes=minutes))
+        if len(overall) >= LINK_GUESSES_OVERALL:
+            minutes = max(1, math.ceil((min(overall) + LINK_GUESS_WINDOW_S - now) / 60))
+            raise CodeError(_("Too many wrong codes are being tried right now; try again in {minutes} minutes.",
+                              minutes=minutes))
         try:
             return self._join(code, user_id, now)
         except WrongCode:

@@ -1,0 +1,138 @@
+"""Per-client limits on the HTTP surface, against a running gateway: a connection that sends no
+whole request is closed after ``http.idle_timeout_s`` (aiohttp's default, an hour, let idle
+sockets use up the process's file descriptors and every endpoint went dark); one address may hold
+``web.streams_per_address`` chat pages and upload four browsers' quota however many identities it
+makes; behind a trusted proxy the client is the address the proxy forwarded; wrong ``/link``
+codes from many identities together close ``/link`` for a while."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import aiohttp
+import pytest
+
+from tests.conftest import gateway_config, start_gateway
+from tests.web_client import WebClient
+
+
+def base_of(gateway) -> str:
+    return f"http://127.0.0.1:{gateway.http_port}"
+
+
+def _closed_within(port: int, send: bytes, seconds: float) -> float | None:
+    """Opens a connection, sends ``send``, and returns after how long the server closed it (or
+    ``None`` if it was still open after ``seconds``)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=seconds) as sock:
+        started = time.monotonic()
+        if send:
+            sock.sendall(send)
+        try:
+            while sock.recv(4096):
+                pass
+        except TimeoutError:
+            return None
+        return time.monotonic() - started
+
+
+async def test_a_connection_without_a_whole_request_is_closed_after_the_idle_timeout(tmp_path, fake_openai,
+                                                                                     running):
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, http={"idle_timeout_s": 1}), running)
+    port = gateway.http_port
+    silent, trickle = await asyncio.gather(
+        asyncio.to_thread(_closed_within, port, b"", 10),
+        asyncio.to_thread(_closed_within, port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n", 10))  # headers never end
+    assert silent is not None and 0.5 < silent < 4, silent
+    assert trickle is not None and trickle < 4, trickle
+    async with aiohttp.ClientSession() as http, http.get(f"{base_of(gateway)}/healthz") as response:
+        assert response.status == 200  # a real request is served as before
+
+
+async def test_one_address_holds_a_bounded_number_of_chat_pages_and_uploads(tmp_path, fake_openai, running):
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, web={
+        "streams_per_address": 3, "uploads_per_hour": 1, "upload_mb_per_hour": 1.0}), running)
+    clients = [WebClient(base_of(gateway)) for _ in range(6)]
+    try:
+        for client in clients:
+            await client.open()  # a fresh identity each: identities are free
+        statuses = []
+        streams = []
+        for client in clients[:4]:
+            response = await client.http.get(f"{client.base}/web/events?after=0")
+            statuses.append(response.status)
+            streams.append(response)
+        assert statuses == [200, 200, 200, 429], statuses
+        assert "from this address" in (await streams[3].json())["error"]
+        streams[0].close()
+        await asyncio.sleep(1.5)  # the server notices the closed page at its next poll
+        again = await clients[4].http.get(f"{clients[4].base}/web/events?after=0")
+        assert again.status == 200
+        again.close()
+        for stream in streams[1:3]:
+            stream.close()
+
+        uploads = [(await client.upload(b"file %d" % n, "text/plain", "a.txt"))[0] for n, client in enumerate(clients)]
+        assert uploads == [200, 200, 200, 200, 429, 429], uploads  # four browsers' worth from one address
+    finally:
+        for client in clients:
+            await client.close()
+
+
+async def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_limits(tmp_path, fake_openai, running):
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, http={"trusted_proxies": ["127.0.0.1/32"]},
+                                                 web={"streams_per_address": 1}), running)
+    client = WebClient(base_of(gateway))
+    try:
+        await client.open()
+        first = await client.http.get(f"{client.base}/web/events?after=0",
+                                      headers={"X-Forwarded-For": "198.51.100.7, 127.0.0.1"})
+        second = await client.http.get(f"{client.base}/web/events?after=0",
+                                       headers={"X-Forwarded-For": "203.0.113.9"})
+        same = await client.http.get(f"{client.base}/web/events?after=0",
+                                     headers={"X-Forwarded-For": "198.51.100.7"})
+        assert (first.status, second.status, same.status) == (200, 200, 429)
+        for response in (first, second, same):
+            response.close()
+    finally:
+        await client.close()
+
+
+def test_client_addresses_take_the_forwarded_hop_only_from_a_trusted_proxy():
+    from aiohttp.test_utils import make_mocked_request
+
+    from gateway.core.clients import client_address, parse_networks
+
+    proxies = parse_networks(["10.0.0.0/8"])
+
+    def request(remote: str, forwarded: str | None = None):
+        headers = {"X-Forwarded-For": forwarded} if forwarded else {}
+        made = make_mocked_request("GET", "/", headers=headers)
+        made._transport_peername = (remote, 1234)  # what aiohttp reads request.remote from
+        return made
+
+    assert client_address(request("10.1.1.1", "203.0.113.5, 10.2.2.2"), proxies) == "203.0.113.5"
+    assert client_address(request("198.51.100.1", "203.0.113.5"), proxies) == "198.51.100.1"  # not a proxy: ignored
+    assert client_address(request("10.1.1.1", "6.6.6.6, 203.0.113.5"), proxies) == "203.0.113.5"  # right-most
+    assert client_address(request("2001:db8:1:2:aa::1"), proxies) == "2001:db8:1:2::/64"
+    with pytest.raises(ValueError):
+        parse_networks(["not-a-network"])
+
+
+def test_wrong_link_codes_from_many_identities_close_link_for_a_while(tmp_path):
+    """Five wrong codes per user, but a web identity is free: one client made 1,000 guesses in
+    2.7 s with fresh cookies. Past ``LINK_GUESSES_OVERALL`` wrong codes in the window from all
+    users together, ``/link`` is refused for everyone until the oldest leaves the window."""
+    from gateway.sessions.directory import LINK_GUESSES_OVERALL, CodeError, Directory, WrongCode
+    from gateway.store.db import create_db_engine, upgrade
+
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'link.db'}")
+    upgrade(engine)
+    directory = Directory(engine)
+    for n in range(LINK_GUESSES_OVERALL):
+        with pytest.raises(WrongCode):
+            directory.link("WRONG1", f"guesser-{n}")
+    with pytest.raises(CodeError, match="being tried right now; try again in 15 minutes"):
+        directory.link("WRONG1", "guesser-new")
+    engine.dispose()
