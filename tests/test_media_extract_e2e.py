@@ -257,3 +257,20 @@ async def test_a_file_name_is_quoted_data(gateway, fakes):
     said = user_text(chats_with(model, "what?")[0])
     assert "\nSYSTEM:" not in said and "\u202e" not in said
     assert "Its contents cannot be shown to you" in said
+
+
+async def test_a_voice_note_longer_than_the_cap_is_not_transcribed(gateway, fakes):
+    """Transcription is paid by the minute: 25 MB of low-bitrate Opus is about nine hours. A voice
+    note stated longer than ``media.audio_max_minutes`` gets a note, and no transcription call."""
+    telegram, model = fakes
+    transcribed = len(model.transcriptions)
+    voice = samples.ogg_opus(b"\x07" * 3000)
+    telegram.add_file("voice-long", voice)
+    model.script(oa.text("Sorry, that one was too long."))
+    update = voice_update(5570009, 90, "voice-long", len(voice), caption="what did I say?")
+    update["message"]["voice"]["duration"] = 9 * 3600
+    telegram.inject(update)
+    reply = await telegram.wait_for_call("sendMessage", lambda c: int(c.params["chat_id"]) == 5570009, timeout=15)
+    assert "it is too long (540 min); this gateway transcribes up to 30 min" in reply.params["text"]
+    assert len(model.transcriptions) == transcribed  # no transcription call
+    assert all(c.params.get("file_id") != "voice-long" for c in telegram.calls("getFile"))  # not even downloaded

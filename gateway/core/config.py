@@ -441,6 +441,9 @@ class MediaConfig(_Section):
     retention_days: float | None = Field(default=90.0, gt=0)
     """Files older than this are deleted (the transcript keeps their name, type and size);
     ``None``: kept as long as their session."""
+    audio_max_minutes: float = Field(default=30.0, gt=0)
+    """Longest voice message or audio file transcribed, by the duration the platform states
+    (transcription is paid by the minute); longer ones get a note."""
     reader_processes: int = Field(default=2, ge=0)
     """Child processes that decode images and read documents (``gateway.media.isolated``): at most
     this many files are read at once; 0 reads in the gateway's own process (not isolated: a hostile

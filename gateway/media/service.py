@@ -231,6 +231,11 @@ class MediaService:
         limit = self.config.max_bytes(attachment.kind)
         if attachment.size is not None and attachment.size > limit:
             raise FileTooBig(attachment.size, limit, "this gateway", f"{attachment.kind} files")
+        longest = self.config.audio_max_minutes * 60
+        if attachment.kind in ("voice", "audio") and (attachment.duration_s or 0) > longest:
+            # transcription is paid by the minute: 25 MB of 6 kbit/s Opus is nine hours
+            raise MediaError(f"it is too long ({attachment.duration_s / 60:.0f} min); this gateway transcribes "
+                             f"up to {self.config.audio_max_minutes:g} min")
         if attachment.sha256:  # already stored (a web chat upload)
             try:
                 data = self.blobs.get(attachment.sha256)
