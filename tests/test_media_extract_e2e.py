@@ -267,10 +267,10 @@ async def test_a_voice_note_longer_than_the_cap_is_not_transcribed(gateway, fake
     voice = samples.ogg_opus(b"\x07" * 3000)
     telegram.add_file("voice-long", voice)
     model.script(oa.text("Sorry, that one was too long."))
-    update = voice_update(5570009, 90, "voice-long", len(voice), caption="what did I say?")
+    update = voice_update(5570991, 90, "voice-long", len(voice), caption="what did I say?")
     update["message"]["voice"]["duration"] = 9 * 3600
     telegram.inject(update)
-    reply = await telegram.wait_for_call("sendMessage", lambda c: int(c.params["chat_id"]) == 5570009, timeout=15)
+    reply = await telegram.wait_for_call("sendMessage", lambda c: int(c.params["chat_id"]) == 5570991, timeout=15)
     assert "it is too long (540 min); this gateway transcribes up to 30 min" in reply.params["text"]
     assert len(model.transcriptions) == transcribed  # no transcription call
     assert all(c.params.get("file_id") != "voice-long" for c in telegram.calls("getFile"))  # not even downloaded
