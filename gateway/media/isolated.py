@@ -42,9 +42,9 @@ TOO_MUCH_MEMORY = "reading it needs more memory than this gateway gives one file
 def _call(kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     from gateway.media import extract, images
 
-    function: Callable[..., Any] = {"prepare_image": images.prepare_image, "thumbnail": images.thumbnail,
-                                    "extract": extract.extract}[kind]
-    return function(*args, **kwargs)
+    functions: dict[str, Callable[..., Any]] = {"prepare_image": images.prepare_image,
+                                                "thumbnail": images.thumbnail, "extract": extract.extract}
+    return functions[kind](*args, **kwargs)
 
 
 def serve(fd: int, memory_bytes: int) -> None:

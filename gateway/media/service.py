@@ -232,9 +232,10 @@ class MediaService:
         if attachment.size is not None and attachment.size > limit:
             raise FileTooBig(attachment.size, limit, "this gateway", f"{attachment.kind} files")
         longest = self.config.audio_max_minutes * 60
-        if attachment.kind in ("voice", "audio") and (attachment.duration_s or 0) > longest:
+        stated = attachment.duration_s or 0.0
+        if attachment.kind in ("voice", "audio") and stated > longest:
             # transcription is paid by the minute: 25 MB of 6 kbit/s Opus is nine hours
-            raise MediaError(f"it is too long ({attachment.duration_s / 60:.0f} min); this gateway transcribes "
+            raise MediaError(f"it is too long ({stated / 60:.0f} min); this gateway transcribes "
                              f"up to {self.config.audio_max_minutes:g} min")
         if attachment.sha256:  # already stored (a web chat upload)
             try:
