@@ -332,3 +332,32 @@ async def test_bodies_that_are_not_forms_get_400_not_a_server_error(tmp_path, fa
         assert status == 200  # still logged in: nothing happened
     finally:
         await operator.http.close()
+
+
+async def test_a_csrf_token_for_a_planted_nonce_is_refused_in_a_logged_in_browser(tmp_path, fake_openai, running):
+    """The token was an HMAC of the nonce cookie alone: an attacker who learned the token for a
+    nonce of their choosing (any visitor of /admin/login) and planted that nonce in the admin's
+    browser (a sibling subdomain, or plain HTTP) could post forms there. It now covers the
+    browser's session cookie too."""
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, web=ADMIN), running)
+    attacker, admin = Operator(base_of(gateway)), Operator(base_of(gateway))
+    try:
+        await attacker.get("/admin/login")
+        planted = next(c.value for c in attacker.http.cookie_jar if c.key == "gw_admin_nonce")
+        await admin.login()
+        await admin.get("/admin/jobs")
+        assert (await admin.post("/admin/jobs/nojob/run")).status == 302  # its own token works
+        from http.cookies import SimpleCookie
+
+        from yarl import URL
+
+        cookie = SimpleCookie()
+        cookie["gw_admin_nonce"] = planted
+        cookie["gw_admin_nonce"]["path"] = "/admin"  # replaces the admin's own nonce
+        admin.http.cookie_jar.update_cookies(cookie, response_url=URL(base_of(gateway) + "/admin/login"))
+        assert [c.value for c in admin.http.cookie_jar if c.key == "gw_admin_nonce"] == [planted]
+        admin.csrf = attacker.csrf  # the token the attacker got for the planted nonce
+        assert (await admin.post("/admin/jobs/nojob/run")).status == 403
+    finally:
+        await attacker.http.close()
+        await admin.http.close()

@@ -91,13 +91,19 @@ class AdminAuth:
                                 path="/admin")
         return value
 
-    def csrf_token(self, nonce: str) -> str:
-        """The token forms carry for ``nonce``."""
-        return hmac.new(self._secret, b"csrf:" + nonce.encode(), hashlib.sha256).hexdigest()
+    def csrf_token(self, nonce: str, session: str = "") -> str:
+        """The token forms carry for ``nonce`` and the browser's session cookie ``session`` (its
+        raw value; ``""`` before login): a nonce planted in a browser (from a sibling subdomain, or
+        over plain HTTP) is worth nothing without that browser's session."""
+        return hmac.new(self._secret, b"csrf:" + nonce.encode() + b"\0" + session.encode(), hashlib.sha256).hexdigest()
+
+    def csrf_for(self, request: web.Request, nonce: str) -> str:
+        """``csrf_token`` for a page rendered for ``request``."""
+        return self.csrf_token(nonce, request.cookies.get(SESSION_COOKIE, ""))
 
     def csrf_ok(self, request: web.Request, token: object) -> bool:
-        """Whether a POST's ``token`` matches the browser's nonce cookie."""
+        """Whether a POST's ``token`` matches the browser's nonce and session cookies."""
         nonce = request.cookies.get(NONCE_COOKIE)
         if not nonce or not isinstance(token, str) or not token:
             return False
-        return hmac.compare_digest(token.encode("utf-8", "surrogatepass"), self.csrf_token(nonce).encode())
+        return hmac.compare_digest(token.encode("utf-8", "surrogatepass"), self.csrf_for(request, nonce).encode())

@@ -118,7 +118,7 @@ class AdminSite:
         if flash:
             response.del_cookie(FLASH_COOKIE, path="/admin")
         response.text = self.env.get_template(template).render(
-            csrf_field=CSRF_FIELD, csrf=self.auth.csrf_token(nonce), flash=flash, path=request.path, **context)
+            csrf_field=CSRF_FIELD, csrf=self.auth.csrf_for(request, nonce), flash=flash, path=request.path, **context)
         return response
 
     def _page(self, handler: Page) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
