@@ -10,7 +10,8 @@ started on first use, with no secret in their environment, each with ``RLIMIT_AS
 ``memory_bytes``): a call that takes longer than ``timeout_s``
 has its process killed (a new one is started for the next call), one that runs out of memory gets
 ``MemoryError`` there; either way the caller gets a ``MediaError`` whose message says why, and the
-message is answered with that note. At most ``processes`` files are read at once; more wait.
+message is answered with that note. At most ``processes`` files are read at once; more wait, at
+most ``timeout_s`` (then they get a note too: one user's flood of files cannot hold everyone's).
 
 ``processes = 0`` reads in the calling thread (no isolation; tests of the readers themselves).
 """
@@ -155,7 +156,10 @@ class MediaReaders:
                 raise MediaError(f"it could not be read ({type(exc).__name__})") from exc
         if self._closed.is_set():
             raise MediaError("the gateway is stopping")
-        child = self._slots.get()
+        try:  # every reader busy for a whole file's time: other files (a flood of them) go first
+            child = self._slots.get(timeout=self.timeout_s)
+        except queue.Empty:
+            raise MediaError("the gateway is busy reading other files; please send it again in a minute") from None
         try:
             if child is None or not child.alive():
                 child = _Child(self.memory_bytes)
