@@ -73,6 +73,8 @@ class ShellResult:
 
 
 Isolation = Literal["bubblewrap", "namespaces", "none"]
+MAX_FILE_BYTES = 100 << 20
+"""Largest file a command may write (``RLIMIT_FSIZE``), and at most the workspace's quota."""
 
 _ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "passwd", "group", "nsswitch.conf",
               "localtime", "timezone", "mime.types", "ssl", "ca-certificates", "ca-certificates.conf",
@@ -106,11 +108,12 @@ def _bwrap_prefix(cwd: Path, allow_network: bool, tmp_bytes: int | None = None) 
             argv += ["--ro-bind", str(path), str(path)]
     for name in _ETC_FILES:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
-    if tmp_bytes is not None and _bwrap_sizes_tmpfs():
-        argv += ["--size", str(tmp_bytes)]
-    argv += ["--tmpfs", "/tmp", "--bind", str(cwd), str(cwd),
-             "--chdir", str(cwd), "--"]
+    sized = tmp_bytes is not None and _bwrap_sizes_tmpfs()
+    size = ["--size", str(tmp_bytes)] if sized else []
+    # /dev is a tmpfs too (the device nodes): read-only, or it would be RAM without a bound; its
+    # shm, for programs that need shared memory, is sized like /tmp
+    argv += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+             *size, "--tmpfs", "/tmp", "--bind", str(cwd), str(cwd), "--chdir", str(cwd), "--"]
     return argv
 
 
@@ -198,10 +201,10 @@ class Sandbox:
                 + (f", /tmp {self.tmp_bytes >> 20} MiB" if self.isolation == "bubblewrap" else "") + "; "
                 f"{self.process_cap.describe()}")
 
-    def _limits(self) -> None:  # runs in the child between fork and exec
+    def _limits(self, file_bytes: int) -> None:  # runs in the child between fork and exec
         resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s))
         resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (100 << 20, 100 << 20))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
     def run(self, command: str, cwd: Path, max_disk_bytes: int | None = None) -> ShellResult:
@@ -222,8 +225,10 @@ class Sandbox:
 
     def _run(self, argv: list[str], cwd: Path, env: dict[str, str], slot: Path | int | None,
              disk: DiskWatch | None) -> ShellResult:
+        file_bytes = min(MAX_FILE_BYTES, disk.limit) if disk is not None else MAX_FILE_BYTES
+
         def before_exec() -> None:  # runs in the child between fork and exec
-            self._limits()
+            self._limits(file_bytes)
             ProcessCap.join(slot)
 
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

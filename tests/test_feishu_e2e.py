@@ -222,9 +222,14 @@ async def test_encrypted_and_signed_events(tmp_path, fake_feishu, fake_openai, r
     wrong_token = fake_feishu.text_event("wrong token", chat_id=P2P)
     wrong_token["header"]["token"] = "not-the-token"
     assert (await fake_feishu.post_event(url(gateway), wrong_token, encrypt=True))[0] == 401
-    # Unsigned while an encrypt key is set (Feishu then signs every push): forged, even when readable.
+    # Unsigned while an encrypt key is set (Feishu then signs every event): forged, even when
+    # readable and carrying the token; an unsigned URL challenge is still answered (token checked).
     unsigned = fake_feishu.text_event("unsigned", chat_id=P2P)
     assert (await fake_feishu.post_event(url(gateway), unsigned))[0] == 401
+    assert (await fake_feishu.post_event(url(gateway), unsigned, encrypt=True, sign=False))[0] == 401
+    plain_challenge = {**challenge, "challenge": "plain-challenge-2"}
+    assert await fake_feishu.post_event(url(gateway), plain_challenge, encrypt=True, sign=False) == \
+        (200, {"challenge": "plain-challenge-2"})
     # Unsigned and unreadable: nothing vouches for them (no signature, no readable token).
     garbage = json.dumps({"encrypt": "AAECAwQFBgcICQoLDA0ODw==" + "Zm9v" * 8}).encode()
     assert (await fake_feishu.post_event(url(gateway), raw=garbage))[0] == 401

@@ -106,3 +106,24 @@ async def test_a_gateway_prunes_at_start(tmp_path, fake_telegram, fake_openai, r
     await wait_until(lambda: _count(store, InboxRow) == 1 and _count(store, OutboxRow) == 1,
                      what="the settled rows pruned at start")
     engine.dispose()
+
+
+def test_the_newest_row_stays_so_no_id_is_handed_out_again(db_url):
+    """Everything settled long ago: the newest inbox and outbox rows stay. SQLite (no
+    ``AUTOINCREMENT``) hands out max(id) + 1 again, so pruning the newest row gave the next message
+    an inbox id, and a turn id ``in<id>``, already in a transcript: taken for a resumed turn, its
+    text never reached the model."""
+    engine = create_db_engine(db_url)
+    store = Store(engine)
+    for n in range(3):
+        _turn(store, n)
+    _age(store, 40)
+    with engine.connect() as conn:
+        newest = conn.execute(select(func.max(table(InboxRow).c.id))).scalar_one()
+    pruned = prune_settled(engine, 30 * DAY)
+    assert pruned.rows["inbox"] == 2 and pruned.rows["outbox"] == 2
+    _turn(store, 3)
+    with engine.connect() as conn:
+        ids = conn.execute(select(table(InboxRow).c.id).order_by(table(InboxRow).c.id)).scalars().all()
+    assert ids[0] == newest and ids[1] > newest
+    engine.dispose()

@@ -246,17 +246,20 @@ def test_the_login_limiter_has_an_overall_cap_for_guessers_only_and_forgets_afte
     from gateway.admin.limits import LoginLimiter
 
     now = [1000.0]
-    limiter = LoginLimiter(window_s=300, per_client=5, overall=12, clock=lambda: now[0])
+    limiter = LoginLimiter(window_s=300, per_client=5, overall=12, clock=lambda: now[0], fresh=3)
     for i in range(12):  # 12 addresses, one failure each: none reaches 5, together they reach 12
         assert limiter.retry_after(f"10.0.0.{i}") is None
         limiter.failed(f"10.0.0.{i}")
         now[0] += 1
     # Past the overall cap an address that has guessed wrong waits for the oldest failure; one that
-    # has not (the admin, elsewhere) may still log in: wrong guesses never lock the admin out.
+    # has not (the admin, elsewhere) gets one of the window's 3 fresh tries: guessers from many
+    # addresses neither lock the admin out at once nor guess much more.
     assert limiter.retry_after("10.0.0.3") == 300 - 12
     assert limiter.retry_after("10.9.9.9") is None
     limiter.failed("10.9.9.9")
     assert limiter.retry_after("10.9.9.9") == 300 - 11  # the 12th newest failure is now the second
+    assert limiter.retry_after("10.9.9.8") is None and limiter.retry_after("10.9.9.7") is None
+    assert limiter.retry_after("10.9.9.6") == 300  # the fresh tries of this window are used up
     now[0] += 300
     assert limiter.retry_after("10.0.0.3") is None
     for _ in range(5):

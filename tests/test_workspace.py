@@ -330,3 +330,7 @@ def test_a_commands_tmp_under_bubblewrap_is_a_sized_tmpfs(bwrap_ws, tmp_path):
     out = small.run_shell(CTX, "head -c 20000000 /dev/zero > /tmp/big; echo status=$?; df -k /tmp | tail -1")
     assert "No space left on device" in out and "status=1" in out, out
     assert " 4096 " in out  # the tmpfs's size in KB
+    dev = small.run_shell(CTX, "echo x > /dev/y; echo dev=$?; head -c 20000000 /dev/zero > /dev/shm/a; "
+                               "echo shm=$?; echo ok > /dev/null && echo null-ok")
+    assert "dev=2" in dev and "Read-only file system" in dev, dev  # /dev was an unbounded tmpfs in RAM
+    assert "shm=1" in dev and "null-ok" in dev, dev

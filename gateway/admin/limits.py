@@ -4,9 +4,10 @@ Counts failed logins in a sliding window: at most ``per_client`` failures per cl
 ``overall`` failures from all addresses together per ``window_s`` (defaults: 5 per address, 100
 overall, per 5 minutes, the "limit failed attempts" control of the OWASP Authentication Cheat
 Sheet). Past either limit, login answers 429 with ``Retry-After`` until the oldest failure leaves
-the window, even for the right password; the overall limit binds only addresses that have failed
-in the window themselves, so guesses from elsewhere never lock the admin out. A correct login
-clears its address's failures.
+the window, even for the right password. Past the overall limit, an address that has not failed
+itself still gets one of ``fresh`` tries per window shared by all such addresses (20): many
+addresses guessing cannot lock the admin out at once, and cannot guess much more either (one
+guess per fresh address, at most ``fresh`` a window). A correct login clears its address's failures.
 Held in this process: each instance counts on its own (N instances allow N times the figures).
 """
 
@@ -20,6 +21,7 @@ from collections.abc import Callable
 WINDOW_S = 300.0
 PER_CLIENT = 5
 OVERALL = 100
+FRESH = 20
 
 
 class LoginLimiter:
@@ -30,11 +32,14 @@ class LoginLimiter:
         per_client: failures one address may have in the window.
         overall: failures all addresses together may have in the window.
         clock: seconds (``time.monotonic`` by default).
+        fresh: tries past the overall limit from addresses without failures, per window.
     """
 
     def __init__(self, window_s: float = WINDOW_S, per_client: int = PER_CLIENT, overall: int = OVERALL,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, fresh: int = FRESH) -> None:
         self.window_s = window_s
+        self.fresh = fresh
+        self._fresh: deque[float] = deque()  # tries let through past the overall cap
         self.per_client = per_client
         self.overall = overall
         self._clock = clock
@@ -58,8 +63,12 @@ class LoginLimiter:
                 del self._by_client[client]
             elif len(failures) >= self.per_client:
                 waits.append(failures[-self.per_client] + self.window_s - now)
-        if failures and len(self._all) >= self.overall:  # only an address that has guessed wrong itself
-            waits.append(self._all[-self.overall] + self.window_s - now)
+        if len(self._all) >= self.overall:
+            self._trim(self._fresh, now)
+            if failures or len(self._fresh) >= self.fresh:
+                waits.append((self._all[-self.overall] if failures else self._fresh[0]) + self.window_s - now)
+            else:  # an address that has not guessed wrong: one of the window's few tries past the cap
+                self._fresh.append(now)
         return max(1, math.ceil(max(waits))) if waits else None
 
     def failed(self, client: str) -> int:

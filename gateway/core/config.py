@@ -44,10 +44,18 @@ class DatabaseConfig(_Section):
     pool_size: int = Field(default=10, ge=1)
     """Connections for the store: up to twice this many, opened as load needs them and kept open
     (``gateway.store.db.create_db_engine``); at least 1."""
-    keep_settled_days: float | None = Field(default=30.0, gt=0)
+    keep_settled_days: float = Field(default=30.0, ge=0)
     """Inbox and outbox rows (every message and reply's bookkeeping), finished scheduled runs and
     expired codes are deleted this many days after they settled (``gateway.store.prune``; hourly,
-    in batches). The transcript is not: it stays with its session. ``None``: kept for ever."""
+    in batches). The transcript is not: it stays with its session. 0: kept for ever; otherwise at
+    least 1 (the rows deduplicate platforms' retries, which come for hours)."""
+
+    @field_validator("keep_settled_days", mode="after")
+    @classmethod
+    def _at_least_a_day(cls, value: float) -> float:
+        if 0 < value < 1:
+            raise ValueError("at least 1 day (platforms retry for hours), or 0 to keep the rows for ever")
+        return value
 
 
 class HttpConfig(_Section):

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -52,6 +53,14 @@ def serve(fd: int, memory_bytes: int) -> None:
     """A child's loop on the socket ``fd``: one ``(kind, args, kwargs)`` at a time, answered
     ``("ok", result)`` or ``("media", message)``; ends when the parent's end closes."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    parent = os.getppid()
+
+    def orphaned() -> None:  # the gateway was killed (-9) while this one read a hostile file: stop too
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=orphaned, name="parent-watch", daemon=True).start()
     from gateway.media import extract, images  # noqa: F401  (imported once, before the first file)
 
     conn = Connection(fd)
@@ -92,6 +101,9 @@ class _Child:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _CHILD_CODE, str(child_end.fileno()), str(memory_bytes)],
                 pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, env=env, close_fds=True)
+        except BaseException:
+            parent_end.close()
+            raise
         finally:
             child_end.close()
         self.conn = Connection(parent_end.detach())
@@ -130,6 +142,8 @@ class MediaReaders:
         for _ in range(processes):
             self._slots.put(None)
         self._closed = threading.Event()
+        self._live: set[_Child] = set()  # every started child, busy or not (close kills them all)
+        self._live_lock = threading.Lock()
 
     def prepare_image(self, data: bytes, max_side: int = 2048, max_bytes: int = 3_500_000) -> Rendition:
         """``images.prepare_image`` in a child."""
@@ -163,18 +177,20 @@ class MediaReaders:
         try:
             if child is None or not child.alive():
                 child = _Child(self.memory_bytes)
+                with self._live_lock:
+                    self._live.add(child)
             try:
                 child.conn.send((kind, args, kwargs))
                 if not child.conn.poll(self.timeout_s):
                     log.warning("media reader: %s took longer than %g s; its process was killed", kind, self.timeout_s)
-                    child.kill()
+                    self._discard(child)
                     child = None
                     raise MediaError(f"reading it took longer than {self.timeout_s:g} s, so it was given up")
                 status, value = child.conn.recv()
             except (EOFError, OSError, BrokenPipeError) as exc:
                 log.warning("media reader: the process reading a file (%s) died: %s", kind, type(exc).__name__)
                 if child is not None:
-                    child.kill()
+                    self._discard(child)
                 child = None
                 raise MediaError("it could not be read (its reader stopped)") from None
             if status != "ok":
@@ -182,33 +198,28 @@ class MediaReaders:
             return value
         finally:
             if child is not None and self._closed.is_set():
-                child.kill()
+                self._discard(child)
                 child = None
             self._slots.put(child)
 
+    def _discard(self, child: _Child) -> None:
+        child.kill()
+        with self._live_lock:
+            self._live.discard(child)
+
     def close(self) -> None:
-        """Stops the children (a call in progress gets ``MediaError``); later calls are refused."""
+        """Stops the children, busy ones too (their calls get ``MediaError``); later calls are
+        refused."""
         self._closed.set()
-        children: list[_Child] = []
-        while True:
-            try:
-                child = self._slots.get_nowait()
-            except queue.Empty:
-                break
-            if child is not None:
-                children.append(child)
+        with self._live_lock:
+            children, self._live = list(self._live), set()
         for child in children:
             child.kill()
-        for _ in range(self.processes):
-            self._slots.put(None)
 
     def pids(self) -> list[int]:
         """The children's process ids (started ones; tests and ``/metrics``)."""
-        found = []
-        for child in list(self._slots.queue):
-            if child is not None and child.alive():
-                found.append(child.process.pid)
-        return found
+        with self._live_lock:
+            return [child.process.pid for child in self._live if child.alive()]
 
     def __repr__(self) -> str:
         return f"MediaReaders(processes={self.processes}, timeout_s={self.timeout_s:g}, pid={os.getpid()})"

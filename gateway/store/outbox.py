@@ -34,12 +34,12 @@ def chat_key_of(address: ChatAddress) -> str:
     return f"{address.platform}:{address.tenant}:{address.chat_id}"
 
 
-def shares_chat(session_key: str, address: ChatAddress) -> bool:
-    """Whether lane ``session_key`` may share the chat at ``address`` with other lanes: a thread's
-    or a member's conversation in a group (``gateway.core.session_keys``). A DM's lane and a whole
-    group's lane are the chat's only lane (``dm:`` keys stay one lane per chat too)."""
-    return not session_key.startswith("dm:") and \
-        session_key != f"{address.platform}:{address.tenant}:chat:{address.chat_id}"
+def shares_chat(session_key: str) -> bool:
+    """Whether lane ``session_key`` may share the chat at ``address`` with other lanes: every
+    group lane may (a thread's or a member's conversation, and the whole group's beside its
+    threads: a forum's General topic has no thread id, its topics do); a DM's lane (``dm:``) is
+    its chat's only lane."""
+    return not session_key.startswith("dm:")
 
 
 def _attachments(reply: OutboundMessage) -> list[dict[str, Any]] | None:
@@ -115,7 +115,7 @@ class OutboxStore:
         a = reply.address
         chat_key = chat_key_of(a)
         if claim is not None and session_key is not None and conn.dialect.name == "postgresql" \
-                and shares_chat(session_key, a):
+                and shares_chat(session_key):
             # Two lanes of one chat (threads, per-member sessions) finishing at once would each see
             # no unsettled row (READ COMMITTED) and both claim: the chat's lock, held to commit,
             # makes the second wait and then see the first (statements after it take a new snapshot).

@@ -8,7 +8,8 @@ spend stays in ``usage``. Also deleted then: finished scheduled-report runs, fil
 (``outbox_files``; their bytes follow media retention), expired pairing and link codes, and
 usage-limit notices of past periods.
 
-Each table is deleted in batches of ``BATCH`` rows, one short transaction each, so a first run
+The newest row of each table with integer ids stays (SQLite would reuse its id). Each table is
+deleted in batches of ``BATCH`` rows, one short transaction each, so a first run
 over a large backlog never holds locks for long. Every instance may run it: a second run finds
 nothing.
 """
@@ -91,7 +92,12 @@ def prune_settled(engine: Engine, older_than_s: float, now: float | None = None,
 
 def _delete_in_batches(engine: Engine, target: Table, key: Any, where: list[ColumnElement[bool]], batch: int) -> int:
     """Deletes ``target``'s rows matching ``where``, ``batch`` at a time (by ``key``; ``None``: in
-    one statement, for small tables without a single-column key)."""
+    one statement, for small tables without a single-column key). The row with the highest
+    integer id is never deleted: SQLite (no ``AUTOINCREMENT``) would hand its id out again, and a
+    new message would get the id, and so the turn id ``in<id>``, of one already in a transcript
+    (taken for a resumed turn: its text never reached the model)."""
+    if key is not None and key.type.python_type is int:
+        where = [*where, key < select(func.max(key)).scalar_subquery()]
     total = 0
     while True:
         with write_tx(engine) as conn:
