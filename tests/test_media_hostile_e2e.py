@@ -205,3 +205,25 @@ def test_a_file_waiting_for_busy_readers_gets_a_note_after_one_files_time():
     finally:
         readers.close()
     assert readers.pids() == []
+
+
+def test_a_reader_process_taken_over_cannot_run_code_in_the_gateway_through_its_answer():
+    """The gateway reads a reader's answer with an unpickler that knows only the result types: a
+    child that a decoder exploit took over could otherwise send a pickle that runs code here."""
+    import os
+    import pickle
+
+    from gateway.media.images import Rendition
+    from gateway.media.isolated import _answer
+
+    class Payload:
+        def __reduce__(self):  # what a crafted answer would carry
+            return (exec, ("import os; os.environ['GATEWAY_TEST_PWNED'] = '1'",))
+
+    with pytest.raises(pickle.UnpicklingError, match=r"builtins\.exec"):
+        _answer(pickle.dumps(("ok", Payload())))
+    assert "GATEWAY_TEST_PWNED" not in os.environ
+    rendition = Rendition(b"\xff\xd8", "image/jpeg", 1, 1)
+    assert _answer(pickle.dumps(("ok", rendition))) == ("ok", rendition)
+    with pytest.raises(pickle.UnpicklingError):
+        _answer(pickle.dumps(["not", "a", "tuple", 1]))

@@ -10,7 +10,9 @@ started on first use, with no secret in their environment, each with ``RLIMIT_AS
 ``memory_bytes``): a call that takes longer than ``timeout_s``
 has its process killed (a new one is started for the next call), one that runs out of memory gets
 ``MemoryError`` there; either way the caller gets a ``MediaError`` whose message says why, and the
-message is answered with that note. At most ``processes`` files are read at once; more wait, at
+message is answered with that note. A child's answer is unpickled knowing only the result types
+(a child a decoder exploit took over cannot run code in the gateway through it), and a child exits
+when the gateway dies. At most ``processes`` files are read at once; more wait, at
 most ``timeout_s`` (then they get a note too: one user's flood of files cannot hold everyone's).
 
 ``processes = 0`` reads in the calling thread (no isolation; tests of the readers themselves).
@@ -18,8 +20,10 @@ most ``timeout_s`` (then they get a note too: one user's flood of files cannot h
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import pickle
 import queue
 import resource
 import socket
@@ -30,7 +34,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gateway.core.errors import MediaError
 from gateway.media.extract import Extracted
@@ -81,6 +85,27 @@ def serve(fd: int, memory_bytes: int) -> None:
             conn.send(answer)
         except MemoryError:
             conn.send(("media", TOO_MUCH_MEMORY))
+
+
+class _Answers(pickle.Unpickler):
+    """Unpickles a child's answer allowing only the result types: a child that a hostile file
+    took over (a decoder exploit) must not run code in the gateway through a crafted pickle."""
+
+    ALLOWED: ClassVar[dict[tuple[str, str], type]] = {("gateway.media.images", "Rendition"): Rendition,
+                                                      ("gateway.media.extract", "Extracted"): Extracted}
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return self.ALLOWED[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"a reader answered with {module}.{name}") from None
+
+
+def _answer(data: bytes) -> tuple[str, Any]:
+    answer = _Answers(io.BytesIO(data)).load()
+    if not (isinstance(answer, tuple) and len(answer) == 2 and answer[0] in ("ok", "media")):
+        raise pickle.UnpicklingError("a reader's answer is not (status, value)")
+    return answer
 
 
 _CHILD_CODE = "import sys; from gateway.media.isolated import serve; serve(int(sys.argv[1]), int(sys.argv[2]))"
@@ -186,8 +211,8 @@ class MediaReaders:
                     self._discard(child)
                     child = None
                     raise MediaError(f"reading it took longer than {self.timeout_s:g} s, so it was given up")
-                status, value = child.conn.recv()
-            except (EOFError, OSError, BrokenPipeError) as exc:
+                status, value = _answer(child.conn.recv_bytes())
+            except (EOFError, OSError, BrokenPipeError, pickle.UnpicklingError) as exc:
                 log.warning("media reader: the process reading a file (%s) died: %s", kind, type(exc).__name__)
                 if child is not None:
                     self._discard(child)

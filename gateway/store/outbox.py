@@ -35,10 +35,9 @@ def chat_key_of(address: ChatAddress) -> str:
 
 
 def shares_chat(session_key: str) -> bool:
-    """Whether lane ``session_key`` may share the chat at ``address`` with other lanes: every
-    group lane may (a thread's or a member's conversation, and the whole group's beside its
-    threads: a forum's General topic has no thread id, its topics do); a DM's lane (``dm:``) is
-    its chat's only lane."""
+    """Whether lane ``session_key`` may share its chat with other lanes: every group lane may (a
+    thread's or a member's conversation, and the whole group's beside its threads: a forum's
+    General topic has no thread id, its topics do); a DM's lane (``dm:``) is its chat's only one."""
     return not session_key.startswith("dm:")
 
 
@@ -116,9 +115,10 @@ class OutboxStore:
         chat_key = chat_key_of(a)
         if claim is not None and session_key is not None and conn.dialect.name == "postgresql" \
                 and shares_chat(session_key):
-            # Two lanes of one chat (threads, per-member sessions) finishing at once would each see
-            # no unsettled row (READ COMMITTED) and both claim: the chat's lock, held to commit,
-            # makes the second wait and then see the first (statements after it take a new snapshot).
+            # Two lanes of one chat (its threads, per-member sessions, the whole group) finishing at
+            # once would each see no unsettled row (READ COMMITTED) and both claim: the chat's lock,
+            # held to commit, makes the second wait and then see the first (statements after it
+            # take a new snapshot).
             run(conn, q.LOCK_CHAT, {"b_chat": chat_key})
         if claim is not None and session_key is not None and not streamed and conn.dialect.name == "postgresql":
             row = run(conn, q.QUEUE_NEW_REPLY, {
