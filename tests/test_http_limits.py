@@ -66,8 +66,13 @@ async def test_one_address_holds_a_bounded_number_of_chat_pages_and_uploads(tmp_
         assert statuses == [200, 200, 200, 429], statuses
         assert "from this address" in (await streams[3].json())["error"]
         streams[0].close()
-        await asyncio.sleep(1.5)  # the server notices the closed page at its next poll
-        again = await clients[4].http.get(f"{clients[4].base}/web/events?after=0")
+        deadline = time.monotonic() + 15  # the server notices the closed page at its next poll (1 s)
+        while True:
+            again = await clients[4].http.get(f"{clients[4].base}/web/events?after=0")
+            if again.status == 200 or time.monotonic() > deadline:
+                break
+            again.close()
+            await asyncio.sleep(0.3)
         assert again.status == 200
         again.close()
         for stream in streams[1:3]:

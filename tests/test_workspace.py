@@ -295,7 +295,7 @@ def test_list_files_never_lists_through_a_folder_swapped_for_a_symlink(ws, tmp_p
     finally:
         stop.set()
         swapper.join(5)
-    assert listings > 100
+    assert listings > 20
 
 
 def test_the_workspace_quota_stops_a_command_filling_the_disk_and_refuses_writes(tmp_path):
@@ -311,7 +311,7 @@ def test_the_workspace_quota_stops_a_command_filling_the_disk_and_refuses_writes
     started = time.monotonic()
     out = ws.run_shell(CTX, "i=0; while true; do head -c 2000000 /dev/zero > f$i; i=$((i+1)); sleep 0.01; done")
     assert out.startswith("exit code: none (killed: the workspace is over its 8 MB quota; delete files"), out
-    assert time.monotonic() - started < 5  # not the 15 s time limit
+    assert time.monotonic() - started < 10  # not the 15 s time limit
     used = disk_usage(ws.directory("sess-1"))
     assert quota < used < 200 << 20
     assert ws.write_file(CTX, "notes.txt", "x" * 100).startswith("Error: the workspace is full (")
