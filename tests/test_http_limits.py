@@ -105,6 +105,8 @@ async def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_limits(t
 
 
 def test_client_addresses_take_the_forwarded_hop_only_from_a_trusted_proxy():
+    from unittest import mock
+
     from aiohttp.test_utils import make_mocked_request
 
     from gateway.core.clients import client_address, parse_networks
@@ -113,9 +115,10 @@ def test_client_addresses_take_the_forwarded_hop_only_from_a_trusted_proxy():
 
     def request(remote: str, forwarded: str | None = None):
         headers = {"X-Forwarded-For": forwarded} if forwarded else {}
-        made = make_mocked_request("GET", "/", headers=headers)
-        made._transport_peername = (remote, 1234)  # what aiohttp reads request.remote from
-        return made
+        transport = mock.Mock()  # the connection: request.remote is its peer's address
+        transport.get_extra_info.side_effect = lambda name, default=None: (remote, 1234) if name == "peername" \
+            else default
+        return make_mocked_request("GET", "/", headers=headers, transport=transport)
 
     assert client_address(request("10.1.1.1", "203.0.113.5, 10.2.2.2"), proxies) == "203.0.113.5"
     assert client_address(request("198.51.100.1", "203.0.113.5"), proxies) == "198.51.100.1"  # not a proxy: ignored
