@@ -91,6 +91,30 @@ def test_a_graceful_release_frees_everything_and_deletes_the_row(stores):
     assert len(store.claim_outbox("gw-2", 10, claim_s=60)) == 1
 
 
+def test_taking_over_from_a_crashed_holder_counts_a_crash_on_the_turns_it_ran(stores):
+    """The head of each lane the dead holder leased (the turn it was running) gets ``crashes`` + 1,
+    seen by the batch the resumed turn reads; rows behind it, lanes of others and a graceful
+    release count nothing."""
+    instances, store, _ = stores
+    instances.take(record("boot-1"), None)
+    for key, owner, ids in (("a", "gw-1", ("a:1", "a:2")), ("b", "gw-1", ("b:1",)), ("c", "gw-2", ("c:1",))):
+        assert store.claim_lane(key, owner, 600)
+        for message_id in ids:
+            store.insert_inbound(message(message_id, chat=key), key)
+    released = instances.take(record("boot-2"), "boot-1")
+    assert released.crashed == 2 and "2 turn(s) it was running" in str(released)
+    assert [p.crashes for p in store.pending_batch("a", 5)] == [1, 0]
+    assert [p.crashes for p in store.pending_batch("b", 5)] == [1]
+    assert [p.crashes for p in store.pending_batch("c", 5)] == [0]  # another instance's turn
+    assert store.claim_lane("a", "gw-1", 600)
+    instances.take(record("boot-3"), "boot-2")  # died again while running lane a's turn
+    assert [p.crashes for p in store.pending_batch("a", 5)] == [2, 0]
+    assert [p.crashes for p in store.pending_batch("b", 5)] == [1]  # not leased at that crash
+    assert store.claim_lane("b", "gw-1", 600)
+    assert instances.release("gw-1", "boot-3").crashed == 0  # a graceful stop is no crash
+    assert [p.crashes for p in store.pending_batch("b", 5)] == [1]
+
+
 def test_rows_silent_for_a_week_are_forgotten_when_an_id_is_taken(stores):
     instances, _, _ = stores
     instances.take(record("old", instance_id="gone", heartbeat_at=time.time() - 8 * 86400), None)

@@ -245,7 +245,7 @@ class Gateway:
             trusted=lambda message, user_id: self.inbound.trusted(message), media=self.media,
             conversation=self.conversation, files=self.outbox_files, chats=self.chats,
             deliver=self._deliver_now, claim=(self.instance_id, config.delivery.claim_s),
-            usage=UsageLimits(self.engine, config.limits),
+            usage=UsageLimits(self.engine, config.limits), max_crashes=config.bus.max_turn_crashes,
         )
         self._db_pool = Offload(4, "db")
         self.delivery = Delivery(

@@ -174,8 +174,9 @@ class TurnRunner:
                  files: OutboxFiles | None = None, chats: ChatSetup | None = None,
                  usage: UsageLimits | None = None,
                  deliver: Callable[[list[OutboxItem]], None] | None = None,
-                 claim: tuple[str, float] = ("", 30.0)) -> None:
+                 claim: tuple[str, float] = ("", 30.0), max_crashes: int = 3) -> None:
         self.deliver = deliver
+        self.max_crashes = max_crashes
         self.claim = claim
         self.chats = chats
         self.usage = usage
@@ -244,6 +245,11 @@ class TurnRunner:
         last = batch[-1]
         with invoke_agent("assistant", model=self.spec.model, turn_id=f"in{last.inbox_id}") as span, \
                 using(last.message.locale):  # the gateway's own texts in the sender's language
+            crashes = max(p.crashes for p in batch)
+            if crashes >= self.max_crashes:
+                log.error("turn in%s was running each time the gateway died, %d times (bus.max_turn_crashes); "
+                          "answering it with an error instead of running it again", last.inbox_id, crashes)
+                return self._give_up(batch, generation, then, reason="crashed")
             try:
                 outcome = self._run(batch, generation, span, then, ready)
             except (*TRANSIENT, TurnInterrupted):
@@ -275,9 +281,11 @@ class TurnRunner:
             with self._generations_lock:
                 self._failures.pop(inbox_id, None)
 
-    def _give_up(self, batch: Sequence[PendingInbound], generation: int, then: LaneNext | None = None) -> str:
+    def _give_up(self, batch: Sequence[PendingInbound], generation: int, then: LaneNext | None = None,
+                 reason: str = "gave_up") -> str:
         """Finishes a turn that failed ``MAX_TURN_ATTEMPTS`` times (a bug, or input nothing can
-        process) as ``failed`` with an apology, so the messages behind it in the lane run."""
+        process), or that the process died running ``max_crashes`` times (``reason`` ``crashed``),
+        as ``failed`` with an apology, so the messages behind it in the lane run."""
         last = batch[-1]
         message = last.message
         reply = OutboundMessage(message.address, _(GAVE_UP_TEXT), idempotency_key=reply_key_for(last),
@@ -288,7 +296,7 @@ class TurnRunner:
         self._hand_over([], [reply])
         self._attempt_done(last.inbox_id)
         if self.metrics is not None:
-            self.metrics.turns.labels("failed", "gave_up").inc()
+            self.metrics.turns.labels("failed", reason).inc()
         return "failed"
 
     def _new_session_setup(self, message: InboundMessage) -> tuple[Callable[[], str],

@@ -9,19 +9,21 @@ Every write is fenced by the ``boot`` nonce: a process that lost the id changes 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, delete, insert, select, update
+from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gateway.store.db import read_tx, write_one, write_tx
-from gateway.store.models import InstanceRow, JobRunRow, LaneRow, OutboxRow, table
+from gateway.store.models import InboxRow, InstanceRow, JobRunRow, LaneRow, OutboxRow, table
 from gateway.store.prepared import lock_lanes_in_key_order
 from gateway.store.sql import retry_locked
 
 _instances = table(InstanceRow)
 _lanes = table(LaneRow)
+_inbox = table(InboxRow)
 _outbox = table(OutboxRow)
 _job_runs = table(JobRunRow)
 
@@ -48,14 +50,17 @@ class InstanceRecord:
 @dataclass(frozen=True, slots=True)
 class Released:
     """What a take-over or a release gave up: lane leases (receiver leases included), outbox
-    claims, running job-run claims."""
+    claims, running job-run claims; ``crashed``: turns that were running when a crashed holder
+    died (their first inbox rows' ``crashes`` counted up; a take-over only)."""
 
     lanes: int = 0
     replies: int = 0
     runs: int = 0
+    crashed: int = 0
 
     def __str__(self) -> str:
-        return f"{self.lanes} lease(s), {self.replies} reply claim(s), {self.runs} report run claim(s)"
+        text = f"{self.lanes} lease(s), {self.replies} reply claim(s), {self.runs} report run claim(s)"
+        return text + (f", {self.crashed} turn(s) it was running" if self.crashed else "")
 
 
 class InstanceStore:
@@ -93,7 +98,8 @@ class InstanceStore:
                                   .values(**values)).rowcount != 1:
                     return None
                 conn.execute(delete(_instances).where(_instances.c.heartbeat_at < record.heartbeat_at - FORGET_AFTER_S))
-                return _free(conn, record.id)
+                crashed = _count_crashes(conn, record.id) if replacing is not None else 0
+                return dataclasses.replace(_free(conn, record.id), crashed=crashed)
         except IntegrityError:
             return None  # a row appeared since the caller looked
 
@@ -113,6 +119,20 @@ class InstanceStore:
                                                      _instances.c.boot == boot)).rowcount != 1:
                 return None
             return _free(conn, instance_id)
+
+
+def _count_crashes(conn: Connection, owner: str) -> int:
+    """Counts a crash on the turns ``owner`` (a holder that died without releasing) was running:
+    ``crashes`` + 1 on the oldest pending inbox row of each lane it leased (the head of the batch
+    its turn answered; a resumed turn reads the same head, ``TurnRunner.run`` gives up at
+    ``bus.max_turn_crashes``). Returns how many rows were counted. Runs before ``_free`` (which
+    clears the leases), only when an id is taken over, never on the message path."""
+    leased = select(_lanes.c.key).where(_lanes.c.lease_owner == owner)
+    heads = (select(func.min(_inbox.c.id))
+             .where(_inbox.c.session_key.in_(leased), _inbox.c.status == "pending")
+             .group_by(_inbox.c.session_key))
+    return int(conn.execute(update(_inbox).where(_inbox.c.id.in_(heads))
+                            .values(crashes=_inbox.c.crashes + 1)).rowcount or 0)
 
 
 def _free(conn: Connection, owner: str) -> Released:

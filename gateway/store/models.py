@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     event,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -112,6 +113,10 @@ class InboxRow(Base):
     """``pending`` -> ``done`` | ``failed`` | ``cancelled`` | ``merged`` (answered with a later one)."""
     received_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
+    crashes: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    """How often a process died (``kill -9``, out of memory, a native crash) while this row's turn
+    ran: counted when the next process takes its instance id over (``gateway.ops.instance_store``);
+    at ``bus.max_turn_crashes`` the turn is answered with an apology instead of being run again."""
 
 
 class OutboxRow(Base):

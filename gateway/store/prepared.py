@@ -66,14 +66,15 @@ instance when the claim before it failed), in one statement instead of a read an
 LANE_GENERATION = select(_lanes.c.generation).where(_lanes.c.key == bindparam("b_key"))
 
 PENDING_BATCH = (
-    select(_inbox.c.id, _inbox.c.payload, _inbox.c.user_id,
+    select(_inbox.c.id, _inbox.c.payload, _inbox.c.user_id, _inbox.c.crashes,
            select(_lanes.c.generation).where(_lanes.c.key == bindparam("b_key")).scalar_subquery()
            .label("generation"))
     .where(_inbox.c.session_key == bindparam("b_key"), _inbox.c.status == "pending")
     .order_by(_inbox.c.id)
     .limit(bindparam("b_limit"))
 )
-"""The oldest ``b_limit`` pending rows of session key ``b_key``, each with the lane's ``generation``."""
+"""The oldest ``b_limit`` pending rows of session key ``b_key`` (``id``, ``payload``, ``user_id``,
+``crashes``), each with the lane's ``generation``."""
 
 ANY_PENDING = select(_inbox.c.id).where(_inbox.c.session_key == bindparam("b_key"),
                                         _inbox.c.status == "pending").limit(1)
@@ -434,7 +435,8 @@ def _claim_free_lane_with_batch() -> Any:
     batch = PENDING_BATCH.cte("first_batch")
     state = select(exists(select(new.c.key)).label("fresh"),
                    or_(exists(select(new.c.key)), exists(select(taken.c.key))).label("won")).cte("claim")
-    return (select(state.c.won, state.c.fresh, batch.c.id, batch.c.payload, batch.c.user_id, batch.c.generation)
+    return (select(state.c.won, state.c.fresh, batch.c.id, batch.c.payload, batch.c.user_id, batch.c.crashes,
+                   batch.c.generation)
             .select_from(state.outerjoin(batch, state.c.fresh))
             .order_by(batch.c.id))
 
@@ -472,12 +474,12 @@ def _claim_free_lanes() -> Any:
     taken = (update(_lanes).where(_lanes.c.key.in_(select(free.c.key)))
              .values(lease_owner=owner, lease_until=until)
              .returning(_lanes.c.key).cte("taken"))
-    ranked = (select(_inbox.c.id, _inbox.c.payload, _inbox.c.user_id, _inbox.c.session_key,
+    ranked = (select(_inbox.c.id, _inbox.c.payload, _inbox.c.user_id, _inbox.c.crashes, _inbox.c.session_key,
                      func.row_number().over(partition_by=_inbox.c.session_key, order_by=_inbox.c.id).label("n"))
               .where(_inbox.c.session_key.in_(select(new.c.key)), _inbox.c.status == "pending")
               .cte("first_batches"))
     return (select(wanted.c.key, new.c.key.is_not(None).label("fresh"), ranked.c.id, ranked.c.payload,
-                   ranked.c.user_id, literal_column("0").label("generation"))
+                   ranked.c.user_id, ranked.c.crashes, literal_column("0").label("generation"))
             .select_from(wanted.outerjoin(new, new.c.key == wanted.c.key)
                          .outerjoin(taken, taken.c.key == wanted.c.key)
                          .outerjoin(ranked, and_(ranked.c.session_key == new.c.key,
@@ -514,7 +516,7 @@ def lock_lanes_in_key_order(*where: Any) -> Any:
 
 _batch = PENDING_BATCH.cte("batch")
 BATCH_OR_RELEASE = (
-    select(_batch.c.id, _batch.c.payload, _batch.c.user_id, _batch.c.generation)
+    select(_batch.c.id, _batch.c.payload, _batch.c.user_id, _batch.c.crashes, _batch.c.generation)
     .add_cte(RELEASE_LANE.where(~exists(select(_batch.c.id))).cte("released"))
     .order_by(_batch.c.id)
 )

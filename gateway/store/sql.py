@@ -56,6 +56,8 @@ class PendingInbound:
     message: InboundMessage
     user_id: str | None = None
     """The sender's user (identities resolved at receipt)."""
+    crashes: int = 0
+    """How often a process died while this row's turn ran (``InboxRow.crashes``)."""
 
 
 class Prefetch:
@@ -543,7 +545,7 @@ class Store(OutboxStore):
         """``(batch, generation)`` of ``PENDING_BATCH``'s rows (``([], 0)`` for none)."""
         if not rows:
             return [], 0
-        return [PendingInbound(row.id, key, InboundMessage.from_dict(row.payload), row.user_id)
+        return [PendingInbound(row.id, key, InboundMessage.from_dict(row.payload), row.user_id, row.crashes)
                 for row in rows], int(rows[0].generation or 0)
 
     def lane_exists(self, key: str) -> bool:

@@ -1,0 +1,91 @@
+"""A message whose turn takes the gateway process down (here: the model call kills it, as the
+out-of-memory killer would) is not run at every restart for ever: once the process died running it
+``bus.max_turn_crashes`` times, the restarted gateway answers it with the apology, marks it
+``failed`` and goes on answering (the real process, ``kill -9``, restarted each time like systemd)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from bench.fault_injection import TOKEN, GatewayProcess, _free_port, _update
+from bench.restart import wait_ready, write_config
+from tests.fakes import openai as oa
+from tests.fakes.openai import FakeOpenAI
+from tests.fakes.telegram import FakeTelegram
+
+POISON_CHAT, OTHER_CHAT = 7101, 7102
+MAX_CRASHES = 2
+
+
+def _last_user_text(request: dict) -> str:
+    user = next(m["content"] for m in reversed(request["messages"]) if m["role"] == "user")
+    return user if isinstance(user, str) else " ".join(p.get("text", "") for p in user)
+
+
+@pytest.mark.timeout(180)
+def test_a_turn_that_kills_the_process_is_given_up_after_max_turn_crashes(tmp_path):
+    poison_calls: list[float] = []
+    lock = threading.Lock()
+    with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
+        port = _free_port()
+        db_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+        config = write_config(tmp_path, telegram, model, port, db_url=db_url, lease_s=15.0)
+        gateway = GatewayProcess(config, port, tmp_path)
+        gateway.env_extra = {"GATEWAY__BUS__MAX_TURN_CRASHES": str(MAX_CRASHES)}
+
+        def responder(request: dict) -> oa.Reply | str:
+            said = _last_user_text(request)
+            if "POISON" in said:
+                with lock:
+                    poison_calls.append(time.monotonic())
+                assert gateway.proc is not None
+                os.kill(gateway.proc.pid, signal.SIGKILL)  # the turn takes its process down
+                return oa.text("never delivered")
+            return oa.text(f"fine: {said.splitlines()[-1]}")
+
+        model.responder = responder
+        gateway.start()
+        try:
+            wait_ready(gateway)
+            telegram.inject(_update("POISON", POISON_CHAT, 1))
+            apology = None
+            deadline = time.monotonic() + 120
+            while apology is None and time.monotonic() < deadline:
+                assert gateway.proc is not None
+                if gateway.proc.poll() is not None:  # killed by its turn: started again, as systemd would
+                    assert gateway.starts <= MAX_CRASHES + 1, f"crash loop: {gateway.starts} starts, see {tmp_path}"
+                    gateway.start()
+                    wait_ready(gateway)
+                sent = [c for c in telegram.calls("sendMessage") if int(c.params["chat_id"]) == POISON_CHAT]
+                if sent:
+                    apology = sent
+                time.sleep(0.05)
+            assert apology is not None, f"no answer to the poisoned message; {gateway.starts} starts, see {tmp_path}"
+            [reply] = apology
+            assert reply.params["text"].startswith("⚠️ Sorry, something went wrong"), reply.params
+            # run once, then once more after the first crash; the second crash gave it up
+            assert len(poison_calls) == MAX_CRASHES, poison_calls
+            assert gateway.starts == MAX_CRASHES + 1
+            # The gateway goes on: the same chat and another one are answered by this process.
+            telegram.inject(_update("hello again", POISON_CHAT, 2))
+            telegram.inject(_update("hello", OTHER_CHAT, 3))
+            telegram.wait_for_call_sync("sendMessage", lambda c: c.params["text"] == "fine: hello again", timeout=20)
+            telegram.wait_for_call_sync("sendMessage", lambda c: c.params["text"] == "fine: hello", timeout=20)
+            assert gateway.proc is not None and gateway.proc.poll() is None
+            assert len(poison_calls) == MAX_CRASHES
+        finally:
+            gateway.terminate()
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT payload, status, crashes FROM inbox ORDER BY id")).all()
+    finally:
+        engine.dispose()
+    statuses = [(row.status, row.crashes) for row in rows]
+    assert statuses == [("failed", MAX_CRASHES), ("done", 0), ("done", 0)], statuses
