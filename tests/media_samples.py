@@ -143,14 +143,15 @@ def _ogg_page(packet: bytes, sequence: int, header_type: int, granule: int = 0) 
     return page[:22] + struct.pack("<I", crc) + page[26:]
 
 
-def ogg_opus(payload: bytes = b"") -> bytes:
+def ogg_opus(payload: bytes = b"", seconds: float = 1.0) -> bytes:
     """The start of an Ogg Opus stream (what a Telegram voice note is): ``OpusHead`` and
-    ``OpusTags`` pages, then ``payload`` as one more page (stand-in audio packets)."""
+    ``OpusTags`` pages, then ``payload`` as one more page (stand-in audio packets) ending at
+    ``seconds`` (its granule position, in 48 kHz samples: what the stream lasts)."""
     head = b"OpusHead" + bytes([1, 1]) + struct.pack("<HIhB", 312, 48000, 0, 0)
     tags = b"OpusTags" + struct.pack("<I", 8) + b"Telegram" + struct.pack("<I", 0)
     pages = _ogg_page(head, 0, 0x02) + _ogg_page(tags, 1, 0x00)
     if payload:
-        pages += _ogg_page(payload, 2, 0x04, granule=48000)
+        pages += _ogg_page(payload, 2, 0x04, granule=int(seconds * 48000))
     return pages
 
 

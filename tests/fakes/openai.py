@@ -27,7 +27,9 @@ import email.parser
 import email.policy
 import hashlib
 import json
+import math
 import re
+import struct
 import threading
 import time
 import uuid
@@ -518,6 +520,28 @@ def _looks_like_audio(data: bytes) -> bool:
             or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0 and head[1] & 0x06 != 0))
 
 
+def _audio_seconds(data: bytes) -> int:
+    """How long the audio lasts, in whole seconds (at least 1), as the API reports it in ``usage``:
+    an Ogg Opus stream's last granule position (48 kHz samples), a WAV file's data bytes over its
+    byte rate; other containers (not parsed here) by size, as 32 kbit/s."""
+    if data.startswith(b"OggS"):
+        last = data.rfind(b"OggS")
+        if len(data) >= last + 14:
+            granule = struct.unpack_from("<q", data, last + 6)[0]
+            if granule > 0:
+                return max(1, math.ceil(granule / 48000))
+    if data.startswith(b"RIFF") and data[8:12] == b"WAVE":
+        at, rate = 12, 0
+        while at + 8 <= len(data):
+            chunk, size = data[at:at + 4], struct.unpack_from("<I", data, at + 4)[0]
+            if chunk == b"fmt " and size >= 12:
+                rate = struct.unpack_from("<I", data, at + 16)[0]  # bytes per second
+            elif chunk == b"data" and rate:
+                return max(1, math.ceil(min(size, len(data) - at - 8) / rate))
+            at += 8 + size + (size & 1)
+    return max(1, len(data) // 4000)
+
+
 def _new_id(prefix: str, n: int = 24) -> str:
     return f"{prefix}{uuid.uuid4().hex[:n]}"
 
@@ -777,7 +801,10 @@ class FakeOpenAI(ThreadedServer):
         (400 when missing; 400 "Invalid file format. Supported formats: [...]" unless its name
         ends in one; 400 "Audio file might be corrupted or unsupported" unless its bytes start
         like an audio container), ``response_format``. Then the scripted text, as ``{"text",
-        "usage"}`` (json), plain text (text, srt, vtt) or ``verbose_json`` (whisper-1 only)."""
+        "usage"}`` (json), plain text (text, srt, vtt) or ``verbose_json`` (whisper-1 only). ``usage``
+        is OpenAI's: ``{"type": "duration", "seconds"}`` for whisper-1 (the audio's length,
+        ``_audio_seconds``), ``{"type": "tokens", "input_tokens", "output_tokens", "total_tokens"}``
+        for the gpt-4o models."""
         record: dict[str, Any] = {"status": None, "model": None, "filename": None, "content_type": None,
                                   "size": None, "sha256": None, "fields": {},
                                   "headers": {k.lower(): v for k, v in request.headers.items()}}
@@ -848,7 +875,7 @@ class FakeOpenAI(ThreadedServer):
             return refuse(scripted)
         said = NO_TRANSCRIPT if scripted is None else scripted
         record["status"] = 200
-        seconds = max(1, len(data) // 4000)
+        seconds = _audio_seconds(data)
         if response_format in ("text", "srt", "vtt"):
             return web.Response(text=said + "\n", content_type="text/plain")
         if response_format == "verbose_json":
