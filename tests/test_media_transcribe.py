@@ -6,7 +6,16 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.media.transcribe import Transcriber, TranscriptionError, audio_format
+from gateway.core.config import load_config
+from gateway.core.errors import ConfigError
+from gateway.media.transcribe import (
+    Transcriber,
+    Transcript,
+    TranscriptionError,
+    TranscriptionSpend,
+    audio_format,
+    build_transcriber,
+)
 from tests import media_samples as samples
 from tests.fakes.openai import error
 
@@ -105,6 +114,53 @@ def test_an_unreachable_service_is_said(fake):
     with pytest.raises(TranscriptionError) as raised:
         dead.transcribe(samples.ogg_opus(), kind="voice")
     assert "could not be reached" in raised.value.user_message
+
+
+# ---- what a transcription costs ------------------------------------------------------------------
+
+
+def test_whisper_reports_the_audios_duration_and_the_gpt_4o_models_tokens(fake):
+    voice = samples.ogg_opus(b"\x01" * 2000, seconds=42)
+    fake.script_transcription("hello there", "hello there")
+    heard = transcriber(fake, model="whisper-1").transcribe(voice, kind="voice")
+    assert (heard.seconds, heard.input_tokens, heard.output_tokens) == (42, 0, 0)
+    tokens = transcriber(fake, model="gpt-4o-mini-transcribe").transcribe(voice, kind="voice")
+    assert tokens.seconds is None and tokens.input_tokens == 420 and tokens.output_tokens > 0
+
+
+def test_the_cost_is_minutes_of_audio_at_the_price_the_apis_duration_first():
+    costly = Transcriber(base_url="http://127.0.0.1:9/v1", api_key="x", model="whisper-1", price_per_minute=0.006)
+    reported = Transcript("hi", "whisper-1", "voice.ogg", seconds=90)
+    assert costly.spend(reported, stated_s=91) == TranscriptionSpend("default", "whisper-1", 90.0, "api", 0, 0, 0.009)
+    unreported = Transcript("hi", "gpt-4o-transcribe", "voice.ogg", input_tokens=900, output_tokens=3)
+    assert costly.spend(unreported, stated_s=30) == \
+        TranscriptionSpend("default", "gpt-4o-transcribe", 30.0, "platform", 900, 3, 0.003)
+    assert costly.spend(unreported) == \
+        TranscriptionSpend("default", "gpt-4o-transcribe", None, "unknown", 900, 3, 0.0)  # recorded, at 0 USD
+
+
+def test_prices_per_minute_default_to_openais_and_unlisted_models_cost_nothing():
+    llm = load_config(None, llm={"transcription_prices": {"local-whisper": 0.001}}).llm
+    assert (llm.transcription_price("whisper-1"), llm.transcription_price("gpt-4o-transcribe"),
+            llm.transcription_price("gpt-4o-mini-transcribe")) == (0.006, 0.006, 0.003)
+    assert llm.transcription_price("gpt-4o-mini-transcribe-2025-03-20") == 0.003  # a dated snapshot
+    assert (llm.transcription_price("local-whisper"), llm.transcription_price("Systran/faster-whisper")) == (0.001, 0)
+    with pytest.raises(ConfigError):
+        load_config(None, llm={"transcription_prices": {"whisper-1": -1}})
+
+
+def test_transcriptions_are_recorded_under_the_provider_of_their_endpoint():
+    def provider(**llm: object) -> str:
+        built = build_transcriber(load_config(None, llm=llm).llm, lambda name: None)
+        assert built is not None
+        return built.provider
+
+    local = {"name": "local", "base_url": "http://127.0.0.1:8000/v1", "models": {"qwen": {}}}
+    assert provider() == "default"  # the chat endpoint, llm.base_url
+    assert provider(transcription_base_url="http://127.0.0.1:8000/v1/", providers=[local]) == "local"
+    assert provider(transcription_base_url="http://127.0.0.1:9000/v1") == "transcription"
+    assert build_transcriber(load_config(None, llm={"transcription_model": "gpt-4o-mini-transcribe"}).llm,
+                             lambda name: None).price_per_minute == 0.003
 
 
 # ---- the fake is as strict as the real endpoint ------------------------------------------------

@@ -92,6 +92,15 @@ class HttpConfig(_Section):
         return parse_networks(self.trusted_proxies)
 
 
+DEFAULT_TRANSCRIPTION_PRICES: dict[str, float] = {
+    # USD per minute of audio as published by OpenAI (the gpt-4o models' estimated per-minute cost);
+    # check your provider's prices and override (llm.transcription_prices).
+    "whisper-1": 0.006,
+    "gpt-4o-transcribe": 0.006,
+    "gpt-4o-mini-transcribe": 0.003,
+}
+
+
 class LlmConfig(RoutesMixin):
     """The model: one endpoint (``base_url``, ``api_key_env``, ``model``: the provider ``default``),
     or ``[[llm.providers]]`` and routes with failover (``gateway.core.providers``)."""
@@ -128,6 +137,27 @@ class LlmConfig(RoutesMixin):
     """Variable holding its key; ``None``: ``api_key_env`` (local servers take any key)."""
     transcription_language: str | None = None
     """ISO-639-1 code (``"en"``, ``"de"``) telling the model the spoken language; ``None``: detected."""
+    transcription_prices: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_TRANSCRIPTION_PRICES))
+    """Transcription model -> USD per minute of audio, merged over the built-in table
+    (``DEFAULT_TRANSCRIPTION_PRICES``); an unlisted model costs 0 (a local server: set its model's
+    price to 0 if it uses an OpenAI name). Each transcription is a ``usage`` row at this price
+    (``transcription_price``, ``gateway.media.transcribe.Transcriber.spend``)."""
+
+    @field_validator("transcription_prices", mode="after")
+    @classmethod
+    def _merge_transcription_prices(cls, value: dict[str, float]) -> dict[str, float]:
+        if any(price < 0 for price in value.values()):
+            raise ValueError("a price per minute is at least 0")
+        return {**DEFAULT_TRANSCRIPTION_PRICES, **value}
+
+    def transcription_price(self, model: str) -> float:
+        """USD per minute of audio for ``model``: its own entry in ``transcription_prices``, else the
+        longest entry it extends with ``-`` (a dated snapshot, ``gpt-4o-transcribe-2025-03-20``), else 0."""
+        prices = self.transcription_prices
+        if model in prices:
+            return prices[model]
+        matches = [name for name in prices if model.startswith(name + "-")]
+        return prices[max(matches, key=len)] if matches else 0.0
 
     @model_validator(mode="after")
     def _check_window(self) -> LlmConfig:

@@ -1,10 +1,11 @@
 """What is inside a voice note, an audio file or a document, for the model: the step of a turn
 that fills ``MediaRef.text`` (or ``MediaRef.note``) once, from the stored bytes.
 
-``ContentReader.read(ref, data, session_id=)`` transcribes voice and audio
-(``gateway.media.transcribe``), extracts a document's text (``gateway.media.extract``) and
-saves the original of a document or audio file into the session's workspace (``uploads/<safe
-name>``) when the workspace tools are on, so ``read_file`` and ``run_shell`` can work on it.
+``ContentReader.read(ref, data, session_id=, duration_s=)`` transcribes voice and audio
+(``gateway.media.transcribe``; what that cost is ``Reading.spend``), extracts a document's text
+(``gateway.media.extract``) and saves the original of a document or audio file into the
+session's workspace (``uploads/<safe name>``) when the workspace tools are on, so ``read_file``
+and ``run_shell`` can work on it.
 The result is stored with the user message (``messages.meta["attachments"]``): a later turn, or
 the same turn run again after a crash, renders the stored text and never transcribes or
 extracts again, and the transcript is exactly what the model saw.
@@ -27,7 +28,7 @@ from gateway.core.errors import MediaError
 from gateway.core.types import MediaRef
 from gateway.media.extract import Extracted, cap_text, display_name
 from gateway.media.isolated import MediaReaders
-from gateway.media.transcribe import Transcriber, TranscriptionError
+from gateway.media.transcribe import Transcriber, TranscriptionError, TranscriptionSpend
 
 log = logging.getLogger("gateway.media.contents")
 
@@ -48,11 +49,14 @@ class Reading:
             document), as a clause that completes "I could not use "x.pdf": …", else ``None``.
         transcript: the recognised words of a voice note or audio file, else ``None`` (shown to
             the user with ``media.show_transcript``).
+        spend: what the transcription cost (a successful one, also of silence), else ``None``: the
+            turn records it as a ``usage`` row with the user message that carries the transcript.
     """
 
     ref: MediaRef
     notice: str | None = None
     transcript: str | None = None
+    spend: TranscriptionSpend | None = None
 
 
 def wants(ref: MediaRef) -> bool:
@@ -105,15 +109,17 @@ class ContentReader:
         self.max_tokens = max_tokens
         self.redact = redact
 
-    def read(self, ref: MediaRef, data: bytes, *, session_id: str) -> Reading:
+    def read(self, ref: MediaRef, data: bytes, *, session_id: str, duration_s: float | None = None) -> Reading:
         """Fills ``ref.text`` or ``ref.note`` from ``data`` (the blob ``ref.sha256``). Runs on a
-        turn's worker thread (a transcription is one HTTP call). Never raises for bad input."""
+        turn's worker thread (a transcription is one HTTP call). Never raises for bad input.
+        ``duration_s``: the audio's duration in seconds as the platform stated it (``None``: not
+        stated), priced when the API reports none."""
         if ref.kind in ("voice", "audio"):
-            return self._transcribe(ref, data, session_id)
+            return self._transcribe(ref, data, session_id, duration_s)
         return self._document(ref, data, session_id)
 
     # -- voice and audio -----------------------------------------------------------------------
-    def _transcribe(self, ref: MediaRef, data: bytes, session_id: str) -> Reading:
+    def _transcribe(self, ref: MediaRef, data: bytes, session_id: str, duration_s: float | None) -> Reading:
         what = "voice message" if ref.kind == "voice" else "audio file"
         saved = self._save(ref, data, session_id) if ref.kind == "audio" else None
         if self.transcriber is None:
@@ -135,7 +141,8 @@ class ContentReader:
             lines.append(f"[Not shown: the end of the transcript (about {left:,} tokens).]")
         if where := _saved_line(saved):
             lines.append(where)
-        return Reading(dataclasses.replace(ref, text="\n".join(lines)), None, words)
+        return Reading(dataclasses.replace(ref, text="\n".join(lines)), None, words,
+                       self.transcriber.spend(heard, duration_s))
 
     # -- documents ------------------------------------------------------------------------------
     def _document(self, ref: MediaRef, data: bytes, session_id: str) -> Reading:

@@ -14,7 +14,9 @@ user message is written to the transcript. For each attachment:
 4. **Store** the original as a blob and, for pictures (image, sticker, animation; a video's or
    animation's thumbnail), the model's rendition (``images.prepare_image``), each recorded in
    ``attachments`` with the session and the sender.
-5. The transcript keeps one ``MediaRef`` per file (``messages.meta["attachments"]``): sha256, kind,
+5. Voice, audio and documents are read (``ContentReader``); each transcription's cost comes back
+   in ``Intake.spend`` for the turn to record with the user message (a ``usage`` row, written once).
+6. The transcript keeps one ``MediaRef`` per file (``messages.meta["attachments"]``): sha256, kind,
    MIME type, size, cleaned name, the rendition's reference, or a ``note`` saying why it could not
    be used. ``Intake.notes`` are the plain-words lines the user is told ("⚠️ I could not use
    "big.zip": too big (30.0 MB); Telegram bots can take files up to 20 MB.").
@@ -50,6 +52,7 @@ from gateway.media.images import Rendition, is_image_type, sniff
 from gateway.media.index import MediaIndex, Use
 from gateway.media.isolated import MediaReaders
 from gateway.media.render import ImagePolicy, has_images, quoted, resolve_images, strip_images
+from gateway.media.transcribe import TranscriptionSpend
 from gateway.store.text import file_name
 
 log = logging.getLogger("gateway.media")
@@ -92,6 +95,9 @@ class Intake:
     read: int = 0
     """Files whose contents were read (transcribed, extracted): the turn stores the message at once
     so that a run after a crash reuses them instead of calling the transcription API again."""
+    spend: list[TranscriptionSpend] = field(default_factory=list)
+    """What the message's transcriptions cost, one per call made: ``usage`` rows written with the
+    user message (so a run after a crash, which finds the message and transcribes nothing, adds none)."""
 
 
 class MediaService:
@@ -188,10 +194,12 @@ class MediaService:
         if attachment.kind not in PICTURE_KINDS and not is_image_type(mime):
             if self.reader is None or not wants(ref):
                 return ref, None
-            reading = self.reader.read(ref, data, session_id=session_id)
+            reading = self.reader.read(ref, data, session_id=session_id, duration_s=attachment.duration_s)
             intake.read += 1
             if reading.transcript is not None:
                 intake.transcripts.append(reading.transcript)
+            if reading.spend is not None:
+                intake.spend.append(reading.spend)
             return reading.ref, reading.notice
         if sniff(data) in _DECODABLE:
             try:

@@ -10,6 +10,15 @@ user's own file name never leaves the gateway.
 
 ``Transcriber.transcribe`` runs on a turn's worker thread (the sync ``openai`` client, with its
 retries) and raises ``TranscriptionError`` with a sentence for the user on every failure.
+
+What a transcription costs (``Transcriber.spend`` -> ``TranscriptionSpend``, a ``usage`` row of the
+turn) is the audio's duration in minutes times ``llm.transcription_prices`` of the model (USD per
+minute). The duration is the one the API reports (``usage: {"type": "duration", "seconds"}`` from
+``whisper-1``, or ``duration`` of a ``verbose_json`` answer), else the one the platform stated
+(Telegram's and Feishu's voice and audio messages carry it), else unknown: such a transcription is
+recorded at 0 USD (the gpt-4o models report tokens, not seconds, and a web chat upload or a Slack
+clip states no duration). Tokens are recorded when the API reports them (the gpt-4o models'
+``usage: {"type": "tokens", "input_tokens", "output_tokens"}``), else 0.
 """
 
 from __future__ import annotations
@@ -17,10 +26,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import openai
 
 from gateway.core.config import LlmConfig
+from gateway.core.providers import DEFAULT_PROVIDER
 
 log = logging.getLogger("gateway.media.transcribe")
 
@@ -50,14 +61,55 @@ class TranscriptionError(Exception):
         self.user_message = user_message
 
 
+TRANSCRIPTION_PROVIDER = "transcription"
+"""The ``usage.provider`` of transcriptions on an endpoint of their own (``llm.transcription_base_url``)
+that is no configured provider's."""
+
+
 @dataclass(frozen=True, slots=True)
 class Transcript:
     """What the model was told the audio says: ``text`` (stripped, may be ``""`` for silence),
-    the ``model`` that heard it, and the ``upload_name`` it was sent as (``voice.ogg``)."""
+    the ``model`` that heard it, and the ``upload_name`` it was sent as (``voice.ogg``).
+
+    What the API reported about the call: ``seconds``, the audio's duration (``None`` when the
+    answer gives none); ``input_tokens`` and ``output_tokens`` (0 when it reports none)."""
 
     text: str
     model: str
     upload_name: str
+    seconds: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptionSpend:
+    """What one transcription cost, for its ``usage`` row (``TurnRunner`` adds the user, chat and day).
+
+    Attributes:
+        provider: ``usage.provider`` (``default``: the chat endpoint ``llm.base_url``; a provider's
+            name when ``llm.transcription_base_url`` is its ``base_url``; else ``transcription``).
+        model: the transcription model.
+        seconds: the audio's duration the cost was computed from, in seconds; ``None``: unknown.
+        duration_from: where ``seconds`` came from: ``api`` (the answer), ``platform`` (the
+            attachment's stated duration) or ``unknown``.
+        input_tokens, output_tokens: as the API reported them (0 when it did not).
+        cost_usd: ``seconds / 60 * price_per_minute`` (0 when ``seconds`` is unknown).
+    """
+
+    provider: str
+    model: str
+    seconds: float | None
+    duration_from: Literal["api", "platform", "unknown"]
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the user message's ``meta["transcriptions"]`` keeps of it (JSON)."""
+        return {"provider": self.provider, "model": self.model, "seconds": self.seconds,
+                "duration_from": self.duration_from, "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens, "cost_usd": self.cost_usd}
 
 
 def audio_format(data: bytes, mime: str | None = None, name: str | None = None) -> str | None:
@@ -103,12 +155,17 @@ class Transcriber:
             and 5xx with backoff).
         max_bytes: larger audio is refused before any upload (the API's 25 MB by default).
         client: an ``openai.OpenAI`` to use instead (tests).
+        provider: the ``usage.provider`` its calls are recorded under.
+        price_per_minute: USD per minute of audio (``llm.transcription_prices`` of ``model``; 0: free).
     """
 
     def __init__(self, *, base_url: str, api_key: str | None, model: str, language: str | None = None,
                  timeout_s: float = 120.0, max_retries: int = 2, max_bytes: int = MAX_BYTES,
-                 client: openai.OpenAI | None = None) -> None:
+                 client: openai.OpenAI | None = None, provider: str = DEFAULT_PROVIDER,
+                 price_per_minute: float = 0.0) -> None:
         self.model = model
+        self.provider = provider
+        self.price_per_minute = price_per_minute
         self.language = language
         self.max_bytes = max_bytes
         self._client = client or openai.OpenAI(base_url=base_url, api_key=api_key or "not-needed",
@@ -158,7 +215,48 @@ class Transcriber:
             raise TranscriptionError(type(exc).__name__, "it could not be transcribed: the transcription service "
                                                          "could not be reached") from None
         text = getattr(result, "text", result if isinstance(result, str) else "")
-        return Transcript(str(text).strip(), self.model, upload)
+        seconds, tokens_in, tokens_out = _reported(result)
+        return Transcript(str(text).strip(), self.model, upload, seconds, tokens_in, tokens_out)
+
+    def spend(self, heard: Transcript, stated_s: float | None = None) -> TranscriptionSpend:
+        """What ``heard`` cost: its duration (the API's ``heard.seconds``, else ``stated_s``, the
+        platform's stated duration in seconds, else unknown: 0 USD) times ``price_per_minute``."""
+        source: Literal["api", "platform"]
+        if heard.seconds is not None:
+            seconds, source = float(heard.seconds), "api"
+        elif stated_s is not None and stated_s > 0:
+            seconds, source = float(stated_s), "platform"
+        else:
+            log.info("transcription by %s: the audio's duration is unknown, recorded at 0 USD", heard.model)
+            return TranscriptionSpend(self.provider, heard.model, None, "unknown", heard.input_tokens,
+                                      heard.output_tokens, 0.0)
+        cost = round(seconds / 60.0 * self.price_per_minute, 8)
+        return TranscriptionSpend(self.provider, heard.model, seconds, source, heard.input_tokens,
+                                  heard.output_tokens, cost)
+
+
+def _reported(result: object) -> tuple[float | None, int, int]:
+    """``(seconds, input tokens, output tokens)`` an answer of ``/v1/audio/transcriptions`` reports:
+    ``usage`` of type ``duration`` (``seconds``; ``whisper-1``) or ``tokens`` (``input_tokens``,
+    ``output_tokens``; the gpt-4o models), or a ``verbose_json`` answer's ``duration``. What it does
+    not report is ``None`` (seconds) or 0 (tokens); a plain-text answer reports nothing."""
+    usage = getattr(result, "usage", None)
+    seconds = _number(getattr(usage, "seconds", None)) if getattr(usage, "type", None) == "duration" else None
+    if seconds is None:
+        seconds = _number(getattr(result, "duration", None))
+    tokens_in = tokens_out = 0
+    if getattr(usage, "type", None) == "tokens":
+        tokens_in = int(_number(getattr(usage, "input_tokens", None)) or 0)
+        tokens_out = int(_number(getattr(usage, "output_tokens", None)) or 0)
+    return seconds, tokens_in, tokens_out
+
+
+def _number(value: object) -> float | None:
+    """``value`` as a finite number that is not negative, else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if 0 <= number < float("inf") else None
 
 
 def build_transcriber(llm: LlmConfig, secret: Callable[[str], str | None]) -> Transcriber | None:
@@ -169,7 +267,19 @@ def build_transcriber(llm: LlmConfig, secret: Callable[[str], str | None]) -> Tr
     return Transcriber(base_url=llm.transcription_base_url or llm.base_url,
                        api_key=secret(llm.transcription_api_key_env or llm.api_key_env),
                        model=llm.transcription_model, language=llm.transcription_language,
-                       timeout_s=llm.timeout_s, max_retries=llm.max_retries)
+                       timeout_s=llm.timeout_s, max_retries=llm.max_retries,
+                       provider=transcription_provider(llm),
+                       price_per_minute=llm.transcription_price(llm.transcription_model))
+
+
+def transcription_provider(llm: LlmConfig) -> str:
+    """The provider name transcriptions are recorded under: ``default`` on the chat endpoint
+    (``llm.transcription_base_url`` unset or ``llm.base_url``), the name of the ``[[llm.providers]]``
+    entry whose ``base_url`` it is, else ``TRANSCRIPTION_PROVIDER``."""
+    url = (llm.transcription_base_url or "").rstrip("/")
+    if not url or url == llm.base_url.rstrip("/"):
+        return DEFAULT_PROVIDER
+    return next((p.name for p in llm.providers if p.base_url.rstrip("/") == url), TRANSCRIPTION_PROVIDER)
 
 
 def _api_message(exc: openai.APIStatusError) -> str:
