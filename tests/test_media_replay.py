@@ -1,7 +1,8 @@
 """A voice-note turn run again after a crash does not transcribe again: ``gateway run`` as a
 subprocess against the fake Telegram and OpenAI, killed with SIGKILL while the model call is in
 flight, then started again. The transcript is stored with the message before the model is called,
-so the second run sends the same words to the model and makes no second transcription call."""
+so the second run sends the same words to the model and makes no second transcription call, and
+the transcription's ``usage`` row, written with that message, is counted once."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+from sqlalchemy import create_engine, select
+
 from bench.fault_injection import GatewayProcess, _free_port
+from gateway.store.models import MessageRow, UsageRow
 from tests import media_samples as samples
 from tests.fakes import openai as oa
 from tests.fakes.openai import FakeOpenAI
@@ -62,7 +67,7 @@ def wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyp
 def test_a_turn_run_again_after_a_kill_does_not_transcribe_again(tmp_path, fake_telegram, fake_openai):
     fake_openai.reset()
     gate = threading.Event()
-    voice = samples.ogg_opus(b"\x05" * 2500)
+    voice = samples.ogg_opus(b"\x05" * 2500, seconds=30)  # whisper-1 reports 30 s: $0.0030
     fake_telegram.add_file("replay-voice", voice)
     fake_openai.script_transcription("Book a table for four at eight.")
     fake_openai.script(oa.hold(gate, oa.text("never delivered")), oa.text("Booked for four at eight."))
@@ -75,7 +80,7 @@ def test_a_turn_run_again_after_a_kill_does_not_transcribe_again(tmp_path, fake_
             "message_id": 5, "date": int(time.time()),
             "from": {"id": CHAT, "is_bot": False, "first_name": "Alice"},
             "chat": {"id": CHAT, "type": "private", "first_name": "Alice"},
-            "voice": {"file_id": "replay-voice", "file_unique_id": "ureplay", "duration": 2,
+            "voice": {"file_id": "replay-voice", "file_unique_id": "ureplay", "duration": 30,
                       "mime_type": "audio/ogg", "file_size": len(voice)}}})
         fake_openai.wait_for_requests(1, 20)  # the model call is in flight (held)
         gateway.kill()
@@ -93,6 +98,17 @@ def test_a_turn_run_again_after_a_kill_does_not_transcribe_again(tmp_path, fake_
     first, second = (r["json"]["messages"][-1]["content"] for r in fake_openai.requests[:2])
     assert "Book a table for four at eight." in second
     assert first == second  # the same bytes: the words the model saw are the stored ones
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'gateway.db'}")
+    try:
+        with engine.connect() as conn:
+            [heard] = conn.execute(select(UsageRow).where(UsageRow.model == "whisper-1")).all()  # once, not twice
+            [carrier] = conn.execute(select(MessageRow).where(MessageRow.role == "user")).all()
+    finally:
+        engine.dispose()
+    assert heard.cost_usd == pytest.approx(0.003)  # 30 s at $0.006 a minute
+    assert heard.call_key == f"message:{carrier.id}"  # written with the message that carries the transcript
+    assert (heard.turn_id, heard.platform) == (carrier.turn_id, "telegram") and heard.chat_key.endswith(f":{CHAT}")
 
 
 def test_a_photo_turn_run_again_after_a_kill_still_sees_the_photo(tmp_path, fake_telegram, fake_openai):

@@ -68,6 +68,7 @@ from gateway.tools.approvals_store import Approvals
 
 if TYPE_CHECKING:
     from gateway.media.service import MediaService
+    from gateway.media.transcribe import TranscriptionSpend
     from gateway.memory.service import Candidates, MemoryService
     from gateway.sessions.chat_settings import ChatSetup
 
@@ -452,6 +453,7 @@ class TurnRunner:
             pending_turn = f"in{pending.inbox_id}"
             if (pending_turn, "user") not in present:
                 meta = user_meta(pending.message, time.time(), budget=initial_note(self.limits))
+                spent: tuple[UsageEntry, ...] = ()  # the message's transcriptions: written with it, once
                 if self.conversation is not None:  # stored with it: fetched once, replayed byte for byte
                     meta = self.conversation.annotate(meta, pending.message, window=window, fresh=fresh)
                     fresh = False  # a merged batch's later messages: their thread is in this one's meta
@@ -465,6 +467,10 @@ class TurnRunner:
                         notes.append(_(NO_VISION_NOTE))  # llm.vision off, or the endpoint refused images before
                     usable = usable or intake.usable
                     read += intake.read
+                    if intake.spend:
+                        meta["transcriptions"] = [paid.to_dict() for paid in intake.spend]
+                        meta["cost_usd"] = round(sum(paid.cost_usd for paid in intake.spend), 8)
+                        spent = tuple(self.transcription_entry(paid, pending) for paid in intake.spend)
                 else:
                     usable = True
                 text = self.redact(pending.message.text)  # a pasted secret never reaches the model
@@ -473,14 +479,15 @@ class TurnRunner:
                     meta = self.memory.annotate(meta, key=key, query=text or spoken, window=window,
                                                 read=ready.memory if ready is not None else None)
                 unwritten.append(NewMessage(pending_turn, "user", text,
-                                            {"meta": meta, "platform_message_id": pending.message.message_id}))
+                                            {"meta": meta, "platform_message_id": pending.message.message_id},
+                                            spent))
                 window.append(StoredMessage(0, pending_turn, "user", text, None, None, None, meta,
                                             pending.message.message_id))
             else:
                 usable = True  # resumed: the stored message was usable when it was taken in
                 stored = next((m for m in window if m.turn_id == pending_turn and m.role == "user"), None)
                 notes += [note_line(ref) for ref in refs_of(stored.meta if stored else None) if ref.note]
-        if read:  # a transcription is a paid call: stored now, a run after a crash reuses it
+        if read:  # a transcription is a paid call: stored now (with its usage rows), a run after a crash reuses it
             self.store.append_messages(session_id, list(unwritten))
             unwritten.clear()
         heard = self._heard(batch, window) if self.media is not None and self.media.config.show_transcript else ""
@@ -641,6 +648,17 @@ class TurnRunner:
                           day=self.calendar.day(), prompt_tokens=usage.prompt_tokens,
                           cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
                           cost_usd=float(facts.get("cost_usd") or 0.0))
+
+    def transcription_entry(self, spend: TranscriptionSpend, pending: PendingInbound) -> UsageEntry:
+        """The ``usage`` row of one transcription of ``pending``'s files: its sender, chat, platform
+        and session key, dated today in ``limits.timezone``; tokens as the API reported them (0
+        when it did not), ``cost_usd`` at the model's price per minute (``TranscriptionSpend``)."""
+        address = pending.message.address
+        return UsageEntry(user_id=pending.user_id, chat_key=f"{address.platform}:{address.tenant}:{address.chat_id}",
+                          session_key=pending.session_key, platform=pending.message.platform,
+                          provider=spend.provider, model=spend.model, day=self.calendar.day(),
+                          prompt_tokens=spend.input_tokens, cached_tokens=0, completion_tokens=spend.output_tokens,
+                          cost_usd=spend.cost_usd)
 
     def _files_for(self, session_id: str | None, turn_id: str) -> list[OutboundAttachment]:
         """The files ``send_file`` recorded during the turn (none without a session or file store)."""

@@ -2,7 +2,9 @@
 
 Every model call of a chat turn is one ``usage`` row, written with the call's transcript message
 (``gateway.store.sql.UsageEntry``), so a step is counted exactly once even when a turn is rerun
-after a crash. A call's ``day`` is its date in ``limits.timezone``; a month is the range of its
+after a crash; so is each transcription of a voice note or audio file, written with the user
+message that carries its transcript (``TurnRunner.transcription_entry``; model = the transcription
+model, cost per minute of audio). A call's ``day`` is its date in ``limits.timezone``; a month is the range of its
 days (``day`` strings sort as dates). Cached prompt tokens are part of ``prompt_tokens`` (as the
 OpenAI API reports them) and are never added again: ``cached_tokens`` says how many of them were
 cached. Reads here are indexed sums (``ix_usage_user_day``, ``ix_usage_chat_day``, ``ix_usage_day``).

@@ -546,8 +546,9 @@ class AttachmentRow(Base):
 
 
 class UsageRow(Base):
-    """One model call's tokens and cost, written in the transaction that writes the call's
-    assistant message (``Store.append_messages``, ``Store.finish_turn``): a step is counted exactly
+    """One model call's (or transcription's) tokens and cost, written in the transaction that writes
+    the call's assistant message, or the user message carrying the transcript
+    (``Store.append_messages``, ``Store.finish_turn``): a step is counted exactly
     once, as its message is stored once (``call_key`` = ``message:<messages.id>``, unique). Kept when
     the session is deleted (what was spent stays spent). Summed by ``gateway.ops.usage``: per
     user, chat, provider and model, per ``day`` (``YYYY-MM-DD`` in ``limits.timezone`` when the call

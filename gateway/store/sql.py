@@ -195,8 +195,9 @@ class OpenSession:
 @dataclass(frozen=True, slots=True)
 class UsageEntry:
     """One model call's usage, stored with its assistant message (a ``usage`` row keyed by the
-    message's id). Tokens as the API reported them (``cached_tokens`` are part of
-    ``prompt_tokens``); ``cost_usd`` at the configured price; ``day`` is ``YYYY-MM-DD`` in
+    message's id), or one transcription's, stored with the user message carrying the transcript.
+    Tokens as the API reported them (``cached_tokens`` are part of ``prompt_tokens``); ``cost_usd``
+    at the configured price (per 1M tokens, or per minute of audio); ``day`` is ``YYYY-MM-DD`` in
     ``limits.timezone``; ``chat_key`` is ``platform:tenant:chat_id``."""
 
     user_id: str | None
@@ -225,7 +226,7 @@ class NewMessage:
     """A transcript message to append: ``fields`` holds the optional columns (``tool_calls``,
     ``tool_call_id``, ``meta``, ``platform_message_id``, token counts); ``usage``: the ``usage`` rows
     written in the same transaction, keyed by the message (an assistant message's own model call,
-    and the sub-agent calls made before it was stored)."""
+    and the sub-agent calls made before it was stored; a user message's transcriptions)."""
 
     turn_id: str | None
     role: str
