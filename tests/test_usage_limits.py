@@ -63,6 +63,27 @@ def test_usage_is_written_with_its_message_once_and_kept_with_the_turn(engine):
     assert [tuple(r) for r in rows] == [(f"message:{ids[0]}", "in1", 1000)]
 
 
+def test_a_transcription_is_written_with_the_user_message_that_carries_it(engine):
+    """A voice note's transcription rides with its user message (the turn writes it before the model
+    call, with its usage row): keyed by that message, beside the answer's own row."""
+    store = Store(engine)
+    session_id = store.new_session("telegram:1:5550001", "system", "u1")
+    heard = dataclasses.replace(entry("2026-03-15", 0.009), model="whisper-1", prompt_tokens=0, cached_tokens=0,
+                                completion_tokens=0)
+    ids = store.append_messages(session_id, [
+        NewMessage("in1", "user", "(voice)", {"meta": {"cost_usd": 0.009}}, (heard,)),
+        NewMessage("in1", "assistant", "ok", {"prompt_tokens": 1500, "completion_tokens": 20},
+                   (entry("2026-03-15", 0.008),))])
+    with engine.connect() as conn:
+        rows = conn.execute(select(UsageRow.call_key, UsageRow.model, UsageRow.cost_usd)).all()
+    assert {r.call_key: (r.model, r.cost_usd) for r in rows} == {f"message:{ids[0]}": ("whisper-1", 0.009),
+                                                                 f"message:{ids[1]}": ("gpt-4o-mini", 0.008)}
+    now = at("2026-03-15T12:00:00")
+    refusal = limits(engine, now, user_daily_usd=0.017, timezone="Asia/Shanghai").check(
+        inbox_id=1, user_id="u1", chat_key=CHAT)
+    assert refusal is not None and "($0.0170 of $0.0170)" in refusal.text  # both count towards the limit
+
+
 def test_finish_turn_writes_the_final_calls_usage_in_its_transaction(engine):
     store = Store(engine)
     message = InboundMessage(ChatAddress("telegram", "1", "5550001"), "5550001:1", "dm", Sender("5550001"), "hi")
