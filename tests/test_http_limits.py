@@ -50,6 +50,75 @@ async def test_a_connection_without_a_whole_request_is_closed_after_the_idle_tim
         assert response.status == 200  # a real request is served as before
 
 
+def _trickle(port: int, head: bytes, body: bytes, gap_s: float, seconds: float) -> tuple[float | None, bytes]:
+    """Sends ``head``, then ``body`` one byte every ``gap_s`` seconds; returns after how long the
+    server closed the connection (``None``: still open after ``seconds`` or once the body was sent
+    whole) and what it answered."""
+    with socket.create_connection(("127.0.0.1", port), timeout=seconds) as sock:
+        started = time.monotonic()
+        sock.sendall(head)
+        sock.setblocking(False)
+        answer = b""
+        for byte in body:
+            if time.monotonic() - started > seconds:
+                return None, answer
+            try:
+                sock.sendall(bytes([byte]))
+            except (BlockingIOError, ConnectionError):
+                return time.monotonic() - started, answer
+            time.sleep(gap_s)
+            try:
+                chunk = sock.recv(4096)
+            except BlockingIOError:
+                continue
+            except ConnectionError:
+                return time.monotonic() - started, answer
+            answer += chunk
+            if not chunk:
+                return time.monotonic() - started, answer
+        sock.settimeout(seconds)
+        try:
+            while chunk := sock.recv(4096):
+                answer += chunk
+        except TimeoutError:
+            return None, answer
+        return None, answer
+
+
+async def test_a_body_trickled_slower_than_the_minimum_rate_is_cut_and_a_steady_one_is_not(tmp_path, fake_openai,
+                                                                                            running):
+    """aiohttp's keep-alive timeout stops counting once a request began: a body sent one byte every
+    half second held its connection (and a descriptor) for as long as the client liked."""
+    fake_openai.responder = lambda request: "ok"
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, http={
+        "idle_timeout_s": 30, "body_timeout_s": 1.5, "body_min_rate": 40}), running)
+    port = gateway.http_port
+    client = WebClient(base_of(gateway))
+    try:
+        await client.open()
+        cookie = "; ".join(f"{c.key}={c.value}" for c in client.http.cookie_jar)
+    finally:
+        await client.http.close()
+
+    def request(message_id: str, text: str) -> tuple[bytes, bytes]:
+        body = b'{"id": "%s", "text": "%s", "name": ""}' % (message_id.encode(), text.encode())
+        head = (b"POST /web/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"X-Requested-With: gateway-web\r\nCookie: %s\r\nContent-Length: %d\r\n\r\n"
+                % (cookie.encode(), len(body)))
+        return head, body
+
+    slow_head, slow_body = request("slow0001", "slow " + "x" * 600)  # 15 s of credit at 40 bytes/s, sent at 2 bytes/s
+    steady_head, steady_body = request("steady01", "steady " + "y" * 250)  # ~3 s at 100 bytes/s: late, not slow
+    slow, steady = await asyncio.gather(asyncio.to_thread(_trickle, port, slow_head, slow_body, 0.5, 20),
+                                        asyncio.to_thread(_trickle, port, steady_head, steady_body, 0.01, 20))
+    cut_after, answer = slow
+    assert cut_after is not None and cut_after < 8, slow
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert steady[1].startswith(b"HTTP/1.1 200"), steady  # read whole and stored
+    async with aiohttp.ClientSession() as http, http.get(f"{base_of(gateway)}/healthz") as response:
+        assert response.status == 200
+
+
 async def test_one_address_holds_a_bounded_number_of_chat_pages_and_uploads(tmp_path, fake_openai, running):
     gateway = await start_gateway(gateway_config(tmp_path, fake_openai, web={
         "streams_per_address": 3, "uploads_per_hour": 1, "upload_mb_per_hour": 1.0}), running)

@@ -69,6 +69,12 @@ class HttpConfig(_Section):
     idle_timeout_s: float = Field(default=15.0, gt=0)
     """A connection is closed when it has not sent a whole request this long after it opened or
     after its last response (slow or idle clients; a request being answered is never cut)."""
+    body_timeout_s: float = Field(default=20.0, gt=0)
+    """A request's body must have arrived whole this many seconds after its handler started, plus
+    one second per ``body_min_rate`` bytes received (Apache ``mod_reqtimeout``'s
+    ``body=20,MinRate=500``); a body trickled slower is answered 408 and its connection closed."""
+    body_min_rate: float = Field(default=500.0, gt=0)
+    """Bytes per second that extend ``body_timeout_s`` (a slow but steady upload is never cut)."""
     reuse_port: bool = False
     """Listen with ``SO_REUSEPORT``: several processes on one host share ``port`` and the kernel
     spreads connections over them (set for each worker of ``gateway run --workers N``; set it
