@@ -208,7 +208,7 @@ async def test_memory_follows_a_linked_user_to_slack_and_never_reaches_another_u
     fake_telegram.inject(dm_update("remember my employee number is 4711", 9901, user_id=alice))
     fake_telegram.inject(tg_command("/link", 9902, alice))
     await wait_until(lambda: len(sends_to(fake_telegram, alice)) == 2, what="link code")
-    code = re.search(r"/link ([A-Z0-9]{6})", texts(fake_telegram, alice)[-1]).group(1)
+    code = re.search(r"/link ([A-Z0-9]{5}-[A-Z0-9]{5})", texts(fake_telegram, alice)[-1]).group(1)
     url = events_url(gateway)
     await fake_slack.post_event(url, message(f"/link {code}", "1800000100.000100", channel="D0MEMORY01"))
     await wait_until(lambda: len([c for c in fake_slack.calls("chat.postMessage")

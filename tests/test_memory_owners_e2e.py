@@ -115,7 +115,7 @@ async def test_a_dm_entry_never_reaches_a_group_turn_or_another_user(tmp_path, f
 
 
 def link_code(reply: str) -> str:
-    match = re.search(r"/link ([A-Z0-9]{6})", reply)
+    match = re.search(r"/link ([A-Z0-9]{5}-[A-Z0-9]{5})", reply)
     assert match, reply
     return match.group(1)
 

@@ -46,7 +46,7 @@ async def test_a_linked_user_continues_one_conversation_from_telegram_to_slack(
     await wait_until(lambda: len(sends_to(fake_telegram, alice_tg)) == 1, what="first reply")
     fake_telegram.inject(tg_command("/link", 8002, alice_tg))
     await wait_until(lambda: len(sends_to(fake_telegram, alice_tg)) == 2, what="link code")
-    code = re.search(r"/link ([A-Z0-9]{6})", tg_texts(fake_telegram, alice_tg)[-1]).group(1)
+    code = re.search(r"/link ([A-Z0-9]{5}-[A-Z0-9]{5})", tg_texts(fake_telegram, alice_tg)[-1]).group(1)
     assert len(fake_openai.requests) == 1  # commands never reach the model
 
     url = events_url(gateway)
@@ -84,7 +84,7 @@ async def test_link_codes_are_single_use(tmp_path, fake_telegram, fake_openai, r
     await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
     fake_telegram.inject(tg_command("/link", 8101, 5553101))
     await wait_until(lambda: len(sends_to(fake_telegram, 5553101)) == 1, what="code")
-    code = re.search(r"/link ([A-Z0-9]{6})", tg_texts(fake_telegram, 5553101)[0]).group(1)
+    code = re.search(r"/link ([A-Z0-9]{5}-[A-Z0-9]{5})", tg_texts(fake_telegram, 5553101)[0]).group(1)
     fake_telegram.inject(tg_command(f"/link {code}", 8102, 5553102))
     fake_telegram.inject(tg_command(f"/link {code}", 8103, 5553103))
     await wait_until(lambda: sends_to(fake_telegram, 5553102) and sends_to(fake_telegram, 5553103), what="answers")

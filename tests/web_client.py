@@ -60,7 +60,7 @@ class WebClient:
 
     def link_code(self) -> str | None:
         for event in self.of("reply"):
-            if match := re.search(r"/link ([A-Z0-9]{6})", event["text"]):
+            if match := re.search(r"/link ([A-Z0-9]{5}-[A-Z0-9]{5})", event["text"]):
                 return match.group(1)
         return None
 

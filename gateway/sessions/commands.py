@@ -243,7 +243,7 @@ class Commands:
             return _("Your link code: {code}\nSend /link {code} from your other account (Telegram, Slack or "
                      "Feishu) within 10 minutes. It works once.", code=code)
         try:
-            self.directory.link(args.split()[0], ctx.user_id)
+            self.directory.link(args, ctx.user_id)  # "ABCDE-FGHJK", "abcde fghjk": the same code
         except CodeError as exc:
             return str(exc)
         return _("Linked. In DMs, this account now continues the same conversation as your other account.")
