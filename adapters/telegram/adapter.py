@@ -546,8 +546,8 @@ class TelegramAdapter:
     async def _send_chunk(self, address: ChatAddress, chunk: Chunk, quote: str | None,
                           markup: InlineKeyboardMarkup | None = None) -> str:
         """One sendMessage of ``chunk`` (text + entities) quoting ``quote``; returns the new message's
-        id. Entities Telegram cannot parse ("can't parse entities") are dropped and the text is sent
-        again as plain text. Raises PTB's ``TelegramError`` subclasses (see ``_api``)."""
+        id. When Telegram refuses the entities (``_entities_refused``: nothing was sent), the text is
+        sent once more as plain text. Raises PTB's ``TelegramError`` subclasses (see ``_api``)."""
         entities = [e.to_api() for e in chunk.entities]  # dicts: PTB MessageEntity objects cost ~13 µs each
         # the parameters in the order bot.send_message puts them on the wire
         params: dict[str, object] = {"chat_id": int(address.chat_id), "text": chunk.text, "entities": entities or None,
@@ -558,7 +558,7 @@ class TelegramAdapter:
         try:
             sent = await self._api("sendMessage", params)
         except BadRequest as exc:
-            if not entities or "can't parse entities" not in exc.message.lower():
+            if not entities or not _entities_refused(exc):
                 raise
             log.warning("telegram rejected entities (%s); resending as plain text", exc.message)
             sent = await self._api("sendMessage", {**params, "entities": None})
@@ -576,7 +576,7 @@ class TelegramAdapter:
             try:
                 await self._api("editMessageText", params)
             except BadRequest as exc:
-                if not entities or "can't parse entities" not in exc.message.lower():
+                if not entities or not _entities_refused(exc):
                     raise
                 log.warning("telegram rejected entities (%s); editing as plain text", exc.message)
                 await self._api("editMessageText", {**params, "entities": None})
@@ -691,6 +691,14 @@ def _keyboard(buttons: tuple[tuple[str, str], ...]) -> InlineKeyboardMarkup | No
     row = [InlineKeyboardButton(label, callback_data=command) for label, command in buttons
            if len(command.encode()) <= 64]
     return InlineKeyboardMarkup([row]) if row else None
+
+
+def _entities_refused(exc: BadRequest) -> bool:
+    """Whether a 400 is about the entities sent, whatever the wording: "can't parse entities: ..."
+    and TDLib's entity checks ("entity URL '...' is invalid: ...", "MessageEntityTextUrl.url must be
+    encoded in UTF-8": td/telegram/MessageEntity.cpp ``get_message_entities``). PTB lowercases the
+    description, so the match ignores case."""
+    return "entit" in exc.message.lower()
 
 
 def _seconds(value: object) -> float:

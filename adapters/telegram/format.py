@@ -8,7 +8,10 @@ entity offsets and lengths are UTF-16 code units too.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from telegramify_markdown import convert
 
@@ -49,8 +52,43 @@ def utf16_len(text: str) -> int:
     return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
 
 
+_HOST = re.compile(r"(?:[a-z0-9\-_!$,~*'();&+=]|%[0-9a-f]{2}|[^\x00-\x7f])+(?:\.(?:[a-z0-9\-_!$,~*'();&+=]|%[0-9a-f]{2}"
+                   r"|[^\x00-\x7f])*)+")
+
+
+def link_accepted(url: str) -> bool:
+    """Whether the Bot API takes ``url`` as a ``text_link`` entity's URL. It checks it with TDLib's
+    ``LinkManager::check_link`` (td/telegram/LinkManager.cpp, tdutils/td/utils/HttpUrl.cpp) and
+    refuses the whole message otherwise (400 "entity URL '...' is invalid: URL host is empty" for
+    ``#anchor`` or ``/a/path``, "Host is invalid" for ``./README.md``, "Wrong HTTP URL" for a host
+    without a dot). This is a stricter subset: ``http``/``https`` with a host that has a dot (or an
+    IPv6 address) and a valid port, or ``tg://``. A scheme-less ``README.md`` (which TDLib would
+    turn into ``http://README.md/``) and ``mailto:`` (which it reads as ``http://mailto:x@host/``)
+    are not kept: the link would lead somewhere else than the model meant."""
+    if url.lower().startswith("tg://"):
+        return bool(re.fullmatch(r"tg://[A-Za-z0-9_-]+(?:[/?][^\s]*)?", url))
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return False
+    if parts.scheme.lower() not in ("http", "https") or port == 0 or any(ch.isspace() for ch in url):
+        return False
+    host = parts.netloc.rpartition("@")[2]
+    host = host.rsplit(":", 1)[0] if port is not None and not host.endswith("]") else host
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return False
+        return True
+    return bool(_HOST.fullmatch(host.lower()))
+
+
 def render_markdown(markdown: str) -> tuple[str, list[Entity]]:
-    """Converts model Markdown to ``(plain_text, entities)``; plain text if conversion fails."""
+    """Converts model Markdown to ``(plain_text, entities)``; plain text if conversion fails.
+    A link whose URL Telegram would refuse (``link_accepted``) keeps its text without the link."""
     try:
         text, raw_entities = convert(markdown, latex_escape=False)
     except Exception:
@@ -58,7 +96,7 @@ def render_markdown(markdown: str) -> tuple[str, list[Entity]]:
     entities = [
         Entity(e.type, e.offset, e.length, getattr(e, "url", None), getattr(e, "language", None))
         for e in raw_entities
-        if e.length > 0
+        if e.length > 0 and (e.type != "text_link" or link_accepted(str(getattr(e, "url", "") or "")))
     ]
     return text.rstrip("\n"), entities
 
