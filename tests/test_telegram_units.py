@@ -130,6 +130,26 @@ def test_a_link_telegram_would_refuse_keeps_only_its_text():
         ("text_link", 16, 4, "https://example.com/a_(b)")]
 
 
+@pytest.mark.parametrize(("markdown", "shown"), [
+    ("Use List<String> here", "Use List<String> here"),
+    ("Set the header to <your-token> first", "Set the header to <your-token> first"),
+    ("<T>", "<T>"),
+    ("a <br> b and x <script>alert(1)</script> y", "a <br> b and x <script>alert(1)</script> y"),
+    ("<!-- a note --> shown", "<!-- a note --> shown"),
+    ("<div>\nblock html\n</div>", "<div>\nblock html\n</div>"),
+    ("> quoted <b>bold</b>", "quoted <b>bold</b>"),
+    ("Email <bob@example.com> or see <https://example.com/a_b>", "Email bob@example.com or see https://example.com/a_b"),
+    ("`<b>` stays code and **<i>x</i>** stays bold", "<b> stays code and <i>x</i> stays bold"),
+])
+def test_html_the_model_writes_is_shown_as_text(markdown, shown):
+    """Telegram shows plain text with entities, so there is no HTML to render: a tag-like run the
+    model writes (a generic type, a placeholder, an HTML snippet) must reach the user as written.
+    The Markdown converter drops raw HTML, and an HTML block (a comment, ``<div>``) took the text
+    of its whole line or block with it."""
+    assert render_markdown(markdown)[0] == shown
+    assert [c.text for c in format_reply(markdown)] == [shown]
+
+
 def test_whitespace_only_reply_sends_nothing():
     assert format_reply("   \n\n ") == []
 

@@ -13,9 +13,14 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import pyromark
 from telegramify_markdown import convert
 
 MAX_MESSAGE_UTF16 = 4096
+_PARSE_OPTIONS = (pyromark.Options.ENABLE_TABLES | pyromark.Options.ENABLE_STRIKETHROUGH
+                  | pyromark.Options.ENABLE_TASKLISTS | pyromark.Options.ENABLE_MATH)
+"""The options ``telegramify_markdown`` parses with (its ``STANDARD_OPTIONS``), so the raw HTML found
+here is the raw HTML it would drop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +91,36 @@ def link_accepted(url: str) -> bool:
     return bool(_HOST.fullmatch(host.lower()))
 
 
+def literal_html(markdown: str) -> str:
+    """``markdown`` with every raw HTML run (CommonMark inline HTML and HTML blocks: ``<T>``,
+    ``List<String>``, ``<your-token>``, ``<!-- x -->``, ``<div>``) escaped as ``\\<``, so it is read
+    as text. Telegram messages have no HTML to render (plain text + entities), and the converter
+    drops raw HTML, an HTML block with the rest of its line or block. Code and autolinks
+    (``<https://…>``) are not raw HTML and stay as they are. Parsed again after each pass: an HTML
+    block read as a paragraph can show inline HTML of its own."""
+    for _pass in range(8):
+        if "<" not in markdown:
+            return markdown
+        source = markdown.encode()
+        spots = sorted({at for payload, where in pyromark.events_with_range(markdown, options=_PARSE_OPTIONS)
+                        if isinstance(payload, dict) and ("InlineHtml" in payload or "Html" in payload)
+                        for at in range(where["start"], where["end"]) if source[at] == 0x3C})  # "<"
+        if not spots:
+            return markdown
+        pieces, last = [], 0
+        for at in spots:
+            pieces += [source[last:at], b"\\"]
+            last = at
+        markdown = b"".join([*pieces, source[last:]]).decode()
+    return markdown
+
+
 def render_markdown(markdown: str) -> tuple[str, list[Entity]]:
     """Converts model Markdown to ``(plain_text, entities)``; plain text if conversion fails.
-    A link whose URL Telegram would refuse (``link_accepted``) keeps its text without the link."""
+    A link whose URL Telegram would refuse (``link_accepted``) keeps its text without the link; raw
+    HTML is shown as written (``literal_html``)."""
     try:
-        text, raw_entities = convert(markdown, latex_escape=False)
+        text, raw_entities = convert(literal_html(markdown), latex_escape=False)
     except Exception:
         return markdown, []
     entities = [
