@@ -33,6 +33,11 @@ def patches_of(fake, message_id: str) -> list:
     return [c for c in fake.calls("patch") if c.code == 0 and c.path.endswith("/" + message_id)]
 
 
+def patches_of_any(fake, message_id: str) -> list:
+    """Every PATCH of ``message_id``, accepted or refused."""
+    return [c for c in fake.calls("patch") if c.path.endswith("/" + message_id)]
+
+
 def settled(gateway) -> bool:
     rows = gateway.store.outbox_rows()
     return bool(rows) and all(r["status"] == "sent" for r in rows)
@@ -59,6 +64,31 @@ async def test_streamed_reply_is_one_card_patched_in_place_and_ends_as_the_answe
     assert len(patches) >= 2  # preview edits, then the final state
     assert [el["tag"] for el in card_elements(message["content"])] == ["markdown"]  # the answer keeps its markdown
     assert [r["preview_id"] for r in gateway.store.outbox_rows()] == [message["message_id"]]
+
+
+async def test_a_streamed_answer_feishu_refuses_as_a_card_still_ends_as_the_answer(tmp_path, fake_feishu,
+                                                                                      fake_openai, running):
+    """Feishu refuses card markdown with more than five tables (230099, ErrCode 11310 "card table
+    number over limit"). The last patch of a streamed answer comparing six things used to fail for
+    good, leaving the preview (cut, with its " …") as all the user saw: now the card gets the whole
+    answer as plain text, in place, once."""
+    fake_feishu.reset()
+    fake_openai.reset()
+    answer = "Comparison:\n\n" + "\n\n".join(f"| item {i} | value |\n|---|---|\n| a{i} | {i} |" for i in range(6))
+    fake_openai.script(oa.text(answer, pieces=8, piece_delay_s=0.15))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu, agent=STREAM_FAST),
+                                  running)
+    status, _ = await fake_feishu.post_event(url(gateway), fake_feishu.text_event("compare them"))
+    assert status == 200
+    await wait_until(lambda: bool(gateway.store.outbox_rows())
+                     and all(r["status"] in ("sent", "failed") for r in gateway.store.outbox_rows()),
+                     what="outbox settled")
+    assert [r["status"] for r in gateway.store.outbox_rows()] == ["sent"]
+    [message] = fake_feishu.sent(P2P)  # one message: the preview card, patched into the answer
+    assert post_text(message["content"]) == answer
+    assert [el["tag"] for el in card_elements(message["content"])] == ["div"]
+    refused = [c for c in patches_of_any(fake_feishu, message["message_id"]) if c.code == 230099]
+    assert len(refused) == 1
 
 
 async def test_plan_is_one_card_patched_in_place_and_the_reply_another_message(tmp_path, fake_feishu, fake_openai,

@@ -72,6 +72,20 @@ def card_parts(text: str, fmt: str = "markdown", buttons: tuple[tuple[str, str],
                                            ensure_ascii=False)) for i, piece in enumerate(pieces)]
 
 
+def plain_card_part(part: Part) -> Part:
+    """The same card with each ``markdown`` element shown as plain text (a ``div`` with
+    ``plain_text``, which Feishu does not parse): what is sent again when Feishu refuses the card's
+    markdown (230099 "Failed to create card content", e.g. ErrCode 11310 "card table number over
+    limit": at most five tables per card, Feishu card docs, table component; 230001). Buttons stay."""
+    content = json.loads(part.content)
+    for element in content.get("body", {}).get("elements", []):
+        if element.get("tag") == "markdown":
+            text = str(element.pop("content", "")).replace("&lt;", "<")
+            element.clear()
+            element.update(_element(text, "plain"))
+    return Part("interactive", json.dumps(content, ensure_ascii=False))
+
+
 def action_to_inbound(body: Mapping[str, Any], bot_open_id: str) -> InboundMessage | None:
     """A press on a command button (a ``card.action.trigger`` callback, schema 2.0) as the command it
     carries, sent by the presser in the chat of the card; ``None`` for any other event or press.
