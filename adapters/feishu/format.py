@@ -29,6 +29,8 @@ from typing import Any
 
 import pyromark
 
+from adapters.text import safe_cut
+
 POST_LIMIT_BYTES = 30 * 1024
 """Feishu: post/interactive message request body ≤ 30 KB."""
 TEXT_LIMIT_BYTES = 150 * 1024
@@ -268,7 +270,8 @@ def markdown_to_rows(markdown: str) -> list[Row]:
 
 def _cut(text: str, budget: int) -> int:
     """Index at which to cut ``text`` so the head costs ≤ ``budget`` bytes; prefers a line break,
-    then a space, in the second half; never returns 0 for non-empty text."""
+    then a space, in the second half; never inside a character as the reader sees it
+    (``adapters.text.safe_cut``); never returns 0 for non-empty text."""
     total, end = 0, 0
     for end, ch in enumerate(text):  # noqa: B007 - end is used after the loop
         total += _char_cost(ch)
@@ -280,8 +283,8 @@ def _cut(text: str, budget: int) -> int:
     for sep in ("\n", " "):
         at = text.rfind(sep, 0, end)
         if at >= end // 2:
-            return at + 1
-    return end
+            return safe_cut(text, at + 1)
+    return safe_cut(text, end)
 
 
 def split_text(text: str, budget: int) -> list[str]:

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 import pyromark
 from telegramify_markdown import convert
 
+from adapters.text import safe_cut
+
 MAX_MESSAGE_UTF16 = 4096
 _PARSE_OPTIONS = (pyromark.Options.ENABLE_TABLES | pyromark.Options.ENABLE_STRIKETHROUGH
                   | pyromark.Options.ENABLE_TASKLISTS | pyromark.Options.ENABLE_MATH)
@@ -147,7 +149,9 @@ def _split_points(text: str, start: int, limit_index: int) -> int:
 def chunk_text(text: str, entities: list[Entity], limit: int = MAX_MESSAGE_UTF16) -> list[Chunk]:
     """Splits ``(text, entities)`` into chunks of at most ``limit`` UTF-16 units.
 
-    Cuts fall after paragraph breaks, line breaks or spaces where possible. The chunks' texts
+    Cuts fall after paragraph breaks, line breaks or spaces where possible, and never inside a
+    character as the reader sees it (``adapters.text.safe_cut``: a ZWJ emoji, a flag, a letter and
+    its combining marks; Python indexes code points, so a surrogate pair is never split). The chunks' texts
     concatenated equal ``text`` exactly; an entity crossing a cut is clipped into both chunks
     (a code block is closed at the cut and reopened in the next chunk with its language).
     """
@@ -176,7 +180,7 @@ def chunk_text(text: str, entities: list[Entity], limit: int = MAX_MESSAGE_UTF16
                 hi = mid - 1
         end = lo
         if end < len(text):
-            end = _split_points(text, start, end)
+            end = safe_cut(text, _split_points(text, start, end), start)
         u_start, u_end = offsets[start], offsets[end]
         clipped = []
         for entity in entities:
