@@ -91,6 +91,36 @@ async def test_a_streamed_answer_feishu_refuses_as_a_card_still_ends_as_the_answ
     assert len(refused) == 1
 
 
+async def test_a_long_streamed_code_answer_fits_its_cards_and_each_shows_code(tmp_path, fake_feishu, fake_openai,
+                                                                              running):
+    """A streamed answer ends as cards of ≤ 30 KB (Feishu: interactive body ≤ 30 KB, 230025). Card
+    markdown has ``<`` written as ``&lt;`` (so no text becomes a tag), which used to be done after
+    the size was measured: an HTML answer came to 44 KB and Feishu refused it for good. And a code
+    block cut between two cards is closed in the first and opened again (with its language) in the
+    next, not shown as markdown there."""
+    fake_feishu.reset()
+    fake_openai.reset()
+    code = "\n".join(f"<div class=\"row\"><span>{i}</span><b>*x*</b></div>" for i in range(1100))
+    answer = f"Here is the page:\n\n```html\n{code}\n```\n\nDone."
+    fake_openai.script(oa.text(answer, pieces=6, piece_delay_s=0.15))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu, agent=STREAM_FAST),
+                                  running)
+    status, _ = await fake_feishu.post_event(url(gateway), fake_feishu.text_event("write the page"))
+    assert status == 200
+    await wait_until(lambda: bool(gateway.store.outbox_rows())
+                     and all(r["status"] in ("sent", "failed") for r in gateway.store.outbox_rows()),
+                     what="outbox settled")
+    assert [r["status"] for r in gateway.store.outbox_rows()] == ["sent"]
+    cards = [post_text(m["content"]) for m in fake_feishu.sent(P2P)]
+    assert len(cards) >= 2
+    for shown in cards:
+        assert shown.count("```") % 2 == 0  # every card's code block is closed in that card
+    assert cards[0].startswith("Here is the page:") and cards[-1].endswith("```\n\nDone.")
+    assert all(c.startswith("```html\n") for c in cards[1:])
+    joined = "\n".join(cards).replace("\n```\n```html\n", "\n")  # without the fences added at each cut
+    assert joined.replace("&lt;", "<") == answer
+
+
 async def test_plan_is_one_card_patched_in_place_and_the_reply_another_message(tmp_path, fake_feishu, fake_openai,
                                                                                running):
     fake_feishu.reset()
