@@ -72,3 +72,16 @@ def test_the_boundary_rules():
     assert not is_boundary("a\r\nb", 2) and is_boundary("ab", 1)
     assert safe_cut("x" + FAMILY, 4) == 1
     assert safe_cut("\u0301" * 100, 90) == 90  # no boundary near: cut where asked (progress)
+
+
+@pytest.mark.parametrize("markdown", ["[](https://example.com/a)", ">", "  >  \n\n> "])
+def test_a_reply_that_formats_to_nothing_is_sent_as_written(markdown):
+    """A reply with text in it that the Markdown conversion turns into nothing (a link without a
+    label, an empty quote) used to send nothing and count as delivered: it is sent as written."""
+    assert [c.text for c in telegram_reply(markdown)] == [markdown.strip()]
+    assert slack_reply(markdown) != []
+    assert texts_of_feishu_post(markdown) == [markdown.strip()]
+
+
+def test_blank_replies_still_send_nothing():
+    assert telegram_reply(" \n ") == [] and slack_reply(" \n ") == [] and feishu_reply(" \n ") == []

@@ -350,8 +350,12 @@ def pack_posts(rows: list[Row], limit: int = POST_LIMIT_BYTES) -> list[Part]:
 
 
 def format_reply(markdown: str, limit: int = POST_LIMIT_BYTES) -> list[Part]:
-    """Model Markdown -> the ``post`` parts to send, in order (empty list for blank text)."""
-    return pack_posts(markdown_to_rows(markdown), limit)
+    """Model Markdown -> the ``post`` parts to send, in order (empty list for blank text). Text that
+    renders to nothing (``[](url)``, an empty quote) is sent as written, never dropped."""
+    rows = markdown_to_rows(markdown)
+    if not rows and markdown.strip():
+        rows = [[{"tag": "text", "text": markdown.strip()}]]
+    return pack_posts(rows, limit)
 
 
 def format_plain(text: str, limit: int = TEXT_LIMIT_BYTES) -> list[Part]:

@@ -331,12 +331,16 @@ def chunk_blocks(blocks: list[str], limit: int = MAX_CHUNK_CHARS) -> list[str]:
 
 def format_reply(text: str, fmt: str = "markdown", limit: int = MAX_CHUNK_CHARS) -> list[str]:
     """The ``text`` values to post, in order: Markdown converted to mrkdwn (``fmt="markdown"``) or
-    plain text escaped (``fmt="plain"``), chunked ≤ ``limit`` characters; no empty chunk."""
+    plain text escaped (``fmt="plain"``), chunked ≤ ``limit`` characters; no empty chunk. Text that
+    the conversion turns into nothing (a lone ``#``, an empty heading) is sent as written (escaped), never
+    dropped."""
     if fmt == "markdown":
         try:
             blocks = to_mrkdwn_blocks(text)
         except Exception:  # a parser fault must not lose the reply
             blocks = [escape(text)]
+        if not any(block.strip() for block in blocks):
+            blocks = [escape(text.strip())]
     else:
         blocks = [escape(text)]
     return [chunk for chunk in chunk_blocks(blocks, limit) if chunk.strip()]

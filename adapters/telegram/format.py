@@ -195,6 +195,10 @@ def chunk_text(text: str, entities: list[Entity], limit: int = MAX_MESSAGE_UTF16
 
 def format_reply(markdown: str, limit: int = MAX_MESSAGE_UTF16) -> list[Chunk]:
     """Model Markdown -> the chunks to send, in order. Whitespace-only chunks are dropped
-    (Telegram rejects empty text)."""
+    (Telegram rejects empty text); a reply with text that renders to nothing (``[](url)``, an
+    empty quote) is sent as written, never dropped."""
     text, entities = render_markdown(markdown)
-    return [chunk for chunk in chunk_text(text, entities, limit) if chunk.text.strip()]
+    chunks = [chunk for chunk in chunk_text(text, entities, limit) if chunk.text.strip()]
+    if not chunks and markdown.strip():
+        chunks = [chunk for chunk in chunk_text(markdown.strip(), [], limit) if chunk.text.strip()]
+    return chunks
