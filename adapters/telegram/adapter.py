@@ -495,7 +495,8 @@ class TelegramAdapter:
                          caption: Chunk | None, quote: str | None, markup: InlineKeyboardMarkup | None) -> str:
         """One multipart upload: ``sendPhoto`` when the picture keeps Telegram's photo rules, else
         ``sendDocument``; a photo Telegram still refuses (``PHOTO_INVALID_DIMENSIONS``,
-        ``PHOTO_SAVE_FILE_INVALID``: nothing was sent) goes again as a document."""
+        ``PHOTO_SAVE_FILE_INVALID``: nothing was sent) goes again as a document. Caption entities
+        Telegram refuses (``_entities_refused``) are dropped and the upload made once more."""
         kwargs: dict[str, object] = {"chat_id": int(address.chat_id), "read_timeout": FILE_READ_TIMEOUT_S}
         if caption is not None:
             kwargs["caption"] = caption.text
@@ -508,19 +509,27 @@ class TelegramAdapter:
             kwargs["message_thread_id"] = int(address.thread_id)
         if quote:
             kwargs["reply_parameters"] = ReplyParameters(int(quote), allow_sending_without_reply=True)
+        async def upload(photo: bool) -> str:
+            method, field = (self.bot.send_photo, "photo") if photo else (self.bot.send_document, "document")
+            try:
+                sent = await method(**{field: InputFile(data, filename=attachment.name)}, **kwargs)  # type: ignore[arg-type]
+            except BadRequest as exc:
+                if "caption_entities" not in kwargs or not _entities_refused(exc):
+                    raise
+                log.warning("telegram rejected the caption's entities (%s); sending it as plain text", exc.message)
+                del kwargs["caption_entities"]
+                sent = await method(**{field: InputFile(data, filename=attachment.name)}, **kwargs)  # type: ignore[arg-type]
+            return str(sent.message_id)
+
         if as_photo(attachment):
             try:
-                sent = await self.bot.send_photo(photo=InputFile(data, filename=attachment.name),
-                                                 **kwargs)  # type: ignore[arg-type]
-                return str(sent.message_id)
+                return await upload(photo=True)
             except BadRequest as exc:
                 if not any(code in exc.message.upper() for code in PHOTO_REFUSALS):
                     raise
                 log.warning("telegram refused %s as a photo (%s); sending it as a document", attachment.name,
                             exc.message)
-        sent = await self.bot.send_document(document=InputFile(data, filename=attachment.name),
-                                            **kwargs)  # type: ignore[arg-type]
-        return str(sent.message_id)
+        return await upload(photo=False)
 
     async def _api(self, method: str, params: dict[str, object], *,
                    read_timeout: ODVInput[float] = DEFAULT_NONE) -> Any:
