@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -80,6 +81,34 @@ async def test_text_limits_in_utf16_units(bot: Bot) -> None:
         await bot.send_message(DM_CHAT, "😀" * 2049)
     with pytest.raises(BadRequest, match=r"(?i)text is empty"):
         await bot.send_message(DM_CHAT, "   ")
+
+
+@pytest.mark.parametrize(("url", "reason"), [
+    ("#installation", "URL host is empty"),
+    ("/Users/me/notes.md", "URL host is empty"),
+    ("./README.md", "Host is invalid"),
+    ("javascript:alert(1)", "Wrong port number specified in the URL"),
+    ("localhost", "Wrong HTTP URL"),
+    ("ftp://example.com/a", "Unsupported URL protocol"),
+    ("https://exa mple.com/", "Wrong URL host"),
+])
+async def test_text_link_urls_are_checked_like_tdlib(fake: FakeTelegram, bot: Bot, url: str, reason: str) -> None:
+    """The Bot API refuses the whole message when a ``text_link`` URL fails TDLib's
+    ``LinkManager::check_link`` (observed: "Bad Request: entity URL '/Users/...' is invalid: URL
+    host is empty"); nothing is sent."""
+    sent_before = len(fake.sent_messages(DM_CHAT))
+    link = MessageEntity(MessageEntity.TEXT_LINK, offset=0, length=4, url=url)
+    with pytest.raises(BadRequest, match=rf"(?i)^entity url '{re.escape(url)}' is invalid: {re.escape(reason)}$"):
+        await bot.send_message(DM_CHAT, "docs here", entities=[link])
+    assert len(fake.sent_messages(DM_CHAT)) == sent_before
+
+
+@pytest.mark.parametrize("url", ["https://en.wikipedia.org/wiki/Foo_(bar)", "http://192.168.0.1:8080/x",
+                                 "example.com/path", "tg://user?id=5550001", "mailto:bob@example.com",
+                                 "https://[2001:db8::1]/"])
+async def test_text_link_urls_tdlib_accepts(fake: FakeTelegram, bot: Bot, url: str) -> None:
+    msg = await bot.send_message(DM_CHAT, "docs here", entities=[MessageEntity(MessageEntity.TEXT_LINK, 0, 4, url=url)])
+    assert fake.sent_messages(DM_CHAT)[-1]["message_id"] == msg.message_id
 
 
 async def test_parse_modes(bot: Bot) -> None:

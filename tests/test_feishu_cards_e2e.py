@@ -33,6 +33,11 @@ def patches_of(fake, message_id: str) -> list:
     return [c for c in fake.calls("patch") if c.code == 0 and c.path.endswith("/" + message_id)]
 
 
+def patches_of_any(fake, message_id: str) -> list:
+    """Every PATCH of ``message_id``, accepted or refused."""
+    return [c for c in fake.calls("patch") if c.path.endswith("/" + message_id)]
+
+
 def settled(gateway) -> bool:
     rows = gateway.store.outbox_rows()
     return bool(rows) and all(r["status"] == "sent" for r in rows)
@@ -59,6 +64,61 @@ async def test_streamed_reply_is_one_card_patched_in_place_and_ends_as_the_answe
     assert len(patches) >= 2  # preview edits, then the final state
     assert [el["tag"] for el in card_elements(message["content"])] == ["markdown"]  # the answer keeps its markdown
     assert [r["preview_id"] for r in gateway.store.outbox_rows()] == [message["message_id"]]
+
+
+async def test_a_streamed_answer_feishu_refuses_as_a_card_still_ends_as_the_answer(tmp_path, fake_feishu,
+                                                                                      fake_openai, running):
+    """Feishu refuses card markdown with more than five tables (230099, ErrCode 11310 "card table
+    number over limit"). The last patch of a streamed answer comparing six things used to fail for
+    good, leaving the preview (cut, with its " …") as all the user saw: now the card gets the whole
+    answer as plain text, in place, once."""
+    fake_feishu.reset()
+    fake_openai.reset()
+    answer = "Comparison:\n\n" + "\n\n".join(f"| item {i} | value |\n|---|---|\n| a{i} | {i} |" for i in range(6))
+    fake_openai.script(oa.text(answer, pieces=8, piece_delay_s=0.15))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu, agent=STREAM_FAST),
+                                  running)
+    status, _ = await fake_feishu.post_event(url(gateway), fake_feishu.text_event("compare them"))
+    assert status == 200
+    await wait_until(lambda: bool(gateway.store.outbox_rows())
+                     and all(r["status"] in ("sent", "failed") for r in gateway.store.outbox_rows()),
+                     what="outbox settled")
+    assert [r["status"] for r in gateway.store.outbox_rows()] == ["sent"]
+    [message] = fake_feishu.sent(P2P)  # one message: the preview card, patched into the answer
+    assert post_text(message["content"]) == answer
+    assert [el["tag"] for el in card_elements(message["content"])] == ["div"]
+    refused = [c for c in patches_of_any(fake_feishu, message["message_id"]) if c.code == 230099]
+    assert len(refused) == 1
+
+
+async def test_a_long_streamed_code_answer_fits_its_cards_and_each_shows_code(tmp_path, fake_feishu, fake_openai,
+                                                                              running):
+    """A streamed answer ends as cards of ≤ 30 KB (Feishu: interactive body ≤ 30 KB, 230025). Card
+    markdown has ``<`` written as ``&lt;`` (so no text becomes a tag), which used to be done after
+    the size was measured: an HTML answer came to 44 KB and Feishu refused it for good. And a code
+    block cut between two cards is closed in the first and opened again (with its language) in the
+    next, not shown as markdown there."""
+    fake_feishu.reset()
+    fake_openai.reset()
+    code = "\n".join(f"<div class=\"row\"><span>{i}</span><b>*x*</b></div>" for i in range(1100))
+    answer = f"Here is the page:\n\n```html\n{code}\n```\n\nDone."
+    fake_openai.script(oa.text(answer, pieces=6, piece_delay_s=0.15))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu, agent=STREAM_FAST),
+                                  running)
+    status, _ = await fake_feishu.post_event(url(gateway), fake_feishu.text_event("write the page"))
+    assert status == 200
+    await wait_until(lambda: bool(gateway.store.outbox_rows())
+                     and all(r["status"] in ("sent", "failed") for r in gateway.store.outbox_rows()),
+                     what="outbox settled")
+    assert [r["status"] for r in gateway.store.outbox_rows()] == ["sent"]
+    cards = [post_text(m["content"]) for m in fake_feishu.sent(P2P)]
+    assert len(cards) >= 2
+    for shown in cards:
+        assert shown.count("```") % 2 == 0  # every card's code block is closed in that card
+    assert cards[0].startswith("Here is the page:") and cards[-1].endswith("```\n\nDone.")
+    assert all(c.startswith("```html\n") for c in cards[1:])
+    joined = "\n".join(cards).replace("\n```\n```html\n", "\n")  # without the fences added at each cut
+    assert joined.replace("&lt;", "<") == answer
 
 
 async def test_plan_is_one_card_patched_in_place_and_the_reply_another_message(tmp_path, fake_feishu, fake_openai,

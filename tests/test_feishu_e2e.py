@@ -333,6 +333,44 @@ async def test_rate_limit_is_retried_after_reset_with_the_same_uuid(tmp_path, fa
     await wait_until(lambda: gateway.delivery.sent >= 1, what="sent recorded")  # counted after the DB write
 
 
+async def test_links_feishu_refuses_do_not_lose_the_reply(tmp_path, fake_feishu, fake_openai, running):
+    """Feishu takes only http(s) links in a post (230001 "invalid href" otherwise), and models link
+    to files and anchors: such a link is sent as its text; real links stay links; one post."""
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text(
+        "See [README](./README.md), [setup](#setup), [notes](file:///home/me/notes.md), <ops@example.com> "
+        "and [the docs](https://example.com/docs).")
+    gateway = await start(tmp_path, fake_openai, fake_feishu, running)
+    chat = "oc_links00000000000000000000000001"
+    assert (await fake_feishu.post_event(url(gateway), fake_feishu.text_event("where?", chat_id=chat)))[0] == 200
+    await wait_until(lambda: len(fake_feishu.sent(chat)) == 1, what="the reply")
+    await asyncio.sleep(0.3)
+    [message] = fake_feishu.sent(chat)
+    assert post_text(message["content"]) == "See README, setup, notes, ops@example.com and the docs."
+    links = [el for row in message["content"]["zh_cn"]["content"] for el in row if el["tag"] == "a"]
+    assert links == [{"tag": "a", "text": "the docs", "href": "https://example.com/docs"}]
+    assert [c.code for c in fake_feishu.calls("create") if c.body["receive_id"] == chat] == [0]
+
+
+async def test_formatting_refused_is_resent_as_text_once(tmp_path, fake_feishu, fake_openai, running):
+    """When Feishu refuses a post's content (230001: "invalid message content"), nothing was sent:
+    the part goes again once as a plain ``text`` message (its own ``uuid``), and the reply arrives."""
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("Use **bold** and `code`:\n\n```py\nx = 1\n```")
+    gateway = await start(tmp_path, fake_openai, fake_feishu, running)
+    chat = "oc_refused0000000000000000000001"
+    fake_feishu.fail_next("create", 400, 230001, "Your request contains an invalid request parameter, "
+                          "ext=invalid message content")
+    assert (await fake_feishu.post_event(url(gateway), fake_feishu.text_event("fmt", chat_id=chat)))[0] == 200
+    await wait_until(lambda: len(fake_feishu.sent(chat)) == 1, what="the plain resend")
+    await asyncio.sleep(0.3)
+    creates = [c for c in fake_feishu.calls("create") if c.body["receive_id"] == chat]
+    assert [(c.body["msg_type"], c.code) for c in creates] == [("post", 230001), ("text", 0)]
+    assert creates[0].body["uuid"] != creates[1].body["uuid"]
+    [message] = fake_feishu.sent(chat)
+    assert message["content"] == {"text": "Use bold and `code`:\nx = 1"}
+
+
 async def test_long_reply_is_split_into_accepted_posts(tmp_path, fake_feishu, fake_openai, running):
     fake_openai.reset()
     lines = [f"- item {i}: " + "长文本 long text " * 12 for i in range(400)]

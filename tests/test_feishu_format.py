@@ -12,6 +12,7 @@ from adapters.feishu.format import (
     format_plain,
     format_reply,
     markdown_to_rows,
+    post_plain_text,
 )
 
 NBSP4 = "\u00a0" * 4
@@ -57,6 +58,9 @@ def _texts(rows: list[list[dict]]) -> str:
     ("a\n\n---\n\nb", [[{"tag": "text", "text": "a"}], [{"tag": "hr"}], [{"tag": "text", "text": "b"}]]),
     ("| k | v |\n|---|---|\n| apple | 3 |", [[{"tag": "code_block", "text": "k     | v\n------+--\napple | 3"}]]),
     ("![chart](https://e.com/c.png)", [[{"tag": "a", "text": "chart", "href": "https://e.com/c.png"}]]),
+    # Feishu refuses a post whose ``a`` has any other href (230001 "invalid href"): text instead.
+    ("[rd](./README.md) [s](#setup) [f](file:///tmp/x) <a@b.co> [j](javascript:x) [h](HTTP://E.COM)", [[
+        {"tag": "text", "text": "rd s f a@b.co j "}, {"tag": "a", "text": "h", "href": "HTTP://E.COM"}]]),
     ("", []),
     ("   \n\n", []),
 ])
@@ -106,3 +110,18 @@ def test_plain_text_parts_within_150kb() -> None:
     for part in parts:
         assert _body_size(part.content, "text") <= TEXT_LIMIT_BYTES
     assert format_plain("  ") == []
+
+
+def test_plain_text_never_carries_a_mention_tag() -> None:
+    """A ``text`` message reads ``<at user_id="all"></at>`` as a mention of everyone (Feishu open
+    API, text content): text sent as ``text`` (plain replies, the fallback of a refused post) has
+    each ``<at`` broken by a zero-width space, the words unchanged."""
+    [part] = format_plain('ping <at user_id="all"></at> and < AT user_id="ou_1">x</at>, a <b> stays')
+    text = json.loads(part.content)["text"]
+    assert "<at" not in text.lower() and "< at" not in text.lower()
+    assert text.replace("\u200b", "") == 'ping <at user_id="all"></at> and < AT user_id="ou_1">x</at>, a <b> stays'
+
+
+def test_a_post_reads_back_as_the_text_it_shows() -> None:
+    [part] = format_reply("Use **bold** and `code`:\n\n```py\nx = 1\n```\n\n---\n\n[docs](https://e.com)")
+    assert post_plain_text(part.content) == "Use bold and `code`:\nx = 1\n———\ndocs"

@@ -65,6 +65,29 @@ async def test_a_chart_made_with_run_shell_arrives_as_one_photo_after_the_text(t
     assert gateway.blobs.get(sha(chart)) == chart
 
 
+async def test_a_caption_whose_entities_telegram_refuses_goes_as_plain_text_with_the_file(tmp_path, fake_telegram,
+                                                                                           fake_openai, running):
+    """Telegram refusing a caption's entities (400, nothing sent) used to fail the file for good;
+    the upload goes once more with the caption as plain text, and the file arrives once."""
+    chat = 5561009
+    chart = png(320, 200)
+    fake_openai.reset()
+    fake_openai.responder = flow(shell(write_with_shell("chart.png", chart)),
+                                 send("chart.png", "Sales by **month**"), answer("Here it is."))
+    gateway = await start_gateway(config(tmp_path, fake_openai, fake_telegram), running)
+    fake_telegram.fail_next("sendPhoto", 400, "Bad Request: can't parse entities: Can't find end of the entity "
+                            "starting at byte offset 9")
+    fake_telegram.inject(dm_update("chart please", 9109, user_id=chat))
+    await wait_until(lambda: gateway.store.outbox_rows() and gateway.store.outbox_rows()[-1]["status"]
+                     in ("sent", "failed"), what="reply settled")
+    assert gateway.store.outbox_rows()[-1]["status"] == "sent"
+    [upload] = uploads(fake_telegram, chat)
+    assert upload["method"] == "sendPhoto" and upload["caption"] == "Sales by month"
+    first, second = calls(fake_telegram, "sendPhoto", chat)
+    assert first.params.get("caption_entities") and not second.params.get("caption_entities")
+    assert [("photo" in m) for m in fake_telegram.sent_messages(chat)] == [False, True]
+
+
 async def test_the_bytes_sent_are_those_the_tool_saw_even_if_the_file_changes(tmp_path, fake_telegram, fake_openai,
                                                                            running):
     chat = 5561002

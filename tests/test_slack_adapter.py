@@ -12,7 +12,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from adapters.slack.adapter import SlackAdapter, signature_problem
 from gateway.core.errors import CredentialRejected
 from gateway.core.types import ChatAddress, OutboundMessage
-from tests.fakes.slack import TEXT_LIMIT, FakeSlack
+from tests.fakes.slack import TEXT_LIMIT, FakeSlack, visible_text
 
 DM = ChatAddress("slack", "T0FAKE0001", "D0ALICE001")
 THREAD = ChatAddress("slack", "T0FAKE0001", "C0GENERAL1", "1735689660.000200")
@@ -118,6 +118,59 @@ async def test_fake_enforces_web_api_limits(fake_slack):
         await client.users_info(user="U0ALICE001")
     assert raised.value.response.status_code == 429 and raised.value.response.headers["Retry-After"] == "2"
     assert (await client.users_info(user="U0ALICE001"))["user"]["profile"]["display_name"] == "Alice"
+
+
+async def test_fake_enforces_block_kit_limits(fake_slack):
+    """Slack Block Kit: a section's text holds 1-3,000 characters, a message at most 50 blocks;
+    past that chat.postMessage answers ``invalid_blocks`` and posts nothing."""
+    client = AsyncWebClient(token=fake_slack.bot_token, base_url=f"{fake_slack.url}/api/")
+    section = {"type": "section", "text": {"type": "mrkdwn", "text": "x" * 3000}}
+    before = len(fake_slack.posted("D0ALICE001"))
+    for blocks in ([{**section, "text": {"type": "mrkdwn", "text": "x" * 3001}}], [section] * 51):
+        with pytest.raises(SlackApiError) as raised:
+            await client.chat_postMessage(channel="D0ALICE001", text="fallback", blocks=blocks)
+        assert raised.value.response["error"] == "invalid_blocks"
+        assert raised.value.response["response_metadata"]["messages"]
+    assert len(fake_slack.posted("D0ALICE001")) == before
+    await client.chat_postMessage(channel="D0ALICE001", text="fallback", blocks=[section] * 50)
+    assert visible_text(fake_slack.posted("D0ALICE001")[-1]) == "\n".join(["x" * 3000] * 50)
+
+
+BUTTONS = (("✅ Approve", "/approve abc123"), ("❌ Deny", "/deny abc123"))
+
+
+async def test_a_message_with_buttons_shows_all_of_its_text(adapter, fake_slack):
+    """With ``blocks``, Slack shows the blocks and not ``text``, and a section holds at most 3,000
+    characters. An approval prompt whose escaped text came to 3,000-3,900 characters (``&``, ``<``, ``>``
+    take 4-5 each) used to be cut to 2,990 in its section, hiding the end of the command to approve
+    and the instructions from the approver. Every character is now shown, the buttons on the last."""
+    command = "cat a.txt && echo '<done>' " * 85 + "; rm -rf ~/important"  # 2,394 characters, 3,584 escaped
+    text = f"🔐 Approval needed: I want to run run_shell.\n{command}\nReply /approve abc123 to allow it."
+    since = len(fake_slack.posted("D0ALICE001"))
+    message = OutboundMessage(DM, text, idempotency_key="approval:abc123", buttons=BUTTONS)
+    result = await adapter.send(message)
+    assert result.ok
+    posts = fake_slack.posted("D0ALICE001")[since:]
+    shown = "\n".join(visible_text(m) for m in posts)
+    assert "rm -rf ~/important" in shown and shown.rstrip().endswith("Reply /approve abc123 to allow it.")
+    escaped = command.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    assert " ".join(escaped.split()) in " ".join(shown.split())  # parts are cut between words only
+    assert [bool(m.get("blocks")) for m in posts] == [False] * (len(posts) - 1) + [True]
+
+
+async def test_blocks_slack_refuses_are_resent_as_text_once(adapter, fake_slack):
+    """``invalid_blocks`` means nothing was posted: the part goes once more as text alone (its
+    commands still written in it), so the prompt arrives, once."""
+    since = len(fake_slack.posted("D0ALICE001"))
+    calls = len(fake_slack.calls("chat.postMessage"))
+    fake_slack.fail_next("chat.postMessage", "invalid_blocks")
+    result = await adapter.send(OutboundMessage(DM, "Approve? Reply /approve abc123", idempotency_key="approval:x",
+                                                buttons=BUTTONS))
+    assert result.ok
+    posts = fake_slack.posted("D0ALICE001")[since:]
+    assert [(m["text"], bool(m.get("blocks"))) for m in posts] == [("Approve? Reply /approve abc123", False)]
+    sent = fake_slack.calls("chat.postMessage")[calls:]
+    assert len(sent) == 2 and "blocks" in sent[0].params and "blocks" not in sent[1].params
 
 
 def test_signature_problem_names_each_check() -> None:

@@ -192,6 +192,41 @@ async def test_entities_rejected_are_resent_as_plain_text(tmp_path, fake_telegra
     assert fake_telegram.sent_messages(5551004)[0]["text"] == "Use bold here"
 
 
+async def test_links_telegram_refuses_do_not_lose_the_reply(tmp_path, fake_telegram, fake_openai, running):
+    """Models link to files and anchors (``[README](./README.md)``, ``[setup](#setup)``, a local
+    path); the Bot API refuses a ``text_link`` whose URL fails TDLib's link check with 400 "entity URL
+    '...' is invalid: ..." (not "can't parse entities"), which used to fail the whole reply for
+    good. Such links are sent as their label; real links keep their entity; one message."""
+    fake_openai.reset()
+    fake_openai.script(oa.text("See [README](./README.md), [setup](#setup), [notes](/home/me/notes.md), "
+                               "[mail](mailto:ops@example.com) and [the docs](https://example.com/docs_(v2))."))
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    fake_telegram.inject(dm_update("where is it?", 9451, user_id=5551014))
+    await wait_until(lambda: len(fake_telegram.sent_messages(5551014)) == 1, what="the reply")
+    await asyncio.sleep(0.3)
+    [message] = fake_telegram.sent_messages(5551014)
+    assert message["text"] == "See README, setup, notes, mail and the docs."
+    links = [e for e in message["entities"] or [] if e["type"] == "text_link"]
+    assert links == [{"type": "text_link", "offset": 35, "length": 8, "url": "https://example.com/docs_(v2)"}]
+    assert len(sends_to(fake_telegram, 5551014)) == 1  # accepted the first time: no refused attempt
+
+
+async def test_any_entity_refusal_is_resent_as_plain_text_once(tmp_path, fake_telegram, fake_openai, running):
+    """Whatever entity Telegram refuses (its wording varies: "can't parse entities", "entity URL ...
+    is invalid"), the part goes again once without entities; the reply arrives exactly once."""
+    fake_openai.reset()
+    fake_openai.script(oa.text("Read [this](https://example.com/a) **now**"))
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    fake_telegram.fail_next("sendMessage", 400, "Bad Request: entity URL 'https://example.com/a' is invalid: "
+                            "Wrong HTTP URL")
+    fake_telegram.inject(dm_update("link please", 9452, user_id=5551015))
+    await wait_until(lambda: len(fake_telegram.sent_messages(5551015)) == 1, what="plain resend")
+    await asyncio.sleep(0.3)
+    calls = sends_to(fake_telegram, 5551015)
+    assert len(calls) == 2 and calls[0].params.get("entities") and not calls[1].params.get("entities")
+    assert [m["text"] for m in fake_telegram.sent_messages(5551015)] == ["Read this now"]
+
+
 async def test_flood_control_is_retried_after_retry_after(tmp_path, fake_telegram, fake_openai, running):
     fake_openai.reset()
     fake_openai.script(oa.text("after the flood"))

@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from adapters.telegram.format import chunk_text, format_reply, render_markdown, utf16_len
+from adapters.telegram.format import chunk_text, format_reply, link_accepted, render_markdown, utf16_len
 from adapters.telegram.inbound import BotIdentity, Ignored, callback_to_inbound, to_inbound
 from adapters.telegram.wire import update_problem
 from gateway.core.types import Attachment, ChatAddress, Sender
 from tests.conftest import FIXTURES
+from tests.fakes.telegram import link_problem
 
 EXPECTED = json.loads((FIXTURES / "telegram" / "expected.json").read_text())
 BOT = BotIdentity(EXPECTED["_bot"]["id"], EXPECTED["_bot"]["username"])
@@ -107,6 +108,46 @@ def test_a_text_of_exactly_the_limit_in_utf16_units_is_one_chunk():
     assert [len(c.text) for c in chunk_text("😀" * 2049, [], 4096)] == [2048, 1]
     assert [c.text for c in chunk_text("\ud83d" + "x" * 4095, [], 4096)] == ["\ud83d" + "x" * 4095]
     assert len(chunk_text("\ud83d" + "x" * 4096, [], 4096)) == 2
+
+
+@pytest.mark.parametrize("url", [
+    "https://en.wikipedia.org/wiki/Foo_(bar)", "http://192.168.0.1:8080/x", "https://[2001:db8::1]/", "tg://user?id=5",
+    "HTTPS://EXAMPLE.COM/A", "https://例子.测试/", "https://a_b.example.com/x?q=(1)", "#setup", "./README.md",
+    "/home/me/notes.md", "README.md", "mailto:ops@example.com", "javascript:alert(1)", "https://localhost/",
+    "https://example.com:0/", "https://example.com:99999/", "https://exa mple.com/", "ftp://example.com/", "",
+])
+def test_links_kept_are_links_the_bot_api_accepts(url):
+    """``link_accepted`` is a subset of TDLib's ``check_link`` (the fake's ``link_problem``): a link
+    kept as an entity never makes Telegram refuse the message."""
+    if link_accepted(url):
+        assert link_problem(url) is None
+
+
+def test_a_link_telegram_would_refuse_keeps_only_its_text():
+    text, entities = render_markdown("[README](./README.md), [top](#top) and [site](https://example.com/a_(b))")
+    assert text == "README, top and site"
+    assert [(e.type, e.offset, e.length, e.url) for e in entities] == [
+        ("text_link", 16, 4, "https://example.com/a_(b)")]
+
+
+@pytest.mark.parametrize(("markdown", "shown"), [
+    ("Use List<String> here", "Use List<String> here"),
+    ("Set the header to <your-token> first", "Set the header to <your-token> first"),
+    ("<T>", "<T>"),
+    ("a <br> b and x <script>alert(1)</script> y", "a <br> b and x <script>alert(1)</script> y"),
+    ("<!-- a note --> shown", "<!-- a note --> shown"),
+    ("<div>\nblock html\n</div>", "<div>\nblock html\n</div>"),
+    ("> quoted <b>bold</b>", "quoted <b>bold</b>"),
+    ("Email <bob@example.com> or see <https://example.com/a_b>", "Email bob@example.com or see https://example.com/a_b"),
+    ("`<b>` stays code and **<i>x</i>** stays bold", "<b> stays code and <i>x</i> stays bold"),
+])
+def test_html_the_model_writes_is_shown_as_text(markdown, shown):
+    """Telegram shows plain text with entities, so there is no HTML to render: a tag-like run the
+    model writes (a generic type, a placeholder, an HTML snippet) must reach the user as written.
+    The Markdown converter drops raw HTML, and an HTML block (a comment, ``<div>``) took the text
+    of its whole line or block with it."""
+    assert render_markdown(markdown)[0] == shown
+    assert [c.text for c in format_reply(markdown)] == [shown]
 
 
 def test_whitespace_only_reply_sends_nothing():

@@ -56,9 +56,16 @@ from lark_oapi.api.im.v1 import (
 from lark_oapi.core.utils import AESCipher
 
 from adapters.feishu import history
-from adapters.feishu.cards import action_to_inbound, card_parts
+from adapters.feishu.cards import action_to_inbound, card_parts, plain_card_part
 from adapters.feishu.files import as_image, attachment_problem, file_type
-from adapters.feishu.format import POST_LIMIT_BYTES, Part, format_plain, format_reply
+from adapters.feishu.format import (
+    POST_LIMIT_BYTES,
+    Part,
+    format_plain,
+    format_reply,
+    plain_text_part,
+    post_plain_text,
+)
 from adapters.feishu.inbound import Ignored, to_inbound
 from adapters.feishu.long_connection import LongConnection
 from adapters.feishu.token import TenantToken
@@ -106,6 +113,10 @@ WS_STORE_TIMEOUT_S = 10.0
 """How long a long-connection event waits for the inbox write before it is nacked (re-pushed)."""
 RECALLED_CODE = 230011
 """Feishu: the message was recalled (a preview card the user or an admin took back)."""
+FORMAT_REFUSED_CODES = frozenset({230001, 230099})
+"""Feishu refused a message's content: 230001 "invalid message content" (a post's invalid ``href``,
+a malformed element), 230099 "Failed to create card content" (card markdown, e.g. ErrCode 11310 too
+many tables). Nothing was sent; the part goes once more without formatting."""
 IMAGE_ROW_BYTES = 200
 """Room an image element takes in a ``post`` beside its caption."""
 
@@ -118,13 +129,22 @@ class FeishuApiError(Exception):
         self.what, self.code, self.msg, self.status = what, code, msg, status
 
 
-def _uuid(message: OutboundMessage, index: int) -> str:
+def _uuid(message: OutboundMessage, index: int, kind: str = "p") -> str:
     """Feishu ``uuid`` for part ``index`` of a reply (≤ 50 chars; Feishu keeps one message per uuid per
     hour). The idempotency key alone repeats after a database reset, so the chat and the replied-to
-    message are hashed in: a reset can then never swallow a reply in another conversation."""
+    message are hashed in: a reset can then never swallow a reply in another conversation. ``kind``
+    ``t``: the part sent again as plain text after Feishu refused its formatting."""
     digest = hashlib.sha256(
         f"{message.address.chat_id}|{message.reply_to_id}|{message.idempotency_key}".encode()).hexdigest()[:12]
-    return f"{message.idempotency_key[:32]}-{digest}:p{index}"
+    return f"{message.idempotency_key[:32]}-{digest}:{kind}{index}"
+
+
+def _plain(part: Part) -> Part:
+    """``part`` without the formatting Feishu refused: a ``post`` as a ``text`` message, a card with
+    its markdown as plain text."""
+    if part.msg_type == "interactive":
+        return plain_card_part(part)
+    return plain_text_part(post_plain_text(part.content))
 
 
 def _with_image(caption: Part, image: Part) -> Part:
@@ -620,9 +640,11 @@ class FeishuAdapter:
         repeated after a crash only leaves an unused key behind); parts below ``resume_from`` are
         skipped. With ``edit_id`` (a streamed preview or plan card), part 1 is a
         ``PATCH /messages/{edit_id}`` of that card (repeating it is harmless); a card that was recalled
-        (230011) is replaced by a new message. Rate limits (HTTP 429, 99991400, 230020, 11232), 5xx
-        and network errors are retryable (``retry_after`` from ``x-ogw-ratelimit-reset``); other codes
-        are not.
+        (230011) is replaced by a new message. A part whose formatting Feishu refuses
+        (``FORMAT_REFUSED_CODES``: nothing was sent) goes once more without it: a post as a ``text``
+        message (its own ``uuid``, kind ``t``), a card with its markdown as plain text. Rate limits
+        (HTTP 429, 99991400, 230020, 11232), 5xx and network errors are retryable (``retry_after``
+        from ``x-ogw-ratelimit-reset``); other codes are not.
         """
         address = message.address
         parts = self._parts(message)
@@ -652,6 +674,16 @@ class FeishuAdapter:
                         response = await self._call(sender)
                 else:
                     response = await self._call(sender)
+                if response.code in FORMAT_REFUSED_CODES and not isinstance(entry, tuple) \
+                        and part.msg_type in ("post", "interactive"):
+                    log.warning("feishu refused the formatting of part %d (code %s: %s); sending it as plain text",
+                                index, response.code, response.msg)
+                    plain = _plain(part)
+                    if patched:
+                        assert message.edit_id is not None
+                        response = await self._call(self._patcher(message.edit_id, plain.content))
+                    else:
+                        response = await self._call(self._sender(address, plain, target, _uuid(message, index, "t")))
             except FeishuApiError as exc:  # token fetch failed
                 return DeliveryResult(False, tuple(ids), retryable=exc.code is None or exc.status is None
                                       or exc.status >= 500, error=f"tenant token: code {exc.code}")

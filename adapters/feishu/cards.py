@@ -61,15 +61,73 @@ def card(text: str, fmt: str = "markdown", buttons: tuple[tuple[str, str], ...] 
     return {"schema": "2.0", "config": {"update_multi": True}, "body": {"elements": elements}}
 
 
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+
+
+def _open_fence(markdown: str) -> tuple[str, str] | None:
+    """The code fence still open at the end of ``markdown`` (CommonMark fenced code blocks: a line of
+    3+ backticks or tildes opens, one of the same character at least as long with nothing after it
+    closes): ``(marker, opening line)``, or ``None``."""
+    opened: tuple[str, str] | None = None
+    for line in markdown.split("\n"):
+        match = _FENCE.match(line)
+        if not match:
+            continue
+        marker, rest = match.groups()
+        if opened is None:
+            if not (marker[0] == "`" and "`" in rest):  # a backtick fence's info string has no backtick
+                opened = (marker, line.strip())
+        elif marker[0] == opened[0][0] and len(marker) >= len(opened[0]) and not rest.strip():
+            opened = None
+    return opened
+
+
+def _markdown_pieces(text: str, budget: int) -> list[str]:
+    """``text`` cut into pieces of ≤ ``budget`` bytes (``split_text``); a code block cut between two
+    pieces is closed at the end of the first and opened again, with its info string (the language),
+    at the start of the next, so each card shows code as code."""
+    fences = [line.strip() for line in text.split("\n") if _FENCE.match(line)]
+    room = 2 * max((encoded_size(line) for line in fences), default=0) + 8 if fences else 0
+    pieces, opened = [], None
+    for piece in split_text(text, budget - room):
+        if opened is not None:
+            piece = f"{opened[1]}\n{piece}"
+        opened = _open_fence(piece)
+        if opened is not None:
+            piece = f"{piece.rstrip(chr(10))}\n{opened[0]}"
+        pieces.append(piece)
+    return pieces
+
+
 def card_parts(text: str, fmt: str = "markdown", buttons: tuple[tuple[str, str], ...] = (),
                context: Mapping[str, Any] | None = None, limit: int = POST_LIMIT_BYTES) -> list[Part]:
     """``text`` as ``interactive`` parts, each request body ≤ ``limit`` bytes; the buttons go on the
-    last. Always at least one part (an empty text gives one blank card)."""
+    last. Always at least one part (an empty text gives one blank card). Markdown is measured as it
+    is sent (``<`` already ``&lt;``: it may quadruple an HTML answer) and cut with its code blocks
+    closed and reopened (``_markdown_pieces``)."""
     shell = encoded_size(card("", fmt, buttons, context))
-    pieces = split_text(text.strip(), limit - BODY_OVERHEAD_BYTES - shell) or [""]
+    budget = limit - BODY_OVERHEAD_BYTES - shell
+    if fmt == "markdown":
+        pieces = _markdown_pieces(_TAG_LIKE.sub("&lt;", text.strip()), budget) or [""]
+    else:
+        pieces = split_text(text.strip(), budget) or [""]
     last = len(pieces) - 1
     return [Part("interactive", json.dumps(card(piece, fmt, buttons if i == last else (), context),
                                            ensure_ascii=False)) for i, piece in enumerate(pieces)]
+
+
+def plain_card_part(part: Part) -> Part:
+    """The same card with each ``markdown`` element shown as plain text (a ``div`` with
+    ``plain_text``, which Feishu does not parse): what is sent again when Feishu refuses the card's
+    markdown (230099 "Failed to create card content", e.g. ErrCode 11310 "card table number over
+    limit": at most five tables per card, Feishu card docs, table component; 230001). Buttons stay."""
+    content = json.loads(part.content)
+    for element in content.get("body", {}).get("elements", []):
+        if element.get("tag") == "markdown":
+            text = str(element.pop("content", "")).replace("&lt;", "<")
+            element.clear()
+            element.update(_element(text, "plain"))
+    return Part("interactive", json.dumps(content, ensure_ascii=False))
 
 
 def action_to_inbound(body: Mapping[str, Any], bot_open_id: str) -> InboundMessage | None:

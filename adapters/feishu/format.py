@@ -6,7 +6,9 @@ card markdown needs card JSON 2.0 for code blocks and headings and the ``md`` ta
 varies by client. Mapping (Feishu open API: im/v1 message content, "post" rich text):
 
 - paragraphs -> rows of ``text`` elements with ``style`` (``bold``, ``italic``, ``lineThrough``);
-- links and images -> ``a`` elements (images are not uploaded: the link keeps the URL);
+- links and images -> ``a`` elements (images are not uploaded: the link keeps the URL); only
+  ``http(s)`` links: Feishu refuses a post with any other ``href`` (230001 "invalid href", "scheme not
+  in scheme whitelist"), so a relative, ``#anchor``, ``file://`` or ``mailto:`` link is its text;
 - fenced/indented code and tables -> a ``code_block`` element alone in its row (tables aligned);
 - headings -> bold rows; lists -> rows prefixed ``•`` / ``1.``, nested lists indented; quotes -> ``> ``;
 - inline code keeps its backticks (posts have no inline-code style); ``---`` -> ``hr``.
@@ -20,11 +22,14 @@ block or paragraph) are cut at line breaks or spaces.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import pyromark
+
+from adapters.text import safe_cut
 
 POST_LIMIT_BYTES = 30 * 1024
 """Feishu: post/interactive message request body ≤ 30 KB."""
@@ -34,6 +39,8 @@ BODY_OVERHEAD_BYTES = 512
 """Room for ``receive_id``/``msg_type``/``uuid``/``reply_in_thread`` around ``content`` in the body."""
 
 _OPTIONS = pyromark.Options.ENABLE_TABLES | pyromark.Options.ENABLE_STRIKETHROUGH
+_HTTP_LINK = re.compile(r"(?i)https?://\S")
+"""The ``href`` values Feishu takes in a post's ``a`` element."""
 _STYLE = {"Strong": "bold", "Emphasis": "italic", "Strikethrough": "lineThrough"}
 _INDENT = "\u00a0" * 4  # leading ASCII spaces may be collapsed by clients; no-break spaces are kept
 # Feishu post code_block ``language`` values (case-insensitive); others are sent without a language.
@@ -96,7 +103,7 @@ class _Renderer:
         self.rows: list[Row] = []
         self.row: Row | None = None
         self.styles: list[str] = []
-        self.links: list[str] = []
+        self.links: list[str] = []  # "" for a link Feishu would refuse: its text stays plain
         self.lists: list[list[int | None]] = []  # [next number or None for bullets]
         self.item_prefix: str | None = None  # bullet waiting for the item's first row
         self.item_depth = 0
@@ -135,7 +142,7 @@ class _Renderer:
             return
         row = self._open_row()
         styles = [] if plain else sorted(set(self.styles))
-        if self.links:
+        if self.links and self.links[-1]:
             element: Element = {"tag": "a", "text": text, "href": self.links[-1]}
         else:
             element = {"tag": "text", "text": text}
@@ -162,7 +169,8 @@ class _Renderer:
         elif name in _STYLE:
             self.styles.append(_STYLE[name])
         elif name in ("Link", "Image"):
-            self.links.append(str(value.get("dest_url") or ""))  # type: ignore[union-attr]
+            url = str(value.get("dest_url") or "")  # type: ignore[union-attr]
+            self.links.append(url if _HTTP_LINK.match(url) else "")
         elif name == "BlockQuote":
             self.flush()
             self.quote_depth += 1
@@ -262,7 +270,8 @@ def markdown_to_rows(markdown: str) -> list[Row]:
 
 def _cut(text: str, budget: int) -> int:
     """Index at which to cut ``text`` so the head costs ≤ ``budget`` bytes; prefers a line break,
-    then a space, in the second half; never returns 0 for non-empty text."""
+    then a space, in the second half; never inside a character as the reader sees it
+    (``adapters.text.safe_cut``); never returns 0 for non-empty text."""
     total, end = 0, 0
     for end, ch in enumerate(text):  # noqa: B007 - end is used after the loop
         total += _char_cost(ch)
@@ -274,8 +283,8 @@ def _cut(text: str, budget: int) -> int:
     for sep in ("\n", " "):
         at = text.rfind(sep, 0, end)
         if at >= end // 2:
-            return at + 1
-    return end
+            return safe_cut(text, at + 1)
+    return safe_cut(text, end)
 
 
 def split_text(text: str, budget: int) -> list[str]:
@@ -341,12 +350,36 @@ def pack_posts(rows: list[Row], limit: int = POST_LIMIT_BYTES) -> list[Part]:
 
 
 def format_reply(markdown: str, limit: int = POST_LIMIT_BYTES) -> list[Part]:
-    """Model Markdown -> the ``post`` parts to send, in order (empty list for blank text)."""
-    return pack_posts(markdown_to_rows(markdown), limit)
+    """Model Markdown -> the ``post`` parts to send, in order (empty list for blank text). Text that
+    renders to nothing (``[](url)``, an empty quote) is sent as written, never dropped."""
+    rows = markdown_to_rows(markdown)
+    if not rows and markdown.strip():
+        rows = [[{"tag": "text", "text": markdown.strip()}]]
+    return pack_posts(rows, limit)
 
 
 def format_plain(text: str, limit: int = TEXT_LIMIT_BYTES) -> list[Part]:
     """Plain text -> ``text`` parts (``{"text": ...}``) within ``limit`` bytes each; blank text -> []."""
     budget = limit - BODY_OVERHEAD_BYTES - encoded_size({"text": ""})
-    return [Part("text", json.dumps({"text": piece}, ensure_ascii=False))
-            for piece in split_text(text, budget) if piece.strip()]
+    text = _AT_TAG.sub("<\u200b", text)
+    return [plain_text_part(piece) for piece in split_text(text, budget) if piece.strip()]
+
+
+_AT_TAG = re.compile(r"<(?=\s*/?\s*at\b)", re.IGNORECASE)
+
+
+def post_plain_text(content: str) -> str:
+    """The text a ``post`` part shows (each row's elements, rows on their own lines; a rule as
+    ``———``), for sending it again as a ``text`` message."""
+    post = json.loads(content)
+    rows = next(iter(post.values()))["content"]
+    lines = ["———" if row and row[0].get("tag") == "hr" else "".join(str(el.get("text", "")) for el in row)
+             for row in rows]
+    return "\n".join(lines)
+
+
+def plain_text_part(text: str) -> Part:
+    """``text`` as a ``text`` message. A ``text`` message reads ``<at user_id="...">`` as a mention
+    (Feishu open API: message content, text; ``<at user_id="all">`` pings the whole group), so an
+    ``<at`` in the text is broken with a zero-width space: text the model wrote never pings."""
+    return Part("text", json.dumps({"text": _AT_TAG.sub("<\u200b", text)}, ensure_ascii=False))

@@ -44,7 +44,7 @@ from yarl import URL
 from adapters.slack import history
 from adapters.slack.commands import EphemeralTarget, SlashCommands, command_to_inbound, ephemeral_target
 from adapters.slack.files import UploadFailed, attachment_problem, upload_bytes
-from adapters.slack.format import format_reply
+from adapters.slack.format import MAX_CHUNK_CHARS, format_reply
 from adapters.slack.inbound import (
     ACTION_PREFIX,
     BotIdentity,
@@ -75,6 +75,12 @@ log = logging.getLogger("adapters.slack")
 EVENTS_PATH = "/slack/events"
 SIGNATURE_WINDOW_S = 300  # Slack request signing: reject timestamps more than 5 minutes away
 RETRYABLE_ERRORS = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+SECTION_TEXT_LIMIT = 3000
+"""Slack Block Kit: a section block's text holds at most 3,000 characters. A message with command
+buttons shows its text in a section (Slack then shows the blocks, ``text`` is only the notification),
+so its text parts are cut at this length instead of ``MAX_CHUNK_CHARS``."""
+BLOCKS_REFUSED = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_blocks_too_long"})
+"""chat.postMessage errors for ``blocks`` Slack will not show: nothing was posted."""
 LEFT_EVENTS = frozenset({"channel_left", "group_left"})
 """Slack events telling the app its bot user left (was removed from) a channel or private channel."""
 MAX_SUGGESTED_PROMPTS = 4  # Slack: assistant.threads.setSuggestedPrompts takes at most 4 prompts
@@ -679,8 +685,11 @@ class SlackAdapter:
     @staticmethod
     def _parts(message: OutboundMessage) -> list[str | tuple[OutboundAttachment, str | None]]:
         """Text chunks, then per attachment the file with its caption as the upload's comment (a
-        caption longer than one chunk goes first as text parts)."""
-        parts: list[str | tuple[OutboundAttachment, str | None]] = list(format_reply(message.text, message.format))
+        caption longer than one chunk goes first as text parts). With command buttons, text chunks
+        hold at most ``SECTION_TEXT_LIMIT`` characters: the last is shown in a section block."""
+        limit = SECTION_TEXT_LIMIT if message.buttons else MAX_CHUNK_CHARS
+        parts: list[str | tuple[OutboundAttachment, str | None]] = list(
+            format_reply(message.text, message.format, limit))
         for attachment in message.attachments:
             caption = format_reply(attachment.caption) if attachment.caption.strip() else []
             if len(caption) > 1:
@@ -692,7 +701,8 @@ class SlackAdapter:
     async def send(self, message: OutboundMessage, on_part: PartSent | None = None,
                    before_part: BeforePart | None = None) -> DeliveryResult:
         """Posts the reply as one or more ``chat.postMessage`` calls (mrkdwn, ≤ 3,900 characters
-        each; Slack Web API: chat.postMessage, text ≤ 40,000 characters, ≤ 4,000 advised) in
+        each, ≤ 3,000 with command buttons: ``_parts``; Slack Web API: chat.postMessage, text ≤ 40,000
+        characters, ≤ 4,000 advised) in
         ``thread_ts`` when the address has a thread, then each attachment with files upload v2
         (``_send_file``) into the same thread. Parts already sent (``resume_from``) are
         skipped, and each part but the last is reported to ``on_part`` (its ``ts``; a file's id)
@@ -744,7 +754,7 @@ class SlackAdapter:
                             await self._streams.stop(message.edit_id, address)
                         response = await self._update_or_post(message.edit_id, kwargs)
                     else:
-                        response = await self.client.chat_postMessage(**kwargs)
+                        response = await self._post(kwargs)
                     ids.append(str(response.get("ts") or ""))
             except SlackApiError as exc:
                 return _failure(exc, ids)
@@ -847,6 +857,18 @@ class SlackAdapter:
                                                        channel_id=address.chat_id, **extra)
         return file_id
 
+    async def _post(self, kwargs: dict[str, Any]) -> Any:
+        """chat.postMessage; when Slack refuses the ``blocks`` (``BLOCKS_REFUSED``: nothing was
+        posted), the text is posted once more without them (its commands are written in it)."""
+        try:
+            return await self.client.chat_postMessage(**kwargs)
+        except SlackApiError as exc:
+            if "blocks" not in kwargs or exc.response is None or exc.response.get("error") not in BLOCKS_REFUSED:
+                raise
+            log.warning("slack refused the blocks (%s: %s); posting the text alone", exc.response.get("error"),
+                        (exc.response.get("response_metadata") or {}).get("messages"))
+            return await self.client.chat_postMessage(**{k: v for k, v in kwargs.items() if k != "blocks"})
+
     async def _update_or_post(self, ts: str, kwargs: dict[str, Any]) -> Any:
         """chat.update of the preview ``ts``; a preview that is gone (deleted) is replaced by a post."""
         try:
@@ -855,7 +877,7 @@ class SlackAdapter:
             if exc.response is None or exc.response.get("error") != "message_not_found":
                 raise
             log.warning("slack preview %s is gone; posting the reply as a new message", ts)
-            return await self.client.chat_postMessage(**kwargs)
+            return await self._post(kwargs)
 
     async def edit(self, address: ChatAddress, ts: str, text: str) -> DeliveryResult:
         """Replaces the text of the bot's message ``ts`` (Slack Web API: chat.update; ≤ ~1/s per

@@ -8,8 +8,9 @@ become bold lines, lists get ``•``/``1.`` markers, tables become an aligned co
 
 Chunks stay ≤ ``MAX_CHUNK_CHARS`` characters (Slack Web API: chat.postMessage truncates ``text``
 beyond 40,000 characters and recommends ≤ 4,000) and are cut between blocks, then at line breaks,
-then at spaces, never inside a link or an entity; a code block that must be cut is closed at the
-cut and reopened in the next chunk. Parsing is CommonMark + GFM tables/strikethrough (pyromark,
+then at spaces, never inside a link, an entity or a character as the reader sees it
+(``adapters.text.safe_cut``); a code block that must be cut is closed at the cut and reopened in
+the next chunk. Parsing is CommonMark + GFM tables/strikethrough (pyromark,
 i.e. pulldown-cmark).
 """
 
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyromark
+
+from adapters.text import safe_cut
 
 MAX_CHUNK_CHARS = 3900
 FENCE = "```"
@@ -291,7 +294,7 @@ def _safe_cut(text: str, limit: int) -> int:
 def _split_text(text: str, limit: int) -> list[str]:
     pieces = []
     while len(text) > limit:
-        cut = _safe_cut(text, limit)
+        cut = safe_cut(text, _safe_cut(text, limit))
         pieces.append(text[:cut].rstrip())
         text = text[cut:].lstrip("\n")
     if text.strip():
@@ -328,12 +331,16 @@ def chunk_blocks(blocks: list[str], limit: int = MAX_CHUNK_CHARS) -> list[str]:
 
 def format_reply(text: str, fmt: str = "markdown", limit: int = MAX_CHUNK_CHARS) -> list[str]:
     """The ``text`` values to post, in order: Markdown converted to mrkdwn (``fmt="markdown"``) or
-    plain text escaped (``fmt="plain"``), chunked ≤ ``limit`` characters; no empty chunk."""
+    plain text escaped (``fmt="plain"``), chunked ≤ ``limit`` characters; no empty chunk. Text that
+    the conversion turns into nothing (a lone ``#``, an empty heading) is sent as written (escaped), never
+    dropped."""
     if fmt == "markdown":
         try:
             blocks = to_mrkdwn_blocks(text)
         except Exception:  # a parser fault must not lose the reply
             blocks = [escape(text)]
+        if not any(block.strip() for block in blocks):
+            blocks = [escape(text.strip())]
     else:
         blocks = [escape(text)]
     return [chunk for chunk in chunk_blocks(blocks, limit) if chunk.strip()]

@@ -495,7 +495,8 @@ class TelegramAdapter:
                          caption: Chunk | None, quote: str | None, markup: InlineKeyboardMarkup | None) -> str:
         """One multipart upload: ``sendPhoto`` when the picture keeps Telegram's photo rules, else
         ``sendDocument``; a photo Telegram still refuses (``PHOTO_INVALID_DIMENSIONS``,
-        ``PHOTO_SAVE_FILE_INVALID``: nothing was sent) goes again as a document."""
+        ``PHOTO_SAVE_FILE_INVALID``: nothing was sent) goes again as a document. Caption entities
+        Telegram refuses (``_entities_refused``) are dropped and the upload made once more."""
         kwargs: dict[str, object] = {"chat_id": int(address.chat_id), "read_timeout": FILE_READ_TIMEOUT_S}
         if caption is not None:
             kwargs["caption"] = caption.text
@@ -508,19 +509,27 @@ class TelegramAdapter:
             kwargs["message_thread_id"] = int(address.thread_id)
         if quote:
             kwargs["reply_parameters"] = ReplyParameters(int(quote), allow_sending_without_reply=True)
+        async def upload(photo: bool) -> str:
+            method, field = (self.bot.send_photo, "photo") if photo else (self.bot.send_document, "document")
+            try:
+                sent = await method(**{field: InputFile(data, filename=attachment.name)}, **kwargs)  # type: ignore[arg-type]
+            except BadRequest as exc:
+                if "caption_entities" not in kwargs or not _entities_refused(exc):
+                    raise
+                log.warning("telegram rejected the caption's entities (%s); sending it as plain text", exc.message)
+                del kwargs["caption_entities"]
+                sent = await method(**{field: InputFile(data, filename=attachment.name)}, **kwargs)  # type: ignore[arg-type]
+            return str(sent.message_id)
+
         if as_photo(attachment):
             try:
-                sent = await self.bot.send_photo(photo=InputFile(data, filename=attachment.name),
-                                                 **kwargs)  # type: ignore[arg-type]
-                return str(sent.message_id)
+                return await upload(photo=True)
             except BadRequest as exc:
                 if not any(code in exc.message.upper() for code in PHOTO_REFUSALS):
                     raise
                 log.warning("telegram refused %s as a photo (%s); sending it as a document", attachment.name,
                             exc.message)
-        sent = await self.bot.send_document(document=InputFile(data, filename=attachment.name),
-                                            **kwargs)  # type: ignore[arg-type]
-        return str(sent.message_id)
+        return await upload(photo=False)
 
     async def _api(self, method: str, params: dict[str, object], *,
                    read_timeout: ODVInput[float] = DEFAULT_NONE) -> Any:
@@ -546,8 +555,8 @@ class TelegramAdapter:
     async def _send_chunk(self, address: ChatAddress, chunk: Chunk, quote: str | None,
                           markup: InlineKeyboardMarkup | None = None) -> str:
         """One sendMessage of ``chunk`` (text + entities) quoting ``quote``; returns the new message's
-        id. Entities Telegram cannot parse ("can't parse entities") are dropped and the text is sent
-        again as plain text. Raises PTB's ``TelegramError`` subclasses (see ``_api``)."""
+        id. When Telegram refuses the entities (``_entities_refused``: nothing was sent), the text is
+        sent once more as plain text. Raises PTB's ``TelegramError`` subclasses (see ``_api``)."""
         entities = [e.to_api() for e in chunk.entities]  # dicts: PTB MessageEntity objects cost ~13 µs each
         # the parameters in the order bot.send_message puts them on the wire
         params: dict[str, object] = {"chat_id": int(address.chat_id), "text": chunk.text, "entities": entities or None,
@@ -558,7 +567,7 @@ class TelegramAdapter:
         try:
             sent = await self._api("sendMessage", params)
         except BadRequest as exc:
-            if not entities or "can't parse entities" not in exc.message.lower():
+            if not entities or not _entities_refused(exc):
                 raise
             log.warning("telegram rejected entities (%s); resending as plain text", exc.message)
             sent = await self._api("sendMessage", {**params, "entities": None})
@@ -576,7 +585,7 @@ class TelegramAdapter:
             try:
                 await self._api("editMessageText", params)
             except BadRequest as exc:
-                if not entities or "can't parse entities" not in exc.message.lower():
+                if not entities or not _entities_refused(exc):
                     raise
                 log.warning("telegram rejected entities (%s); editing as plain text", exc.message)
                 await self._api("editMessageText", {**params, "entities": None})
@@ -691,6 +700,14 @@ def _keyboard(buttons: tuple[tuple[str, str], ...]) -> InlineKeyboardMarkup | No
     row = [InlineKeyboardButton(label, callback_data=command) for label, command in buttons
            if len(command.encode()) <= 64]
     return InlineKeyboardMarkup([row]) if row else None
+
+
+def _entities_refused(exc: BadRequest) -> bool:
+    """Whether a 400 is about the entities sent, whatever the wording: "can't parse entities: ..."
+    and TDLib's entity checks ("entity URL '...' is invalid: ...", "MessageEntityTextUrl.url must be
+    encoded in UTF-8": td/telegram/MessageEntity.cpp ``get_message_entities``). PTB lowercases the
+    description, so the match ignores case."""
+    return "entit" in exc.message.lower()
 
 
 def _seconds(value: object) -> float:

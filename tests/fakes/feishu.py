@@ -7,7 +7,9 @@ the long connection's protobuf frames):
 
 - the ``{"code", "msg", "data"}`` envelope; tenant tokens ``t-<n>`` with ``expire``; a missing, unknown,
   revoked or expired Bearer token answers ``invalid_token_status`` (HTTP 400 by default) + 99991663;
-- ``receive_id_type`` required; ``content`` must be a JSON string whose object matches ``msg_type``;
+- ``receive_id_type`` required; ``content`` must be a JSON string whose object matches ``msg_type``
+  (a post's ``a`` elements need an ``http(s)://`` ``href``, else 230001; a card's markdown holds at
+  most five tables, else 230099 with ErrCode 11310);
   request bodies over 150 KB (text) / 30 KB (post, interactive) answer 230025; ``uuid`` (≤ 50 chars)
   dedupes creates and replies (the first message is returned again, nothing new is stored);
 - reply targets must exist (messages learned from posted events, seeded with ``seed_message``, or sent
@@ -39,6 +41,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import threading
 import time
 import uuid as uuid_lib
@@ -48,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import pyromark
 from aiohttp import web
 from Crypto.Cipher import AES
 from lark_oapi.ws.pb.pbbp2_pb2 import Frame
@@ -59,6 +63,7 @@ JSON = dict[str, Any]
 TEXT_BODY_LIMIT = 150 * 1024  # Feishu: text message request body ≤ 150 KB
 CARD_BODY_LIMIT = 30 * 1024  # Feishu: post / interactive request body ≤ 30 KB
 MAX_EDITS = 20  # Feishu: a message can be edited at most 20 times
+CARD_TABLE_LIMIT = 5  # Feishu cards, table component: "单张卡片最多支持放置五个表格组件"; markdown tables count
 INVALID_TOKEN = 99991663
 RECEIVE_ID_TYPES = {"chat_id", "open_id", "user_id", "union_id", "email"}
 LOCALES = {"zh_cn", "en_us", "ja_jp", "zh_hk", "zh_tw"}
@@ -136,16 +141,32 @@ def validate_content(msg_type: str, content: Any) -> Any:
                         raise _bad_content(f"{element['tag']} element needs text")
                     if element["tag"] == "a" and not element.get("href"):
                         raise _bad_content("a element needs href")
+                    if element["tag"] == "a" and not re.match(r"(?i)https?://", str(element["href"])):
+                        # Feishu takes only http(s) links in a post (others: 230001 "invalid href",
+                        # "scheme not in scheme whitelist"; reported by openabdev/openab#1328 and
+                        # chenhg5/cc-connect#83 for file://, data:, ftp:// and relative links).
+                        raise _bad_content(f"invalid href {element['href']!r:.80}: scheme not in scheme whitelist")
                     if element["tag"] in ("code_block", "hr", "md") and len(row) != 1:
                         raise _bad_content(f"{element['tag']} must be alone in its paragraph")
     elif msg_type == "interactive":
         if not any(k in decoded for k in ("elements", "body", "header", "type")):
             raise _bad_content("interactive content is not a card")
+        tables = sum(_markdown_tables(str(el.get("content") or ""))
+                     for el in card_elements(decoded) if el.get("tag") == "markdown")
+        if tables > CARD_TABLE_LIMIT:  # the body Feishu answers (larksuite/openclaw-lark#53, sipeed/picoclaw#1727)
+            raise ApiError(400, 230099, "Failed to create card content, ext=ErrCode: 11310; ErrMsg: card table number "
+                                        "over limit; ErrorValue: table; ")
     elif msg_type == "image" and not decoded.get("image_key"):
         raise _bad_content("image content needs image_key")
     elif msg_type in ("file", "audio", "media", "sticker") and not decoded.get("file_key"):
         raise _bad_content(f"{msg_type} content needs file_key")
     return decoded
+
+
+def _markdown_tables(markdown: str) -> int:
+    """GFM tables in a card's markdown (CommonMark + tables, as the card renders them)."""
+    return sum(1 for event in pyromark.events(markdown, options=pyromark.Options.ENABLE_TABLES)
+               if isinstance(event, dict) and isinstance(event.get("Start"), dict) and "Table" in event["Start"])
 
 
 def _dig(value: Any, *keys: str) -> Any:

@@ -6,7 +6,9 @@ follows PLATFORMS.md §2.4 and the Slack docs (docs.slack.dev/reference/methods/
 ``Retry-After`` for rate limits); parameters merged from query string, form body and JSON body;
 Bearer tokens (missing -> ``not_authed``, wrong -> ``invalid_auth``); per-channel messages keyed by
 unique ``ts`` strings; ``chat.postMessage`` limits (``no_text``, ``msg_too_long`` > 40,000 chars,
-``channel_not_found``); ``chat.update`` ownership (``cant_update_message``, ``message_not_found``).
+``channel_not_found``, ``invalid_blocks`` for Block Kit past its limits: > 50 blocks, a section's text
+over 3,000 characters); ``chat.update`` ownership (``cant_update_message``, ``message_not_found``).
+A stored message keeps its ``blocks``; ``visible_text`` is what a person sees of it.
 
 Events go the other way: ``post_event`` signs an Events API envelope with the signing secret
 (``v0=`` HMAC-SHA256 of ``v0:{timestamp}:{body}``) and POSTs it to the gateway, with probes for a
@@ -41,6 +43,8 @@ from tests.fakes.server import ThreadedServer
 from tests.fakes.slack_uploads import SlackUploads
 
 TEXT_LIMIT = 40_000  # chat.postMessage / chat.update: longer text is rejected with msg_too_long
+BLOCKS_LIMIT = 50  # Block Kit: at most 50 blocks in a message
+SECTION_TEXT_LIMIT = 3000  # Block Kit section block: text "Maximum length for the text in this field is 3000"
 JSON = dict[str, Any]
 Predicate = Callable[["Call"], bool]
 
@@ -49,6 +53,15 @@ _VALID_MARKUP = re.compile(r"^(?:(?:https?|mailto|ftp|slack):[^|\s]+(?:\|[^|]*)?
                            r"|![a-z]+(?:\^[^|]*)?(?:\|[^|]*)?)$")
 _FENCED = re.compile(r"```.*?```", re.DOTALL)
 _INLINE_CODE = re.compile(r"`[^`\n]+`")
+
+
+def visible_text(message: JSON) -> str:
+    """What a person sees of a stored message: with ``blocks``, Slack shows the blocks (their section
+    texts; ``text`` is then only the notification fallback), else ``text``."""
+    if message.get("blocks"):
+        return "\n".join(str((b.get("text") or {}).get("text") or "") for b in message["blocks"]
+                         if b.get("type") == "section")
+    return str(message.get("text") or "")
 
 
 def mrkdwn_problems(text: str) -> list[str]:
@@ -502,16 +515,55 @@ class FakeSlack(ThreadedServer):
             raise SlackError("msg_too_long")
         return text
 
+    @staticmethod
+    def _blocks(params: JSON) -> list[JSON] | None:
+        """``blocks`` (a JSON string or a list) checked as Slack checks Block Kit (Slack Block Kit
+        reference: at most 50 blocks in a message; a section's ``text`` 1-3,000 characters; a
+        button's ``text`` ≤ 75, ``value`` ≤ 2,000; an actions block ≤ 25 elements): else
+        ``invalid_blocks`` with ``response_metadata.messages`` naming the JSON pointer."""
+        raw = params.get("blocks")
+        if raw is None or raw == "":
+            return None
+        try:
+            blocks = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            raise SlackError("invalid_blocks_format") from None
+        if not isinstance(blocks, list) or not all(isinstance(b, dict) for b in blocks):
+            raise SlackError("invalid_blocks_format")
+        problems = []
+        if len(blocks) > BLOCKS_LIMIT:
+            problems.append(f"[ERROR] no more than {BLOCKS_LIMIT} items allowed [json-pointer:/blocks]")
+        for i, block in enumerate(blocks):
+            if block.get("type") == "section":
+                text = str((block.get("text") or {}).get("text") or "")
+                if not text or len(text) > SECTION_TEXT_LIMIT:
+                    problems.append(f"[ERROR] must be between 1 and {SECTION_TEXT_LIMIT} characters "
+                                    f"[json-pointer:/blocks/{i}/text/text]")
+            elif block.get("type") == "actions":
+                elements = block.get("elements") or []
+                if len(elements) > 25:
+                    problems.append(f"[ERROR] no more than 25 items allowed [json-pointer:/blocks/{i}/elements]")
+                for k, element in enumerate(elements):
+                    if len(str((element.get("text") or {}).get("text") or "")) > 75 \
+                            or len(str(element.get("value") or "")) > 2000:
+                        problems.append(f"[ERROR] button too long [json-pointer:/blocks/{i}/elements/{k}]")
+        if problems:
+            raise SlackError("invalid_blocks", extra={"response_metadata": {"messages": problems}})
+        return blocks
+
     def _new_ts(self) -> str:
         return f"{int(time.time())}.{next(self._ts):06d}"
 
     def _post_message(self, params: JSON) -> JSON:
         text = self._text(params)
+        blocks = self._blocks(params)
         with self._lock:
             messages = self._channel(params)
             ts = self._new_ts()
             msg: JSON = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id, "text": text, "ts": ts,
                          "team": self.team_id, "mrkdwn_problems": mrkdwn_problems(text)}
+            if blocks is not None:
+                msg["blocks"] = blocks
             if params.get("thread_ts"):
                 msg["thread_ts"] = str(params["thread_ts"])
             messages[ts] = msg
@@ -519,6 +571,7 @@ class FakeSlack(ThreadedServer):
 
     def _update(self, params: JSON) -> JSON:
         text = self._text(params)
+        self._blocks(params)
         with self._lock:
             msg = self._channel(params).get(str(params.get("ts") or ""))
             if msg is None:

@@ -20,6 +20,7 @@ import copy
 import hashlib
 import html
 import io
+import ipaddress
 import itertools
 import json
 import re
@@ -113,6 +114,83 @@ _NOT_MODIFIED = (
     "Bad Request: message is not modified: specified new message content and reply markup are exactly "
     "the same as a current content and reply markup of the message"
 )
+
+
+_URL_HOST_CHARS = set("abcdefghijklmnopqrstuvwxyz.0123456789-_!$,~*'();&+=")
+
+
+def _parse_url(url: str) -> tuple[str | None, dict[str, Any]]:
+    """TDLib ``parse_url`` (tdutils/td/utils/HttpUrl.cpp), which the Bot API applies to a
+    ``text_link`` entity's URL: ``[http(s)://][userinfo@]host[:port][/query]``, a missing scheme
+    read as ``http``. Returns ``(error, parts)``; ``error`` is TDLib's message or ``None``."""
+    cut = next((k for k, ch in enumerate(url) if ch in ":/?#@[]"), len(url))
+    https, pos = False, 0
+    if url.startswith("://", cut):
+        scheme = url[:cut].lower()
+        if scheme not in ("http", "https"):
+            return "Unsupported URL protocol", {}
+        https, pos = scheme == "https", cut + 3
+    end = next((k for k in range(pos, len(url)) if url[k] in "/?#"), len(url))
+    authority = url[pos:end]
+    colon, port = len(authority) - 1, 0
+    while colon > 0 and authority[colon] not in ":]@":
+        colon -= 1
+    if colon > 0 and authority[colon] == ":":
+        digits = authority[colon + 1:].lstrip("0") or authority[colon + 1:][-1:]
+        port = int(digits) if re.fullmatch(r"-?[0-9]{1,10}", digits) and int(digits) != 0 else -1
+        authority = authority[:colon]
+    if port < 0 or port > 65535:
+        return "Wrong port number specified in the URL", {}
+    userinfo, _, host = authority.rpartition("@")
+    ipv6 = len(host) >= 2 and host[0] == "[" and host[-1] == "]"
+    if ipv6:
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return "Wrong IPv6 address specified in the URL", {}
+    if not host:
+        return "URL host is empty", {}
+    if host == ".":
+        return "Host is invalid", {}
+    if not ipv6:
+        lowered, k = host.lower(), 0
+        while k < len(lowered):
+            ch = lowered[k]
+            if ch == "%":
+                if not re.fullmatch(r"[0-9a-f]{2}", lowered[k + 1:k + 3]):
+                    return "Wrong percent-encoded symbol in URL host", {}
+                k += 3
+                continue
+            if ch not in _URL_HOST_CHARS and ord(ch) < 128:
+                return "Wrong URL host", {}
+            k += 1
+    return None, {"https": https, "userinfo": userinfo, "host": host, "ipv6": ipv6, "port": port}
+
+
+def link_problem(link: str) -> str | None:
+    """Why the Bot API refuses ``link`` as a ``text_link`` entity's URL, or ``None``: TDLib
+    ``LinkManager::check_link`` (td/telegram/LinkManager.cpp). ``tg://`` and ``ton://`` links are
+    taken as they are (no port, userinfo or ``https``); any other link goes through ``parse_url``
+    (only ``http``/``https`` schemes; no scheme means ``http``) and needs a host with a dot (or an
+    IPv6 address): ``#anchor`` and ``/a/path`` have no host, ``./README.md`` has the host ``.``,
+    ``javascript:x`` a port that is not a number, ``localhost`` no dot."""
+    lowered = link.lower()
+    internal = "tg" if lowered.startswith("tg:") else "ton" if lowered.startswith("ton:") else None
+    rest = link[len(internal) + 1:] if internal else link
+    if internal and rest.startswith("//"):
+        rest = rest[2:]
+    error, parts = _parse_url(rest)
+    if error:
+        return error
+    if internal:
+        if rest.lower().startswith("http://") or parts["https"] or parts["userinfo"] or parts["port"] or parts["ipv6"]:
+            return f"Wrong {internal} URL"
+        if any(not (ch.isascii() and (ch.isalnum() or ch in "-_")) for ch in parts["host"]):
+            return "Unallowed characters in URL host"
+        return None
+    if "." not in parts["host"] and not parts["ipv6"]:
+        return "Wrong HTTP URL"
+    return None
 
 
 def utf16_len(text: str) -> int:
@@ -350,6 +428,11 @@ def render(
                 raise _entity_error(f"entity {k} must have type, offset and length")
             if off < 0 or length <= 0 or off + length > size:
                 raise _entity_error(f"entity {k} (offset {off}, length {length}) is out of the text bounds")
+            if e["type"] == "text_link":
+                url = str(e.get("url") or "")
+                problem = link_problem(url)
+                if problem is not None:  # TDLib get_message_entities: "Entity " + check_link's error
+                    raise _bad(f"entity URL '{url}' is invalid: {problem}")
         ents = entities
     elif parse_mode:
         mode = str(parse_mode).lower()
