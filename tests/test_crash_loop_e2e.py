@@ -89,3 +89,56 @@ def test_a_turn_that_kills_the_process_is_given_up_after_max_turn_crashes(tmp_pa
         engine.dispose()
     statuses = [(row.status, row.crashes) for row in rows]
     assert statuses == [("failed", MAX_CRASHES), ("done", 0), ("done", 0)], statuses
+
+
+@pytest.mark.timeout(180)
+def test_a_turn_that_only_ran_beside_the_crashing_one_is_answered(tmp_path):
+    """The poisoned turn kills the process while another chat's slow turn runs beside it: both are
+    counted at that crash, but a last try runs alone among last tries, so only the poisoned one is
+    given up and the other chat gets its real answer (found by a review: it got the apology)."""
+    slow_started = threading.Event()
+    with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
+        port = _free_port()
+        db_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+        config = write_config(tmp_path, telegram, model, port, db_url=db_url, lease_s=15.0)
+        gateway = GatewayProcess(config, port, tmp_path)
+        gateway.env_extra = {"GATEWAY__BUS__MAX_TURN_CRASHES": str(MAX_CRASHES)}
+
+        def responder(request: dict) -> oa.Reply | str:
+            said = _last_user_text(request)
+            if "POISON" in said:
+                slow_started.wait(5)  # the slow turn runs beside it (when it may)
+                time.sleep(0.3)
+                assert gateway.proc is not None
+                os.kill(gateway.proc.pid, signal.SIGKILL)
+                return oa.text("never delivered")
+            if "SLOW" in said:
+                slow_started.set()
+                return oa.delay(3.0, oa.text("fine: slow"))
+            return oa.text("fine")
+
+        model.responder = responder
+        gateway.start()
+        try:
+            wait_ready(gateway)
+            telegram.inject(_update("SLOW question", OTHER_CHAT, 1))
+            telegram.inject(_update("POISON", POISON_CHAT, 2))
+
+            def texts(chat: int) -> list[str]:
+                return [c.params["text"] for c in telegram.calls("sendMessage") if int(c.params["chat_id"]) == chat]
+
+            deadline = time.monotonic() + 120
+            while not (texts(OTHER_CHAT) and texts(POISON_CHAT)) and time.monotonic() < deadline:
+                assert gateway.proc is not None
+                if gateway.proc.poll() is not None:
+                    assert gateway.starts <= MAX_CRASHES + 2, f"crash loop: {gateway.starts} starts, see {tmp_path}"
+                    slow_started.clear()
+                    gateway.start()
+                    wait_ready(gateway)
+                time.sleep(0.05)
+            time.sleep(0.5)  # a late duplicate would show now
+            assert texts(OTHER_CHAT) == ["fine: slow"], (texts(OTHER_CHAT), tmp_path)
+            [apology] = texts(POISON_CHAT)
+            assert apology.startswith("⚠️ Sorry, something went wrong"), apology
+        finally:
+            gateway.terminate()

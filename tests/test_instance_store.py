@@ -113,6 +113,19 @@ def test_taking_over_from_a_crashed_holder_counts_a_crash_on_the_turns_it_ran(st
     assert store.claim_lane("b", "gw-1", 600)
     assert instances.release("gw-1", "boot-3").crashed == 0  # a graceful stop is no crash
     assert [p.crashes for p in store.pending_batch("b", 5)] == [1]
+    # With max_turn_crashes 3, a head with 2 crashes waits for its last try: a crash counts for it
+    # only while it makes that try (marked), not while it waits behind another's.
+    instances.take(record("boot-4"), None)
+    assert store.claim_lane("a", "gw-1", 600) and store.claim_lane("b", "gw-1", 600)
+    instances.take(record("boot-5"), "boot-4")
+    assert [p.crashes for p in store.pending_batch("a", 5)] == [2, 0]  # now at its last try
+    assert [p.crashes for p in store.pending_batch("b", 5)] == [2]
+    [head_a, _] = store.pending_batch("a", 5)
+    store.mark_last_try([head_a.inbox_id])
+    assert store.claim_lane("a", "gw-1", 600) and store.claim_lane("b", "gw-1", 600)
+    assert instances.take(record("boot-6"), "boot-5").crashed == 1
+    assert [p.crashes for p in store.pending_batch("a", 5)] == [3, 0]  # died in its last try: given up
+    assert [p.crashes for p in store.pending_batch("b", 5)] == [2]  # only waited for its turn
 
 
 def test_rows_silent_for_a_week_are_forgotten_when_an_id_is_taken(stores):

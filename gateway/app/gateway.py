@@ -114,8 +114,8 @@ class Gateway:
         self.adapters = {adapter.platform: adapter for adapter in adapters}
         self.serve_http = serve_http
         self.engine = create_db_engine(config.database.url, config.database.pool_size)
-        self.instance = InstanceGuard(InstanceStore(self.engine), self.instance_id, self.run_db,
-                                      on_lost=exit_now(self.instance_id))
+        self.instance = InstanceGuard(InstanceStore(self.engine, config.bus.max_turn_crashes), self.instance_id,
+                                      self.run_db, on_lost=exit_now(self.instance_id))
         for adapter in adapters:  # channels that show the conversation themselves (the web chat)
             if callable(getattr(adapter, "bind_conversations", None)):
                 adapter.bind_conversations(TranscriptReader(self.engine, self.run_db))  # type: ignore[attr-defined]

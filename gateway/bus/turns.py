@@ -8,6 +8,7 @@ resumed after a crash finds its user message already in the transcript and conti
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -178,6 +179,9 @@ class TurnRunner:
                  claim: tuple[str, float] = ("", 30.0), max_crashes: int = 3) -> None:
         self.deliver = deliver
         self.max_crashes = max_crashes
+        self._last_tries = threading.Lock()
+        """Held by the turn making its last try after crashes (``bus.max_turn_crashes`` - 1 counted):
+        one at a time, so a crash during it is that turn's own (``instance_store._count_crashes``)."""
         self.claim = claim
         self.chats = chats
         self.usage = usage
@@ -251,8 +255,14 @@ class TurnRunner:
                 log.error("turn in%s was running each time the gateway died, %d times (bus.max_turn_crashes); "
                           "answering it with an error instead of running it again", last.inbox_id, crashes)
                 return self._give_up(batch, generation, then, reason="crashed")
+            last_try = self._last_tries if crashes >= self.max_crashes - 1 else contextlib.nullcontext()
             try:
-                outcome = self._run(batch, generation, span, then, ready)
+                with last_try:  # its last try runs alone among last tries (module doc of instance_store)
+                    if crashes >= self.max_crashes - 1:
+                        log.warning("turn in%s was running each time the gateway died, %d times; trying it once "
+                                    "more, alone among such turns", last.inbox_id, crashes)
+                        self.store.mark_last_try([p.inbox_id for p in batch])
+                    outcome = self._run(batch, generation, span, then, ready)
             except (*TRANSIENT, TurnInterrupted):
                 raise  # the database is away, or we stop: the rows stay pending and are retried
             except Exception as exc:

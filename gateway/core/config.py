@@ -413,11 +413,13 @@ class BusConfig(_Section):
     another instance, or this one after a crash, may take it; renewed every third of it."""
     sweep_interval_s: float = Field(default=5.0, gt=0)
     """How often pending inbox rows without a live lease are picked up (crash recovery)."""
-    max_turn_crashes: int = Field(default=3, ge=1)
+    max_turn_crashes: int = Field(default=3, ge=2)
     """A turn that was running each time the process died this many times (``kill -9``, the
     out-of-memory killer, a native crash: counted when the restarted process takes its instance id
-    over) is answered with an apology instead of being run again. A message that takes the process
-    down would otherwise do so at every restart, with every other chat's turns in flight."""
+    over) is answered with an apology instead of being run again. Its last try runs alone among last
+    tries, so the turns that merely ran beside a turn that takes the process down are not given up.
+    A message that takes the process down would otherwise do so at every restart, with every other
+    chat's turns in flight."""
 
 
 class DeliveryConfig(_Section):

@@ -13,7 +13,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gateway.store.db import read_tx, write_one, write_tx
@@ -66,8 +66,9 @@ class Released:
 class InstanceStore:
     """The ``instances`` rows on one engine. Blocking calls: run them off the main loop."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, max_turn_crashes: int = 3) -> None:
         self.engine = engine
+        self.max_turn_crashes = max_turn_crashes
 
     def get(self, instance_id: str) -> InstanceRecord | None:
         """The current holder of ``instance_id``, or ``None``."""
@@ -98,7 +99,7 @@ class InstanceStore:
                                   .values(**values)).rowcount != 1:
                     return None
                 conn.execute(delete(_instances).where(_instances.c.heartbeat_at < record.heartbeat_at - FORGET_AFTER_S))
-                crashed = _count_crashes(conn, record.id) if replacing is not None else 0
+                crashed = _count_crashes(conn, record.id, self.max_turn_crashes - 1) if replacing is not None else 0
                 return dataclasses.replace(_free(conn, record.id), crashed=crashed)
         except IntegrityError:
             return None  # a row appeared since the caller looked
@@ -121,18 +122,24 @@ class InstanceStore:
             return _free(conn, instance_id)
 
 
-def _count_crashes(conn: Connection, owner: str) -> int:
+def _count_crashes(conn: Connection, owner: str, last_try_from: int) -> int:
     """Counts a crash on the turns ``owner`` (a holder that died without releasing) was running:
     ``crashes`` + 1 on the oldest pending inbox row of each lane it leased (the head of the batch
     its turn answered; a resumed turn reads the same head, ``TurnRunner.run`` gives up at
-    ``bus.max_turn_crashes``). Returns how many rows were counted. Runs before ``_free`` (which
-    clears the leases), only when an id is taken over, never on the message path."""
+    ``bus.max_turn_crashes``), except on rows with ``last_try_from`` crashes already that were not
+    making their last try: those wait for it one at a time (``InboxRow.last_try``), so a turn that
+    takes the process down is counted alone at its last try and the turns that merely ran beside it
+    are not given up. Clears ``last_try``. Returns how many rows were counted. Runs before ``_free``
+    (which clears the leases), only when an id is taken over, never on the message path."""
     leased = select(_lanes.c.key).where(_lanes.c.lease_owner == owner)
     heads = (select(func.min(_inbox.c.id))
              .where(_inbox.c.session_key.in_(leased), _inbox.c.status == "pending")
              .group_by(_inbox.c.session_key))
-    return int(conn.execute(update(_inbox).where(_inbox.c.id.in_(heads))
-                            .values(crashes=_inbox.c.crashes + 1)).rowcount or 0)
+    counted = int(conn.execute(update(_inbox).where(_inbox.c.id.in_(heads),
+                                                    or_(_inbox.c.crashes < last_try_from, _inbox.c.last_try))
+                               .values(crashes=_inbox.c.crashes + 1)).rowcount or 0)
+    conn.execute(update(_inbox).where(_inbox.c.status == "pending", _inbox.c.last_try).values(last_try=False))
+    return counted
 
 
 def _free(conn: Connection, owner: str) -> Released:

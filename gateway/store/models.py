@@ -117,6 +117,10 @@ class InboxRow(Base):
     """How often a process died (``kill -9``, out of memory, a native crash) while this row's turn
     ran: counted when the next process takes its instance id over (``gateway.ops.instance_store``);
     at ``bus.max_turn_crashes`` the turn is answered with an apology instead of being run again."""
+    last_try: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    """Set while the row's turn makes its last try (``bus.max_turn_crashes`` - 1 crashes counted),
+    which runs alone among last tries: a crash then counts for it, not for the last tries waiting
+    behind it. Cleared when the next process takes the instance id over."""
 
 
 class OutboxRow(Base):

@@ -549,6 +549,13 @@ class Store(OutboxStore):
         return [PendingInbound(row.id, key, InboundMessage.from_dict(row.payload), row.user_id, row.crashes)
                 for row in rows], int(rows[0].generation or 0)
 
+    @retry_locked
+    def mark_last_try(self, inbox_ids: Sequence[int]) -> None:
+        """Marks the rows of a turn making its last try after crashes (``InboxRow.last_try``): a
+        crash during it counts for them (``gateway.ops.instance_store``). Only that rare path writes it."""
+        with write_tx(self.engine) as conn:
+            conn.execute(update(_inbox).where(_inbox.c.id.in_(list(inbox_ids))).values(last_try=True))
+
     def lane_exists(self, key: str) -> bool:
         """Whether the session key has been used before (the bot is part of that conversation)."""
         with read_tx(self.engine) as conn:
