@@ -28,16 +28,22 @@ def _last_user_text(request: dict) -> str:
     return user if isinstance(user, str) else " ".join(p.get("text", "") for p in user)
 
 
+def _gateway(tmp_path, telegram: FakeTelegram, model: FakeOpenAI) -> tuple[GatewayProcess, str]:
+    """The gateway process (not started) on a fresh SQLite file, ``bus.max_turn_crashes`` = ``MAX_CRASHES``."""
+    port = _free_port()
+    db_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    config = write_config(tmp_path, telegram, model, port, db_url=db_url, lease_s=15.0)
+    gateway = GatewayProcess(config, port, tmp_path)
+    gateway.env_extra = {"GATEWAY__BUS__MAX_TURN_CRASHES": str(MAX_CRASHES)}
+    return gateway, db_url
+
+
 @pytest.mark.timeout(180)
 def test_a_turn_that_kills_the_process_is_given_up_after_max_turn_crashes(tmp_path):
     poison_calls: list[float] = []
     lock = threading.Lock()
     with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
-        port = _free_port()
-        db_url = f"sqlite:///{tmp_path / 'gateway.db'}"
-        config = write_config(tmp_path, telegram, model, port, db_url=db_url, lease_s=15.0)
-        gateway = GatewayProcess(config, port, tmp_path)
-        gateway.env_extra = {"GATEWAY__BUS__MAX_TURN_CRASHES": str(MAX_CRASHES)}
+        gateway, db_url = _gateway(tmp_path, telegram, model)
 
         def responder(request: dict) -> oa.Reply | str:
             said = _last_user_text(request)
@@ -98,11 +104,7 @@ def test_a_turn_that_only_ran_beside_the_crashing_one_is_answered(tmp_path):
     given up and the other chat gets its real answer (found by a review: it got the apology)."""
     slow_started = threading.Event()
     with FakeTelegram(token=TOKEN) as telegram, FakeOpenAI(api_key="sk-test") as model:
-        port = _free_port()
-        db_url = f"sqlite:///{tmp_path / 'gateway.db'}"
-        config = write_config(tmp_path, telegram, model, port, db_url=db_url, lease_s=15.0)
-        gateway = GatewayProcess(config, port, tmp_path)
-        gateway.env_extra = {"GATEWAY__BUS__MAX_TURN_CRASHES": str(MAX_CRASHES)}
+        gateway, db_url = _gateway(tmp_path, telegram, model)
 
         def responder(request: dict) -> oa.Reply | str:
             said = _last_user_text(request)
@@ -142,3 +144,10 @@ def test_a_turn_that_only_ran_beside_the_crashing_one_is_answered(tmp_path):
             assert apology.startswith("⚠️ Sorry, something went wrong"), apology
         finally:
             gateway.terminate()
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT status FROM inbox ORDER BY id")).scalars().all()
+    finally:
+        engine.dispose()
+    assert rows == ["done", "failed"], rows  # the slow question answered, the poison given up
