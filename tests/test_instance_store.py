@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from sqlalchemy import text
 
 from gateway.app.gateway import Gateway
 from gateway.ops.instance import InstanceInUse, ProcessInfo, _start_ticks, default_instance_id, instance_id_for
@@ -178,3 +179,35 @@ async def test_a_second_gateway_with_the_same_id_in_one_process_is_refused(tmp_p
     assert first.instance.running and first.instance.store.get(first.instance_id).boot == first.instance.boot
     other = await start_gateway(config.model_copy(update={"instance_id": "gw-other"}), running)
     assert {r.id for r in other.instance.store.records()} == {first.instance_id, "gw-other"}
+
+
+def _marks(store: Store) -> dict[str, bool]:
+    """``last_try`` of every inbox row, by session key (one row a lane here)."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(text("SELECT session_key, last_try FROM inbox ORDER BY id")).all()
+    return {row.session_key: bool(row.last_try) for row in rows}
+
+
+def test_last_try_marks_are_cleared_by_their_own_holder_only(stores):
+    """A graceful stop clears the marks on the lanes it held (a mark left behind would count the
+    next crash for a turn that only waited); a take-over clears its dead holder's marks and keeps
+    the mark of a last try another instance is running (else that try's crash goes uncounted).
+    Both found by a review; both failed on the code before."""
+    instances, store, _ = stores
+    instances.take(record("boot-1"), None)
+    instances.take(record("boot-x", instance_id="gw-2"), None)
+    for key, owner in (("a", "gw-1"), ("b", "gw-2")):
+        assert store.claim_lane(key, owner, 600)
+        store.insert_inbound(message(f"{key}:1", chat=key), key)
+        store.mark_last_try([p.inbox_id for p in store.pending_batch(key, 5)])
+    assert _marks(store) == {"a": True, "b": True}
+    instances.release("gw-1", "boot-1")
+    assert _marks(store) == {"a": False, "b": True}
+    instances.take(record("boot-2"), None)
+    assert store.claim_lane("a", "gw-1", 600)
+    store.mark_last_try([p.inbox_id for p in store.pending_batch("a", 5)])
+    instances.take(record("boot-3"), "boot-2")  # gw-1 died running a's last try; gw-2 runs b's
+    assert _marks(store) == {"a": False, "b": True}
+    assert [p.crashes for p in store.pending_batch("a", 5)] == [1]
+    store.mark_last_try([p.inbox_id for p in store.pending_batch("b", 5)], marked=False)
+    assert _marks(store) == {"a": False, "b": False}

@@ -8,7 +8,6 @@ resumed after a crash finds its user message already in the transcript and conti
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -255,13 +254,10 @@ class TurnRunner:
                 log.error("turn in%s was running each time the gateway died, %d times (bus.max_turn_crashes); "
                           "answering it with an error instead of running it again", last.inbox_id, crashes)
                 return self._give_up(batch, generation, then, reason="crashed")
-            last_try = self._last_tries if crashes >= self.max_crashes - 1 else contextlib.nullcontext()
             try:
-                with last_try:  # its last try runs alone among last tries (module doc of instance_store)
-                    if crashes >= self.max_crashes - 1:
-                        log.warning("turn in%s was running each time the gateway died, %d times; trying it once "
-                                    "more, alone among such turns", last.inbox_id, crashes)
-                        self.store.mark_last_try([p.inbox_id for p in batch])
+                if crashes >= self.max_crashes - 1:
+                    outcome = self._last_try(batch, generation, span, then, ready)
+                else:
                     outcome = self._run(batch, generation, span, then, ready)
             except (*TRANSIENT, TurnInterrupted):
                 raise  # the database is away, or we stop: the rows stay pending and are retried
@@ -273,6 +269,26 @@ class TurnRunner:
                 return self._give_up(batch, generation, then)
             self._attempt_done(last.inbox_id)
             return outcome
+
+    def _last_try(self, batch: Sequence[PendingInbound], generation: int, span: Any, then: LaneNext | None,
+                  ready: Ready | None) -> str:
+        """Runs a turn whose rows were counted at ``max_crashes`` - 1 crashes: alone among such turns
+        (``_last_tries``), its rows marked ``last_try`` while it runs, so a crash during it counts for
+        it (``gateway.ops.instance_store._count_crashes``). The mark is cleared however the try ends
+        short of a crash (done, failed, interrupted by a stop, a database fault): a mark left behind
+        would count the next crash for a turn that only waited (found by a review)."""
+        ids = [p.inbox_id for p in batch]
+        with self._last_tries:
+            log.warning("turn in%s was running each time the gateway died, %d times; trying it once more, alone "
+                        "among such turns", batch[-1].inbox_id, max(p.crashes for p in batch))
+            self.store.mark_last_try(ids)
+            try:
+                return self._run(batch, generation, span, then, ready)
+            finally:
+                try:
+                    self.store.mark_last_try(ids, marked=False)
+                except Exception:  # the database is away: InstanceStore.release and take clear it too
+                    log.warning("could not clear the last-try mark of in%s", batch[-1].inbox_id, exc_info=True)
 
     def _hand_over(self, claimed: Sequence[OutboxItem], replies: Sequence[OutboundMessage]) -> None:
         """After a turn queued ``replies``: the ones queued claimed go to ``deliver`` (sent at once),

@@ -119,6 +119,7 @@ class InstanceStore:
             if conn.execute(delete(_instances).where(_instances.c.id == instance_id,
                                                      _instances.c.boot == boot)).rowcount != 1:
                 return None
+            _clear_last_tries(conn, instance_id)
             return _free(conn, instance_id)
 
 
@@ -129,8 +130,9 @@ def _count_crashes(conn: Connection, owner: str, last_try_from: int) -> int:
     ``bus.max_turn_crashes``), except on rows with ``last_try_from`` crashes already that were not
     making their last try: those wait for it one at a time (``InboxRow.last_try``), so a turn that
     takes the process down is counted alone at its last try and the turns that merely ran beside it
-    are not given up. Clears ``last_try``. Returns how many rows were counted. Runs before ``_free``
-    (which clears the leases), only when an id is taken over, never on the message path."""
+    are not given up. Clears ``last_try`` on the owner's lanes. Returns how many rows were counted.
+    Runs before ``_free`` (which clears the leases), only when an id is taken over, never on the
+    message path."""
     leased = select(_lanes.c.key).where(_lanes.c.lease_owner == owner)
     heads = (select(func.min(_inbox.c.id))
              .where(_inbox.c.session_key.in_(leased), _inbox.c.status == "pending")
@@ -138,8 +140,17 @@ def _count_crashes(conn: Connection, owner: str, last_try_from: int) -> int:
     counted = int(conn.execute(update(_inbox).where(_inbox.c.id.in_(heads),
                                                     or_(_inbox.c.crashes < last_try_from, _inbox.c.last_try))
                                .values(crashes=_inbox.c.crashes + 1)).rowcount or 0)
-    conn.execute(update(_inbox).where(_inbox.c.status == "pending", _inbox.c.last_try).values(last_try=False))
+    _clear_last_tries(conn, owner)
     return counted
+
+
+def _clear_last_tries(conn: Connection, owner: str) -> None:
+    """Clears ``last_try`` on the pending rows of the lanes ``owner`` leases, and only there: a
+    last try another instance is running keeps its mark (found by a review: clearing every row let
+    a poisoned turn's crash go uncounted whenever another instance restarted meanwhile)."""
+    leased = select(_lanes.c.key).where(_lanes.c.lease_owner == owner)
+    conn.execute(update(_inbox).where(_inbox.c.session_key.in_(leased), _inbox.c.status == "pending",
+                                      _inbox.c.last_try).values(last_try=False))
 
 
 def _free(conn: Connection, owner: str) -> Released:

@@ -550,11 +550,12 @@ class Store(OutboxStore):
                 for row in rows], int(rows[0].generation or 0)
 
     @retry_locked
-    def mark_last_try(self, inbox_ids: Sequence[int]) -> None:
-        """Marks the rows of a turn making its last try after crashes (``InboxRow.last_try``): a
-        crash during it counts for them (``gateway.ops.instance_store``). Only that rare path writes it."""
+    def mark_last_try(self, inbox_ids: Sequence[int], marked: bool = True) -> None:
+        """Marks (``marked``) or unmarks the rows of a turn making its last try after crashes
+        (``InboxRow.last_try``): a crash while they are marked counts for them
+        (``gateway.ops.instance_store``). Only that rare path writes it."""
         with write_tx(self.engine) as conn:
-            conn.execute(update(_inbox).where(_inbox.c.id.in_(list(inbox_ids))).values(last_try=True))
+            conn.execute(update(_inbox).where(_inbox.c.id.in_(list(inbox_ids))).values(last_try=marked))
 
     def lane_exists(self, key: str) -> bool:
         """Whether the session key has been used before (the bot is part of that conversation)."""
