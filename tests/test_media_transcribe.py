@@ -14,7 +14,9 @@ from gateway.media.transcribe import (
     TranscriptionError,
     TranscriptionSpend,
     audio_format,
+    audio_seconds,
     build_transcriber,
+    most_seconds,
 )
 from tests import media_samples as samples
 from tests.fakes.openai import error
@@ -137,6 +139,27 @@ def test_the_cost_is_minutes_of_audio_at_the_price_the_apis_duration_first():
         TranscriptionSpend("default", "gpt-4o-transcribe", 30.0, "platform", 900, 3, 0.003)
     assert costly.spend(unreported) == \
         TranscriptionSpend("default", "gpt-4o-transcribe", None, "unknown", 900, 3, 0.0)  # recorded, at 0 USD
+
+
+def test_what_the_sender_controls_is_capped_by_what_the_files_size_holds():
+    """A gpt-4o model reports no seconds: the container's declared duration counts, else the
+    platform's stated one, both capped by ``most_seconds`` of the bytes sent (Telegram: a voice
+    note's duration is "as defined by the sender"; found by a review: 2^31 s cost $107,374)."""
+    costly = Transcriber(base_url="http://127.0.0.1:9/v1", api_key="x", model="gpt-4o-transcribe",
+                         price_per_minute=0.006)
+    heard = Transcript("hi", "gpt-4o-transcribe", "voice.ogg", input_tokens=10, output_tokens=1)
+    honest = samples.ogg_opus(b"\x01" * 60_000, seconds=30)  # 16 kbit/s
+    spent = costly.spend(heard, stated_s=2**31 - 1, data=honest)
+    assert (spent.duration_from, round(spent.seconds, 2), round(spent.cost_usd, 5)) == ("file", 29.99, 0.003)
+    lying = samples.ogg_opus(b"\x01" * 4_000, seconds=2**31 / 48000 * 1000)  # a header claiming 2^31 s
+    spent = costly.spend(heard, stated_s=2**31 - 1, data=lying)
+    assert spent.duration_from == "file" and spent.seconds == most_seconds(len(lying)) < 20
+    webm = b"\x1aE\xdf\xa3" + b"\x00" * 5_000  # a container mutagen does not read: the stated duration
+    spent = costly.spend(heard, stated_s=2**31 - 1, data=webm)
+    assert spent.duration_from == "platform" and spent.seconds == most_seconds(len(webm)) == 20.016
+    assert costly.spend(heard, stated_s=12, data=webm).seconds == 12  # an honest statement stands
+    assert audio_seconds(b"OggS" + b"\xff" * 100) is None  # damaged: nothing declared, no error
+    assert costly.spend(heard, data=webm).duration_from == "unknown"
 
 
 def test_prices_per_minute_default_to_openais_and_unlisted_models_cost_nothing():

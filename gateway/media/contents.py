@@ -142,7 +142,7 @@ class ContentReader:
         if where := _saved_line(saved):
             lines.append(where)
         return Reading(dataclasses.replace(ref, text="\n".join(lines)), None, words,
-                       self.transcriber.spend(heard, duration_s))
+                       self.transcriber.spend(heard, duration_s, data))
 
     # -- documents ------------------------------------------------------------------------------
     def _document(self, ref: MediaRef, data: bytes, session_id: str) -> Reading:

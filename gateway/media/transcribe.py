@@ -14,20 +14,26 @@ retries) and raises ``TranscriptionError`` with a sentence for the user on every
 What a transcription costs (``Transcriber.spend`` -> ``TranscriptionSpend``, a ``usage`` row of the
 turn) is the audio's duration in minutes times ``llm.transcription_prices`` of the model (USD per
 minute). The duration is the one the API reports (``usage: {"type": "duration", "seconds"}`` from
-``whisper-1``, or ``duration`` of a ``verbose_json`` answer), else the one the platform stated
+``whisper-1``, or ``duration`` of a ``verbose_json`` answer), else the one the file's container
+declares (``audio_seconds``: Ogg, MP3, MP4/M4A, WAV, FLAC), else the one the platform stated
 (Telegram's and Feishu's voice and audio messages carry it), else unknown: such a transcription is
-recorded at 0 USD (the gpt-4o models report tokens, not seconds, and a web chat upload or a Slack
-clip states no duration). Tokens are recorded when the API reports them (the gpt-4o models'
+recorded at 0 USD (the gpt-4o models report tokens, not seconds, and a WebM clip from Slack or the
+web chat states none). What the sender controls (the container's header, the stated duration;
+Telegram Bot API: ``Voice.duration`` is "as defined by the sender") is capped by what the file's
+size can hold (``most_seconds``), so a one-second note claiming 2^31 s costs seconds, not a day's
+budget (found by a review). Tokens are recorded when the API reports them (the gpt-4o models'
 ``usage: {"type": "tokens", "input_tokens", "output_tokens"}``), else 0.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import mutagen
 import openai
 
 from gateway.core.config import LlmConfig
@@ -37,6 +43,10 @@ log = logging.getLogger("gateway.media.transcribe")
 
 MAX_BYTES = 25 * 1024 * 1024
 """OpenAI: "File uploads are currently limited to 25 MB" (26,214,400 bytes; larger uploads get 413)."""
+MIN_BITRATE_BPS = 2_000
+"""Bits per second below which no audio the API takes is encoded (Opus' floor is 6 kb/s, MP3's
+8 kb/s; only Opus' silence suppression goes lower): a file of n bytes lasts at most
+``n * 8 / MIN_BITRATE_BPS`` seconds (``most_seconds``), whatever its header or the sender says."""
 SUPPORTED_FORMATS = ("flac", "m4a", "mp3", "mp4", "mpeg", "mpga", "ogg", "wav", "webm")
 """The extensions ``/v1/audio/transcriptions`` accepts (anything else: 400 "Invalid file format")."""
 CONTENT_TYPES = {"flac": "audio/flac", "m4a": "audio/mp4", "mp3": "audio/mpeg", "mp4": "audio/mp4",
@@ -91,8 +101,8 @@ class TranscriptionSpend:
             name when ``llm.transcription_base_url`` is its ``base_url``; else ``transcription``).
         model: the transcription model.
         seconds: the audio's duration the cost was computed from, in seconds; ``None``: unknown.
-        duration_from: where ``seconds`` came from: ``api`` (the answer), ``platform`` (the
-            attachment's stated duration) or ``unknown``.
+        duration_from: where ``seconds`` came from: ``api`` (the answer), ``file`` (the audio's
+            container), ``platform`` (the attachment's stated duration) or ``unknown``.
         input_tokens, output_tokens: as the API reported them (0 when it did not).
         cost_usd: ``seconds / 60 * price_per_minute`` (0 when ``seconds`` is unknown).
     """
@@ -100,7 +110,7 @@ class TranscriptionSpend:
     provider: str
     model: str
     seconds: float | None
-    duration_from: Literal["api", "platform", "unknown"]
+    duration_from: Literal["api", "file", "platform", "unknown"]
     input_tokens: int
     output_tokens: int
     cost_usd: float
@@ -218,21 +228,46 @@ class Transcriber:
         seconds, tokens_in, tokens_out = _reported(result)
         return Transcript(str(text).strip(), self.model, upload, seconds, tokens_in, tokens_out)
 
-    def spend(self, heard: Transcript, stated_s: float | None = None) -> TranscriptionSpend:
-        """What ``heard`` cost: its duration (the API's ``heard.seconds``, else ``stated_s``, the
-        platform's stated duration in seconds, else unknown: 0 USD) times ``price_per_minute``."""
-        source: Literal["api", "platform"]
+    def spend(self, heard: Transcript, stated_s: float | None = None, data: bytes | None = None) -> TranscriptionSpend:
+        """What ``heard`` cost: its duration in seconds times ``price_per_minute`` / 60. The
+        duration: the API's ``heard.seconds``, else what ``data`` (the audio sent) declares
+        (``audio_seconds``), else ``stated_s`` (the platform's stated duration), else unknown (0 USD);
+        the last two capped by ``most_seconds(len(data))`` when ``data`` is given."""
+        source: Literal["api", "file", "platform"]
+        declared = audio_seconds(data) if data is not None and heard.seconds is None else None
         if heard.seconds is not None:
             seconds, source = float(heard.seconds), "api"
+        elif declared is not None and declared > 0:
+            seconds, source = declared, "file"
         elif stated_s is not None and stated_s > 0:
             seconds, source = float(stated_s), "platform"
         else:
             log.info("transcription by %s: the audio's duration is unknown, recorded at 0 USD", heard.model)
             return TranscriptionSpend(self.provider, heard.model, None, "unknown", heard.input_tokens,
                                       heard.output_tokens, 0.0)
+        if source != "api" and data is not None and seconds > (most := most_seconds(len(data))):
+            log.info("transcription of %d bytes: the %s said %.0f s, counted as %.0f s (what the size holds)",
+                     len(data), "file" if source == "file" else "sender", seconds, most)
+            seconds = most
         cost = round(seconds / 60.0 * self.price_per_minute, 8)
         return TranscriptionSpend(self.provider, heard.model, seconds, source, heard.input_tokens,
                                   heard.output_tokens, cost)
+
+
+def audio_seconds(data: bytes) -> float | None:
+    """How long ``data`` lasts, in seconds, as its container declares it (mutagen: Ogg Opus and
+    Vorbis, MP3, MP4/M4A, WAV, FLAC); ``None`` when it declares nothing readable (WebM, which
+    mutagen does not parse, or a damaged file). The header is the sender's: cap it (``most_seconds``)."""
+    try:
+        parsed = mutagen.File(io.BytesIO(data))
+    except Exception:  # mutagen raises its own errors and, on damaged input, struct and index errors
+        return None
+    return _number(getattr(getattr(parsed, "info", None), "length", None))
+
+
+def most_seconds(size: int) -> float:
+    """The longest audio ``size`` bytes can hold, in seconds, at ``MIN_BITRATE_BPS``."""
+    return size * 8 / MIN_BITRATE_BPS
 
 
 def _reported(result: object) -> tuple[float | None, int, int]:
