@@ -228,6 +228,16 @@ def test_card_markdown_never_becomes_a_tag_and_long_text_is_cut_into_cards_with_
         False] * (len(parts) - 1) + [True]
 
 
+def test_a_long_html_answer_is_cut_between_escapes_never_inside_one():
+    """Card markdown carries ``<`` as ``&lt;``; a cut inside one showed ``&l`` at the end of a card
+    and ``t;div>`` at the start of the next (found by a review)."""
+    parts = card_parts("<div>" * 9000, "markdown")
+    contents = [json.loads(p.content)["body"]["elements"][0]["content"] for p in parts]
+    assert len(contents) >= 2
+    assert all(c.startswith("&lt;div>") and c.endswith("div>") for c in contents), [(c[:9], c[-9:]) for c in contents]
+    assert "".join(contents) == "&lt;div>" * 9000
+
+
 def test_a_press_without_a_command_or_by_the_bot_is_not_a_message():
     body = {"schema": "2.0", "header": {"event_type": "card.action.trigger", "event_id": "e1", "tenant_key": "t"},
             "event": {"operator": {"open_id": ALICE}, "action": {"value": {"gw_cmd": "approve x"}},

@@ -140,6 +140,9 @@ def test_a_link_telegram_would_refuse_keeps_only_its_text():
     ("> quoted <b>bold</b>", "quoted <b>bold</b>"),
     ("Email <bob@example.com> or see <https://example.com/a_b>", "Email bob@example.com or see https://example.com/a_b"),
     ("`<b>` stays code and **<i>x</i>** stays bold", "<b> stays code and <i>x</i> stays bold"),
+    # a fence inside an HTML block: its `<` stays as written (a review found `sort \< in.txt`)
+    ("<details>\n```sh\nsort < in.txt > out.txt\n```\n</details>", "<details>\nsort < in.txt > out.txt\n</details>"),
+    ("<div>\nx <span>y</span> if a < b\n</div>", "<div>\nx <span>y</span> if a < b\n</div>"),
 ])
 def test_html_the_model_writes_is_shown_as_text(markdown, shown):
     """Telegram shows plain text with entities, so there is no HTML to render: a tag-like run the

@@ -271,7 +271,7 @@ def markdown_to_rows(markdown: str) -> list[Row]:
 def _cut(text: str, budget: int) -> int:
     """Index at which to cut ``text`` so the head costs ≤ ``budget`` bytes; prefers a line break,
     then a space, in the second half; never inside a character as the reader sees it
-    (``adapters.text.safe_cut``); never returns 0 for non-empty text."""
+    (``adapters.text.safe_cut``) nor inside an ``&lt;``; never returns 0 for non-empty text."""
     total, end = 0, 0
     for end, ch in enumerate(text):  # noqa: B007 - end is used after the loop
         total += _char_cost(ch)
@@ -283,8 +283,15 @@ def _cut(text: str, budget: int) -> int:
     for sep in ("\n", " "):
         at = text.rfind(sep, 0, end)
         if at >= end // 2:
-            return safe_cut(text, at + 1)
-    return safe_cut(text, end)
+            return _outside_entity(text, safe_cut(text, at + 1))
+    return _outside_entity(text, safe_cut(text, end))
+
+
+def _outside_entity(text: str, at: int) -> int:
+    """``at``, or the start of the ``&lt;`` it would cut (card markdown carries ``<`` as ``&lt;``,
+    ``cards.card_parts``; a cut inside it showed ``&l`` and ``t;`` at the seam: found by a review)."""
+    start = text.rfind("&", max(0, at - 3), at)
+    return start if start > 0 and text.startswith("&lt;", start) else at
 
 
 def split_text(text: str, budget: int) -> list[str]:

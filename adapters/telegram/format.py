@@ -98,15 +98,17 @@ def literal_html(markdown: str) -> str:
     ``List<String>``, ``<your-token>``, ``<!-- x -->``, ``<div>``) escaped as ``\\<``, so it is read
     as text. Telegram messages have no HTML to render (plain text + entities), and the converter
     drops raw HTML, an HTML block with the rest of its line or block. Code and autolinks
-    (``<https://…>``) are not raw HTML and stay as they are. Parsed again after each pass: an HTML
-    block read as a paragraph can show inline HTML of its own."""
+    (``<https://…>``) are not raw HTML and stay as they are. Only the ``<`` that opens each raw HTML
+    run (an inline tag, a line of an HTML block) is escaped, then the text is parsed again: an HTML
+    block read as a paragraph can show inline HTML and code of its own, and a ``<`` inside that code
+    (``sort < in.txt`` in a fence within ``<details>``) stays as written (found by a review)."""
     for _pass in range(8):
         if "<" not in markdown:
             return markdown
         source = markdown.encode()
         spots = sorted({at for payload, where in pyromark.events_with_range(markdown, options=_PARSE_OPTIONS)
                         if isinstance(payload, dict) and ("InlineHtml" in payload or "Html" in payload)
-                        for at in range(where["start"], where["end"]) if source[at] == 0x3C})  # "<"
+                        and source[at := _first_non_blank(source, where["start"], where["end"])] == 0x3C})  # "<"
         if not spots:
             return markdown
         pieces, last = [], 0
@@ -115,6 +117,14 @@ def literal_html(markdown: str) -> str:
             last = at
         markdown = b"".join([*pieces, source[last:]]).decode()
     return markdown
+
+
+def _first_non_blank(source: bytes, start: int, end: int) -> int:
+    """The first byte of ``source[start:end]`` that is no space or tab (``start`` if none)."""
+    at = start
+    while at < end - 1 and source[at] in (0x20, 0x09):
+        at += 1
+    return at
 
 
 def render_markdown(markdown: str) -> tuple[str, list[Entity]]:
