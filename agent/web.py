@@ -110,7 +110,7 @@ class WebFetcher:
         client = await self._client()
         async with open_url(client, url, self._guard, max_redirects=self._max_redirects) as response:
             final_url = str(response.url) if response.url != requested else None
-            body = await response.content.read(self._max_bytes + 1)
+            body = await _read_at_most(response.content, self._max_bytes + 1)
             truncated = len(body) > self._max_bytes
             charset = response.charset or "utf-8"
             raw = body[: self._max_bytes].decode(charset, errors="replace")
@@ -145,3 +145,17 @@ class WebFetcher:
             side_effect="read",
             idempotent=True,
         )
+
+
+async def _read_at_most(stream: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body's first ``limit`` bytes (all of it when shorter), read until EOF or ``limit``.
+    ``StreamReader.read(n)`` returns what is buffered, as little as one chunk of a page streamed
+    in many (found by a review: 1 line of 20 with no truncation marker)."""
+    chunks, size = [], 0
+    while size < limit:
+        chunk = await stream.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)

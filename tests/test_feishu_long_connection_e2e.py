@@ -8,7 +8,10 @@ from __future__ import annotations
 import itertools
 import threading
 
+from aiohttp import web
+
 from adapters.feishu.adapter import FeishuAdapter
+from adapters.feishu.long_connection import LongConnection
 from gateway.app.gateway import Gateway
 from tests.conftest import FEISHU_APP, gateway_config
 from tests.fakes import openai as oa
@@ -84,3 +87,42 @@ async def test_an_unreachable_feishu_blocks_neither_start_up_nor_shutdown(tmp_pa
         assert ws_threads() == []  # the pending attempt was abandoned and the thread ended
     finally:
         fake_feishu.ws_endpoint_hangs = 0
+
+
+async def test_the_app_secret_follows_no_redirect():
+    """The endpoint bootstrap POSTs the app secret; a 307 from ``feishu.domain`` made aiohttp send
+    the same body to whatever host it named (found by a review). A redirect is a failed attempt."""
+    received: list[bytes] = []
+    redirected: list[str] = []
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.json_response({"code": 0, "data": {"URL": "ws://127.0.0.2:1/ws"}})
+
+    async def moved(request: web.Request) -> web.Response:
+        redirected.append(request.path)
+        raise web.HTTPTemporaryRedirect(f"http://127.0.0.2:{other_port}{request.path}")
+
+    other, other_port = await _serve(elsewhere, "127.0.0.2")
+    origin, origin_port = await _serve(moved, "127.0.0.1")
+    connection = LongConnection(app_id="cli_x", app_secret="APP-SECRET-123456", domain=f"http://127.0.0.1:{origin_port}",
+                                on_payload=lambda payload: None, connect_timeout_s=1.0, backoff_initial_s=0.1,
+                                backoff_max_s=0.2)
+    try:
+        connection.start()
+        await wait_until(lambda: len(redirected) >= 2, timeout=10, what="two attempts")
+        assert received == [] and not connection.connected.is_set()
+    finally:
+        await connection.stop()
+        await other.cleanup()
+        await origin.cleanup()
+
+
+async def _serve(handler, host: str) -> tuple[web.AppRunner, int]:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

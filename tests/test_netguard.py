@@ -144,6 +144,17 @@ def test_a_cookie_set_for_one_fetch_never_goes_out_with_the_next(fake_openai, br
     assert '"Cookie": null' in echoed and "user-one-session-cookie" not in echoed
 
 
+def test_a_page_sent_in_many_chunks_is_read_whole(fake_openai, bridge, public):
+    """``StreamReader.read(n)`` returns what is buffered: the model was given the first line of a
+    page streamed in 20, with no truncation marker (found by a review)."""
+    result = fetch_in_a_turn(fake_openai, bridge, guarded(bridge), f"http://public.test:{public.port}/streamed")
+    assert all(f"line {n:02d} " in result for n in range(1, 21)), result[:400]
+    capped = WebFetcher(bridge, guard=NetGuard(allow=[PUBLIC_NETWORK], resolver=FakeResolver()), timeout_s=10,
+                        max_bytes=1000)
+    result = fetch_in_a_turn(fake_openai, bridge, capped, f"http://public.test:{public.port}/streamed")
+    assert "line 04 " in result and "line 05 " not in result, result[:400]
+
+
 def test_allow_private_still_reaches_loopback_through_redirects(fake_openai, bridge, internal, public):
     fetcher = WebFetcher(bridge, guard=NetGuard(allow_private=True, resolver=FakeResolver()), timeout_s=10)
     result = fetch_in_a_turn(fake_openai, bridge, fetcher,

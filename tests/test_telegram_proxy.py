@@ -4,10 +4,13 @@ fake Bot API on loopback."""
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 from aiohttp import web
 from telegram import Bot
+from telegram.error import NetworkError
 
 from adapters.telegram.request import AiohttpRequest
 from tests.fakes.telegram import FakeTelegram
@@ -79,3 +82,40 @@ async def test_proxy_choice_per_scheme_and_host(monkeypatch):
     monkeypatch.setenv("ALL_PROXY", "socks5://ignored.example:1080")
     assert request.proxy("https://api.telegram.org/x") == "http://proxy.example:3128"  # read once, kept
     await request.shutdown()
+
+
+async def _refusing_proxy() -> tuple[asyncio.Server, str]:
+    """An HTTPS proxy that answers every CONNECT ``503`` (squid when the upstream is unreachable)."""
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://proxyuser:proxypass@127.0.0.1:{port}"
+
+
+@pytest.mark.asyncio
+async def test_a_refusing_proxy_is_named_without_its_password_or_the_token(monkeypatch):
+    """aiohttp's ``ClientHttpProxyError`` text carries the proxy URL with its password; that text
+    became the delivery's stored error, a report's failure notice and the admin page (found by a
+    review). The error names the failure, never the password or the bot token."""
+    server, proxy = await _refusing_proxy()
+    token = "123456789:AAHfake-token-for-the-proxy-test_0123456"
+    try:
+        for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTPS_PROXY", proxy)
+        bot = Bot(token, request=AiohttpRequest(), get_updates_request=AiohttpRequest())
+        with pytest.raises(NetworkError) as raised:
+            async with bot:
+                await bot.get_me()
+        said = str(raised.value)
+        assert "503" in said and "ClientHttpProxyError" in said, said
+        assert "proxypass" not in said and "proxyuser" not in said and token.split(":")[1] not in said, said
+    finally:
+        server.close()
+        await server.wait_closed()

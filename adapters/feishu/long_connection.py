@@ -218,7 +218,7 @@ class LongConnection:
         assert self._client is not None
         async with aiohttp.ClientSession() as session, session.post(
                 self.domain + ENDPOINT_PATH, json={"AppID": self.app_id, "AppSecret": self._app_secret},
-                headers={"locale": "zh"}) as response:
+                headers={"locale": "zh"}, allow_redirects=False) as response:  # the secret goes nowhere else
             text, status = await response.text(), response.status
         try:
             endpoint = JSON.unmarshal(text, EndpointResp)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
@@ -117,4 +118,22 @@ class AiohttpRequest(BaseRequest):
         except TimeoutError as exc:
             raise TimedOut from exc
         except aiohttp.ClientError as exc:
-            raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+            raise NetworkError(describe(exc)) from exc
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+
+
+def describe(exc: aiohttp.ClientError) -> str:
+    """``exc`` as the text of a ``NetworkError`` (logged, and stored as a delivery's error, shown on
+    the admin pages and in a report's failure notice) without the URLs aiohttp's own text carries:
+    a proxy's with its password (``ClientHttpProxyError``: ``url='http://user:pass@proxy'``), a
+    request's with the bot token (``/bot<token>/sendMessage``). Found by a review."""
+    name = f"aiohttp.{type(exc).__name__}"
+    if isinstance(exc, aiohttp.ClientResponseError):  # ClientHttpProxyError among them
+        return f"{name}: {exc.status} {exc.message}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        why = exc.os_error.strerror or type(exc.os_error).__name__
+        return f"{name}: cannot connect to {exc.host}:{exc.port} ({why})"
+    text = _URL.sub("<url>", str(exc))
+    return f"{name}: {text}" if text else name

@@ -253,6 +253,7 @@ class Gateway:
             write_now=self.write_now, submit_db=self.submit_db,
             max_attempts=config.delivery.max_attempts, backoff_base_s=config.delivery.backoff_base_s,
             backoff_max_s=config.delivery.backoff_max_s, claim_s=config.delivery.claim_s, metrics=self.metrics,
+            redact=self.redact,
         )
         self.typing = TypingIndicators(self.adapters, lambda a: self.delivery.chat_waiting(a.platform, a.tenant,
                                                                                          a.chat_id))

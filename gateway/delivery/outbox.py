@@ -58,8 +58,12 @@ class Delivery:
                  backoff_max_s: float = 300.0, claim_s: float = 30.0, poll_s: float = 2.0,
                  metrics: GatewayMetrics | None = None,
                  write_now: Callable[..., tuple[bool, Any]] | None = None,
-                 submit_db: Callable[..., asyncio.Future[Any]] | None = None) -> None:
+                 submit_db: Callable[..., asyncio.Future[Any]] | None = None,
+                 redact: Callable[[str], str] = lambda text: text) -> None:
         self.store = store
+        self.redact = redact
+        """Applied to an adapter's error before it is stored (``outbox.error``, then a report run's
+        error, its failure notice and the admin pages): no secret an exception's text carried."""
         self.metrics = metrics or GatewayMetrics()
         self.adapters = adapters
         self.instance_id = instance_id
@@ -251,6 +255,7 @@ class Delivery:
         else:
             ok, ids = result.ok, result.platform_message_ids
             retryable, retry_after, error = result.retryable, result.retry_after, result.error
+            error = self.redact(error) if error else error
         chat = (message.address.platform, message.address.tenant, message.address.chat_id)
         self._waiting.pop(chat, None)
         sent_ids = list(prior)

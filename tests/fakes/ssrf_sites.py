@@ -7,6 +7,7 @@ The public site binds 127.10.0.1, which the guard under test is told to treat as
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from typing import Any
 from urllib.parse import quote
@@ -47,7 +48,8 @@ class PublicSite(ThreadedServer):
     """``/to?u=URL`` redirects (302) to URL; ``/hop2?u=URL`` redirects to ``/to?u=URL`` (two hops);
     ``/loop?n=N`` redirects N more times; ``/page`` is a plain page; ``/embeds?port=P`` loads an
     image, frames and a ``fetch`` from the internal server on port P; ``/headers`` echoes the
-    credentials it received; ``/setcookie`` sets a session cookie; ``/secret`` is a 404 here."""
+    credentials it received; ``/setcookie`` sets a session cookie; ``/streamed`` sends 20 lines
+    10 ms apart; ``/secret`` is a 404 here."""
 
     host = PUBLIC_IP
 
@@ -83,10 +85,19 @@ class PublicSite(ThreadedServer):
             response.set_cookie("sid", "user-one-session-cookie")
             return response
 
+        async def streamed(request: web.Request) -> web.StreamResponse:
+            response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+            await response.prepare(request)
+            for n in range(1, 21):  # sent as a server streams a page it renders: line by line
+                await response.write(f"line {n:02d} {'x' * 290}\n".encode())
+                await asyncio.sleep(0.01)
+            await response.write_eof()
+            return response
+
         app = web.Application()
         app.add_routes([web.get("/to", to), web.get("/hop2", hop2), web.get("/loop", loop), web.get("/page", page),
                         web.get("/embeds", embeds), web.get("/headers", headers),
-                        web.get("/setcookie", set_cookie)])
+                        web.get("/setcookie", set_cookie), web.get("/streamed", streamed)])
         return app
 
 
