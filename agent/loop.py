@@ -50,6 +50,8 @@ any; on the turn's last message ``stop_reason``, ``steps``, ``turn_cost_usd``, `
 INTERRUPTED = "Error: this tool call was interrupted (the gateway restarted) before it returned a result."
 
 log = logging.getLogger("agent.loop")
+UNKNOWN_TOOL = "unknown"
+"""``tool_results``' name of a call to a tool that does not exist (the metrics' ``tool`` label)."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,9 @@ def run_turn(
         _add_budget_note(results, budget)
         for result in results:
             outcome.tool_runs[result.name] += result.ran
-            outcome.tool_results[(result.name, result.status)] += 1
+            # a name the model made up is counted as "unknown": each would be a metrics series for ever
+            outcome.tool_results[(result.name if tools.get(result.name) is not None else UNKNOWN_TOOL,
+                                  result.status)] += 1
             messages.append(result.message)
             record(result.message, None, None)
         pending = _repeated(results, repeats, limits.repeat_limit)

@@ -62,6 +62,21 @@ NAT; a fresh cookie per request gets no more than this)."""
 MAX_STREAMS_PER_USER = 8
 """Open event streams one web user may hold (tabs, devices); a further one gets 429 (the page
 retries it, so it comes in once another tab closes)."""
+MAX_ROW_ID = 2**63 - 1
+UPLOADS_IN_FLIGHT_PER_USER = 2
+"""Uploads one browser may have under way at once (the page sends its files one by one)."""
+UPLOADS_IN_FLIGHT_PER_ADDRESS = 4
+UPLOADS_IN_FLIGHT = 4
+"""Uploads under way at once in this process, everyone together: each is held in memory until it is
+whole (at most ``media.upload_max_mb``), so this bounds what bodies trickled slowly can pin. A
+further one gets 503 with ``Retry-After`` (the page sends it again)."""
+DOWNLOADS_PER_USER = 6
+"""File responses one browser may be receiving at once (a browser opens six connections per host)."""
+SEND_STALL_S = 60.0
+"""A file response whose reader takes nothing for this long is cut and its connection closed
+(nginx's ``send_timeout``: between two successive writes), so a reader that never reads holds
+neither the file's bytes nor the connection."""
+SEND_CHUNK = 256 * 1024
 MAX_FILE_BYTES = 100 * MB
 """Largest file the agent may send into the web chat (served from the blob store)."""
 SENT_FILE_PATH = "/web/files/{sha256}/{name}"
@@ -105,6 +120,8 @@ class WebAdapter:
         self._sink: InboundSink | None = None
         self._reader: ConversationReader | None = None
         self._listeners: dict[str, set[asyncio.Queue[dict[str, Any] | None]]] = {}
+        self._uploading: Counter[str] = Counter()  # uploads under way by user and by address
+        self._downloading: Counter[str] = Counter()  # file responses under way by user
 
     def bind_blobs(self, blobs: BlobStore, media: Any) -> None:
         """Where uploads are stored (the gateway's blob store) and their limit (``media.upload_max_mb``)."""
@@ -180,15 +197,23 @@ class WebAdapter:
         claim = _file_claim(user_id, sha, mime, name)
         if not self._file_signer.verify_signature(claim, request.query.get("sig", "").encode()):
             return _error(403, "this file link is not yours")
-        data = await self._files.read(sha) if self._files is not None else None
-        if data is None:
-            return _error(404, "this file is no longer stored")
-        inline = mime in INLINE_IMAGE_TYPES
-        disposition = "inline" if inline else "attachment"
-        headers = {"Content-Disposition": f"{disposition}; filename*=UTF-8''{quote(name, safe='')}",
-                   "X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'; sandbox",
-                   "Cache-Control": "private, max-age=3600", "Referrer-Policy": "no-referrer"}
-        return web.Response(body=data, content_type=mime if inline else "application/octet-stream", headers=headers)
+        if self._downloading[user_id] >= DOWNLOADS_PER_USER:
+            return _error(429, f"too many files downloading at once (at most {DOWNLOADS_PER_USER})",
+                          headers={"Retry-After": "5"})
+        self._downloading[user_id] += 1
+        try:
+            data = await self._files.read(sha) if self._files is not None else None
+            if data is None:
+                return _error(404, "this file is no longer stored")
+            inline = mime in INLINE_IMAGE_TYPES
+            disposition = "inline" if inline else "attachment"
+            headers = {"Content-Disposition": f"{disposition}; filename*=UTF-8''{quote(name, safe='')}",
+                       "X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'; sandbox",
+                       "Cache-Control": "private, max-age=3600", "Referrer-Policy": "no-referrer",
+                       "Content-Type": mime if inline else "application/octet-stream"}
+            return await _send_bytes(request, data, headers)
+        finally:
+            self._release(self._downloading, user_id)
 
     def _files_html(self, user_id: str, attachments: list[dict[str, Any]]) -> str:
         return "".join(attachment_html(a, self.file_url(user_id, a)) for a in attachments if a.get("sha256"))
@@ -222,10 +247,10 @@ class WebAdapter:
             return _error(415, f"Content-Type must be application/json, not {request.content_type!r}")
         try:  # decoded with the Content-Type's charset (the page sends UTF-8)
             body = load_json((await request.read()).decode(request.charset or "utf-8"))
-        except (LookupError, UnicodeEncodeError):
-            return _error(400, f"unknown charset {request.charset!r}: send UTF-8 JSON")
         except (UnreadableBody, UnicodeDecodeError):
             return _error(400, "the request body is not JSON")
+        except (LookupError, UnicodeError):  # unknown, or a codec that is no text encoding (punycode)
+            return _error(400, f"unknown charset {request.charset!r}: send UTF-8 JSON")
         try:
             message = message_from_post(body, user_id, check=self._ticket_ok,
                                         language=accept_language(request.headers.get("Accept-Language")))
@@ -255,19 +280,34 @@ class WebAdapter:
             return _error(413, f"the file is too big ({request.content_length / 1e6:.1f} MB); "
                                f"the web chat takes files up to {limit / 1e6:g} MB")
         address = client_address(request, self._proxies)
-        if (refused := self._over_quota(user_id, address, request.content_length or 1)) is not None:
+        # Counted when it starts, at its declared size (a chunked body: the most it may be), so
+        # uploads sent together cannot pass the quota together (found by a review).
+        declared = max(1, request.content_length if request.content_length is not None else limit)
+        if (refused := self._over_quota(user_id, address, declared)) is not None:
             return refused
-        data = bytearray()
-        async for chunk in request.content.iter_chunked(64 * 1024):
-            data += chunk
-            if len(data) > limit:
-                return _error(413, f"the file is too big; the web chat takes files up to {limit / 1e6:g} MB")
+        if self._uploading[user_id] >= UPLOADS_IN_FLIGHT_PER_USER \
+                or self._uploading[f"@{address}"] >= UPLOADS_IN_FLIGHT_PER_ADDRESS:
+            return _error(429, "too many uploads under way from this browser or address; send one at a time",
+                          headers={"Retry-After": "5"})
+        if self._uploading[""] >= UPLOADS_IN_FLIGHT:
+            return _error(503, "the chat is busy receiving other files; sending again shortly",
+                          headers={"Retry-After": "2"})
+        self._uploads.add(user_id, declared)
+        self._address_uploads.add(address, declared)
+        held = (user_id, f"@{address}", "")
+        for key in held:
+            self._uploading[key] += 1
+        try:
+            data = bytearray()
+            async for chunk in request.content.iter_chunked(64 * 1024):
+                data += chunk
+                if len(data) > limit:
+                    return _error(413, f"the file is too big; the web chat takes files up to {limit / 1e6:g} MB")
+        finally:
+            for key in held:
+                self._release(self._uploading, key)
         if not data:
             return _error(400, "the file is empty")
-        if request.content_length is None and (refused := self._over_quota(user_id, address, len(data))) is not None:
-            return refused  # a chunked body: its size is known only now
-        self._uploads.add(user_id, len(data))
-        self._address_uploads.add(address, len(data))
         mime = (request.content_type or "application/octet-stream").lower()
         if mime in ("application/x-www-form-urlencoded", "multipart/form-data") or not MEDIA_TYPE.fullmatch(mime):
             mime = "application/octet-stream"
@@ -275,6 +315,12 @@ class WebAdapter:
         ref = await asyncio.to_thread(self._blobs.put, bytes(data), mime)
         return web.json_response({"ok": True, "file": {"sha256": ref.sha256, "ticket": self.ticket(user_id, ref.sha256),
                                                        "name": name, "mime_type": mime, "size": ref.size}})
+
+    @staticmethod
+    def _release(counts: Counter[str], key: str) -> None:
+        counts[key] -= 1
+        if counts[key] <= 0:
+            del counts[key]
 
     def _over_quota(self, user_id: str, address: str, size: int) -> web.Response | None:
         """429 (with ``Retry-After``) when ``user_id``, or anyone at ``address``, may not upload
@@ -294,15 +340,22 @@ class WebAdapter:
         sha = request.match_info["sha256"]
         if user_id is None or self._blobs is None or not self._ticket_ok(user_id, sha, request.query.get("t", "")):
             return _error(404, "no such file")
+        if self._downloading[user_id] >= DOWNLOADS_PER_USER:
+            return _error(429, f"too many files downloading at once (at most {DOWNLOADS_PER_USER})",
+                          headers={"Retry-After": "5"})
+        self._downloading[user_id] += 1
         try:
-            data = await asyncio.to_thread(self._blobs.get, sha)
-        except BlobMissing:
-            return _error(404, "the file is no longer stored")
-        kind = _image_type(data)
-        return web.Response(body=data, content_type=kind or "application/octet-stream",
-                            headers={"Cache-Control": "private, max-age=86400", "X-Content-Type-Options": "nosniff",
-                                     "Content-Security-Policy": "default-src 'none'",
-                                     **({} if kind else {"Content-Disposition": "attachment"})})
+            try:
+                data = await asyncio.to_thread(self._blobs.get, sha)
+            except BlobMissing:
+                return _error(404, "the file is no longer stored")
+            kind = _image_type(data)
+            return await _send_bytes(request, data, {
+                "Content-Type": kind or "application/octet-stream", "Cache-Control": "private, max-age=86400",
+                "X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'",
+                **({} if kind else {"Content-Disposition": "attachment"})})
+        finally:
+            self._release(self._downloading, user_id)
 
     def _files_of(self, user_id: str, row: dict[str, Any]) -> list[dict[str, Any]]:
         """What the page shows of a row's files: name, kind, size and, for images, a URL of the rendition."""
@@ -322,6 +375,8 @@ class WebAdapter:
         try:
             after = max(0, int(request.query.get("after", "0")))
         except ValueError:
+            return _error(400, "after must be a message id")
+        if after > MAX_ROW_ID:  # SQLite's integers end there (an OverflowError once the stream began)
             return _error(400, "after must be a message id")
         known = request.query.get("session") or None
         address = client_address(request, self._proxies)
@@ -477,3 +532,24 @@ def _error(status: int, text: str, headers: dict[str, str] | None = None) -> web
 def _page_headers() -> dict[str, str]:
     return {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
             "Cache-Control": "no-cache"}
+
+
+async def _send_bytes(request: web.Request, data: bytes, headers: dict[str, str]) -> web.StreamResponse:
+    """``data`` as the response, written ``SEND_CHUNK`` bytes at a time; a reader that takes none of
+    a chunk for ``SEND_STALL_S`` gets its connection closed (aiohttp has no send timeout, and the
+    keep-alive timeout does not count while a response is written: a reader that never read held
+    the whole file in the connection's buffer for ever; found by a review)."""
+    response = web.StreamResponse(headers=headers)
+    response.content_length = len(data)
+    await response.prepare(request)
+    view = memoryview(data)
+    try:
+        for start in range(0, len(view), SEND_CHUNK):
+            async with asyncio.timeout(SEND_STALL_S):
+                await response.write(view[start:start + SEND_CHUNK])  # waits while the reader's buffer is full
+        await response.write_eof()
+    except TimeoutError:
+        log.info("GET %s: the reader took nothing for %.0f s; connection closed", request.path, SEND_STALL_S)
+        if request.transport is not None:
+            request.transport.abort()
+    return response

@@ -446,7 +446,7 @@ class Gateway:
             routes += admin_routes(self)
             app = build_app(routes, self._ready, self._metrics, CONTENT_TYPE, accepting=lambda: self.started,
                             instance=self.instance_id, body_timeout_s=self.config.http.body_timeout_s,
-                            body_min_rate=self.config.http.body_min_rate)
+                            body_min_rate=self.config.http.body_min_rate, body_max_s=self.config.http.body_max_s)
             # A connection that has not sent a whole request within idle_timeout_s (from its start, or
             # since its last response) is closed: aiohttp's default, an hour, let a client holding
             # idle sockets use up the process's file descriptors (every endpoint then went dark).

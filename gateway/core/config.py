@@ -74,7 +74,11 @@ class HttpConfig(_Section):
     one second per ``body_min_rate`` bytes received (Apache ``mod_reqtimeout``'s
     ``body=20,MinRate=500``); a body trickled slower is answered 408 and its connection closed."""
     body_min_rate: float = Field(default=500.0, gt=0)
-    """Bytes per second that extend ``body_timeout_s`` (a slow but steady upload is never cut)."""
+    """Bytes per second that extend ``body_timeout_s``, up to ``body_max_s``."""
+    body_max_s: float = Field(default=600.0, gt=0)
+    """The longest any request's body may take to arrive, however steadily it comes (Apache
+    ``mod_reqtimeout``'s ``body=20-600``): a 20 MB upload must come at 35 KB/s or more. Without it,
+    20 MB trickled at the minimum rate held memory and a connection for 11 hours."""
     reuse_port: bool = False
     """Listen with ``SO_REUSEPORT``: several processes on one host share ``port`` and the kernel
     spreads connections over them (set for each worker of ``gateway run --workers N``; set it

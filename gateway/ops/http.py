@@ -21,7 +21,8 @@ NOT_READY_RETRY_AFTER_S = 5
 def build_app(routes: list[web.RouteDef], ready: Callable[[], Awaitable[bool]],
               metrics: Callable[[], Awaitable[bytes]], metrics_type: str = "text/plain", *,
               accepting: Callable[[], bool] = lambda: True, instance: str | None = None,
-              body_timeout_s: float = 20.0, body_min_rate: float = 500.0) -> web.Application:
+              body_timeout_s: float = 20.0, body_min_rate: float = 500.0,
+              body_max_s: float = 600.0) -> web.Application:
     """``/healthz`` (liveness: the process serves HTTP), ``/readyz`` (200 while ``ready()``: the
     database answers and every adapter has started; 503 otherwise), ``/metrics`` (Prometheus
     text) plus the adapters' webhook ``routes``. Request bodies are capped at 1 MiB. ``/readyz``
@@ -37,9 +38,10 @@ def build_app(routes: list[web.RouteDef], ready: Callable[[], Awaitable[bool]],
 
     Body deadline (``body_deadline``): a request whose body has not arrived whole
     ``body_timeout_s`` seconds after its handler started, plus one second per ``body_min_rate``
-    bytes received (Apache ``mod_reqtimeout``'s ``body=20,MinRate=500``), is answered ``408`` and its
-    connection closed: a body trickled byte by byte would otherwise hold its connection (and a file
-    descriptor) for ever, since aiohttp's keep-alive timeout stops counting once a request began.
+    bytes received, at most ``body_max_s`` (Apache ``mod_reqtimeout``'s ``body=20-600,MinRate=500``),
+    is answered ``408`` and its connection closed: a body trickled byte by byte would otherwise hold
+    its connection (and a file descriptor) for ever, since aiohttp's keep-alive timeout stops
+    counting once a request began.
     A body that came with its headers (every webhook) costs no watch.
     """
 
@@ -50,7 +52,7 @@ def build_app(routes: list[web.RouteDef], ready: Callable[[], Awaitable[bool]],
             return await handler(request)
         task = asyncio.current_task()
         assert task is not None
-        watch = asyncio.create_task(_watch_body(request, task, body_timeout_s, body_min_rate))
+        watch = asyncio.create_task(_watch_body(request, task, body_timeout_s, body_min_rate, body_max_s))
         try:
             return await handler(request)
         except asyncio.CancelledError:
@@ -94,15 +96,16 @@ def build_app(routes: list[web.RouteDef], ready: Callable[[], Awaitable[bool]],
     return app
 
 
-async def _watch_body(request: web.Request, handler: asyncio.Task[object], timeout_s: float, min_rate: float) -> bool:
+async def _watch_body(request: web.Request, handler: asyncio.Task[object], timeout_s: float, min_rate: float,
+                      max_s: float = 600.0) -> bool:
     """Cancels ``handler`` (and returns ``True``) once ``request``'s body is late: not whole
-    ``timeout_s`` seconds after the watch began plus one second per ``min_rate`` bytes received;
-    returns ``False`` as soon as the body is whole."""
+    ``timeout_s`` seconds after the watch began plus one second per ``min_rate`` bytes received,
+    or ``max_s`` seconds after it began; returns ``False`` as soon as the body is whole."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     content = request.content
     while not content.is_eof():
-        late = started + timeout_s + content.total_bytes / min_rate - loop.time()
+        late = started + min(timeout_s + content.total_bytes / min_rate, max_s) - loop.time()
         if late <= 0:
             log.info("%s %s: the body arrived slower than %g bytes/s (%d bytes in %.0f s); connection closed",
                      request.method, request.path, min_rate, content.total_bytes, loop.time() - started)
