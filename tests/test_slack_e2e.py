@@ -297,3 +297,38 @@ async def test_event_is_not_acknowledged_until_stored(tmp_path, fake_slack, fake
     assert again.status == 200
     await wait_until(lambda: len(posts(fake_slack, since, DM)) == 1, what="reply after redelivery")
     assert posts(fake_slack, since, DM)[0].params["text"] == "stored at last"
+
+
+async def test_a_failing_auth_test_after_start_loses_no_event(tmp_path, fake_slack, fake_openai, running):
+    """Bolt's own authorization called ``auth.test`` again on a process's first request and, when
+    Slack answered it 5xx or 429, acknowledged the event with a "reinstall" text and stored nothing
+    (over HTTP and Socket Mode; found by a review). The identity read at start serves every request."""
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("still here")
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_slack=fake_slack), running)
+    tests_before = len(fake_slack.calls("auth.test"))
+    fake_slack.fail_next("auth.test", "internal_error", status=500)
+    try:
+        delivery = await fake_slack.post_event(events_url(gateway), message("anyone home?", "1735690400.000100"))
+        assert delivery.status == 200 and inbox_total(gateway) == 1
+        await fake_slack.wait_for_call("chat.postMessage", lambda c: c.params["text"] == "still here", timeout=10)
+        assert len(fake_slack.calls("auth.test")) == tests_before  # no call on the request's way
+    finally:
+        fake_slack.clear_faults("auth.test")
+
+
+async def test_a_failing_auth_test_after_start_loses_no_socket_mode_event(tmp_path, fake_slack, fake_openai, running):
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("socket still here")
+    config = gateway_config(tmp_path, fake_openai, fake_slack=fake_slack, slack={"mode": "socket"})
+    gateway = await start_gateway(config, running)
+    await wait_until(lambda: fake_slack.socket_clients == 1, what="socket connection")
+    fake_slack.fail_next("auth.test", "ratelimited", retry_after=1)
+    try:
+        envelope_id = fake_slack.push(event=message("over the socket?", "1735690500.000100"))
+        assert await fake_slack.wait_for_ack(envelope_id) == {"envelope_id": envelope_id}
+        await wait_until(lambda: inbox_total(gateway) == 1, what="the event stored")
+        await fake_slack.wait_for_call("chat.postMessage", lambda c: c.params["text"] == "socket still here",
+                                       timeout=10)
+    finally:
+        fake_slack.clear_faults("auth.test")

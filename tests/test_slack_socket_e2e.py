@@ -56,3 +56,25 @@ async def test_disconnect_and_dropped_socket_reconnect_and_lose_nothing(tmp_path
 
     assert replies(fake_slack, since) == ["re: one", "re: two", "re: three"]  # each once, in order
     assert len(fake_openai.requests) == 3 and gateway.store.count_inbox("done") == 3
+
+
+async def test_interactions_that_are_not_the_gateways_are_acknowledged(tmp_path, fake_slack, fake_openai, running):
+    """A modal's submission and a press of another app's button, over Socket Mode: acknowledged
+    (Bolt answered them 404 and never acked, so Slack showed the user an error; over HTTP they got
+    200 already). Found by a review."""
+    fake_openai.reset()
+    config = gateway_config(tmp_path, fake_openai, fake_slack=fake_slack, slack={"mode": "socket"})
+    gateway = await start_gateway(config, running)
+    await wait_until(lambda: fake_slack.socket_clients == 1, what="socket connection")
+    team, user = {"id": fake_slack.team_id}, {"id": "U0ALICE001"}
+    submission = fake_slack.push({"envelope_id": "env-view", "type": "interactive", "accepts_response_payload": False,
+                                  "payload": {"type": "view_submission", "team": team, "user": user,
+                                              "view": {"id": "V1", "type": "modal", "callback_id": "x",
+                                                       "state": {"values": {}}}}})
+    foreign = fake_slack.push({"envelope_id": "env-foreign", "type": "interactive", "accepts_response_payload": False,
+                               "payload": {"type": "block_actions", "team": team, "user": user,
+                                           "actions": [{"action_id": "someone_elses_button", "value": "1",
+                                                        "type": "button"}]}})
+    assert await fake_slack.wait_for_ack(submission) == {"envelope_id": "env-view"}
+    assert await fake_slack.wait_for_ack(foreign) == {"envelope_id": "env-foreign"}
+    assert sum(gateway.store.count_inbox(s) for s in ("pending", "done", "failed")) == 0

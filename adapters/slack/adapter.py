@@ -34,6 +34,7 @@ import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError
 from slack_sdk.socket_mode.request import SocketModeRequest
@@ -234,13 +235,21 @@ class _UnusedTokenNotice(logging.Filter):
 class _CheckedSocketModeHandler(AsyncSocketModeHandler):
     """Bolt's Socket Mode handler behind the checks the HTTP path makes: a frame whose payload has
     the wrong JSON types (which Bolt's middleware would fail on, leaving the frame unacknowledged
-    and redelivered) is acknowledged, logged once at WARNING and dropped."""
+    and redelivered) is acknowledged, logged once at WARNING and dropped; an interaction that is not
+    the gateway's (a modal's submission, another app's button: ``_interaction_unhandled``) is
+    acknowledged and dropped, as over HTTP (Bolt answered it 404 and left it unacknowledged, and
+    Slack showed the user an error; found by a review)."""
 
     async def handle(self, client: Any, req: SocketModeRequest) -> None:
         check = {"events_api": envelope_problem, "interactive": interaction_problem,
                  "slash_commands": slash_command_problem}.get(req.type)
         payload = req.payload if isinstance(req.payload, dict) else None
         problem = None if check is None else "payload is not an object" if payload is None else check(payload)
+        if problem is None and req.type == "interactive" and payload is not None \
+                and (unhandled := _interaction_unhandled(payload)) is not None:
+            log.debug("slack interaction not the gateway's (%s); acknowledged", unhandled)
+            await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+            return
         if problem is None:
             await super().handle(client, req)
             return
@@ -329,12 +338,25 @@ class SlackAdapter:
         self.app = self._build_app()
 
     # -- lifecycle ---------------------------------------------------------------------------
+    async def _authorize(self) -> AuthorizeResult:
+        """Bolt's authorization of each request, from the identity ``start`` read (``auth.test``).
+        Bolt's own single-workspace authorization calls ``auth.test`` again on a process's first
+        request and, when that call fails (a Slack 5xx, a 429), answers 200 with a "reinstall" text
+        and runs no listener: the event was acknowledged and lost, over HTTP and Socket Mode alike
+        (found by a review). ``start`` runs before any request is served (the readiness gate)."""
+        identity = self._identity
+        if identity is None:
+            raise RuntimeError("slack request before start(): the readiness gate should have answered 503")
+        return AuthorizeResult(enterprise_id=None, team_id=identity.team_id, bot_user_id=identity.user_id,
+                               bot_id=identity.bot_id, bot_token=self.client.token)
+
     def _build_app(self) -> AsyncApp:
         bolt_log = logging.getLogger("adapters.slack.bolt")
         if not any(isinstance(f, _UnusedTokenNotice) for f in bolt_log.filters):
             bolt_log.addFilter(_UnusedTokenNotice())
         app = AsyncApp(client=self.client, signing_secret=self._signing_secret or "socket-mode-unused",
                        process_before_response=True, logger=bolt_log,
+                       authorize=lambda **_: self._authorize(),  # Bolt passes what the names ask for
                        request_verification_enabled=self.mode == "events")
 
         async def on_message_event(body: dict[str, Any]) -> None:

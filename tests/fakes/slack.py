@@ -256,6 +256,12 @@ class FakeSlack(ThreadedServer):
             queue.extend([None] * after)
             queue.append(SlackError(error, status, headers))
 
+    def clear_faults(self, method: str) -> int:
+        """Drops the errors still queued for ``method`` (a test that expected no such call leaves
+        none for the next); returns how many there were."""
+        with self._lock:
+            return len(self._faults.pop(method, ()))
+
     def envelope(self, event: JSON, event_id: str | None = None) -> JSON:
         """Wraps ``event`` in an ``event_callback`` envelope for this app."""
         n = next(self._envelopes)
