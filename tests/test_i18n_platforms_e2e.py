@@ -80,3 +80,25 @@ async def test_a_slack_slash_command_is_answered_in_the_users_locale(tmp_path, f
     assert delivery.status == 200
     await wait_until(lambda: fake_slack.ephemeral[shown:], what="the ephemeral answer")
     assert [a["text"] for a in fake_slack.ephemeral[shown:]] == [NOTHING_TO_STOP_ZH]
+
+
+async def test_a_redelivered_language_choice_does_not_undo_a_later_one(tmp_path, fake_feishu, fake_openai, running):
+    """``/language en`` stored but its 200 lost: Feishu pushes it again (15 s, 5 min, 1 h, 6 h
+    later). By then the user chose ``zh``; the redelivery is a duplicate and changes nothing (the
+    choice was applied before the duplicate was found; found by a review)."""
+    fake_feishu.reset()
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu), running)
+    url = f"http://127.0.0.1:{gateway.http_port}/feishu/events"
+    chat = "oc_fakep2p000000000000000000000002"
+
+    def texts() -> list[str]:
+        return [json.dumps(m["content"], ensure_ascii=False) for m in fake_feishu.sent(chat)]
+
+    first = fake_feishu.text_event("/language en", chat_id=chat)
+    assert (await fake_feishu.post_event(url, first))[0] == 200
+    assert (await fake_feishu.post_event(url, fake_feishu.text_event("/language zh", chat_id=chat)))[0] == 200
+    assert (await fake_feishu.post_event(url, first))[0] == 200  # the same event_id again
+    assert gateway.duplicates == 1
+    assert (await fake_feishu.post_event(url, fake_feishu.text_event("/stop", chat_id=chat)))[0] == 200
+    await wait_until(lambda: len(texts()) == 3, what="two choices answered and /stop")
+    assert NOTHING_TO_STOP_ZH in texts()[2]

@@ -338,6 +338,8 @@ class Inbound:
                 self.approvals, command, message.text, user_id, is_admin(message, access), self.trusted(message))))
             return await self._answer_now(message, key, user_id, text)
         if message.command == "language":  # a database write: answered at once, in the language chosen
+            if await self.run_db(self.store.received, message):
+                return False  # a redelivery: applied once (it would undo a later choice; found by a review)
             text = await self.run_db(language_reply, self.directory, message, user_id, self.config.i18n.default)
             return await self._answer_now(message, key, user_id, text)
         was_running = await self.run_db(self.store.lane_busy, key)

@@ -262,6 +262,14 @@ class Store(OutboxStore):
             return False
         return True
 
+    def received(self, message: InboundMessage) -> bool:
+        """Whether ``message`` (platform, tenant, message id) is in the inbox already: a platform's
+        redelivery, for commands whose effect comes before their row (``/language``)."""
+        with read_tx(self.engine) as conn:
+            return conn.execute(select(_inbox.c.id).where(
+                _inbox.c.platform == message.platform, _inbox.c.tenant == message.address.tenant,
+                _inbox.c.platform_message_id == storable_text(message.message_id))).first() is not None
+
     def insert_inbound_in(self, conn: Connection, message: InboundMessage, session_key: str, *,
                           cancel: str | None = None, control_reply: OutboundMessage | None = None,
                           user_id: str | None = None) -> None:
