@@ -225,11 +225,15 @@ class _FileGone(Exception):
 
 
 class _UnusedTokenNotice(logging.Filter):
-    """Drops Bolt's start-up warning that ``$SLACK_BOT_TOKEN`` is unused: ``AsyncApp`` reads that
-    variable by itself, and the adapter passes its own client (pointed at ``api_url``) instead."""
+    """Drops Bolt's start-up warnings that its ``token`` is unused: ``AsyncApp`` reads
+    ``$SLACK_BOT_TOKEN`` by itself and takes the passed client's token, while the adapter passes its
+    own client (pointed at ``api_url``) and its own ``authorize`` (which hands Bolt that token)."""
+
+    NOTICES = ("`token` will be unused", "`token` (or SLACK_BOT_TOKEN env variable) will be ignored")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "`token` will be unused" not in record.getMessage()
+        message = record.getMessage()
+        return not any(notice in message for notice in self.NOTICES)
 
 
 class _CheckedSocketModeHandler(AsyncSocketModeHandler):
