@@ -404,6 +404,14 @@ async def test_forget_acting_on_an_old_listing_never_deletes_a_newer_entry(tmp_p
     listing = texts(fake_telegram, user)[4]
     assert "1 in use, 0 superseded" in listing and f"#{badge.id} (fact" in listing and "floor 3" not in listing
 
+    # Not numbers the store reads: '²' passes str.isdigit and int() refused it; 2^70 overflows the
+    # column. Both failed the turn three times (a generic apology) before (found by a review).
+    for update_id, raw in ((9966, "²"), (9967, str(2 ** 70))):
+        fake_telegram.inject(tg_command(f"/forget {raw}", update_id, user))
+    await wait_until(lambda: len(sends_to(fake_telegram, user)) == 7, what="two bad /forget")
+    assert texts(fake_telegram, user)[5:] == ["Usage: /forget ID (the number after # in /memory)."] * 2
+    assert [m.text for m in gateway.memory.memories.entries(owner)] == ["My badge number is 5521"]
+
 
 async def test_memory_export_is_a_json_code_block_on_the_web_chat(tmp_path, fake_openai, running):
     from tests.web_client import WebClient

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gateway.scheduler.commands import split_schedule_args
-from gateway.scheduler.planner import JobError
+from gateway.scheduler.planner import JobError, JobPlanner
+from gateway.scheduler.store import JobStore
 from gateway.scheduler.triggers import (
     ScheduleError,
     build_trigger,
@@ -18,6 +19,7 @@ from gateway.scheduler.triggers import (
     parse_schedule,
     zone,
 )
+from gateway.store.db import create_db_engine
 
 WARSAW = "Europe/Warsaw"
 
@@ -138,3 +140,20 @@ def test_schedule_command_arguments(text, expected):
 def test_schedule_command_argument_errors(text, problem):
     with pytest.raises(JobError, match=problem):
         split_schedule_args(text)
+
+
+@pytest.mark.parametrize("text", [
+    "every 9999999999 d",  # past what a datetime holds
+    "at 0001-01-01 00:00",  # before year 1 in UTC, seen from a zone ahead of it
+    "at 9999-12-31 23:59",  # fine in Shanghai, its next fire check steps past year 9999
+    "0 9 * * ²", "0 9 * * 1/²", "0 9 * * ²-5", "² 9 * * *",  # isdigit() but not a number int() reads
+])
+def test_schedules_a_user_can_type_are_planned_or_refused_with_a_reason_never_a_crash(db_url, text):
+    """Each of these crashed /schedule (OverflowError or ValueError past the planner's ScheduleError
+    catch): the turn failed three times and the user got a generic apology (found by a review)."""
+    planner = JobPlanner(JobStore(create_db_engine(db_url)), platforms={"telegram"})
+    try:
+        planner.plan(schedule=text, timezone="Asia/Shanghai", prompt="Sales", target=None, requester=None,
+                     now=datetime(2026, 12, 1, tzinfo=UTC).timestamp())
+    except JobError as exc:
+        assert str(exc)

@@ -71,7 +71,7 @@ class MemoryCommands:
 
     def _forget(self, owner: str, args: list[str]) -> str:
         raw = args[0].lstrip("#") if args else ""
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):  # '²' passes isdigit; ids fit a BIGINT
             return _("Usage: /forget ID (the number after # in /memory).")
         deleted = self.service.memories.forget(owner, int(raw))
         if not deleted:

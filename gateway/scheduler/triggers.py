@@ -42,6 +42,9 @@ log = logging.getLogger("gateway.scheduler.triggers")
 
 MIN_INTERVAL_S = 60
 """Shortest interval schedule accepted (a report every few seconds is a mistake)."""
+MAX_INTERVAL_S = 366 * 86400
+"""Longest interval schedule accepted (a year; rarer reports are a cron or ``at`` schedule, and
+intervals past what a ``datetime`` holds crashed the planner)."""
 
 _DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # crontab numbering: index = number
 _FULL_DAY_NAMES = ("sunday", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday")
@@ -132,7 +135,7 @@ def crontab_days(field: str) -> str:
         body, _, step_text = part.partition("/")
         step = 1
         if step_text:
-            if not step_text.isdigit() or int(step_text) == 0:
+            if not _is_number(step_text) or int(step_text) == 0:
                 raise ScheduleError(f"day of week: bad step in {part!r}")
             step = int(step_text)
         if body == "*":
@@ -151,9 +154,14 @@ def crontab_days(field: str) -> str:
     return ",".join(_DAY_NAMES[d] for d in sorted(days, key=lambda d: (d + 6) % 7))
 
 
+def _is_number(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also passes ``²`` and ``①``, which ``int`` refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def _day_number(text: str) -> int:
     text = text.strip()
-    if text.isdigit():
+    if _is_number(text):
         number = int(text)
         if number > 7:
             raise ScheduleError(f"day of week: {number} is out of range (0-7, 0 and 7 are Sunday)")
@@ -201,13 +209,24 @@ def build_trigger(schedule: Schedule, zone_name: str, *, anchor: float) -> BaseT
             instance computes the same fire times.
 
     Raises:
-        ScheduleError: unknown zone, invalid field values, too short an interval.
+        ScheduleError: unknown zone, invalid field values, too short or too long an interval, a
+            time a ``datetime`` cannot hold.
     """
+    try:
+        return _build_trigger(schedule, zone_name, anchor=anchor)
+    except (ValueError, OverflowError) as exc:  # APScheduler's and datetime's own checks
+        raise ScheduleError(f"bad schedule {schedule.describe()!r}: {exc}") from None
+
+
+def _build_trigger(schedule: Schedule, zone_name: str, *, anchor: float) -> BaseTrigger:
     tz = zone(zone_name)
     if schedule.kind == "interval":
         seconds = int(schedule.expr)
         if seconds < MIN_INTERVAL_S:
             raise ScheduleError(f"interval too short: {seconds} s (the minimum is {MIN_INTERVAL_S} s)")
+        if seconds > MAX_INTERVAL_S:
+            raise ScheduleError(f"interval too long: {seconds} s (the maximum is {MAX_INTERVAL_S // 86400} days; "
+                                "use a cron expression or 'at YYYY-MM-DD HH:MM')")
         return IntervalTrigger(seconds=seconds, start_date=datetime.fromtimestamp(anchor, tz), timezone=tz)
     if schedule.kind == "once":
         return DateTrigger(run_date=datetime.fromisoformat(schedule.expr).replace(tzinfo=tz), timezone=tz)
@@ -240,9 +259,13 @@ def next_fire(trigger: BaseTrigger, after: datetime) -> datetime | None:
 
 
 def first_fire(trigger: BaseTrigger, now: datetime) -> datetime | None:
-    """The first fire at or after ``now`` (aware), in UTC; ``None`` when it never fires."""
-    nxt = trigger.get_next_fire_time(None, now.astimezone(UTC))
-    return nxt.astimezone(UTC) if nxt is not None else None
+    """The first fire at or after ``now`` (aware), in UTC; ``None`` when it never fires (also when
+    the fire lies outside what a ``datetime`` holds, such as year 1 seen from a zone ahead of UTC)."""
+    try:
+        nxt = trigger.get_next_fire_time(None, now.astimezone(UTC))
+        return nxt.astimezone(UTC) if nxt is not None else None
+    except OverflowError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
