@@ -22,6 +22,7 @@ from gateway.scheduler.triggers import (
 from gateway.store.db import create_db_engine
 
 WARSAW = "Europe/Warsaw"
+TG_CHAT = "telegram:7000000001:5550001"
 
 
 def fires(expr: str, tz: str, start: datetime, count: int) -> list[datetime]:
@@ -153,7 +154,19 @@ def test_schedules_a_user_can_type_are_planned_or_refused_with_a_reason_never_a_
     catch): the turn failed three times and the user got a generic apology (found by a review)."""
     planner = JobPlanner(JobStore(create_db_engine(db_url)), platforms={"telegram"})
     try:
-        planner.plan(schedule=text, timezone="Asia/Shanghai", prompt="Sales", target=None, requester=None,
+        planner.plan(schedule=text, timezone="Asia/Shanghai", prompt="Sales", target=TG_CHAT, requester=None,
                      now=datetime(2026, 12, 1, tzinfo=UTC).timestamp())
     except JobError as exc:
         assert str(exc)
+
+
+def test_a_one_shot_time_in_the_past_is_refused(db_url):
+    """``at`` a past time was accepted (APScheduler's DateTrigger answers its date whatever "now" is)
+    and the job was then skipped as a misfire, silently."""
+    planner = JobPlanner(JobStore(create_db_engine(db_url)), platforms={"telegram"})
+    with pytest.raises(JobError, match="one-shot time is in the past"):
+        planner.plan(schedule="at 2026-11-30 09:00", timezone="UTC", prompt="Sales", target=TG_CHAT, requester=None,
+                     now=datetime(2026, 12, 1, tzinfo=UTC).timestamp())
+    job = planner.plan(schedule="at 2026-12-01 09:00", timezone="Asia/Shanghai", prompt="Sales", target=TG_CHAT,
+                       requester=None, now=datetime(2026, 12, 1, tzinfo=UTC).timestamp())  # 08:00 there
+    assert job.next_fire_at == datetime(2026, 12, 1, 1, 0, tzinfo=UTC).timestamp()

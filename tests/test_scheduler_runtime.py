@@ -90,6 +90,22 @@ async def test_restart_within_the_grace_catches_up_the_missed_fire_once(make_sch
     assert scheduler.next_run("stale").timestamp() == pytest.approx(stale + 7200, abs=1e-3)
 
 
+async def test_a_one_shot_missed_while_down_runs_late_once_however_late(make_scheduler):
+    """Its only fire: skipping it past the grace lost the report silently, and /jobs kept showing a
+    'next' time in the past (found by a review). A recurring job's stale fire is still skipped."""
+    scheduler, recorder = make_scheduler()
+    missed = time.time() - 3 * 3600
+    when = datetime.fromtimestamp(missed, ZoneInfo("Asia/Shanghai")).replace(second=0, microsecond=0)
+    once = JobTiming("once", Schedule("once", when.replace(tzinfo=None).isoformat(timespec="minutes")),
+                     "Asia/Shanghai", anchor=missed - 86400, version=1.0, next_fire_at=when.timestamp())
+    stale = time.time() - 3600
+    scheduler.sync([once, hourly_due_at("stale", stale + 7200, next_fire_at=stale)])
+    scheduler.start()
+    await asyncio.sleep(0.3)
+    assert recorder.fires == [("once", when.astimezone(UTC))]
+    assert scheduler.next_run("once") is None
+
+
 async def test_sync_adds_replaces_and_removes(make_scheduler):
     scheduler, _ = make_scheduler()
     scheduler.start()

@@ -14,7 +14,8 @@ Rules kept here:
   (crontab(5)); APScheduler ANDs its fields, so such a schedule becomes an ``OrTrigger``;
 - coalescing plus a misfire grace: fires missed while the loop was busy (or the process was
   down, see ``sync``'s catch-up) run once, late, if the latest one is within the grace; older
-  ones are skipped and logged.
+  ones are skipped and logged. A one-shot (``at``) fire has no grace: missed while no instance
+  ran, it runs late, once, at the next start (as atd runs overdue jobs; its only fire was lost).
 """
 
 from __future__ import annotations
@@ -263,7 +264,9 @@ def first_fire(trigger: BaseTrigger, now: datetime) -> datetime | None:
     the fire lies outside what a ``datetime`` holds, such as year 1 seen from a zone ahead of UTC)."""
     try:
         nxt = trigger.get_next_fire_time(None, now.astimezone(UTC))
-        return nxt.astimezone(UTC) if nxt is not None else None
+        if nxt is None or nxt < now:  # a DateTrigger answers its run date even when it is past
+            return None
+        return nxt.astimezone(UTC)
     except OverflowError:
         return None
 
@@ -306,9 +309,10 @@ class _DueExecutor(BaseExecutor):
 
     def _do_submit_job(self, job: Any, run_times: list[datetime]) -> None:
         now = self._clock()
+        grace_s = float("inf") if job.misfire_grace_time is None else self._grace_s  # None: one-shot
         for run_time in run_times:  # one with coalescing: the latest due time
             late = (now - run_time).total_seconds()
-            if late > self._grace_s:
+            if late > grace_s:
                 log.warning("job %s: fire due at %s missed by %.0f s (grace %g s); skipped", job.id,
                             run_time.astimezone(UTC).isoformat(), late, self._grace_s)
                 continue
@@ -382,9 +386,10 @@ class Scheduler:
             return False
         now = self._clock()
         next_run = first_fire(trigger, now)
+        once = job.schedule.kind == "once"
         if job.next_fire_at is not None:
             stored = datetime.fromtimestamp(job.next_fire_at, UTC)
-            if stored < now and (now - stored).total_seconds() <= self.misfire_grace_s:
+            if stored < now and (once or (now - stored).total_seconds() <= self.misfire_grace_s):
                 next_run = stored  # due while no instance ran: fire it now, late, once
         self._versions[job.id] = job.version
         self._triggers[job.id] = trigger
@@ -393,7 +398,7 @@ class Scheduler:
             return False
         self._aps.add_job("gateway.scheduler.triggers:fire_push", trigger=trigger, args=[job.id], id=job.id,
                           name=f"push {job.id}", replace_existing=True, next_run_time=next_run,
-                          misfire_grace_time=self._grace_aps, coalesce=True)
+                          misfire_grace_time=None if once else self._grace_aps, coalesce=True)
         return True
 
     def remove(self, job_id: str) -> None:
