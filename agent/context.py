@@ -44,6 +44,11 @@ class RunContext:
             errors); ``None``: no redaction.
         state: the turn's plan and loaded skills (``agent.turn_state``); the loop makes one when
             the caller passes none, and sub-agents share their parent's.
+        awaiting: whether the call with this id was waiting for a person's decision when its turn
+            stopped (so it never ran): a resumed turn runs such a call again through the approver
+            instead of answering it as interrupted. ``None``: no call is known to be waiting.
+        resumed: the call is one a stopped turn left unanswered, run again on resume (the approver
+            looks for the request it already made instead of asking twice).
         on_child_usage: called with each model call of a sub-agent (``delegate``): its usage and
             the facts its loop records beside it (``provider``, ``model``, ``cost_usd``); called on
             the sub-agent's thread. ``None``: not reported (sub-agents write no transcript).
@@ -65,6 +70,8 @@ class RunContext:
     provenance: Provenance | None = None
     state: TurnState | None = None
     on_child_usage: Callable[[Usage, dict[str, Any]], None] | None = None
+    awaiting: Callable[[str], bool] | None = None
+    resumed: bool = False
 
 
 Approver = Callable[[RunContext, "Tool", dict[str, Any]], "str | None"]

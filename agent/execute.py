@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from agent.bridge import BridgeTimeout
 from agent.budget import Budget, Limits
 from agent.context import RunContext
-from agent.errors import ToolRetry
+from agent.errors import CallSuspended, ToolRetry
 from agent.guard import tainted_targets
 from agent.tools import Tool, ToolRegistry
 from agent.tracing import end_tool, execute_tool
@@ -49,6 +49,8 @@ class ToolOutcome:
         result: the result text before wrapping (what the repeated-action breaker compares).
         ran: the tool was executed (``False`` when the call was rejected before running).
         ok: the tool returned a real result (not an error, timeout or exhausted retries).
+        suspended: the call waited for a person's decision when the turn stopped for a restart
+            (``CallSuspended``): it did not run and its ``message`` must not be written.
     """
 
     message: dict[str, Any]
@@ -57,6 +59,7 @@ class ToolOutcome:
     result: str
     ran: bool
     ok: bool = False
+    suspended: bool = False
 
     @property
     def status(self) -> str:
@@ -147,7 +150,11 @@ def run_calls(calls: list[dict[str, Any]], tools: ToolRegistry, ctx: RunContext)
                 call_ctx.reservation.close()
             return ToolOutcome(_message(call, checked), name, str(raw), checked, ran=False)
         try:
-            denied = _guard(tool, checked, call_ctx)
+            try:
+                denied = _guard(tool, checked, call_ctx)
+            except CallSuspended:
+                return ToolOutcome(_message(call, ""), name, json.dumps(args, sort_keys=True), "", ran=False,
+                                   suspended=True)
             if denied is not None:
                 result, ok = (ctx.redact(denied) if ctx.redact is not None else denied), False
             else:  # redacted before it is shortened: a secret across the cut would leave half of itself

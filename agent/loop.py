@@ -152,7 +152,9 @@ def run_turn(
     outcome = TurnOutcome(reply="", stop_reason="stop")
     price = limits.price_of(model.model)  # a routed reply is priced as the model that answered
     repeats: Counter[tuple[str, str, str]] = Counter()
-    _answer_pending_tool_calls(messages, tools, ctx, record)
+    if _answer_pending_tool_calls(messages, tools, ctx, record):
+        outcome.stop_reason = "cancelled"  # stopped again while a resumed call waited for a decision
+        return outcome
     pending: NextStep | None = None
     while True:
         step = pending or _boundary(should_stop, budget)
@@ -187,7 +189,8 @@ def run_turn(
                 record(message, None, _summary(outcome, budget, state))
             return outcome
         step_ctx = dataclasses.replace(ctx, provenance=provenance_of(messages, inherited))
-        results = run_calls(step.calls, tools, step_ctx)
+        outcomes = run_calls(step.calls, tools, step_ctx)
+        results = [result for result in outcomes if not result.suspended]
         _add_budget_note(results, budget)
         for result in results:
             outcome.tool_runs[result.name] += result.ran
@@ -196,6 +199,9 @@ def run_turn(
                                   result.status)] += 1
             messages.append(result.message)
             record(result.message, None, None)
+        if len(results) < len(outcomes):  # a call waits for a decision and the gateway stops:
+            outcome.stop_reason = "cancelled"  # no result for it; the resumed turn asks again
+            return outcome
         pending = _repeated(results, repeats, limits.repeat_limit)
 
 
@@ -302,9 +308,11 @@ def stop_reply(abort: Abort, outcome: TurnOutcome, budget: Budget) -> str:
 
 
 def _answer_pending_tool_calls(messages: list[dict[str, Any]], tools: ToolRegistry, ctx: RunContext,
-                               record: Record) -> None:
-    """After a crash the transcript may end with tool calls not yet answered: answer those only,
-    running idempotent tools again and answering the others as interrupted."""
+                               record: Record) -> bool:
+    """After a crash or a stop the transcript may end with tool calls not yet answered: answer
+    those only, running again idempotent tools and calls that were waiting for a person's decision
+    (``ctx.awaiting``: they never ran), and answering the others as interrupted. Returns whether
+    the turn must stop (a call still waits for a decision and the gateway is stopping again)."""
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
         if message["role"] == "tool":
@@ -312,10 +320,17 @@ def _answer_pending_tool_calls(messages: list[dict[str, Any]], tools: ToolRegist
         if message["role"] == "assistant" and message.get("tool_calls"):
             answered = {m.get("tool_call_id") for m in messages[index + 1:]}
             missing = [call for call in message["tool_calls"] if call["id"] not in answered]
-            rerun = [call for call in missing if (tool := tools.get(call["function"]["name"])) and tool.idempotent]
-            results = {r.message["tool_call_id"]: r.message for r in run_calls(rerun, tools, ctx)} if rerun else {}
+            rerun = [call for call in missing if ((tool := tools.get(call["function"]["name"])) and tool.idempotent)
+                     or (ctx.awaiting is not None and ctx.awaiting(call["id"]))]
+            outcomes = run_calls(rerun, tools, dataclasses.replace(ctx, resumed=True)) if rerun else []
+            results = {r.message["tool_call_id"]: r.message for r in outcomes if not r.suspended}
+            suspended = {r.message["tool_call_id"] for r in outcomes if r.suspended}
             for call in missing:
+                if call["id"] in suspended:
+                    continue
                 result = results.get(call["id"]) or {"role": "tool", "tool_call_id": call["id"], "content": INTERRUPTED}
                 messages.append(result)
                 record(result, None, None)
-        return
+            return bool(suspended)
+        return False
+    return False

@@ -8,6 +8,8 @@ import json
 import pytest
 
 from agent.bridge import AsyncBridge
+from agent.context import RunContext
+from agent.errors import CallSuspended
 from agent.loop import Limits, cap_text, run_turn
 from agent.model import ModelError, OpenAIChatModel
 from agent.tools import Tool, ToolRegistry
@@ -170,3 +172,39 @@ def test_streamed_calls_reuse_one_connection_and_keep_every_chunk(model, fake_op
     assert outcome.usage[0].prompt_tokens > 0
     peers = [r["peer"] for r in fake_openai.requests]
     assert len(peers) == 2 and peers[0] == peers[1]
+
+
+def test_a_call_suspended_for_a_restart_gets_no_result_and_is_asked_again_on_resume(model, fake_openai):
+    """A call waiting for a person's decision when the gateway stops (``CallSuspended``) is left
+    unanswered while its sibling's result is kept; the resumed turn asks about it again (the
+    approver sees ``ctx.resumed``) and runs it once approved, instead of answering it 'interrupted'."""
+    total, mail = oa.call("add", {"a": 2, "b": 3}), oa.call("send_mail", {})
+    fake_openai.script(oa.tool_calls(total, mail))
+    asked: list[tuple[str, bool]] = []
+
+    def stopping(ctx, tool, args):
+        if tool.side_effect == "external":
+            asked.append((ctx.call_id, ctx.resumed))
+            raise CallSuspended("ab12cd")
+        return None
+
+    recorded: list[dict] = []
+    outcome = run_turn(system_prompt="s", history=[{"role": "user", "content": "sum, then mail it"}], model=model,
+                       tools=registry(), bridge=None, limits=Limits(), record=lambda m, u, meta: recorded.append(m),
+                       context=RunContext(approver=stopping))
+    assert outcome.stop_reason == "cancelled" and len(fake_openai.requests) == 1
+    assert [(m["role"], m.get("tool_call_id")) for m in recorded] == [("assistant", None), ("tool", total.id)]
+
+    def approved(ctx, tool, args):
+        asked.append((ctx.call_id, ctx.resumed))
+        return None
+
+    fake_openai.script(oa.text("5, and the mail is sent"))
+    resumed: list[dict] = []
+    outcome = run_turn(system_prompt="s", history=[{"role": "user", "content": "sum, then mail it"}, *recorded],
+                       model=model, tools=registry(), bridge=None, limits=Limits(),
+                       record=lambda m, u, meta: resumed.append(m),
+                       context=RunContext(approver=approved, awaiting=lambda call_id: call_id == mail.id))
+    assert asked == [(mail.id, False), (mail.id, True)]
+    assert resumed[0]["tool_call_id"] == mail.id and "sent" in resumed[0]["content"]
+    assert outcome.reply == "5, and the mail is sent"

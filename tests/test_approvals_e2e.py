@@ -33,7 +33,7 @@ def write_then_report(req: dict) -> oa.Reply:
     return oa.tool_calls(oa.call("write_file", {"path": "plan.txt", "content": "step 1"}))
 
 
-REQUESTERS = [f"telegram:{5559001 + i}" for i in range(8)]
+REQUESTERS = [f"telegram:{5559001 + i}" for i in range(9)]
 """The users whose turns ask for approval: approved users (open access refuses strangers those tools)."""
 
 
@@ -106,6 +106,34 @@ async def test_stop_during_a_pending_approval_cancels_cleanly(tmp_path, fake_tel
     await asyncio.sleep(0.5)
     assert not any(t.startswith("tool said") for t in texts(fake_telegram, 5559005))
     assert not list((tmp_path / "ws").rglob("plan.txt"))
+
+
+async def test_a_restart_keeps_a_pending_approval_and_its_button(tmp_path, fake_telegram, fake_openai, running):
+    """A graceful stop (a deploy) while a call waits for approval: the request stays open, the
+    resumed turn waits on it (no second prompt, no new model call), and the old button still
+    works. Before, every restart cancelled it and the model answered 'Cancelled' (found by a review)."""
+    fake_openai.reset()
+    fake_openai.responder = write_then_report
+    user = 5559009
+    first = await start_gateway(config(tmp_path, fake_openai, fake_telegram, timeout_s=60), running)
+    fake_telegram.inject(dm_update("make a plan", 9901, user_id=user))
+    approval = await prompt_id(fake_telegram, user)
+    await first.stop()
+    assert first.approvals.status(approval) == "pending"
+    assert len(fake_openai.requests) == 1 and not any(t.startswith("tool said") for t in texts(fake_telegram, user))
+
+    second = await start_gateway(config(tmp_path, fake_openai, fake_telegram, timeout_s=60), running)
+    await asyncio.sleep(1.0)  # the turn is resumed and waits on the same request
+    assert len(fake_openai.requests) == 1 and second.approvals.status(approval) == "pending"
+    assert not list((tmp_path / "ws").rglob("plan.txt"))
+    fake_telegram.inject(command(f"/approve {approval}", 9902, user_id=user))
+    await wait_until(lambda: any(t.startswith("tool said") for t in texts(fake_telegram, user)), what="reply")
+    sent = texts(fake_telegram, user)
+    assert sum("Approval needed" in t for t in sent) == 1
+    assert sent[-1] == "tool said: Wrote 6 bytes to plan.txt."
+    assert [p.read_text() for p in (tmp_path / "ws").rglob("plan.txt")] == ["step 1"]
+    resumed = fake_openai.requests[1]["json"]["messages"]
+    assert [m["role"] for m in resumed] == ["system", "user", "assistant", "tool"]
 
 
 async def test_secrets_never_reach_the_model(tmp_path, fake_telegram, fake_openai, running, monkeypatch):

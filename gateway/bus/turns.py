@@ -606,13 +606,14 @@ class TurnRunner:
             plan.append(progress)
             state.on_plan = progress.show
         token = CURRENT_MESSAGE.set(message)
+        approver = self._approver(last, turn_id)
         try:
             outcome = run_turn(system_prompt=system_prompt, history=projection.history, model=model,
                                tools=agent.tools, bridge=self.bridge, limits=self.limits, record=record,
                                should_stop=should_stop, on_text=stream.on_text if stream is not None else None,
-                               context=RunContext(session_id=session_id, turn_id=turn_id,
-                                                  approver=self._approver(last, turn_id), redact=self.redact,
-                                                  state=state, on_child_usage=child_usage))
+                               context=RunContext(session_id=session_id, turn_id=turn_id, approver=approver,
+                                                  awaiting=approver.awaiting if approver is not None else None,
+                                                  redact=self.redact, state=state, on_child_usage=child_usage))
         except ModelError as exc:
             log.warning("turn %s failed: %s", turn_id, exc)
             return finish("failed", f"⚠️ {model_error_text(exc)}", session_id, "model_error")
@@ -711,7 +712,8 @@ class TurnRunner:
             return None
         return ChatApprover(self.approvals, self.policy, last.message.address, last.session_key, turn_id,
                             last.user_id, wake=self.wake, redact=self.redact, reply_to_id=last.message.reply_to_id,
-                            trusted=lambda: self.trusted(last.message, last.user_id))  # type: ignore[arg-type]
+                            trusted=lambda: self.trusted(last.message, last.user_id),  # type: ignore[arg-type]
+                            suspend=self.stopping.is_set)  # a restart keeps a waiting request open
 
     # -- in-process cancellation -------------------------------------------------------------
     def note_generation(self, key: str, generation: int) -> None:

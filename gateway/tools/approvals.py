@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.context import RunContext
+from agent.errors import CallSuspended
 from agent.tools import Tool
 from gateway.core.i18n import N_, _
 from gateway.core.types import ChatAddress, OutboundMessage
@@ -111,6 +112,7 @@ class ChatApprover:
     redact: Callable[[str], str] = field(default=lambda text: text)
     reply_to_id: str | None = None
     trusted: Callable[[], bool] = lambda: True
+    suspend: Callable[[], bool] = lambda: False
     _trust: bool | None = field(default=None, init=False, repr=False)
 
     def __call__(self, ctx: RunContext, tool: Tool, args: dict[str, Any]) -> str | None:
@@ -130,34 +132,58 @@ class ChatApprover:
         prompt = (_(PROMPT if trusted else ADMIN_PROMPT).replace("{tool}", tool.name)
                   .replace("{timeout}", f"{timeout:g} s")
                   .replace("{summary}", summary.replace("{id}", "{ id}")))
-        approval_id = self.approvals.request(
-            session_key=self.session_key, turn_id=self.turn_id, call_id=ctx.call_id, requested_by=self.requested_by,
-            tool=tool.name, summary=prompt, timeout_s=timeout,
-            prompt=OutboundMessage(self.address, "", idempotency_key="", reply_to_id=self.reply_to_id),
-            prompt_text=prompt)
-        self.wake()
-        deadline = time.monotonic() + timeout
+        earlier = self.approvals.of_call(self.session_key, self.turn_id, ctx.call_id) if ctx.resumed else None
+        if earlier is not None:  # asked before the restart: the same request (and button) still counts
+            approval_id, deadline = earlier.id, time.monotonic() + max(0.0, earlier.expires_at - time.time())
+        else:
+            approval_id = self.approvals.request(
+                session_key=self.session_key, turn_id=self.turn_id, call_id=ctx.call_id,
+                requested_by=self.requested_by, tool=tool.name, summary=prompt, timeout_s=timeout,
+                prompt=OutboundMessage(self.address, "", idempotency_key="", reply_to_id=self.reply_to_id),
+                prompt_text=prompt)
+            self.wake()
+            deadline = time.monotonic() + timeout
         while True:
             status = self.approvals.status(approval_id)
             if status == "approved":
                 return None
             if status == "denied":
                 return f"Denied: the user refused to let you run {tool.name}. Do not retry it; ask what they want."
+            if status in ("expired", "cancelled") and earlier is not None:  # closed while the turn was stopped
+                return _expired(tool.name, timeout) if status == "expired" else _cancelled(tool.name)
+            if status != "cancelled" and ctx.should_stop is not None and ctx.should_stop() \
+                    and ctx.depth == 0 and self.suspend():
+                raise CallSuspended(approval_id)  # a restart: the request stays open for the resumed turn
             if status == "cancelled" or (ctx.should_stop is not None and ctx.should_stop()):
                 self.approvals.decide(approval_id, "cancelled", None)
-                return f"Cancelled: the turn was stopped before {tool.name} was approved."
+                return _cancelled(tool.name)
             if time.monotonic() >= deadline:
                 if self.approvals.decide(approval_id, "expired", None):
-                    return (f"Denied: nobody approved {tool.name} within {timeout:g} s, so it did not run. "
-                            "Do not retry it unless the user asks.")
+                    return _expired(tool.name, timeout)
                 continue  # decided at the last moment: read the decision
             time.sleep(self.policy.poll_s)
 
+
+    def awaiting(self, call_id: str) -> bool:
+        """``RunContext.awaiting``: whether this turn's call ``call_id`` has a request still open
+        (it was waiting for a decision when the turn stopped, so it never ran)."""
+        earlier = self.approvals.of_call(self.session_key, self.turn_id, call_id)
+        # Not "approved": an approved call may have run before the process died (run it once only).
+        return earlier is not None and earlier.status != "approved"
 
     def _trusted(self) -> bool:
         if self._trust is None:  # parallel tool calls may ask twice: the answer is the same
             self._trust = bool(self.trusted())
         return self._trust
+
+
+def _expired(tool: str, timeout: float) -> str:
+    return (f"Denied: nobody approved {tool} within {timeout:g} s, so it did not run. "
+            "Do not retry it unless the user asks.")
+
+
+def _cancelled(tool: str) -> str:
+    return f"Cancelled: the turn was stopped before {tool} was approved."
 
 
 def decide_reply(approvals: Approvals, command: str, args: str, user_id: str, is_admin: bool,

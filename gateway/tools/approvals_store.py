@@ -32,6 +32,15 @@ class Approval:
     status: str
 
 
+@dataclass(frozen=True, slots=True)
+class CallApproval:
+    """A tool call's request: its id, status and ``expires_at`` (epoch s)."""
+
+    id: str
+    status: str
+    expires_at: float
+
+
 class Approvals:
     """Approval rows on one engine. Every call is a short transaction (worker threads, or the
     main loop via ``Gateway.run_db``)."""
@@ -61,6 +70,15 @@ class Approvals:
                 # No session key: a prompt is never cancelled by a lane generation (it must reach the chat).
                 Store._queue(conn, message, None, None, 0, now)
         return approval_id
+
+    def of_call(self, session_key: str, turn_id: str, call_id: str) -> CallApproval | None:
+        """The newest request made for the tool call ``call_id`` of ``turn_id`` (a resumed turn
+        looks for the request its interrupted try made), or ``None`` when it made none."""
+        with read_tx(self.engine) as conn:
+            row = conn.execute(select(_approvals.c.id, _approvals.c.status, _approvals.c.expires_at).where(
+                _approvals.c.session_key == session_key, _approvals.c.turn_id == turn_id,
+                _approvals.c.call_id == call_id).order_by(_approvals.c.created_at.desc()).limit(1)).first()
+        return CallApproval(row.id, row.status, row.expires_at) if row is not None else None
 
     def status(self, approval_id: str) -> str | None:
         with read_tx(self.engine) as conn:
