@@ -274,3 +274,22 @@ async def test_a_voice_note_longer_than_the_cap_is_not_transcribed(gateway, fake
     assert "it is too long (540 min); this gateway transcribes up to 30 min" in reply.params["text"]
     assert len(model.transcriptions) == transcribed  # no transcription call
     assert all(c.params.get("file_id") != "voice-long" for c in telegram.calls("getFile"))  # not even downloaded
+
+
+async def test_a_text_file_that_starts_with_bm_is_read_as_text_not_refused_as_an_image(gateway, fakes):
+    """"BM" is a BMP's first two bytes, and the first two of a CSV of BMI figures or of any text
+    beginning "BMW": such a file was taken for a damaged bitmap ("⚠️ I could not use "bmi.csv": the
+    image is damaged or incomplete") and its text never reached the model (found by a review)."""
+    telegram, model = fakes
+    table = b"BMI,age,weight\n22.5,31,70\n27.1,45,88\n"
+    telegram.add_file("doc-bmi", table)
+    model.script(oa.text("The average BMI is 24.8."))
+
+    telegram.inject(document_update(5570012, 120, "doc-bmi", "bmi.csv", "text/csv", len(table), caption="average?"))
+    reply = await telegram.wait_for_call("sendMessage", lambda c: int(c.params["chat_id"]) == 5570012, timeout=15)
+
+    assert "could not use" not in reply.params["text"]
+    [chat] = chats_with(model, "average?")
+    said = user_text(chat)
+    assert '[document "bmi.csv" (text/csv' in said
+    assert "BMI,age,weight\n22.5,31,70\n27.1,45,88" in said

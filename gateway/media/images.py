@@ -50,13 +50,21 @@ _MAGIC: tuple[tuple[bytes, int, str], ...] = (
 )
 
 
+BMP_HEADER_SIZES = frozenset({12, 16, 40, 52, 56, 64, 108, 124})
+"""The sizes a BMP's DIB header may have (little-endian ``uint32`` at byte 14: BITMAPCOREHEADER 12,
+OS/2 16 and 64, BITMAPINFOHEADER 40, its V2/V3 52 and 56, V4 108, V5 124): with ``BM`` alone, a
+CSV of BMI figures or a text beginning "BMW" was taken for a bitmap."""
+
+
 def sniff(data: bytes) -> str | None:
     """The type the first bytes of ``data`` show (``image/jpeg``, ``text/html``, ...), or ``None``.
 
     Only magic numbers are read; a platform's declared type is a claim, this is what the bytes are.
+    A BMP needs its DIB header's size too (``BMP_HEADER_SIZES``): ``BM`` begins many texts.
     """
     for magic, offset, mime in _MAGIC:
-        if data[offset:offset + len(magic)] == magic and (mime != "image/webp" or data[:4] == b"RIFF"):
+        if data[offset:offset + len(magic)] == magic and (mime != "image/webp" or data[:4] == b"RIFF") \
+                and (mime != "image/bmp" or int.from_bytes(data[14:18], "little") in BMP_HEADER_SIZES):
             return mime
     head = data[:512].lstrip().lower()
     if head.startswith((b"<!doctype html", b"<html", b"<head", b"<body")):
