@@ -293,3 +293,31 @@ async def test_a_text_file_that_starts_with_bm_is_read_as_text_not_refused_as_an
     said = user_text(chat)
     assert '[document "bmi.csv" (text/csv' in said
     assert "BMI,age,weight\n22.5,31,70\n27.1,45,88" in said
+
+
+async def test_forget_files_deletes_the_copies_saved_in_the_workspace(gateway, fakes):
+    """``/forget_files`` said "Deleted 2 stored files you sent" while the originals saved for the
+    tools (``uploads/<name>``) stayed in the workspace: the model could still read_file them and
+    quote them back (found by a review). Now the copies go too, and only the sender's."""
+    telegram, model = fakes
+    chat = 5570013
+    first, second = b"Salary review: Ana 82,000; Ben 79,500.\n", b"Second draft: Ana 84,000.\n"
+    telegram.add_file("doc-pay-1", first)
+    telegram.add_file("doc-pay-2", second)
+    for message_id, file_id, data in ((130, "doc-pay-1", first), (132, "doc-pay-2", second)):
+        model.script(oa.text("Noted."))
+        telegram.inject(document_update(chat, message_id, file_id, "pay.txt", "text/plain", len(data), caption="keep"))
+        await wait_until(lambda n=message_id: len(replies(telegram, chat)) == (n - 128) // 2, what="the reply")
+    root = Path(gateway.config.tools.workspace_root)
+    saved = sorted(p.name for p in root.glob("*/uploads/pay*.txt"))
+    assert saved == ["pay (2).txt", "pay.txt"]  # the second file of that name: "pay (2).txt"
+    other = root / "other-session" / "uploads"
+    other.mkdir(parents=True)
+    (other / "pay.txt").write_bytes(first)  # another session's file with the same name and bytes stays
+
+    telegram.inject(_message(chat, 134, text="/forget_files",
+                             entities=[{"type": "bot_command", "offset": 0, "length": 13}]))
+    await wait_until(lambda: len(replies(telegram, chat)) == 3, what="/forget_files")
+    assert replies(telegram, chat)[-1].startswith("Deleted 2 stored files you sent")
+    assert [p for p in root.glob("*/uploads/pay*.txt") if p.parent != other] == []
+    assert (other / "pay.txt").read_bytes() == first

@@ -129,15 +129,14 @@ class Gateway:
         # Set once every adapter has started: a turn resumed at start-up (the bus starts first) waits
         # for it before it downloads a file (the adapter's client does not exist before).
         self.adapters_ready = threading.Event()
+        reader = ContentReader(  # voice, audio, documents; originals into the workspace
+            transcriber=build_transcriber(config.llm, config.secret),
+            workspace=build_workspace(config) if config.tools.workspace != "off" else None,
+            max_tokens=config.media.document_max_tokens, redact=self.redact, readers=self.media_readers)
         self.media = MediaService(config.media, vision=config.llm.vision, blobs=self.blobs, readers=self.media_readers,
                                   adapters_ready=self.adapters_ready.wait,
-                                  index=MediaIndex(self.engine, self.blobs), adapters=self.adapters,
-                                  run_async=self._run_on_loop,
-                                  reader=ContentReader(  # voice, audio, documents; originals into the workspace
-                                      transcriber=build_transcriber(config.llm, config.secret),
-                                      workspace=build_workspace(config) if config.tools.workspace != "off" else None,
-                                      max_tokens=config.media.document_max_tokens, redact=self.redact,
-                                      readers=self.media_readers))
+                                  index=MediaIndex(self.engine, self.blobs, forget_saved=reader.forget_saved),
+                                  adapters=self.adapters, run_async=self._run_on_loop, reader=reader)
         for adapter in adapters:  # channels that take uploads themselves (the web chat)
             if callable(getattr(adapter, "bind_blobs", None)):
                 adapter.bind_blobs(self.blobs, config.media)  # type: ignore[attr-defined]

@@ -5,7 +5,8 @@ that fills ``MediaRef.text`` (or ``MediaRef.note``) once, from the stored bytes.
 (``gateway.media.transcribe``; what that cost is ``Reading.spend``), extracts a document's text
 (``gateway.media.extract``) and saves the original of a document or audio file into the
 session's workspace (``uploads/<safe name>``) when the workspace tools are on, so ``read_file``
-and ``run_shell`` can work on it.
+and ``run_shell`` can work on it; ``forget_saved`` deletes those copies again when their file is
+deleted (``/forget_files``, ``media.retention_days``; ``gateway.media.index``).
 The result is stored with the user message (``messages.meta["attachments"]``): a later turn, or
 the same turn run again after a crash, renders the stored text and never transcribes or
 extracts again, and the transcript is exactly what the model saw.
@@ -19,14 +20,18 @@ File names are shown quoted with control characters removed (``extract.display_n
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
-from collections.abc import Callable
+import os
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent.workspace import Workspace
+from agent.workspace import Workspace, WorkspaceError, safe_file_name
 from gateway.core.errors import MediaError
 from gateway.core.types import MediaRef
 from gateway.media.extract import Extracted, cap_text, display_name
+from gateway.media.index import Dropped
 from gateway.media.isolated import MediaReaders
 from gateway.media.transcribe import Transcriber, TranscriptionError, TranscriptionSpend
 
@@ -36,6 +41,8 @@ READ_KINDS = ("voice", "audio", "document")
 """Attachment kinds this step reads (images are ``gateway.media.images``'s)."""
 UPLOADS = "uploads"
 """Workspace folder the originals are saved in."""
+SAVED_KINDS = ("audio", "document")
+"""Attachment kinds whose originals are saved there (``ContentReader._save``)."""
 NO_SPEECH = "(no speech recognised)"
 
 
@@ -166,12 +173,64 @@ class ContentReader:
     def _save(self, ref: MediaRef, data: bytes, session_id: str) -> str | None:
         if self.workspace is None:
             return None
-        fallback = f"{ref.kind}-{(ref.sha256 or '')[:8]}" + _extension_for(ref.mime_type)
         try:
-            return self.workspace.save_file(session_id, UPLOADS, ref.name or fallback, data)
+            return self.workspace.save_file(session_id, UPLOADS, ref.name or _fallback_name(ref.kind, ref.sha256,
+                                                                                               ref.mime_type), data)
         except OSError as exc:  # a full disk must not lose the turn: the text still reaches the model
             log.warning("could not save an upload into the workspace of %s: %s", session_id, exc)
             return None
+
+
+    def forget_saved(self, dropped: Sequence[Dropped]) -> int:
+        """Deletes the copies ``_save`` made of ``dropped`` files from their sessions' workspaces:
+        ``uploads/<safe name>``, or ``<stem> (N).<ext>`` for a later file of the same name, and only
+        one holding exactly the dropped bytes (the model's own files, and another file of that
+        name, stay). Returns how many were deleted.
+
+        Raises:
+            OSError: the file system's faults (a workspace without ``uploads/`` is skipped).
+        """
+        if self.workspace is None:
+            return 0
+        removed = 0
+        for item in dropped:
+            if item.kind not in SAVED_KINDS:
+                continue
+            safe = safe_file_name(item.name or _fallback_name(item.kind, item.sha256, item.mime_type))
+            stem, dot, ext = safe.rpartition(".")
+            if not dot or not stem:
+                stem, ext = safe, ""
+            named = re.compile(re.escape(stem) + r"( \([0-9]+\))?" + (re.escape(f".{ext}") if ext else ""))
+            try:
+                folder = self.workspace.open_folder(item.session_id, UPLOADS)
+            except (FileNotFoundError, WorkspaceError):
+                continue
+            try:
+                for entry in os.listdir(folder):
+                    if named.fullmatch(entry) and self._holds(item.session_id, entry, item.sha256):
+                        os.unlink(entry, dir_fd=folder)
+                        removed += 1
+            finally:
+                os.close(folder)
+        return removed
+
+    def _holds(self, session_id: str, name: str, sha256: str) -> bool:
+        """Whether ``uploads/<name>`` of the session is a regular file whose SHA-256 is ``sha256``."""
+        assert self.workspace is not None
+        try:
+            fd = self.workspace.open_inside(session_id, f"{UPLOADS}/{name}", os.O_RDONLY)
+        except (OSError, WorkspaceError):
+            return False
+        digest = hashlib.sha256()
+        with open(fd, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        return digest.hexdigest() == sha256
+
+
+def _fallback_name(kind: str, sha256: str | None, mime_type: str | None) -> str:
+    """The name an upload without one is saved under: ``document-1a2b3c4d.pdf``."""
+    return f"{kind}-{(sha256 or '')[:8]}" + _extension_for(mime_type)
 
 
 def _tag(ref: MediaRef) -> str:

@@ -3,15 +3,18 @@
 
 Blobs are content-addressed, so two messages with the same bytes (one meme in two chats) share
 one blob. Each use is one ``attachments`` row; deleting removes rows first, then every blob no
-row refers to any more (``MediaIndex.collect``). The transcript keeps its references: a message
-whose file was deleted is rendered as "no longer stored".
+row refers to any more (``MediaIndex.collect``), and the copies of a document or audio file
+saved into its session's workspace (``uploads/``) once no row of that session uses those bytes
+(``forget_saved``). The transcript keeps its references: a message whose file was deleted is
+rendered as "no longer stored".
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +24,8 @@ from gateway.core.ports import BlobStore
 from gateway.store.db import read_tx, write_tx
 from gateway.store.models import AttachmentRow, table
 from gateway.store.sql import retry_locked
+
+log = logging.getLogger("gateway.media")
 
 _rows = table(AttachmentRow)
 
@@ -47,12 +52,29 @@ class Forgotten:
     bytes: int
 
 
-class MediaIndex:
-    """The ``attachments`` SQL on ``engine``; ``blobs`` is where unreferenced bytes are deleted."""
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """A file sent in session ``session_id`` that no row of that session uses any more (its copy in
+    the session's workspace, if one was saved, goes too): ``sha256``, ``kind``, ``mime_type``, ``name``
+    as its ``attachments`` row had them."""
 
-    def __init__(self, engine: Engine, blobs: BlobStore) -> None:
+    session_id: str
+    sha256: str
+    kind: str
+    mime_type: str
+    name: str | None
+
+
+class MediaIndex:
+    """The ``attachments`` SQL on ``engine``; ``blobs`` is where unreferenced bytes are deleted;
+    ``forget_saved(dropped)`` deletes the workspace copies of files no row of their session uses
+    any more (``ContentReader.forget_saved``; ``None``: nothing is saved into workspaces)."""
+
+    def __init__(self, engine: Engine, blobs: BlobStore,
+                 forget_saved: Callable[[Sequence[Dropped]], int] | None = None) -> None:
         self.engine = engine
         self.blobs = blobs
+        self.forget_saved = forget_saved
 
     @retry_locked
     def record(self, uses: Sequence[Use], *, session_id: str | None, owner_user_id: str | None,
@@ -100,21 +122,32 @@ class MediaIndex:
         return self._forget(_rows.c.created_at < (now if now is not None else time.time()) - older_than_s)
 
     @retry_locked
-    def _delete_rows(self, where: Any) -> tuple[int, list[str], int]:
+    def _delete_rows(self, where: Any) -> tuple[int, list[str], int, list[Dropped]]:
         with write_tx(self.engine) as conn:
-            found = conn.execute(select(_rows.c.sha256, _rows.c.size, _rows.c.role).where(where)).all()
+            found = conn.execute(select(_rows.c.sha256, _rows.c.size, _rows.c.role, _rows.c.session_id,
+                                        _rows.c.kind, _rows.c.mime_type, _rows.c.name).where(where)).all()
             if not found:
-                return 0, [], 0
+                return 0, [], 0, []
             conn.execute(delete(_rows).where(where))
             shas = sorted({r.sha256 for r in found})
-            still = {r[0] for r in conn.execute(select(_rows.c.sha256).where(_rows.c.sha256.in_(shas)).distinct())}
+            left = conn.execute(select(_rows.c.sha256, _rows.c.session_id).where(_rows.c.sha256.in_(shas))
+                                .distinct()).all()
+        still = {r.sha256 for r in left}
+        used = {(r.session_id, r.sha256) for r in left}  # the same bytes sent again in that session
+        dropped = {(r.session_id, r.sha256): Dropped(r.session_id, r.sha256, r.kind, r.mime_type, r.name)
+                   for r in found if r.role == "original" and r.session_id and (r.session_id, r.sha256) not in used}
         gone = [s for s in shas if s not in still]
         sizes = {r.sha256: int(r.size) for r in found}
-        return sum(1 for r in found if r.role != "rendition"), gone, sum(sizes[s] for s in gone)
+        return sum(1 for r in found if r.role != "rendition"), gone, sum(sizes[s] for s in gone), list(dropped.values())
 
     def _forget(self, where: Any) -> Forgotten:
-        files, unreferenced, size = self._delete_rows(where)
+        files, unreferenced, size, dropped = self._delete_rows(where)
         removed = self.collect(unreferenced)
+        if dropped and self.forget_saved is not None:
+            try:
+                self.forget_saved(dropped)
+            except OSError as exc:  # the blobs are gone; the copies are tried again by nobody: say so
+                log.warning("could not delete %d file(s) saved in workspaces: %s", len(dropped), exc)
         return Forgotten(files, removed, size if removed else 0)
 
     def collect_unreferenced(self, older_than_s: float, now: float | None = None, chunk: int = 500) -> int:
