@@ -121,6 +121,29 @@ async def test_pictures_outside_the_photo_rules_and_other_files_go_as_documents(
     assert uploads(fake_telegram, chat)[1]["caption"] == "the table"
 
 
+async def test_a_damaged_picture_telegram_cannot_process_goes_as_a_document(tmp_path, fake_telegram, fake_openai,
+                                                                            running):
+    """A PNG whose header is whole but whose data is cut (a chart run_shell was killed while
+    writing, say) is a picture by its header, so it went with sendPhoto; Telegram answered 400
+    "IMAGE_PROCESS_FAILED" (nothing sent) and the file failed for good, the files after it too
+    (found by a review). It goes as a document instead, like a photo of the wrong dimensions."""
+    chat = 5561010
+    whole = png(640, 400)
+    cut = whole[:len(whole) // 2]
+    fake_openai.reset()
+    fake_openai.responder = flow(shell(write_with_shell("chart.png", cut) + " && printf 'a,b\\n1,2\\n' > t.csv"),
+                                 send("chart.png"), send("t.csv"), answer("Two files."))
+    gateway = await start_gateway(config(tmp_path, fake_openai, fake_telegram), running)
+
+    fake_telegram.inject(dm_update("chart please", 9110, user_id=chat))
+    await wait_until(lambda: gateway.store.outbox_rows() and gateway.store.outbox_rows()[-1]["status"]
+                     in ("sent", "failed"), what="reply settled")
+    assert gateway.store.outbox_rows()[-1]["status"] == "sent"
+    assert [(u["method"], u["filename"], u["sha256"]) for u in uploads(fake_telegram, chat)] == [
+        ("sendDocument", "chart.png", sha(cut)), ("sendDocument", "t.csv", uploads(fake_telegram, chat)[1]["sha256"])]
+    assert len(calls(fake_telegram, "sendPhoto", chat)) == 1  # tried once as a photo, refused
+
+
 async def test_a_file_over_telegrams_limit_is_refused_with_the_limit_named(tmp_path, fake_telegram, fake_openai,
                                                                          running):
     chat = 5561004

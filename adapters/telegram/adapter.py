@@ -85,7 +85,10 @@ WEBHOOK_PATH = "/telegram/webhook"
 DOWNLOAD_READ_TIMEOUT_S = 60.0
 FILE_READ_TIMEOUT_S = 60.0
 """Seconds to wait for Telegram's answer to an upload (it stores the file before answering)."""
-PHOTO_REFUSALS = ("PHOTO_INVALID_DIMENSIONS", "PHOTO_SAVE_FILE_INVALID")
+PHOTO_REFUSALS = ("PHOTO_INVALID_DIMENSIONS", "PHOTO_SAVE_FILE_INVALID", "IMAGE_PROCESS_FAILED")
+"""What sendPhoto answers (400, nothing sent) for a picture Telegram will not make a photo of: its
+dimensions, its size, or data it cannot decode (a damaged file whose header looked right); the
+file then goes with sendDocument."""
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query", "my_chat_member"]
 WORKING_REACTION = "👀"
 """A lightweight "working on it" where Telegram refuses the typing action (setMessageReaction
@@ -494,8 +497,8 @@ class TelegramAdapter:
     async def _send_file(self, address: ChatAddress, attachment: OutboundAttachment, data: bytes,
                          caption: Chunk | None, quote: str | None, markup: InlineKeyboardMarkup | None) -> str:
         """One multipart upload: ``sendPhoto`` when the picture keeps Telegram's photo rules, else
-        ``sendDocument``; a photo Telegram still refuses (``PHOTO_INVALID_DIMENSIONS``,
-        ``PHOTO_SAVE_FILE_INVALID``: nothing was sent) goes again as a document. Caption entities
+        ``sendDocument``; a photo Telegram still refuses (``PHOTO_REFUSALS``: nothing was sent) goes
+        again as a document. Caption entities
         Telegram refuses (``_entities_refused``) are dropped and the upload made once more."""
         kwargs: dict[str, object] = {"chat_id": int(address.chat_id), "read_timeout": FILE_READ_TIMEOUT_S}
         if caption is not None:

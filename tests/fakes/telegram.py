@@ -1044,9 +1044,10 @@ class FakeTelegram(ThreadedServer):
             return None
         if len(data) > PHOTO_MAX_BYTES:
             raise _bad("PHOTO_SAVE_FILE_INVALID")
-        try:
+        try:  # Telegram decodes a photo to make its sizes: a damaged one it cannot (Telethon: "probably corrupt")
             with Image.open(io.BytesIO(data)) as image:
                 width, height = image.size
+                image.load()
         except Exception:
             raise _bad("IMAGE_PROCESS_FAILED") from None
         if width + height > PHOTO_MAX_SIDES or max(width, height) > PHOTO_MAX_RATIO * min(width, height):
