@@ -80,6 +80,37 @@ async def test_an_upload_over_the_limit_is_refused_naming_it(tmp_path, fake_open
         await page.close()
 
 
+async def test_an_upload_over_its_kinds_limit_is_refused_whatever_size_the_message_claims(tmp_path, fake_openai,
+                                                                                         running):
+    """A message names its uploads with the size the browser says; the per-kind limit
+    (``media.max_mb``) was checked against that claim only, so a page saying "size": 1 had a
+    picture over the image limit decoded and shown to the model (found by a review)."""
+    fake_openai.reset()
+    fake_openai.script(oa.text("Seen."))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, media={
+        "directory": str(tmp_path / "m"), "max_mb": {"image": 0.1, "document": 50.0}}), running)
+    page = WebClient(base_of(gateway))
+    try:
+        await page.open()
+        page.listen()
+        noise = Image.frombytes("RGB", (300, 300), os.urandom(300 * 300 * 3))
+        out = io.BytesIO()
+        noise.save(out, "PNG")
+        big = out.getvalue()
+        assert len(big) > 200_000
+        status, answer = await page.upload(big, "image/png", "noise.png")
+        assert status == 200
+        response = await page.say("what is it?", files=[{**answer["file"], "size": 1}])
+        assert response.status == 200
+        await wait_until(lambda: page.of("reply"), timeout=20, what="the answer")
+        assert page.of("reply")[0]["text"].startswith('⚠️ I could not use "noise.png": too big (0.3 MB); this '
+                                                      "gateway can take image files up to 0.1 MB.")
+        sent = [r for r in fake_openai.requests if "what is it?" in str(r["json"])]
+        assert all(oa.image_parts(r) == [] for r in sent)
+    finally:
+        await page.close()
+
+
 async def test_the_admin_transcript_shows_thumbnails_and_file_names(tmp_path, fake_openai, running):
     from tests.test_web_admin import ADMIN, Operator
 

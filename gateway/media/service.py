@@ -250,6 +250,8 @@ class MediaService:
                 data = self.blobs.get(attachment.sha256)
             except BlobMissing:
                 raise DownloadFailed("the upload is no longer stored; please send it again") from None
+            if len(data) > limit:  # the size checked above is the one the browser claimed
+                raise FileTooBig(len(data), limit, "this gateway", f"{attachment.kind} files")
             return data, attachment.mime_type or sniff(data) or "application/octet-stream"
         adapter = self.adapters.get(message.platform)
         if adapter is None or not can_download(adapter) or self.run_async is None:
