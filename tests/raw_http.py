@@ -11,8 +11,9 @@ import asyncio
 
 
 async def post(port: int, path: str, body: bytes, headers: list[tuple[bytes, bytes]],
-               timeout: float = 20.0) -> tuple[int, bytes]:
-    """POSTs ``body`` to ``127.0.0.1:port`` + ``path``; returns ``(status, response body)``.
+               timeout: float = 20.0, method: bytes = b"POST") -> tuple[int, bytes]:
+    """POSTs ``body`` to ``127.0.0.1:port`` + ``path`` (``method``: another verb, e.g. ``b"GET"``
+    with an empty body); returns ``(status, response body)``.
 
     Raises:
         TimeoutError: no complete answer within ``timeout`` seconds.
@@ -20,7 +21,7 @@ async def post(port: int, path: str, body: bytes, headers: list[tuple[bytes, byt
     """
     reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
     try:
-        head = [b"POST " + path.encode() + b" HTTP/1.1", b"Host: 127.0.0.1:%d" % port,
+        head = [method + b" " + path.encode() + b" HTTP/1.1", b"Host: 127.0.0.1:%d" % port,
                 b"Content-Length: %d" % len(body), b"Connection: close"]
         head += [name + b": " + value for name, value in headers]
         writer.write(b"\r\n".join(head) + b"\r\n\r\n" + body)

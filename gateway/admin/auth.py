@@ -26,6 +26,15 @@ NONCE_COOKIE = "gw_admin_nonce"
 CSRF_FIELD = "csrf"
 
 
+def cookie(request: web.Request, name: str) -> str | None:
+    """The value of the request's cookie ``name``, or ``None`` when it is missing or not ASCII.
+    Every admin cookie is ASCII (signed, random URL-safe, or percent-quoted); aiohttp hands bytes
+    that are not UTF-8 over as lone surrogates, which cannot be encoded: such a cookie (sent by
+    anyone, or planted from a sibling subdomain) counts as absent instead of failing the page."""
+    value = request.cookies.get(name)
+    return value if value is not None and value.isascii() else None
+
+
 class AdminAuth:
     """Checks logins, sessions and CSRF tokens.
 
@@ -60,7 +69,7 @@ class AdminAuth:
         """The session id of the request's cookie when its signature (under the current password)
         holds and it is younger than the session lifetime; else ``None``. The caller still checks
         that the session was not revoked (``AdminSessions.active``)."""
-        value = request.cookies.get(SESSION_COOKIE)
+        value = cookie(request, SESSION_COOKIE)
         if not value or not self.enabled:
             return None
         try:
@@ -82,7 +91,7 @@ class AdminAuth:
 
     def nonce(self, request: web.Request, response: web.StreamResponse | None = None) -> str:
         """The browser's CSRF nonce; a new one is set on ``response`` when it has none."""
-        value = request.cookies.get(NONCE_COOKIE)
+        value = cookie(request, NONCE_COOKIE)
         if value and len(value) >= 16:
             return value
         value = secrets.token_urlsafe(24)
@@ -99,11 +108,11 @@ class AdminAuth:
 
     def csrf_for(self, request: web.Request, nonce: str) -> str:
         """``csrf_token`` for a page rendered for ``request``."""
-        return self.csrf_token(nonce, request.cookies.get(SESSION_COOKIE, ""))
+        return self.csrf_token(nonce, cookie(request, SESSION_COOKIE) or "")
 
     def csrf_ok(self, request: web.Request, token: object) -> bool:
         """Whether a POST's ``token`` matches the browser's nonce and session cookies."""
-        nonce = request.cookies.get(NONCE_COOKIE)
+        nonce = cookie(request, NONCE_COOKIE)
         if not nonce or not isinstance(token, str) or not token:
             return False
         return hmac.compare_digest(token.encode("utf-8", "surrogatepass"), self.csrf_for(request, nonce).encode())

@@ -27,7 +27,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from multidict import MultiDictProxy
 
 from agent.model import Usage
-from gateway.admin.auth import CSRF_FIELD, AdminAuth
+from gateway.admin.auth import CSRF_FIELD, AdminAuth, cookie
 from gateway.admin.charts import bar_chart, stacked_chart
 from gateway.admin.limits import LoginLimiter
 from gateway.admin.queries import AdminQueries
@@ -114,8 +114,8 @@ class AdminSite:
                                 headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
                                          "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"})
         nonce = self.auth.nonce(request, response)
-        flash = unquote(request.cookies.get(FLASH_COOKIE, ""))
-        if flash:
+        flash = unquote(cookie(request, FLASH_COOKIE) or "")
+        if FLASH_COOKIE in request.cookies:
             response.del_cookie(FLASH_COOKIE, path="/admin")
         response.text = self.env.get_template(template).render(
             csrf_field=CSRF_FIELD, csrf=self.auth.csrf_for(request, nonce), flash=flash, path=request.path, **context)
