@@ -4,7 +4,10 @@ Without file-system quotas (which need root and a file system that has them), a 
 the gateway's disk: ``RLIMIT_FSIZE`` bounds one file, not how many. The shell runner measures the
 workspace while a command runs (``DiskWatch``) and kills it once over the quota; ``write_file`` and
 saved uploads are refused when they would go over. Bytes are counted as allocated (``st_blocks``),
-so a sparse file counts what it really takes; symlinks are not followed; hard links count once.
+so a sparse file counts what it really takes, and each entry as at least ``ENTRY_BYTES``: an empty
+file or a symlink takes no block but an inode, and a quota of blocks alone let a command make
+millions of them (the file system's inodes are shared with the gateway's database and files).
+Symlinks are not followed; hard links count once.
 """
 
 from __future__ import annotations
@@ -15,10 +18,14 @@ from pathlib import Path
 
 MIN_INTERVAL_S = 0.25
 """Shortest wait between two measurements while a command runs."""
+ENTRY_BYTES = 4096
+"""What one file, folder or symlink counts at least (bytes; one block of most file systems): a
+1 GB quota allows some 260,000 entries."""
 
 
 def disk_usage(path: str | os.PathLike[str], stop_above: int | None = None) -> int:
-    """Allocated bytes of everything under ``path`` (not following symlinks; hard links once).
+    """Allocated bytes of everything under ``path``, each entry at least ``ENTRY_BYTES`` (not
+    following symlinks; hard links once).
     Stops counting once past ``stop_above`` (the result is then only known to exceed it). A
     missing ``path`` or entries vanishing meanwhile count 0."""
     total = 0
@@ -39,7 +46,7 @@ def disk_usage(path: str | os.PathLike[str], stop_above: int | None = None) -> i
                 if (info.st_dev, info.st_ino) in seen:
                     continue
                 seen.add((info.st_dev, info.st_ino))
-            total += info.st_blocks * 512
+            total += max(info.st_blocks * 512, ENTRY_BYTES)
             if entry.is_dir(follow_symlinks=False):
                 stack.append(entry.path)
         if stop_above is not None and total > stop_above:

@@ -324,6 +324,24 @@ def test_the_workspace_quota_stops_a_command_filling_the_disk_and_refuses_writes
     assert left.startswith("exit code: 0 (the workspace is over its 8 MB quota; delete files"), left
 
 
+def test_the_workspace_quota_counts_empty_files_so_a_command_cannot_use_up_the_disks_inodes(tmp_path):
+    """Empty files and symlinks take no blocks, only an inode each: counted by blocks alone, a
+    command made 300,000 empty files in 10 s under a 64 MB quota (7 MB counted), and commands in a
+    row could use up the file system's inodes (the gateway's database and blobs live there too).
+    Each entry now counts at least one block (``disk_quota.ENTRY_BYTES``)."""
+    from agent.disk_quota import ENTRY_BYTES, disk_usage
+
+    quota = 8 << 20
+    ws = Workspace(tmp_path / "ws", "shell", sandbox=Sandbox(timeout_s=30, max_output_bytes=10_000, cpu_s=20),
+                   max_disk_bytes=quota)
+    out = ws.run_shell(CTX, "mkdir m && cd m && seq 1 100000 | xargs touch; echo made")
+    assert out.startswith("exit code: none (killed: the workspace is over its 8 MB quota; delete files"), out
+    made = len(os.listdir(ws.directory("sess-1") / "m"))
+    assert quota // ENTRY_BYTES < made < 50_000, made
+    assert disk_usage(ws.directory("sess-1")) > quota
+    assert ws.write_file(CTX, "notes.txt", "x").startswith("Error: the workspace is full (")
+
+
 def test_a_commands_tmp_under_bubblewrap_is_a_sized_tmpfs(bwrap_ws, tmp_path):
     small = Workspace(tmp_path / "ws2", "shell", sandbox=Sandbox(timeout_s=10, max_output_bytes=10_000, cpu_s=5,
                                                                  tmp_bytes=4 << 20))
