@@ -159,6 +159,26 @@ def test_sessions_export_as_eval_writes_the_failed_turns(tmp_path, fake_openai, 
     assert cli(config, "sessions", "export", "ffffffff", "--as-eval") == 1
 
 
+def test_sessions_delete_takes_percent_and_underscore_as_characters_not_wildcards(tmp_path, fake_openai, capsys):
+    """The id prefix went into SQL ``LIKE`` as it was: ``gateway sessions delete %`` (or ``_``, or
+    a typo such as ``1_``) deleted whichever session was the only match, with its transcript and
+    files. Session ids are hex: such a prefix matches none."""
+    config = gateway_config(tmp_path, fake_openai)
+    engine = create_db_engine(config.database.url)
+    upgrade(engine)
+    session_id = Store(engine).new_session("telegram:1:5", "system", None)
+    for prefix in ("%", "_", session_id[0] + "_", "%" + session_id[-4:]):
+        assert cli(config, "sessions", "delete", prefix) == 1, prefix
+        assert cli(config, "sessions", "export", prefix, "--as-eval", "--all") == 1, prefix
+        assert f"no session {prefix!r}" in capsys.readouterr().err
+    from gateway.skills.sessions_export import find_sessions
+
+    assert find_sessions(engine, session_id) == [session_id]  # still there
+    assert cli(config, "sessions", "delete", session_id[:6].upper()) == 0  # a real prefix still works
+    assert find_sessions(engine, session_id) == []
+    engine.dispose()
+
+
 async def test_doctor_names_invalid_skills(tmp_path, fake_openai, capsys):
     from gateway.app.doctor import run_doctor
 
