@@ -86,3 +86,18 @@ def test_the_open_files_soft_limit_is_raised_to_the_hard_limit() -> None:
         assert raise_open_files_limit() is None  # already there
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("name, value", [
+    ("GATEWAY__MCP__SERVERS", '{"git": {"command": ["uvx"], "env": {"TOKEN": "sk-env-secret-4411"}}'),
+    ("GATEWAY__CHATS", "[{"), ("GATEWAY__HTTP__TRUSTED_PROXIES", "10.0.0.0/8")])
+def test_an_environment_value_that_is_not_json_is_one_line_naming_the_variable(name, value, capsys, monkeypatch):
+    """A table or a list given in the environment is JSON; a broken one raised pydantic-settings'
+    ``SettingsError`` out of ``main``: a traceback naming only the section ("mcp"), not the
+    variable. Now one line names the variable and what JSON found wrong, never the value."""
+    monkeypatch.delenv("GATEWAY_CONFIG", raising=False)
+    monkeypatch.setenv(name, value)
+    assert main(["doctor"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: environment variable {name} is not valid JSON") and err.count("\n") == 1, err
+    assert "Traceback" not in err and "sk-env-secret-4411" not in err

@@ -8,6 +8,7 @@ the file names the environment variable that holds each secret (``*_env`` keys) 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import secrets
@@ -950,9 +951,11 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
 
     Raises:
         ConfigError: the file is missing, unreadable, not UTF-8 or not TOML (message says where),
-            or a value is invalid (message says which key).
+            a table or list given in the environment is not JSON (message names the variable, never
+            its value), or a value is invalid (message says which key).
     """
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     path = path or os.environ.get("GATEWAY_CONFIG") or None
     toml_path = Path(path) if path else None
@@ -992,4 +995,26 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
             + err["msg"].removeprefix("Value error, ") for err in exc.errors()
         )
         raise ConfigError(f"invalid configuration: {problems}") from None
+    except SettingsError as exc:
+        raise ConfigError(_not_json(exc)) from None
     return GatewayConfig.model_validate(loaded.model_dump())
+
+
+def _not_json(exc: Exception) -> str:
+    """The one line for pydantic-settings' ``SettingsError`` (a table or list given in the
+    environment that does not decode as JSON): the ``GATEWAY__*`` variables of the section it names
+    that are not JSON, and what the decoder found (its message holds positions, not the value)."""
+    section = re.search(r'field "(\w+)"', str(exc))
+    if section is None:
+        return f"invalid configuration: {exc}"
+    prefix = f"GATEWAY__{section.group(1).upper()}"
+    names = []
+    for name, value in sorted(os.environ.items()):
+        if name.upper() == prefix or name.upper().startswith(prefix + "__"):
+            try:
+                json.loads(value)
+            except ValueError:
+                names.append(name)
+    cause = f" ({exc.__cause__})" if isinstance(exc.__cause__, ValueError) else ""
+    return (f"environment variable {' or '.join(names) or prefix + '__*'} is not valid JSON{cause}: tables and "
+            'lists in the environment are JSON, e.g. GATEWAY__HTTP__TRUSTED_PROXIES=\'["10.0.0.0/8"]\'')
