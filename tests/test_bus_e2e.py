@@ -93,6 +93,28 @@ async def test_merge_policy_answers_waiting_messages_in_one_turn(tmp_path, db_ur
     assert len(fake_openai.requests) == 2
 
 
+async def test_merge_policy_answers_a_waiting_command_alone(tmp_path, db_url, fake_telegram, fake_openai, running):
+    """A command waiting among other messages is run as a command, never merged into the model's turn
+    (it was: '/new' sent while a turn ran was dropped and the next message went on in the old
+    conversation; '/link CODE' handed the code to the model)."""
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.delay(0.4, oa.text(
+        "seen: " + ", ".join(m["content"].splitlines()[-1] for m in req["messages"] if m["role"] == "user")))
+    config = on_db(tmp_path, db_url, fake_openai, fake_telegram, bus={"busy_policy": "merge"})
+    await start_gateway(config, running)
+    fake_telegram.inject(dm_update("one", 7211, user_id=5552013))
+    await wait_until(lambda: len(fake_openai.requests) == 1, what="first turn running")
+    new = dm_update("/new", 7212, user_id=5552013)
+    new["message"]["entities"] = [{"type": "bot_command", "offset": 0, "length": 4}]
+    fake_telegram.inject(new)
+    await asyncio.sleep(0.01)
+    fake_telegram.inject(dm_update("two", 7213, user_id=5552013))
+    await wait_until(lambda: len(sends_to(fake_telegram, 5552013)) == 3, what="three replies")
+    assert texts(fake_telegram, 5552013) == [
+        "seen: one", "Started a new conversation. The previous one is listed in /sessions.", "seen: two"]
+    assert len(fake_openai.requests) == 2
+
+
 async def test_stop_cancels_the_running_turn_and_nothing_from_it_is_sent(tmp_path, db_url, fake_telegram, fake_openai,
                                                                           running):
     fake_openai.reset()

@@ -55,6 +55,17 @@ class Claimed:
     at: float
 
 
+def commands_apart(batch: list[PendingInbound]) -> list[PendingInbound]:
+    """The part of a lane's waiting rows one turn answers: a command (``/new``, ``/link CODE``...)
+    alone, else the rows before the next command. A command is answered by the gateway only in a
+    turn of its own (``TurnRunner``); merged, its arguments would reach the model as a message and
+    the command would never run. The rows left out stay pending for the lane's next turns."""
+    if batch and batch[0].message.command is not None:
+        return batch[:1]
+    cut = next((i for i, row in enumerate(batch) if row.message.command is not None), len(batch))
+    return batch[:cut]
+
+
 class SessionBus:
     """Dispatches inbox rows to turns.
 
@@ -320,16 +331,16 @@ class SessionBus:
     def _merged(self, key: str, batch: list[PendingInbound]) -> list[PendingInbound]:
         """``batch`` as the chat's busy policy wants it (``merges``, asked once per turn): its first
         row alone when the chat does not merge, every waiting row (up to ``MERGE_LIMIT``) when it
-        does."""
+        does, but never a command with other rows (``commands_apart``)."""
         if self.merges is None:
-            return batch
+            return commands_apart(batch)
         merges = self.merges(batch[0].message)
         if not merges:
             return batch[:1]
         if len(batch) >= MERGE_LIMIT or self.batch_size == MERGE_LIMIT:
-            return batch  # read as a merge already
+            return commands_apart(batch)  # read as a merge already
         rows = self.store.pending_batch(key, MERGE_LIMIT)
-        return rows if rows and rows[0].inbox_id == batch[0].inbox_id else batch
+        return commands_apart(rows if rows and rows[0].inbox_id == batch[0].inbox_id else batch)
 
     def _with_album(self, key: str, batch: list[PendingInbound]) -> list[PendingInbound]:
         """``batch``, or, when it starts with an album item, every pending item of that album (after
