@@ -182,3 +182,32 @@ async def test_a_conversation_whose_first_turn_calls_a_tool_is_titled_by_its_fir
     fake_telegram.inject(tg_command("/sessions", 8402, 5553401))
     await wait_until(lambda: len(sends_to(fake_telegram, 5553401)) == 2, what="the listing")
     assert re.search(r"^[0-9a-f]{8} - what time is it in Lisbon\?", tg_texts(fake_telegram, 5553401)[1], re.M)
+
+
+async def test_a_resumed_conversation_is_not_reset_as_idle_by_the_next_message(tmp_path, fake_telegram, fake_openai,
+                                                                               running):
+    """With an idle reset, ``/resume`` of a conversation idle past it continues that conversation (the
+    resume is a use): it was replaced by a new one at the very next message, with the reset notice."""
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("noted")
+    config = gateway_config(tmp_path, fake_openai, fake_telegram, sessions={"idle_reset_minutes": 0.02})  # 1.2 s
+    await start_gateway(config, running)
+    carol = 5553501
+    fake_telegram.inject(dm_update("the codeword is PEAR", 8501, user_id=carol))
+    fake_telegram.inject(tg_command("/sessions", 8502, carol))
+    await wait_until(lambda: len(sends_to(fake_telegram, carol)) == 2, what="carol's sessions")
+    listing = tg_texts(fake_telegram, carol)
+    found = re.search(r"^([0-9a-f]{8}) - the codeword", listing[1], re.M)
+    assert found, listing
+    first = found.group(1)
+    fake_telegram.inject(tg_command("/new", 8503, carol))
+    await wait_until(lambda: len(sends_to(fake_telegram, carol)) == 3, what="new conversation")
+    await asyncio.sleep(1.5)  # the first conversation is idle past the reset now
+
+    fake_telegram.inject(tg_command(f"/resume {first}", 8504, carol))
+    fake_telegram.inject(dm_update("what is the codeword?", 8505, user_id=carol))
+    await wait_until(lambda: len(sends_to(fake_telegram, carol)) == 5, what="resumed")
+    assert tg_texts(fake_telegram, carol)[3] == f"Resumed conversation {first}."
+    assert tg_texts(fake_telegram, carol)[4] == "noted"  # no reset notice
+    assert [u.splitlines()[-1] for u in user_contents(fake_openai.requests[-1])] == [
+        "the codeword is PEAR", "what is the codeword?"]

@@ -669,9 +669,12 @@ class Store(OutboxStore):
     @retry_locked
     def switch_session(self, key: str, session_id: str) -> None:
         """Makes ``session_id`` the lane's current session (``/resume``; ownership checked by the
-        caller)."""
+        caller). Resuming is a use: the session's ``updated_at`` becomes now, so a reset policy
+        (``sessions.idle_reset_minutes``, ``daily_reset_hour``) does not replace it at the next
+        message."""
         with write_tx(self.engine) as conn:
             conn.execute(update(_lanes).where(_lanes.c.key == key).values(session_id=session_id))
+            conn.execute(update(_sessions).where(_sessions.c.id == session_id).values(updated_at=time.time()))
 
     def session_settings(self, session_id: str) -> dict[str, Any] | None:
         """What the session was created with (``sessions.settings``; ``None``: the defaults, or no
