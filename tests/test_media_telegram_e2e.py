@@ -255,6 +255,45 @@ async def test_forget_files_deletes_the_users_files_and_later_turns_say_so(tmp_p
     assert oa.image_parts({"json": last}) == [] and "this image is no longer stored" in str(last)
 
 
+async def test_files_sent_before_a_link_are_the_linked_users_and_forget_files_deletes_them(
+        tmp_path, fake_telegram, fake_openai, running):
+    """Files follow the account that joins with /link, as its conversations and memory do: they
+    stayed with the joining account's old user, so /forget_files from the linked user said
+    "nothing to delete" and kept them."""
+    import re
+
+    fake_openai.reset()
+    fake_openai.responder = lambda request: oa.text("seen")
+    fake_telegram.add_file("joining-photo", jpeg(400, 300))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    joining, staying = 5560018, 5560019
+
+    def command(text: str, message_id: int, user_id: int) -> dict[str, Any]:
+        return {"message": {"message_id": message_id, "date": int(time.time()), "text": text,
+                            "entities": [{"type": "bot_command", "offset": 0, "length": len(text.split()[0])}],
+                            "from": {"id": user_id, "is_bot": False, "first_name": "Alice"},
+                            "chat": {"id": user_id, "type": "private", "first_name": "Alice"}}}
+
+    fake_telegram.inject(photo_update(joining, 80, [("joining-photo", 400, 300, 9000)], caption="keep this?"))
+    await wait_until(lambda: len(replies_to(fake_telegram, joining)) == 1, what="the photo's reply")
+    fake_telegram.inject(command("/link", 81, staying))
+    await wait_until(lambda: len(replies_to(fake_telegram, staying)) == 1, what="the link code")
+    code = re.search(r"/link ([A-Z0-9]{5}-[A-Z0-9]{5})", replies_to(fake_telegram, staying)[0].params["text"]).group(1)
+    fake_telegram.inject(command(f"/link {code}", 82, joining))
+    await wait_until(lambda: len(replies_to(fake_telegram, joining)) == 2, what="linked")
+    assert replies_to(fake_telegram, joining)[-1].params["text"].startswith("Linked.")
+
+    fake_telegram.inject(command("/files", 83, staying))
+    await wait_until(lambda: len(replies_to(fake_telegram, staying)) == 2, what="/files")
+    assert replies_to(fake_telegram, staying)[-1].params["text"].startswith("I keep 1 file you sent")
+    fake_telegram.inject(command("/forget_files", 84, joining))
+    await wait_until(lambda: len(replies_to(fake_telegram, joining)) == 3, what="/forget_files")
+    assert replies_to(fake_telegram, joining)[-1].params["text"].startswith("Deleted 1 stored file you sent")
+    with gateway.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(AttachmentRow)).scalar() == 0
+    assert [p for p in (tmp_path / "media").rglob("*") if p.is_file()] == []
+
+
 async def test_deleting_a_session_deletes_its_files(tmp_path, fake_telegram, fake_openai, running, monkeypatch,
                                                     capsys):
     from gateway.app.cli import main

@@ -50,7 +50,7 @@ from gateway.inbound.receivers import hold_receiver
 from gateway.media.commands import MediaCommands
 from gateway.media.contents import ContentReader
 from gateway.media.fetch import GuardedFetch
-from gateway.media.index import MediaIndex
+from gateway.media.index import MediaIndex, move_user_files
 from gateway.media.isolated import MediaReaders
 from gateway.media.service import MediaService
 from gateway.media.store import open_blob_store
@@ -213,7 +213,7 @@ class Gateway:
             chat_waiting=lambda a: self.delivery.chat_waiting(a.platform, a.tenant, a.chat_id),
             submit_db=self.submit_db, write_now=self.write_now,
         )
-        self.directory = Directory(self.engine, on_join=[move_user_entries])
+        self.directory = Directory(self.engine, on_join=[move_user_entries, move_user_files])
         # Per-chat settings ([[chats]], /model, /persona, /busy): what a chat's new sessions get.
         self.chats = ChatSetup(config, ChatOverrides(self.engine), self.providers, lambda: self.agent_spec,
                                self.skills)

@@ -146,7 +146,8 @@ class Directory:
         self._on_join = tuple(on_join)
         """Run inside a ``/link`` transaction as ``hook(conn, joining_user, target_user)``: state
         owned by other capabilities follows the account that joined (long-term memory entries:
-        ``gateway.memory.store.move_user_entries``)."""
+        ``gateway.memory.store.move_user_entries``; the files it sent:
+        ``gateway.media.index.move_user_files``)."""
 
     # -- identities --------------------------------------------------------------------------
     @retry_locked
@@ -277,7 +278,7 @@ class Directory:
     @retry_locked
     def link(self, code: str, user_id: str) -> str:
         """Joins ``user_id`` (the sender of ``/link CODE``) into the code's user: all its
-        identities, sessions and long-term memory entries move there, in one transaction.
+        identities, sessions, long-term memory entries and files move there, in one transaction.
         Returns the surviving user id.
 
         Raises:
