@@ -206,6 +206,54 @@ async def test_stop_lets_the_tool_step_finish_and_the_turn_resume_after_the_rest
         await second.stop()
 
 
+async def test_a_turn_resumed_after_a_restart_is_not_moved_to_a_new_conversation_by_the_idle_reset(
+        tmp_path, fake_telegram, fake_openai, page_server):
+    """The gateway was down longer than ``sessions.idle_reset_minutes`` while a turn had run a tool
+    step: the resumed turn went to a new conversation (the reset), with its user message again and
+    its tool run a second time, and its answer began with the reset notice. A turn already begun
+    finishes in its own conversation."""
+    fake_openai.reset()
+    gate = threading.Event()
+    fetch = oa.call("web_fetch", {"url": f"{page_server.url}/page"})
+    fake_openai.script(oa.hold(gate, oa.tool_calls(fetch)))
+    fake_openai.responder = lambda req: oa.text(
+        "codename amber-falcon-42" if "amber-falcon-42" in str(req["messages"][-1]["content"]) else "no tool result")
+    config = gateway_config(tmp_path, fake_openai, fake_telegram, agent={"streaming": []},
+                            sessions={"idle_reset_minutes": 0.02})  # 1.2 s
+    update = fixture("telegram", "dm_text.json")
+    update.pop("update_id")
+    chat = update["message"]["from"]["id"] = update["message"]["chat"]["id"] = 5552011
+    update["message"].update(message_id=78, text="what is the codename on that page?")
+
+    first = Gateway(config, build_adapters(config))
+    await first.start()
+    fake_telegram.inject(update)
+    await asyncio.to_thread(fake_openai.wait_for_requests, 1, 10)
+    stopping = asyncio.create_task(first.stop())
+    while first.started:
+        await asyncio.sleep(0.01)
+    gate.set()  # the tool step runs during the stop; the turn resumes at the next start
+    await asyncio.wait_for(stopping, 30)
+    await asyncio.sleep(1.5)  # down longer than the idle reset
+
+    second = Gateway(config, build_adapters(config))
+    await second.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not fake_telegram.sent_messages(chat) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)
+        assert [m["text"] for m in fake_telegram.sent_messages(chat)] == ["codename amber-falcon-42"]
+        resumed = fake_openai.requests[1]["json"]["messages"]
+        assert [m["role"] for m in resumed] == ["system", "user", "assistant", "tool"]
+        with second.engine.connect() as conn:
+            sessions = conn.execute(select(MessageRow.session_id).distinct()).scalars().all()
+            roles = conn.execute(select(MessageRow.role).order_by(MessageRow.id)).scalars().all()
+        assert len(sessions) == 1 and roles == ["user", "assistant", "tool", "assistant"]
+    finally:
+        await second.stop()
+
+
 @pytest.mark.timeout(180)
 def test_sighup_from_a_closed_terminal_stops_as_gracefully_as_sigterm(tmp_path):
     """Closing the terminal ``gateway run`` was started from sends SIGHUP: the turn in flight

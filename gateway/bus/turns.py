@@ -458,7 +458,11 @@ class TurnRunner:
                 opened = self.store.open_session(key, build_prompt, self.history_window, owner, build_settings)
             load.set_attribute("gateway.messages_loaded", len(opened.window))
         notice = ""
-        if self.reset is not None and self.reset.expired(opened.last_used_at):
+        # A turn resumed after a restart (its rows already in the transcript) finishes where it began:
+        # in a new session its user message would be written again and its tool steps run again.
+        begun = {f"in{p.inbox_id}" for p in batch}
+        if self.reset is not None and not any(m.turn_id in begun for m in opened.window) \
+                and self.reset.expired(opened.last_used_at):
             self.store.new_session(key, build_prompt(), owner, build_settings())
             opened = self.store.open_session(key, build_prompt, self.history_window, owner)
             notice = _("({why}: this is a new conversation; the last one is in /sessions.)",
