@@ -118,6 +118,9 @@ async def test_threads_of_one_group_are_isolated_and_sessions_are_private(tmp_pa
     await wait_until(lambda: len(sends_to(fake_telegram, 5553201)) == 2, what="alice's sessions")
     listing = tg_texts(fake_telegram, 5553201)[1]
     alice_session = re.search(r"^([0-9a-f]{8}) - hello", listing, re.M).group(1)
+    fake_telegram.inject(tg_command("/resume ____", 8212, 5553201))  # LIKE wildcards are characters
+    await wait_until(lambda: len(sends_to(fake_telegram, 5553201)) == 3, what="alice's /resume ____")
+    assert tg_texts(fake_telegram, 5553201)[2] == "No conversation of yours has that ID. See /sessions."
     fake_telegram.inject(tg_command(f"/resume {alice_session}", 8205, 5553202))
     fake_telegram.inject(tg_command("/resume 00000000", 8206, 5553202))
     await wait_until(lambda: len(sends_to(fake_telegram, 5553202)) == 2, what="bob's refusals")
@@ -130,11 +133,11 @@ async def test_threads_of_one_group_are_isolated_and_sessions_are_private(tmp_pa
     # /new then /resume brings Alice's first conversation back.
     fake_telegram.inject(tg_command("/new", 8207, 5553201))
     fake_telegram.inject(dm_update("fresh start", 8208, user_id=5553201))
-    await wait_until(lambda: len(sends_to(fake_telegram, 5553201)) == 4, what="new conversation")
+    await wait_until(lambda: len(sends_to(fake_telegram, 5553201)) == 5, what="new conversation")
     assert [u.splitlines()[-1] for u in user_contents(fake_openai.requests[-1])] == ["fresh start"]
     fake_telegram.inject(tg_command(f"/resume {alice_session}", 8209, 5553201))
     fake_telegram.inject(dm_update("where were we?", 8210, user_id=5553201))
-    await wait_until(lambda: len(sends_to(fake_telegram, 5553201)) == 6, what="resumed")
+    await wait_until(lambda: len(sends_to(fake_telegram, 5553201)) == 7, what="resumed")
     assert [u.splitlines()[-1] for u in user_contents(fake_openai.requests[-1])] == ["hello", "where were we?"]
 
 

@@ -363,13 +363,16 @@ class Directory:
 
     def owned_session(self, user_id: str, prefix: str) -> str | None:
         """The id of the user's session whose id starts with ``prefix`` (≥ 4 characters), or
-        ``None`` — the same answer whether the session is someone else's or does not exist."""
+        ``None`` — the same answer whether the session is someone else's or does not exist.
+        ``%`` and ``_`` are characters, not ``LIKE`` wildcards (``/resume ____`` resumed the only
+        session a user had)."""
         prefix = prefix.strip().lower()
         if len(prefix) < 4:
             return None
         with read_tx(self.engine) as conn:
             rows = conn.execute(select(_sessions.c.id).where(
-                _sessions.c.owner_user_id == user_id, _sessions.c.id.like(f"{prefix}%"))).scalars().all()
+                _sessions.c.owner_user_id == user_id,
+                _sessions.c.id.startswith(prefix, autoescape=True))).scalars().all()
         return rows[0] if len(rows) == 1 else None
 
     def pending_count(self, key: str) -> int:
