@@ -61,3 +61,32 @@ async def test_a_post_with_text_and_an_embedded_image_is_one_user_message(tmp_pa
     user = fake_openai.requests[0]["json"]["messages"][-1]
     assert "is this chart right?" in user["content"][0]["text"]
     assert len(oa.image_parts(fake_openai.requests[0])) == 1
+
+
+async def test_a_post_with_more_images_than_a_message_may_carry_reads_the_first_ten(tmp_path, fake_feishu,
+                                                                                    fake_openai, running):
+    """A rich-text post may embed any number of images: each was downloaded, converted and sent in
+    one model request (a provider's request limit, and the tokens, grew with them; found by a
+    review). The first ten are read; the user is told the rest were not."""
+    fake_feishu.reset()
+    fake_openai.reset()
+    fake_openai.script(oa.text("Ten charts."))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu), running)
+    before = len(fake_feishu.sent(P2P))
+    keys = [f"img_v3_fake_many_{i:02d}" for i in range(13)]
+    post = {"title": "", "content": [[{"tag": "text", "text": "check these"}],
+                                     *[[{"tag": "img", "image_key": key}] for key in keys]]}
+    event = fake_feishu.text_event("", message_type="post", content=post)
+    for key in keys:
+        fake_feishu.add_resource(event["event"]["message"]["message_id"], key, jpeg(64, 64), "image")
+
+    status, _ = await fake_feishu.post_event(f"http://127.0.0.1:{gateway.http_port}/feishu/events", event)
+    assert status == 200
+    await wait_until(lambda: len(fake_feishu.sent(P2P)) >= before + 1, what="the reply")
+
+    assert len(oa.image_parts(fake_openai.requests[0])) == 10
+    assert len(list(fake_feishu.calls("resource"))) == 10  # the other three never downloaded
+    text = fake_openai.requests[0]["json"]["messages"][-1]["content"][0]["text"]
+    assert text.count("only the first 10 files of a message are read") == 3
+    sent = " ".join(str(m) for m in fake_feishu.sent(P2P)[before:])
+    assert "the other 3 were not read" in sent

@@ -66,6 +66,10 @@ DOWNLOAD_ATTEMPTS = 3
 ADAPTERS_READY_WAIT_S = 30.0
 """How long a turn resumed at start-up waits for the adapters before downloading its files."""
 PICTURE_KINDS = frozenset({"image", "sticker", "animation"})
+MAX_FILES_PER_MESSAGE = 10
+"""Files of one message that are downloaded and read; the rest get a note. As many as a Telegram
+album (``sendMediaGroup``: 2-10 items) or a web chat message holds; a Feishu rich-text post may embed
+any number of images, each of which would go to the model in one request."""
 _DECODABLE = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp", "image/bmp", "image/tiff"})
 UNSUPPORTED_IMAGES = re.compile(
     r"image_url is only supported|only supported by certain models|invalid content type|not (a )?multi-?modal"
@@ -161,18 +165,32 @@ class MediaService:
         for a bad file; raises only on database faults."""
         intake = Intake()
         uses: list[Use] = []
-        for attachment in message.attachments:
+        for attachment in message.attachments[:MAX_FILES_PER_MESSAGE]:
             ref, note = self._one(message, attachment, uses, session_id, intake)
             intake.refs.append(ref)
             if note:
                 intake.notes.append(note_line(replace(ref, note=note)))
             if ref.image:
                 intake.images += 1
+        self._left_unread(message, intake)
         if uses:
             self.index.record(uses, session_id=session_id, owner_user_id=owner_user_id, turn_id=turn_id)
         intake.usable = bool(message.text.strip()) or any(r.note is None for r in intake.refs) \
             or message.command is not None
         return intake
+
+    @staticmethod
+    def _left_unread(message: InboundMessage, intake: Intake) -> None:
+        """The files past ``MAX_FILES_PER_MESSAGE``: a reference with a note each (never
+        downloaded), and one line telling the user."""
+        rest = message.attachments[MAX_FILES_PER_MESSAGE:]
+        if not rest:
+            return
+        why = f"only the first {MAX_FILES_PER_MESSAGE} files of a message are read"  # for the model: English
+        intake.refs += [MediaRef(a.kind, a.mime_type or "application/octet-stream", a.size or 0, None,
+                                 file_name(a.name), note=why) for a in rest]
+        intake.notes.append(_("⚠️ I read the first {max} files of your message only; the other {more} were not "
+                              "read (send them in another message).", max=MAX_FILES_PER_MESSAGE, more=len(rest)))
 
     def _one(self, message: InboundMessage, attachment: Attachment, uses: list[Use], session_id: str,
              intake: Intake) -> tuple[MediaRef, str | None]:
