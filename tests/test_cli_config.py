@@ -101,3 +101,26 @@ def test_an_environment_value_that_is_not_json_is_one_line_naming_the_variable(n
     err = capsys.readouterr().err
     assert err.startswith(f"error: environment variable {name} is not valid JSON") and err.count("\n") == 1, err
     assert "Traceback" not in err and "sk-env-secret-4411" not in err
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    ("command = []", "give command (a stdio server's argv, not empty) or url"),
+    ("timeout_s = 5", "give command (a stdio server's argv, not empty) or url"),
+    ('command = ["uvx", "mcp-server-git"]\nurl = "https://mcp.example/mcp"', "not both"),
+    ('url = "mcp.example/mcp"', "url must start with http:// or https://"),
+    ('command = ["uvx", ""]', "command has an empty part"),
+])
+def test_an_mcp_server_without_one_usable_transport_is_refused_naming_the_server(tmp_path, capsys, body, problem):
+    """An empty command, or neither command nor url, started the gateway and failed later with
+    httpx's "Request URL is missing an 'http://'" naming no key; both used the command silently."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(f"[mcp.servers.git]\n{body}\n")
+    assert main(["db", "upgrade", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: invalid configuration: mcp.servers.git: ") and problem in err
+
+
+def test_a_switched_off_mcp_server_may_be_a_placeholder(tmp_path, capsys, keep_logging):
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "gw.db"}"\n[mcp.servers.later]\nenabled = false\n')
+    assert main(["db", "upgrade", "--config", str(path)]) == 0

@@ -381,6 +381,23 @@ class McpServerConfig(_Section):
     """Per tool call."""
     enabled: bool = True
 
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        """Exactly one of a non-empty ``command`` and an http(s) ``url`` (an empty command, or
+        neither, failed at start-up with httpx's "Request URL is missing an 'http://'" naming no
+        key; both silently used the command)."""
+        has_command, has_url = bool(self.command), bool(self.url)
+        if not self.enabled and not has_command and not has_url:
+            return self  # a placeholder kept switched off
+        if has_command == has_url:
+            raise ValueError("give either command (a stdio server's argv, not empty) or url (an http(s) endpoint), "
+                             "not both" if has_command else "give command (a stdio server's argv, not empty) or url")
+        if self.command is not None and not all(part.strip() for part in self.command):
+            raise ValueError("command has an empty part")
+        if self.url is not None and not self.url.lower().startswith(("http://", "https://")):
+            raise ValueError("url must start with http:// or https://")
+        return self
+
 
 class McpConfig(_Section):
     servers: dict[str, McpServerConfig] = Field(default_factory=dict)
