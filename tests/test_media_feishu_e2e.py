@@ -89,4 +89,27 @@ async def test_a_post_with_more_images_than_a_message_may_carry_reads_the_first_
     text = fake_openai.requests[0]["json"]["messages"][-1]["content"][0]["text"]
     assert text.count("only the first 10 files of a message are read") == 3
     sent = " ".join(str(m) for m in fake_feishu.sent(P2P)[before:])
-    assert "the other 3 were not read" in sent
+    assert "前 10 个文件，其余 3 个没有读取" in sent  # a Feishu chat without a language choice reads Chinese
+
+
+async def test_a_sticker_is_described_to_the_model_without_asking_feishu_for_it(tmp_path, fake_feishu, fake_openai,
+                                                                                running):
+    """Feishu's resource API serves no stickers ("暂不支持获取表情包资源"): the gateway asked anyway,
+    and a sticker sent alone got "⚠️ I could not use the sticker" and no answer (found by a review).
+    Now it reaches the model as a described sticker, with no download attempt."""
+    fake_feishu.reset()
+    fake_openai.reset()
+    fake_openai.script(oa.text("Nice sticker!"))
+    gateway = await start_gateway(gateway_config(tmp_path, fake_openai, fake_feishu=fake_feishu), running)
+    before = len(fake_feishu.sent(P2P))
+    event = fake_feishu.text_event("", message_type="sticker", content={"file_key": "file_v3_fake_sticker"})
+
+    status, _ = await fake_feishu.post_event(f"http://127.0.0.1:{gateway.http_port}/feishu/events", event)
+    assert status == 200
+    await wait_until(lambda: len(fake_feishu.sent(P2P)) >= before + 1, what="the reply")
+
+    assert not list(fake_feishu.calls("resource"))
+    assert len(fake_openai.requests) == 1
+    user = fake_openai.requests[0]["json"]["messages"][-1]["content"]
+    assert "[sticker" in str(user) and "could not be used" not in str(user)
+    assert "could not use" not in " ".join(str(m) for m in fake_feishu.sent(P2P)[before:])

@@ -71,7 +71,13 @@ from adapters.feishu.long_connection import LongConnection
 from adapters.feishu.token import TenantToken
 from adapters.feishu.wire import event_id_of, event_problem
 from adapters.wire import UnreadableBody, header_bytes, load_json
-from gateway.core.errors import ContextUnavailable, CredentialRejected, DownloadFailed, FileTooBig
+from gateway.core.errors import (
+    ContextUnavailable,
+    CredentialRejected,
+    DownloadFailed,
+    FileTooBig,
+    NotDownloadable,
+)
 from gateway.core.ports import BeforePart, ChatLeft, FileReader, InboundSink, PartSent
 from gateway.core.types import (
     Attachment,
@@ -802,7 +808,10 @@ class FeishuAdapter:
 
         Raises:
             FileTooBig: above ``max_bytes``. DownloadFailed: Feishu refused it or did not answer.
+            NotDownloadable: a sticker ("暂不支持获取表情包资源": the API serves none; not asked).
         """
+        if attachment.kind == "sticker":
+            raise NotDownloadable("Feishu does not hand stickers to bots")
         limit = min(max_bytes, RESOURCE_LIMIT)
         if attachment.size is not None and attachment.size > limit:
             raise FileTooBig(attachment.size, limit, "Feishu" if limit == RESOURCE_LIMIT else "this gateway")

@@ -50,6 +50,12 @@ class MediaError(GatewayError):
         self.user_message = user_message
 
 
+class NotDownloadable(MediaError):
+    """The platform never hands this kind of file to a bot (Feishu stickers: "暂不支持获取表情包资源",
+    Feishu Open Platform, im-v1 message-resource get). The file is described to the model by its
+    kind, with no note and no download attempt."""
+
+
 class FileTooBig(MediaError):
     """The file is larger than a limit: ``limit`` bytes, set by ``who`` (``Telegram bots``,
     ``this gateway``) for ``what`` (``files``, ``document files``); ``size`` is the file's size

@@ -43,7 +43,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 
 from agent.model import ChatModel, ModelError, ModelReply, OnText
 from gateway.core.config import MediaConfig
-from gateway.core.errors import BlobMissing, DownloadFailed, FileTooBig, MediaError
+from gateway.core.errors import BlobMissing, DownloadFailed, FileTooBig, MediaError, NotDownloadable
 from gateway.core.i18n import N_, _
 from gateway.core.ports import BlobStore, can_download
 from gateway.core.types import Attachment, InboundMessage, MediaRef
@@ -203,6 +203,8 @@ class MediaService:
             return self._picture(message, ref, attachment.thumbnail_id, uses), None
         try:
             data, mime = self._fetch(message, attachment)
+        except NotDownloadable:
+            return ref, None  # described by its kind, as a video is
         except MediaError as exc:
             log.info("attachment %s of %s not taken: %s", attachment.kind, message.message_id, exc.user_message)
             return replace(ref, note=exc.user_message), exc.user_message
