@@ -71,6 +71,24 @@ def test_voice_without_a_transcription_model_is_said():
     assert "speech to text is off here" in got.notice and got.ref.note == got.notice
 
 
+def test_a_transcription_services_error_text_is_redacted_before_the_user_and_the_model(fake_openai):
+    """The service's own error message is quoted to the user and the model ("answered 502: ..."); a
+    proxy that echoes what it was sent put a configured secret there unredacted (found by a review)."""
+    from tests.fakes.openai import error
+
+    fake_openai.reset()
+    fake_openai.script_transcription(error(502, "upstream refused: Authorization Bearer sk-proxy-SECRET-4411",
+                                           "server_error"))
+    voice = samples.ogg_opus(b"\x02" * 100)
+    reader = ContentReader(transcriber=Transcriber(base_url=f"{fake_openai.url}/v1", api_key="sk-test",
+                                                   model="whisper-1", max_retries=0), workspace=None,
+                           redact=lambda text: text.replace("sk-proxy-SECRET-4411", "***"))
+    got = reader.read(ref_for(voice, "voice", None, "audio/ogg"), voice, session_id="s")
+    assert "answered 502: upstream refused: Authorization Bearer ***" in got.notice
+    assert "SECRET" not in got.notice and "SECRET" not in str(got.ref)
+    fake_openai.reset()
+
+
 def test_a_transcript_is_fenced_and_read_back(fake_openai):
     fake_openai.reset()
     fake_openai.script_transcription("Hello\nthere.")

@@ -136,8 +136,8 @@ class ContentReader:
             heard = self.transcriber.transcribe(data, kind=ref.kind, mime=ref.mime_type, name=ref.name)
         except TranscriptionError as exc:
             log.info("transcription failed: %s", exc)
-            return Reading(dataclasses.replace(ref, note=exc.user_message, text=_saved_line(saved)),
-                           exc.user_message)
+            said = self.redact(exc.user_message)  # may quote the service's own error text
+            return Reading(dataclasses.replace(ref, note=said, text=_saved_line(saved)), said)
         words, left = cap_text(self.redact(heard.text), self.max_tokens)
         whose = ("the sender's own words" if ref.kind == "voice" else "what the recording says")
         header = (f"Transcript of the {what} (speech to text by {heard.model}; recognition errors are possible): "
