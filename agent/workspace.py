@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import stat
 import unicodedata
 from pathlib import Path
@@ -106,6 +107,16 @@ class Workspace:
         path = self.root / safe
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return path
+
+    def remove(self, session_id: str) -> bool:
+        """Deletes the session's workspace with everything in it (``gateway sessions delete``);
+        links inside are removed, never followed. Returns whether there was one."""
+        safe = _SAFE_ID.sub("_", session_id)
+        path = self.root / safe
+        if not safe or not path.is_dir() or path.is_symlink():
+            return False
+        shutil.rmtree(path)
+        return True
 
     def resolve(self, session_id: str, relative: str) -> Path:
         """``relative`` inside the session's workspace, symlinks resolved.

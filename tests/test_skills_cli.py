@@ -256,3 +256,30 @@ def test_show_fails_for_anything_that_is_not_a_valid_skill_and_validate_names_st
     assert "1 valid, 3 invalid" in out
     assert cli(config, "skills", "list") == 0
     assert f"notes  NOT A SKILL  {skills / 'notes'}: has no SKILL.md" in capsys.readouterr().out
+
+
+def test_sessions_delete_deletes_the_sessions_workspace_too(tmp_path, capsys, keep_logging):
+    """``gateway sessions delete`` removed the transcript and the stored files but left the
+    session's workspace folder (the uploads saved for the tools, what the agent wrote) on disk
+    (found by a review). Links inside are removed, never followed."""
+    from agent.workspace import Workspace
+    from gateway.app.cli import main
+
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "gw.db"}"\n'
+                    f'[media]\ndirectory = "{tmp_path / "media"}"\n'
+                    f'[tools]\nworkspace = "write"\nworkspace_root = "{tmp_path / "ws"}"\n')
+    assert main(["db", "upgrade", "--config", str(path)]) == 0
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'gw.db'}")
+    session_id = Store(engine).new_session("telegram:1:5", "system", None)
+    engine.dispose()
+    folder = Workspace(tmp_path / "ws").directory(session_id)
+    (folder / "uploads").mkdir()
+    (folder / "uploads" / "payslip.pdf").write_bytes(b"%PDF-1.7 private")
+    (folder / "outside").symlink_to(tmp_path / "media", target_is_directory=True)
+    (tmp_path / "media").mkdir(exist_ok=True)
+    (tmp_path / "media" / "kept").write_text("not the session's")
+    capsys.readouterr()
+    assert main(["sessions", "delete", session_id[:8], "--config", str(path)]) == 0
+    assert "deleted its workspace folder" in capsys.readouterr().out
+    assert not folder.exists() and (tmp_path / "media" / "kept").read_text() == "not the session's"

@@ -200,13 +200,17 @@ CONFIG_HELP = "TOML config file (default: $GATEWAY_CONFIG, else built-in default
 
 
 def _delete_session_files(config: GatewayConfig) -> Callable[[Any, str], None]:
-    """Deletes a deleted session's files (``gateway sessions delete``): blobs nobody else uses."""
+    """Deletes a deleted session's files (``gateway sessions delete``): blobs nobody else uses, and
+    its workspace folder (the uploads saved for the tools, what the agent wrote there)."""
     def delete(engine: Any, session_id: str) -> None:
+        from agent.workspace import Workspace
         from gateway.media.index import MediaIndex
         from gateway.media.store import open_blob_store
 
         gone = MediaIndex(engine, open_blob_store(config.media, engine)).forget_session(session_id)
         print(f"deleted {gone.files} stored file(s) of it ({gone.blobs} blob(s))")
+        if Workspace(config.tools.workspace_root).remove(session_id):
+            print("deleted its workspace folder")
 
     return delete
 
