@@ -141,6 +141,26 @@ async def test_groups_answer_only_when_addressed(tmp_path, fake_telegram, fake_o
     assert len(sends_to(fake_telegram, -4000000001)) == 1
 
 
+async def test_a_command_after_the_bots_mention_in_a_group_is_that_command(tmp_path, fake_telegram, fake_openai,
+                                                                            running):
+    """``@bot /stop`` (the mention form every other platform uses for commands; Telegram marks the
+    ``/stop`` as a ``bot_command`` entity after the ``mention``) is ``/stop``, answered at once,
+    not a text for the model."""
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("model answer")
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    update = fixture("telegram", "group_mention.json")
+    update["message"]["chat"]["id"] = chat = -4000000077
+    update["message"].update(text="@gateway_test_bot  /stop", entities=[
+        {"offset": 0, "length": 17, "type": "mention"}, {"offset": 19, "length": 5, "type": "bot_command"}])
+    fake_telegram.inject(update)
+    call = await fake_telegram.wait_for_call("sendMessage", lambda c: int(c.params["chat_id"]) == chat)
+    assert call.params["text"] == "Nothing is running; nothing to stop."
+    assert call.params["reply_parameters"]["message_id"] == 2201
+    await asyncio.sleep(0.3)
+    assert fake_openai.requests == [] and len(sends_to(fake_telegram, chat)) == 1
+
+
 async def test_duplicate_update_is_answered_once(tmp_path, fake_telegram, fake_openai, running):
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.text("hello Alice")

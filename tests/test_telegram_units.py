@@ -320,6 +320,14 @@ def test_a_bare_command_and_a_command_with_arguments_in_a_caption():
                              caption_entities=[{"type": "bot_command", "offset": 0, "length": 26}])
     result = to_inbound(_checked(update), BOT)
     assert (result.command, result.text, [a.file_id for a in result.attachments]) == ("describe", "this one", ["p"])
+    update["message"].update(caption="@gateway_test_bot 🙂 /describe this", caption_entities=[
+        {"type": "mention", "offset": 0, "length": 17}, {"type": "bot_command", "offset": 21, "length": 9}])
+    result = to_inbound(_checked(update), BOT)  # a command further into the text is text
+    assert (result.command, result.text) == (None, "🙂 /describe this")
+    update["message"].update(caption="@gateway_test_bot /Describe@gateway_test_bot this", caption_entities=[
+        {"type": "mention", "offset": 0, "length": 17}, {"type": "bot_command", "offset": 18, "length": 26}])
+    result = to_inbound(_checked(update), BOT)  # right after the bot's mention: the command
+    assert (result.command, result.text, result.addressed) == ("describe", "this", True)
 
 
 def test_topics_albums_languages_and_what_is_never_a_turn():

@@ -10,6 +10,9 @@ Rules (PLATFORMS.md §1.2, Telegram Bot API "Message"/"MessageEntity"):
 - ``message_thread_id`` is a thread only when ``is_topic_message`` is true (forum topics);
 - in groups the bot answers only when addressed: an ``@username`` mention, ``/cmd@username``,
   a bare ``/cmd``, or a reply to one of the bot's own messages;
+- a command is a ``bot_command`` entity at the start of the text, or right after the bot's
+  mention (``@username /cmd``, the form Slack and Feishu commands take; Telegram marks the
+  ``/cmd`` there as a ``bot_command`` too); one further into the text is text;
 - entity offsets and lengths are UTF-16 code units;
 - edited messages, messages from bots (the bot itself included) and service messages are ignored;
 - a reply carries what it replies to (``quoted``): ``reply_to_message`` (its text or caption and its
@@ -51,6 +54,15 @@ class BotIdentity:
 
     id: int
     username: str
+
+
+def _only_mentions(prefix: str, spans: Sequence[tuple[int, int]]) -> bool:
+    """Whether ``prefix`` (the text before a ``bot_command`` entity) is nothing but the bot's
+    mentions (``spans``: string index ranges) and whitespace: ``@bot /stop`` is ``/stop``."""
+    for start, end in sorted(spans, reverse=True):
+        if end <= len(prefix):
+            prefix = prefix[:start] + prefix[end:]
+    return not prefix.strip()
 
 
 def _utf16_to_index(text: str, utf16_offset: int) -> int:
@@ -236,7 +248,7 @@ def to_inbound(update: JSON, bot: BotIdentity, *, ambient: bool = False) -> Inbo
         astral = _ASTRAL.search(text) is not None
         for entity in entities:
             kind = entity["type"]
-            if kind == "mention" or (kind == "bot_command" and entity["offset"] == 0):
+            if kind == "mention" or (kind == "bot_command" and command is None):
                 offset, end_units = entity["offset"], entity["offset"] + entity["length"]
                 if astral:
                     start, end = _utf16_to_index(text, offset), _utf16_to_index(text, end_units)
@@ -248,6 +260,8 @@ def to_inbound(update: JSON, bot: BotIdentity, *, ambient: bool = False) -> Inbo
                         addressed = True
                         mention_spans.append((start, end))
                     continue
+                if offset != 0 and not _only_mentions(text[:start], mention_spans):
+                    continue  # a command further into the text is text
                 name, _, target = fragment[1:].partition("@")
                 if target and target.lower() != username:
                     continue  # a command for another bot
