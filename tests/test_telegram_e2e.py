@@ -161,6 +161,32 @@ async def test_a_command_after_the_bots_mention_in_a_group_is_that_command(tmp_p
     assert fake_openai.requests == [] and len(sends_to(fake_telegram, chat)) == 1
 
 
+async def test_a_command_for_another_bot_in_a_reply_to_ours_is_not_answered(tmp_path, fake_telegram, fake_openai,
+                                                                             running):
+    """A reply to one of our messages reaches the bot (Telegram delivers replies to it even in
+    privacy mode), but ``/ask@other_bot ...`` is that bot's command: the other bot answers it."""
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("our answer")
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    chat = -1001000000078
+    other = fixture("telegram", "supergroup_reply_to_bot.json")
+    other.pop("update_id")
+    for message in (other["message"], other["message"]["reply_to_message"]):
+        message["chat"]["id"] = chat
+    other["message"].update(text="/ask@other_bot which warnings?",
+                            entities=[{"offset": 0, "length": 14, "type": "bot_command"}])
+    ours = json.loads(json.dumps(other))
+    ours["message"].update(message_id=4412, text="Which warnings exactly?")
+    del ours["message"]["entities"]
+    fake_telegram.inject(other)
+    fake_telegram.inject(ours)  # after it in the same chat: its answer shows the first was read
+    call = await fake_telegram.wait_for_call("sendMessage", lambda c: int(c.params["chat_id"]) == chat)
+    assert call.params["reply_parameters"]["message_id"] == 4412
+    await asyncio.sleep(0.3)
+    assert len(sends_to(fake_telegram, chat)) == 1 and len(fake_openai.requests) == 1
+    assert fake_openai.requests[0]["json"]["messages"][-1]["content"].endswith("Which warnings exactly?")
+
+
 async def test_duplicate_update_is_answered_once(tmp_path, fake_telegram, fake_openai, running):
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.text("hello Alice")

@@ -13,6 +13,8 @@ Rules (PLATFORMS.md §1.2, Telegram Bot API "Message"/"MessageEntity"):
 - a command is a ``bot_command`` entity at the start of the text, or right after the bot's
   mention (``@username /cmd``, the form Slack and Feishu commands take; Telegram marks the
   ``/cmd`` there as a ``bot_command`` too); one further into the text is text;
+- a group message starting with another bot's command (``/cmd@other_bot``) is that bot's, also
+  when it replies to the bot or mentions it further on;
 - entity offsets and lengths are UTF-16 code units;
 - edited messages, messages from bots (the bot itself included) and service messages are ignored;
 - a reply carries what it replies to (``quoted``): ``reply_to_message`` (its text or caption and its
@@ -242,6 +244,7 @@ def to_inbound(update: JSON, bot: BotIdentity, *, ambient: bool = False) -> Inbo
     mention_spans: list[tuple[int, int]] = []
     command: str | None = None
     addressed = False
+    other_bot = False  # the text starts with another bot's command (/cmd@other_bot)
     if entities:
         # Bot API MessageEntity: offset and length in UTF-16 code units, which are string indices
         # unless the text has characters outside the BMP
@@ -264,6 +267,7 @@ def to_inbound(update: JSON, bot: BotIdentity, *, ambient: bool = False) -> Inbo
                     continue  # a command further into the text is text
                 name, _, target = fragment[1:].partition("@")
                 if target and target.lower() != username:
+                    other_bot |= offset == 0
                     continue  # a command for another bot
                 command = name.lower()
                 addressed = True
@@ -273,6 +277,8 @@ def to_inbound(update: JSON, bot: BotIdentity, *, ambient: bool = False) -> Inbo
     reply_to = message.get("reply_to_message")
     if reply_to is not None and (author := reply_to.get("from")) is not None and author["id"] == bot.id:
         addressed = True
+    if other_bot:
+        addressed = False  # that bot's, even in a reply to ours: it answers, not us
 
     is_dm = chat["type"] == "private"
     if not is_dm and not addressed and not ambient:
