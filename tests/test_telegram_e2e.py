@@ -141,6 +141,33 @@ async def test_groups_answer_only_when_addressed(tmp_path, fake_telegram, fake_o
     assert len(sends_to(fake_telegram, -4000000001)) == 1
 
 
+async def test_a_reply_to_a_group_that_became_a_supergroup_goes_to_the_supergroup(tmp_path, fake_telegram,
+                                                                                   fake_openai, running, caplog):
+    """A group upgraded to a supergroup while its turn ran (an admin turned on a supergroup feature):
+    sendMessage to the old id answers 400 with ``migrate_to_chat_id``; the reply failed for good
+    ("chat migrated to ...") and the user never got it (found by a review). It is sent there."""
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("release is green")
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram), running)
+    update = fixture("telegram", "group_mention.json")
+    update["message"]["chat"]["id"] = old = -4000000079
+    new = -1001000000079
+    fake_telegram.migrated[str(old)] = new
+    try:
+        fake_telegram.inject(update)
+        call = await fake_telegram.wait_for_call("sendMessage", lambda c: int(c.params["chat_id"]) == new)
+        assert call.params["text"] == "release is green"
+        assert "reply_parameters" not in call.params  # the quoted message's id belongs to the old chat
+        service = {"message_id": 2300, "date": update["message"]["date"], "chat": update["message"]["chat"],
+                   "from": update["message"]["from"], "migrate_to_chat_id": new}
+        fake_telegram.inject({"message": service})  # the service message Telegram sends the old chat
+        await wait_until(lambda: any(str(old) in r.getMessage() and str(new) in r.getMessage()
+                                     and r.levelname == "WARNING" and "became supergroup" in r.getMessage()
+                                     for r in caplog.records), what="the operator's warning")
+    finally:
+        del fake_telegram.migrated[str(old)]
+
+
 async def test_a_command_after_the_bots_mention_in_a_group_is_that_command(tmp_path, fake_telegram, fake_openai,
                                                                             running):
     """``@bot /stop`` (the mention form every other platform uses for commands; Telegram marks the

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
 import random
@@ -385,6 +386,11 @@ class TelegramAdapter:
                         type(exc).__name__)
             return
         if isinstance(result, Ignored):
+            migrated = (update.get("message") or {}).get("migrate_to_chat_id")
+            if migrated is not None:  # Bot API Message.migrate_to_chat_id: the group became a supergroup
+                log.warning("telegram group %s became supergroup %s: replies follow it, but its conversation, "
+                            "settings and any configuration naming the old id (access lists, chats, job targets) "
+                            "do not; update them", update["message"]["chat"]["id"], migrated)
             log.debug("telegram update %s ignored: %s", update["update_id"], result.reason)
             return
         await self._sink(result)
@@ -455,10 +461,14 @@ class TelegramAdapter:
         editMessageText of that message instead of a new message."""
         parts = self._parts(message)
         ids: list[str] = []
-        for index, part in enumerate(parts):
+        address = message.address
+        index = 0
+        while index < len(parts):
+            part = parts[index]
             if index < message.resume_from:
+                index += 1
                 continue
-            quote = message.reply_to_id if index == 0 else None
+            quote = message.reply_to_id if index == 0 and address == message.address else None
             markup = _keyboard(message.buttons) if index == len(parts) - 1 else None
             data = None
             if isinstance(part, tuple):
@@ -470,16 +480,24 @@ class TelegramAdapter:
             try:
                 if isinstance(part, tuple):
                     assert data is not None
-                    sent_id = await self._send_file(message.address, part[0], data, part[1], quote, markup)
-                elif index == 0 and message.edit_id:
-                    sent_id = await self._edit_chunk(message.address, message.edit_id, part, quote)
+                    sent_id = await self._send_file(address, part[0], data, part[1], quote, markup)
+                elif index == 0 and message.edit_id and address == message.address:
+                    sent_id = await self._edit_chunk(address, message.edit_id, part, quote)
                 else:
-                    sent_id = await self._send_chunk(message.address, part, quote, markup)
+                    sent_id = await self._send_chunk(address, part, quote, markup)
             except RetryAfter as exc:
                 return DeliveryResult(False, tuple(ids), retryable=True, retry_after=_retry_after(exc),
                                       error="telegram flood control")
             except ChatMigrated as exc:
-                return DeliveryResult(False, tuple(ids), error=f"chat migrated to {exc.new_chat_id}")
+                if address != message.address:  # migrated twice: give up
+                    return DeliveryResult(False, tuple(ids), error=f"chat migrated to {exc.new_chat_id}")
+                # Bot API: a group upgraded to a supergroup answers 400 with parameters.migrate_to_chat_id;
+                # the same part goes to the supergroup (nothing was sent to the old id).
+                log.warning("telegram chat %s became supergroup %s; this reply goes there (update chat ids "
+                            "in the configuration: access lists, chats, job targets)", address.chat_id,
+                            exc.new_chat_id)
+                address = dataclasses.replace(address, chat_id=str(exc.new_chat_id))
+                continue
             except Forbidden as exc:
                 return DeliveryResult(False, tuple(ids), error=f"forbidden: {exc.message}")
             except BadRequest as exc:
@@ -491,6 +509,7 @@ class TelegramAdapter:
             ids.append(sent_id)
             if on_part is not None and index < len(parts) - 1:
                 await on_part(sent_id)  # recorded before the next part: a crash never repeats it
+            index += 1
         await self._clear_reaction(message.address)  # the answer is there: no more "working on it"
         return DeliveryResult(True, tuple(ids))
 

@@ -487,6 +487,9 @@ class FakeTelegram(ThreadedServer):
         super().__init__(port)
         self.token, self.bot_id, self.username, self.first_name = token, bot_id, username, first_name
         self.forum_chats: set[int] = set()
+        self.migrated: dict[str, int] = {}
+        """Groups upgraded to supergroups: old chat id (as text) -> the supergroup's id. Sending to
+        the old id answers 400 with ``parameters.migrate_to_chat_id`` (Bot API "ResponseParameters")."""
         self.files: dict[str, bytes] = {}
         self.download_limit = 20 * 1024 * 1024
         """getFile's limit: "bots can download files of up to 20 MB" (cloud Bot API)."""
@@ -782,6 +785,9 @@ class FakeTelegram(ThreadedServer):
         chat_id = params.get("chat_id")
         if chat_id in (None, ""):
             raise _bad("chat_id is empty")
+        if str(chat_id) in self.migrated:
+            raise ApiError(400, "Bad Request: group chat was upgraded to a supergroup chat",
+                           {"migrate_to_chat_id": self.migrated[str(chat_id)]})
         thread = params.get("message_thread_id")
         if thread is not None and self.forum_chats and chat_id not in self.forum_chats:
             raise _bad("message thread not found")
