@@ -235,7 +235,10 @@ def _model_step(reply: ModelReply, price: Price | None, budget: Budget, outcome:
     outcome.steps += 1
     outcome.usage.append(reply.usage)
     outcome.cost_usd += cost
-    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    # content may be null only beside tool calls: an empty answer (a reasoning model that spent its
+    # output tokens, a content filter) sent back as null is refused with every later request
+    content = reply.content if reply.tool_calls else reply.content or ""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
     if reply.tool_calls:
         message["tool_calls"] = reply.tool_calls
     messages.append(message)

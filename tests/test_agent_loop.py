@@ -208,3 +208,20 @@ def test_a_call_suspended_for_a_restart_gets_no_result_and_is_asked_again_on_res
     assert asked == [(mail.id, False), (mail.id, True)]
     assert resumed[0]["tool_call_id"] == mail.id and "sent" in resumed[0]["content"]
     assert outcome.reply == "5, and the mail is sent"
+
+
+def test_an_empty_draft_before_the_checklist_is_sent_back_as_the_api_takes_it(model, fake_openai):
+    # A skill's checklist makes the model's first answer a draft sent back with the checklist
+    # request; an empty draft went back as content null, which the API refuses: the turn failed.
+    from agent.turn_state import TurnState
+
+    state = TurnState()
+    state.add_skill("report", "1", ("every figure has a source",))
+    fake_openai.script(oa.text(""), oa.text("final answer"))
+    recorded: list[dict] = []
+    outcome = run_turn(system_prompt="sys", history=[{"role": "user", "content": "report"}], model=model,
+                       tools=registry(), bridge=None, limits=Limits(), record=lambda m, u, meta: recorded.append(m),
+                       context=RunContext(state=state))
+    assert outcome.reply == "final answer"
+    assert [r["status"] for r in fake_openai.requests] == [200, 200]
+    assert recorded[0] == {"role": "assistant", "content": ""}

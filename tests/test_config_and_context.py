@@ -93,6 +93,21 @@ def test_history_starts_at_a_user_message_and_closes_interrupted_calls():
     assert render_history(window) == out  # deterministic bytes
 
 
+def test_an_answer_stored_without_text_or_calls_is_sent_as_the_api_takes_it(fake_openai):
+    # Rows an empty model answer left with content NULL (written before the loop stored "") made
+    # every later request of the session a 400: the API takes null content only beside tool calls.
+    from agent.model import OpenAIChatModel
+    from tests.fakes import openai as oa
+
+    fake_openai.reset()
+    fake_openai.script(oa.text("answered"))
+    window = [row(1, "user", "q1", meta={"time": 0}), row(2, "assistant", None), row(3, "user", "q2")]
+    history = render_history(window)
+    model = OpenAIChatModel(base_url=f"{fake_openai.url}/v1", api_key="sk-test", model="gpt-4o-mini", max_retries=0)
+    assert model.complete([{"role": "system", "content": "s"}, *history], []).content == "answered"
+    assert history[1] == {"role": "assistant", "content": ""}
+
+
 def test_context_window_settings_are_checked():
     from gateway.core.config import LlmConfig
 

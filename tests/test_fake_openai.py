@@ -120,6 +120,16 @@ def test_a_tool_call_without_function_name_is_rejected(fake, client):
     assert exc.value.body["param"] == "messages[1].tool_calls[0].function.name"
 
 
+def test_an_assistant_message_with_null_content_needs_tool_calls(fake, client):
+    fake.script(text("kept"))
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=MODEL, messages=[user(), {"role": "assistant", "content": None}, user()])
+    assert exc.value.body["message"] == "Invalid value for 'content': expected a string, got null."
+    assert exc.value.body["param"] == "messages.[1].content"
+    resp = client.chat.completions.create(model=MODEL, messages=[user(), {"role": "assistant", "content": ""}, user()])
+    assert resp.choices[0].message.content == "kept"
+
+
 @pytest.mark.parametrize("shape", ["shared", "one_chunk"])
 def test_streaming_tool_calls_under_one_index(fake, client, shape):
     fake.script(tool_calls(call("get_weather", {"city": "Oslo"}, id="c1"),

@@ -116,6 +116,28 @@ async def test_restart_keeps_history_and_identical_system_prompt(tmp_path, fake_
     assert after["messages"][1] == before["messages"][1]  # history renders the same bytes every turn
 
 
+async def test_an_empty_model_reply_does_not_break_the_conversation(tmp_path, fake_telegram, fake_openai, running):
+    # A model may answer with neither text nor tool calls (a reasoning model that spent its output
+    # tokens, a content filter). That answer was stored as {"role": "assistant", "content": null}
+    # and sent again with every later turn, which OpenAI refuses: the chat got "The model returned
+    # an error (400)." for every message until /new.
+    fake_openai.reset()
+    fake_openai.script(oa.text("", finish_reason="length"), oa.text("here it is"))
+    config = gateway_config(tmp_path, fake_openai, fake_telegram)
+    await start_gateway(config, running)
+    chat = 5551077
+    fake_telegram.inject(dm_update("think hard", 9201, user_id=chat))
+    await wait_until(lambda: len(sends_to(fake_telegram, chat)) == 1, what="first reply")
+    fake_telegram.inject(dm_update("and now?", 9202, user_id=chat))
+    await wait_until(lambda: len(sends_to(fake_telegram, chat)) == 2, what="second reply")
+
+    assert sends_to(fake_telegram, chat)[1].params["text"] == "here it is"
+    assert [r["status"] for r in fake_openai.requests] == [200, 200]
+    sent = fake_openai.requests[1]["json"]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert sent[2] == {"role": "assistant", "content": ""}
+
+
 async def test_groups_answer_only_when_addressed(tmp_path, fake_telegram, fake_openai, running):
     fake_openai.reset()
     fake_openai.responder = lambda req: oa.text("group answer")

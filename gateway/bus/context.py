@@ -177,7 +177,8 @@ def render_history(window: list[StoredMessage], images: ImagePolicy | None = Non
     and the sequence is repaired by ``agent.sequence.repair``: orphan tool results are dropped and
     a tool call left unanswered by an interrupted older turn gets an explicit "interrupted" result,
     so it is always valid for the API. Tool calls of the newest assistant message are left for the
-    loop to answer (resume after a crash). Internal fields (ids, meta, token counts) are not sent.
+    loop to answer (resume after a crash). An assistant row without text or tool calls is sent with
+    ``content: ""`` (the API refuses null there). Internal fields (ids, meta, token counts) are not sent.
     """
     start = next((i for i, m in enumerate(window) if m.role == "user"), len(window))
     with_images = _rows_with_images(window, start, images)
@@ -192,8 +193,9 @@ def render_history(window: list[StoredMessage], images: ImagePolicy | None = Non
             text = render_user(row.content, row.meta, images_shown=bool(pictures), vision=vision)
             content: Any = [{"type": "text", "text": text}, *pictures] if pictures else text
             out.append({"role": "user", "content": content})
-        elif row.role == "assistant":
-            message: dict[str, Any] = {"role": "assistant", "content": row.content}
+        elif row.role == "assistant":  # null content only beside tool calls (rows stored null before it was "")
+            content = row.content if row.tool_calls or row.content is not None else ""
+            message: dict[str, Any] = {"role": "assistant", "content": content}
             if row.tool_calls:
                 message["tool_calls"] = row.tool_calls
             out.append(message)

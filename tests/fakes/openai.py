@@ -263,9 +263,10 @@ def validate_chat_request(body: Any) -> None:
     consecutive tool messages answering each of its ids; a tool message must answer a call of that
     assistant message; each of those calls has a non-empty ``id`` (a missing, null or empty one
     is answered ``Missing required parameter: 'messages[2].tool_calls[1].id'.``), a ``type``, a
-    ``function.name`` and ``function.arguments``; tools need ``type: "function"`` and a
-    ``function.name`` matching ``^[a-zA-Z0-9_-]{1,64}$``; ``stream_options`` only with
-    ``stream: true``.
+    ``function.name`` and ``function.arguments``; an assistant message without ``tool_calls`` has
+    string ``content`` (a null one: ``Invalid value for 'content': expected a string, got null.``);
+    tools need ``type: "function"`` and a ``function.name`` matching ``^[a-zA-Z0-9_-]{1,64}$``;
+    ``stream_options`` only with ``stream: true``.
     """
     if not isinstance(body, dict):
         raise _Invalid("We could not parse the JSON body of your request.")
@@ -313,6 +314,10 @@ def validate_chat_request(body: Any) -> None:
                            f"messages[{i}].tool_calls", "empty_array")
         if msg["role"] == "assistant" and msg.get("tool_calls"):
             _validate_tool_calls(i, msg["tool_calls"])
+        elif msg["role"] == "assistant" and msg.get("content") is None:  # content may be null only beside tool_calls
+            if "content" not in msg:
+                raise _missing(f"messages[{i}].content")
+            raise _Invalid("Invalid value for 'content': expected a string, got null.", f"messages.[{i}].content")
         if isinstance(msg.get("content"), list):
             _validate_content_parts(i, msg["role"], msg["content"])
     _validate_tool_sequence(messages)
