@@ -262,14 +262,18 @@ class OpenAIChatModel:
 
     @staticmethod
     def _whole(response: Any) -> ModelReply:
+        """The reply of a call that was not streamed. Every call gets an id of its own: one sent
+        without an id, or with the id of an earlier call of the reply (some models give parallel
+        calls one id; the API refuses two results for one ``tool_call_id``), gets a ``call_`` id."""
         choice = response.choices[0]
         message = choice.message
-        tool_calls = [
-            {"id": call.id or new_call_id(), "type": "function",
-             "function": {"name": call.function.name, "arguments": call.function.arguments}}
-            for call in (message.tool_calls or [])
-            if getattr(call, "function", None) is not None
-        ]
+        tool_calls: list[dict[str, Any]] = []
+        for call in message.tool_calls or []:
+            if getattr(call, "function", None) is None:
+                continue
+            taken = call.id and any(call.id == earlier["id"] for earlier in tool_calls)
+            tool_calls.append({"id": call.id if call.id and not taken else new_call_id(), "type": "function",
+                               "function": {"name": call.function.name, "arguments": call.function.arguments}})
         usage = _usage(response.usage.model_dump() if response.usage is not None else None)
         return ModelReply(message.content, tool_calls, choice.finish_reason or "stop", usage)
 

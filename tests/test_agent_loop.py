@@ -225,3 +225,21 @@ def test_an_empty_draft_before_the_checklist_is_sent_back_as_the_api_takes_it(mo
     assert outcome.reply == "final answer"
     assert [r["status"] for r in fake_openai.requests] == [200, 200]
     assert recorded[0] == {"role": "assistant", "content": ""}
+
+
+def test_parallel_calls_sent_under_one_id_are_each_answered_once(fake_openai):
+    # Models have been seen to give two parallel calls the same id (gpt-4.1-nano, Kimi behind some
+    # proxies). Not streamed, the ids were kept: two results under one tool_call_id, which the API
+    # refuses; the turn failed, and the stored calls failed every later turn of the session.
+    fake_openai.reset()
+    model = OpenAIChatModel(base_url=f"{fake_openai.url}/v1", api_key="sk-test", model="gpt-4o-mini",
+                            max_retries=0, stream=False)
+    c1, c2 = oa.call("add", {"a": 1, "b": 2}, id="call_same"), oa.call("add", {"a": 40, "b": 2}, id="call_same")
+    fake_openai.script(oa.tool_calls(c1, c2), oa.text("3 and 42"))
+    outcome, recorded = run(model, registry(), [{"role": "user", "content": "sums"}])
+    assert outcome.reply == "3 and 42"
+    assert [r["status"] for r in fake_openai.requests] == [200, 200]
+    ids = [call["id"] for call in recorded[0]["tool_calls"]]
+    assert ids[0] == "call_same" and len(set(ids)) == 2
+    assert [m["tool_call_id"] for m in recorded[1:3]] == ids
+    assert [m["content"].split("\n")[1] for m in recorded[1:3]] == ["3", "42"]

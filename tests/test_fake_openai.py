@@ -130,6 +130,14 @@ def test_an_assistant_message_with_null_content_needs_tool_calls(fake, client):
     assert resp.choices[0].message.content == "kept"
 
 
+def test_a_call_answered_twice_is_rejected_like_the_real_api(fake, client):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=MODEL, messages=[user(), assistant_calls("c1", "c1"), tool_msg("c1"),
+                                                              tool_msg("c1")])
+    assert exc.value.body["message"] == ("Invalid parameter: Duplicate value for 'tool_call_id' of 'c1', "
+                                         "in messages[2] and messages[3].")
+
+
 @pytest.mark.parametrize("shape", ["shared", "one_chunk"])
 def test_streaming_tool_calls_under_one_index(fake, client, shape):
     fake.script(tool_calls(call("get_weather", {"city": "Oslo"}, id="c1"),

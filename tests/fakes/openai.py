@@ -261,7 +261,8 @@ def validate_chat_request(body: Any) -> None:
     Emulated rules: ``model`` and a non-empty ``messages`` array are required; every message has a
     valid ``role``; an assistant ``tool_calls`` array is non-empty and must be followed immediately by
     consecutive tool messages answering each of its ids; a tool message must answer a call of that
-    assistant message; each of those calls has a non-empty ``id`` (a missing, null or empty one
+    assistant message, and only once (``Duplicate value for 'tool_call_id'``); each of those
+    calls has a non-empty ``id`` (a missing, null or empty one
     is answered ``Missing required parameter: 'messages[2].tool_calls[1].id'.``), a ``type``, a
     ``function.name`` and ``function.arguments``; an assistant message without ``tool_calls`` has
     string ``content`` (a null one: ``Invalid value for 'content': expected a string, got null.``);
@@ -448,7 +449,7 @@ def _validate_tool_calls(i: int, calls: Any) -> None:
 def _validate_tool_sequence(messages: list[dict[str, Any]]) -> None:
     open_ids: list[str] | None = None  # ids of the assistant tool_calls block being answered
     owner = -1  # index of that assistant message
-    answered: set[str] = set()
+    answered: dict[str, int] = {}  # tool_call_id -> index of the tool message answering it
 
     def close() -> None:
         missing = [cid for cid in open_ids or [] if cid not in answered]
@@ -463,10 +464,14 @@ def _validate_tool_sequence(messages: list[dict[str, Any]]) -> None:
             if open_ids is None or msg.get("tool_call_id") not in open_ids:
                 raise _Invalid("Invalid parameter: messages with role 'tool' must be a response to a "
                                "preceeding message with 'tool_calls'.", f"messages.[{i}].role")
-            answered.add(msg["tool_call_id"])
+            if msg["tool_call_id"] in answered:
+                raise _Invalid(f"Invalid parameter: Duplicate value for 'tool_call_id' of '{msg['tool_call_id']}', "
+                               f"in messages[{answered[msg['tool_call_id']]}] and messages[{i}].",
+                               f"messages.[{i}].tool_call_id")
+            answered[msg["tool_call_id"]] = i
             continue
         close()
-        open_ids, answered = None, set()
+        open_ids, answered = None, {}
         if msg["role"] == "assistant" and msg.get("tool_calls"):
             open_ids = [str(tc.get("id")) for tc in msg["tool_calls"] if isinstance(tc, dict)]
             owner = i
