@@ -264,8 +264,17 @@ class OpenAIChatModel:
     def _whole(response: Any) -> ModelReply:
         """The reply of a call that was not streamed. Every call gets an id of its own: one sent
         without an id, or with the id of an earlier call of the reply (some models give parallel
-        calls one id; the API refuses two results for one ``tool_call_id``), gets a ``call_`` id."""
-        choice = response.choices[0]
+        calls one id; the API refuses two results for one ``tool_call_id``), gets a ``call_`` id.
+
+        Raises ``ModelError`` (reason ``stream``: the provider's fault, the route fails over) for a
+        200 answer without a choice (a proxy's ``{"error": ...}``, empty ``choices``)."""
+        choices = getattr(response, "choices", None)
+        if not isinstance(choices, list) or not choices or getattr(choices[0], "message", None) is None:
+            error = getattr(response, "error", None)
+            detail = error.get("message") if isinstance(error, dict) else None
+            raise ModelError(f"model endpoint answered 200 without a completion: {detail or 'no choices'}",
+                             "The model's answer broke off; try again.", reason="stream")
+        choice = choices[0]
         message = choice.message
         tool_calls: list[dict[str, Any]] = []
         for call in message.tool_calls or []:

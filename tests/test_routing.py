@@ -326,3 +326,28 @@ def test_the_example_config_s_providers_block_loads_when_uncommented(tmp_path):
     assert llm.route_entries("local-first")[0] == ("local", "qwen2.5:7b")
     local = llm.build_providers(lambda name: "k")["local"]
     assert local.max_concurrency == 2 and local.info("qwen2.5:7b").lacks == frozenset({"vision"})
+
+
+@pytest.mark.parametrize("body", [{"error": {"message": "upstream timed out", "type": "upstream_error", "code": 502}},
+                                  {"id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-4o-mini",
+                                   "choices": []}])
+def test_an_answer_without_a_completion_is_the_provider_s_fault_and_fails_over(fake_openai, plain, body):
+    # A proxy may answer an upstream failure with status 200 and an error object, or send a
+    # completion without choices. Not streamed, that raised TypeError/IndexError from the client:
+    # no failover to the route's next model, the turn ran again twice and ended with an apology.
+    fake_openai.reset()
+    plain.reset()
+    fake_openai.script(oa.raw(body))
+    plain.script("answered by the fallback")
+    providers = {"p0": Provider("p0", f"{fake_openai.url}/v1", fake_openai.api_key, lacks=frozenset({"stream"})),
+                 "p1": Provider("p1", f"{plain.url}/v1", plain.api_key, lacks=frozenset({"stream_options"}))}
+
+    def client(target: Target, last: bool) -> OpenAIChatModel:
+        return OpenAIChatModel(base_url=target.provider.base_url, api_key=target.provider.api_key, model=target.model,
+                               max_retries=0, stream="stream" not in target.lacks,
+                               stream_options="stream_options" not in target.lacks)
+
+    model = RoutedModel("test", [Target(p, "gpt-4o-mini") for p in providers.values()], client, HealthBoard(providers))
+    reply = model.complete([{"role": "user", "content": "hi"}], [])
+    assert (reply.content, reply.provider) == ("answered by the fallback", "p1")
+    assert not fake_openai.requests[0]["json"].get("stream")  # the call that was not streamed

@@ -161,7 +161,16 @@ class CutReply:
     after_chunks: int = 3
 
 
-Reply = TextReply | ToolCallsReply | ErrorReply | DelayedReply | HeldReply | CutReply
+@dataclass(frozen=True)
+class RawReply:
+    """A 200 answer whose body is ``body`` as it is, completion or not (a proxy that answers an
+    upstream failure with ``{"error": ...}`` and status 200, a completion without ``choices``):
+    not streamed, the JSON object; streamed, one ``data:`` event of it, then ``[DONE]``."""
+
+    body: dict[str, Any]
+
+
+Reply = TextReply | ToolCallsReply | ErrorReply | DelayedReply | HeldReply | CutReply | RawReply
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> ReportedUsage:
@@ -218,6 +227,11 @@ def error(
     """An error response, e.g. ``error(429, "Rate limit reached", "requests", "rate_limit_exceeded",
     headers={"retry-after": "0"})`` or ``error(500, "The server had an error", "server_error")``."""
     return ErrorReply(status, message, type, code, param, dict(headers or {}))
+
+
+def raw(body: dict[str, Any]) -> RawReply:
+    """A 200 answer with ``body`` as it is (``RawReply``)."""
+    return RawReply(dict(body))
 
 
 def delay(seconds: float, reply: Reply | str) -> DelayedReply:
@@ -769,6 +783,14 @@ class FakeOpenAI(ThreadedServer):
         record["status"] = reply.status if isinstance(reply, ErrorReply) else 200
         if isinstance(reply, ErrorReply):
             return self._error_response(reply)
+        if isinstance(reply, RawReply):
+            if not body.get("stream"):
+                return web.json_response(reply.body)
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+            await resp.prepare(request)
+            await resp.write(f"data: {json.dumps(reply.body)}\n\ndata: [DONE]\n\n".encode())
+            await resp.write_eof()
+            return resp
         record["usage"] = self._usage(reply, prompt_tokens, cached)
         if body.get("stream"):
             return await self._stream(request, body, reply, prompt_tokens, cached)
