@@ -12,7 +12,13 @@ differ in how they tag the pieces, so a delta is assigned to a call by these rul
    ``index`` either, the newest call.
 
 A call that never got an id (a few servers send none) is given a ``call_<24 hex>`` one: the next
-request must answer every call by its id, and the API rejects an empty one.
+request must answer every call by its id, and the API rejects an empty one. A delta that repeats
+an earlier call's id under another ``index`` with a function name starts a call of its own, with a
+fresh id (some models give parallel calls one id; merged, their arguments ran together).
+
+A chunk of the wrong shape (a choice, delta, call or function that is not an object; content,
+name or arguments that are not text) raises ``ModelError`` (reason ``stream``: the provider's
+fault, so a route fails over), never a ``TypeError`` that would fail the turn.
 """
 
 from __future__ import annotations
@@ -20,6 +26,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from agent.model_errors import ModelError
+
+
+def _malformed(what: str) -> ModelError:
+    return ModelError(f"malformed stream chunk: {what}", "The model's answer broke off; try again.", reason="stream")
 
 
 def ends_reply(chunk: dict[str, Any]) -> bool:
@@ -61,18 +73,31 @@ class StreamAccumulator:
     def add(self, chunk: dict[str, Any]) -> str | None:
         """Merges one chunk; returns its text delta (``None`` when it had none)."""
         if chunk.get("usage"):
+            if not isinstance(chunk["usage"], dict):
+                raise _malformed("usage is not an object")
             self.usage = chunk["usage"]
         text: str | None = None
-        for choice in chunk.get("choices") or ():
+        choices = chunk.get("choices") or ()
+        if not isinstance(choices, (list, tuple)):
+            raise _malformed("choices is not a list")
+        for choice in choices:
+            if not isinstance(choice, dict):
+                raise _malformed("a choice is not an object")
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
+            pieces = delta.get("tool_calls") or () if isinstance(delta, dict) else None
+            if not isinstance(delta, dict) or not isinstance(pieces, (list, tuple)):
+                raise _malformed("a delta or its tool_calls has the wrong type")
             if delta.get("content"):
+                if not isinstance(delta["content"], str):
+                    raise _malformed("content is not text")
                 text = delta["content"]
                 self.content.append(text)
-            for piece in delta.get("tool_calls") or ():
-                if isinstance(piece, dict):
-                    self._merge(piece)
+            for piece in pieces:
+                if not isinstance(piece, dict):
+                    raise _malformed("a tool call delta is not an object")
+                self._merge(piece)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
         return text
@@ -81,7 +106,15 @@ class StreamAccumulator:
         call_id = piece.get("id") or ""
         raw_index = piece.get("index")
         index = raw_index if isinstance(raw_index, int) and not isinstance(raw_index, bool) else None
+        function = piece.get("function") or {}
+        if not isinstance(function, dict) or not all(
+                isinstance(function.get(key), (str, type(None))) for key in ("name", "arguments")):
+            raise _malformed("a tool call's function, name or arguments has the wrong type")
         call = self._by_id.get(call_id) if call_id else None
+        if call is not None and index is not None and function.get("name") and call.order[0] != index \
+                and self._by_index.get(call.order[0]) is call:
+            call_id = new_call_id()  # another call sent under an earlier call's id: its own, fresh id
+            call = None
         if call is None and not call_id:
             call = self._by_index.get(index) if index is not None else (self._calls[-1] if self._calls else None)
         if call is None:
@@ -91,7 +124,6 @@ class StreamAccumulator:
                 self._by_id[call_id] = call
         if index is not None:
             self._by_index[index] = call
-        function = piece.get("function") or {}
         name = function.get("name")
         if name and name != call.name:
             # OpenAI sends the whole name once; a few servers stream it in pieces.

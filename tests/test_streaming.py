@@ -54,6 +54,42 @@ def test_text_deltas_accumulate_and_the_name_sent_whole_twice_is_not_doubled():
     assert acc.text == "Hello" and acc.tool_calls()[0]["function"] == {"name": "web_fetch", "arguments": "{}"}
 
 
+def test_parallel_calls_streamed_under_one_id_are_two_calls():
+    """A model gave two parallel calls one id (index 0 and 1, each with its name): they were merged
+    into one call with arguments '{"a": 1}{"a": 2}', which the tool refused (found by a review)."""
+    acc = StreamAccumulator()
+    acc.add(delta(tool_calls=[{"index": 0, "id": "call_x", "type": "function",
+                               "function": {"name": "add", "arguments": '{"a": 1}'}}]))
+    acc.add(delta(tool_calls=[{"index": 1, "id": "call_x", "type": "function",
+                               "function": {"name": "add", "arguments": '{"a": 2}'}}]))
+    first, second = acc.tool_calls()
+    assert first == {"id": "call_x", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    assert second["function"] == {"name": "add", "arguments": '{"a": 2}'} and second["id"].startswith("call_")
+    assert second["id"] != "call_x"
+
+
+@pytest.mark.parametrize("chunk", [
+    {"choices": [None]},
+    {"choices": "nope"},
+    {"choices": [{"index": 0, "delta": "text"}]},
+    {"choices": [{"index": 0, "delta": {"content": 42}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": "add"}]}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": 7}}]}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": ["c"]}}]},
+])
+def test_a_malformed_stream_chunk_is_the_providers_fault_and_fails_over(fake_openai, chunk):
+    """Such chunks raised AttributeError/TypeError: not a ModelError, so a route never tried its
+    fallback and the turn failed three times into the generic apology (found by a review)."""
+    from agent.model import ModelError, OpenAIChatModel
+
+    fake_openai.reset()
+    fake_openai.script(oa.raw(chunk))
+    model = OpenAIChatModel(base_url=f"{fake_openai.url}/v1", api_key="sk-test", model="gpt-4o-mini", max_retries=0)
+    with pytest.raises(ModelError) as raised:
+        model.complete([{"role": "user", "content": "hi"}], [])
+    assert raised.value.reason == "stream" and raised.value.user_message == "The model's answer broke off; try again."
+
+
 def piece(index, id=None, name=None, arguments=""):
     tc = {"index": index, "function": {"arguments": arguments}}
     if id is not None:
