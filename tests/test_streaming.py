@@ -343,3 +343,26 @@ async def test_an_edit_left_in_flight_by_a_crash_is_redone_not_skipped(tmp_path)
     row = next(r for r in store.outbox_rows() if r["id"] == row_id)
     assert row["status"] == "sent" and row["platform_message_ids"] == ["P7"]
     engine.dispose()
+
+
+async def test_telegram_preview_deleted_by_the_user_is_not_posted_again_on_every_edit(tmp_path, fake_telegram,
+                                                                                       fake_openai, running):
+    """The user deletes the preview while the model still writes (private chats allow it): the
+    preview's later edits fail ("message to edit not found") and show nothing; only the final
+    delivery replaces it, with one new message. Found by a review: each preview edit posted the
+    text so far as a new message, so the chat filled with copies of the growing answer."""
+    fake_openai.reset()
+    fake_openai.script(oa.text(FINAL, pieces=16, piece_delay_s=0.15))
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram, agent=STREAM_FAST), running)
+    chat = 5552009
+    fake_telegram.inject(dm_update("summarise please", 9709, user_id=chat))
+    await wait_until(lambda: len(fake_telegram.sent_messages(chat)) == 1, what="preview")
+    preview = fake_telegram.sent_messages(chat)[0]
+    assert preview["text"].endswith(PREVIEW_SUFFIX)
+    fake_telegram.delete_by_user(chat, preview["message_id"])
+    final_text = FINAL.replace("**", "")
+    await wait_until(lambda: any(m["text"] == final_text for m in fake_telegram.sent_messages(chat)),
+                     what="final text")
+    await asyncio.sleep(0.5)
+    assert [m["text"] for m in fake_telegram.sent_messages(chat)] == [final_text]
+    assert len(sends_to(fake_telegram, chat)) == 2  # the preview, then the reply replacing it

@@ -595,10 +595,13 @@ class TelegramAdapter:
             sent = await self._api("sendMessage", {**params, "entities": None})
         return str(sent["message_id"])
 
-    async def _edit_chunk(self, address: ChatAddress, message_id: str, chunk: Chunk, quote: str | None) -> str:
+    async def _edit_chunk(self, address: ChatAddress, message_id: str, chunk: Chunk, quote: str | None,
+                          replace_gone: bool = True) -> str:
         """Edits the preview into ``chunk`` (editMessageText); returns the id of the message that now
         shows it. "message is not modified" is success. A preview that no longer exists (deleted
-        by a user) is replaced by a new message. Raises PTB's ``TelegramError`` subclasses."""
+        by a user: 400 "message to edit not found") is replaced by a new message when
+        ``replace_gone`` (the reply's delivery), else that ``BadRequest`` is raised (a preview's
+        edits: each would post the text so far again). Raises PTB's ``TelegramError`` subclasses."""
         entities = [e.to_api() for e in chunk.entities]
         # the parameters in the order bot.edit_message_text puts them on the wire
         params: dict[str, object] = {"text": chunk.text, "chat_id": int(address.chat_id), "message_id": int(message_id),
@@ -615,7 +618,7 @@ class TelegramAdapter:
             text = exc.message.lower()
             if "message is not modified" in text:
                 return message_id
-            if "message to edit not found" in text:
+            if "message to edit not found" in text and replace_gone:
                 log.warning("telegram preview %s is gone; sending the reply as a new message", message_id)
                 return await self._send_chunk(address, chunk, quote)
             raise
@@ -623,10 +626,11 @@ class TelegramAdapter:
 
     async def edit(self, address: ChatAddress, message_id: str, text: str) -> DeliveryResult:
         """Replaces the text of the bot's message with plain ``text`` (Bot API editMessageText;
-        ≤ 4096 UTF-16 units, longer text is cut). "message is not modified" counts as success."""
+        ≤ 4096 UTF-16 units, longer text is cut). "message is not modified" counts as success; a
+        message that is gone (deleted by the user) is a failure, never posted again."""
         chunks = [c for c in chunk_text(text, []) if c.text.strip()] or [Chunk(" ", ())]
         try:
-            await self._edit_chunk(address, message_id, chunks[0], None)
+            await self._edit_chunk(address, message_id, chunks[0], None, replace_gone=False)
         except RetryAfter as exc:
             return DeliveryResult(False, retryable=True, retry_after=_retry_after(exc), error="telegram flood control")
         except BadRequest as exc:

@@ -609,6 +609,12 @@ class FakeTelegram(ThreadedServer):
         with self._lock:
             self._chats[chat["id"]] = copy.deepcopy(chat)
 
+    def delete_by_user(self, chat_id: int, message_id: int) -> None:
+        """A user deletes the bot's message for everyone (private chats allow it; Telegram sends the
+        bot no update): later ``editMessageText`` of it answers 400 "message to edit not found"."""
+        with self._lock:
+            del self._messages[(chat_id, message_id)]
+
     @property
     def confirmed_offset(self) -> int:
         """Highest positive ``offset`` any getUpdates call has sent (0 before the first)."""
