@@ -366,3 +366,26 @@ async def test_telegram_preview_deleted_by_the_user_is_not_posted_again_on_every
     await asyncio.sleep(0.5)
     assert [m["text"] for m in fake_telegram.sent_messages(chat)] == [final_text]
     assert len(sends_to(fake_telegram, chat)) == 2  # the preview, then the reply replacing it
+
+
+async def test_telegram_preview_edits_wait_out_flood_control(tmp_path, fake_telegram, fake_openai, running):
+    """Telegram answers a preview edit 429 with ``retry_after`` (groups: about 20 messages a minute,
+    edits included): no edit is tried again before that time has passed, and the reply still ends
+    as the preview edited into the final text. Found by a review: the preview kept editing once per
+    interval through the whole wait, every edit refused, which is what flood control punishes with
+    longer waits."""
+    fake_openai.reset()
+    fake_openai.script(oa.text(FINAL, pieces=20, piece_delay_s=0.15))
+    await start_gateway(gateway_config(tmp_path, fake_openai, fake_telegram, agent=STREAM_FAST), running)
+    chat = 5552010
+    fake_telegram.inject(dm_update("summarise please", 9710, user_id=chat))
+    await wait_until(lambda: len(fake_telegram.sent_messages(chat)) == 1, what="preview")
+    edits_before = len(fake_telegram.calls("editMessageText"))
+    fake_telegram.flood("editMessageText", 1.5)
+    final_text = FINAL.replace("**", "")
+    await wait_until(lambda: any(m["text"] == final_text for m in fake_telegram.sent_messages(chat)),
+                     timeout=15, what="final text")
+    edits = [c for c in fake_telegram.calls("editMessageText")[edits_before:] if int(c.params["chat_id"]) == chat]
+    refused = [c for c in edits if c.time < edits[0].time + 1.5]
+    assert len(refused) == 1, [round(c.time - edits[0].time, 2) for c in edits]  # waited out retry_after
+    assert [m["text"] for m in fake_telegram.sent_messages(chat)] == [final_text]

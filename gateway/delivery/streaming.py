@@ -41,6 +41,18 @@ PREVIEW_SUFFIX = " …"
 SEND_TIMEOUT_S = 15.0
 
 
+def asked_to_wait(future: concurrent.futures.Future[Any]) -> float:
+    """Seconds the platform asked to wait after the edit ``future`` ran (a refused edit's
+    ``retry_after``: Telegram's 429 ``parameters.retry_after``, Slack's ``Retry-After``, Feishu's
+    ``x-ogw-ratelimit-reset``); 0 when it succeeded, failed otherwise or raised."""
+    if future.cancelled() or future.exception() is not None:
+        return 0.0
+    result = future.result()
+    if isinstance(result, DeliveryResult) and not result.ok and result.retry_after:
+        return result.retry_after
+    return 0.0
+
+
 def preview_text(text: str) -> str:
     """What a preview shows for the text so far: its head, marked as still being written."""
     text = text.strip()
@@ -126,6 +138,7 @@ class TurnStream:
         self._last_push = 0.0
         self._shown = ""
         self._inflight: concurrent.futures.Future[Any] | None = None
+        self._held_until = 0.0  # monotonic: no edit before (the platform's retry_after)
         self.preview_id: str | None = None
         self.disabled = False
         self.edits = 0
@@ -149,17 +162,26 @@ class TurnStream:
                     self._last_try = now
                     self._send_preview(text)
                 return
-            if now - self._last_push < self._interval or (self._inflight is not None and not self._inflight.done()):
+            if now - self._last_push < self._interval or now < self._held_until or \
+                    (self._inflight is not None and not self._inflight.done()):
                 return  # (most deltas: checked before the preview's text is made)
             shown = preview_text(text)
             if shown == self._shown:
                 return
             self._last_push, self._shown = now, shown
             self._inflight = self._submit(self._adapter.edit(self._address, self.preview_id, shown))
+            self._inflight.add_done_callback(self._edited)
             self.edits += 1
         except Exception:
             log.exception("streaming preview for %s failed; the reply will be sent whole", self._key)
             self.disabled = True
+
+    def _edited(self, future: concurrent.futures.Future[Any]) -> None:
+        """An edit refused with a wait (a rate limit): no edit until it has passed, since each edit
+        meanwhile is refused too and flood control lengthens the wait."""
+        wait = asked_to_wait(future)
+        if wait:
+            self._held_until = time.monotonic() + wait
 
     def _send_preview(self, text: str) -> None:
         """Takes the reply's row, sends the preview and records its id, all on the main loop

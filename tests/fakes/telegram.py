@@ -508,6 +508,7 @@ class FakeTelegram(ThreadedServer):
         self._lock = threading.Lock()
         self._calls: list[Call] = []
         self._faults: dict[str, deque[ApiError]] = {}
+        self._floods: dict[str, float] = {}  # method -> monotonic time its flood control ends
         self._updates: list[_Queued] = []
         self._last_update_id = 0
         self._confirmed_offset = 0
@@ -663,6 +664,13 @@ class FakeTelegram(ThreadedServer):
                 ApiError(status, description, parameters)
             )
 
+    def flood(self, method: str, seconds: float) -> None:
+        """Flood control on ``method`` for ``seconds``: every call meanwhile is answered 429 with
+        ``parameters.retry_after``, "the number of seconds left to wait before the request can be
+        repeated" (Bot API, ResponseParameters), counted from that call."""
+        with self._lock:
+            self._floods[self._canonical(method)] = time.monotonic() + seconds
+
     def stop(self) -> None:
         """Releases pending long polls (so shutdown is instant), then stops the server."""
         if self._loop is not None and self._loop.is_running():
@@ -703,6 +711,10 @@ class FakeTelegram(ThreadedServer):
             self._calls.append(Call(time.monotonic(), name, params, recorded))
             faults = self._faults.get(name)
             fault = faults.popleft() if faults else None
+            left = self._floods.get(name, 0.0) - time.monotonic()
+            if fault is None and left > 0:
+                wait = max(1, int(left + 0.999))
+                fault = ApiError(429, f"Too Many Requests: retry after {wait}", {"retry_after": wait})
         if fault is not None:
             return fault.response()
         try:
