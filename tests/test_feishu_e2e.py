@@ -333,6 +333,24 @@ async def test_rate_limit_is_retried_after_reset_with_the_same_uuid(tmp_path, fa
     await wait_until(lambda: gateway.delivery.sent >= 1, what="sent recorded")  # counted after the DB write
 
 
+async def test_a_rate_limit_with_under_a_second_left_does_not_use_up_the_retries(tmp_path, fake_feishu, fake_openai,
+                                                                                   running):
+    """Feishu's ``x-ogw-ratelimit-reset`` counts whole seconds, so under a second left reads ``0``:
+    the reply is tried again after a second, when the window has turned, and arrives once. Found by
+    a review: 0 was taken as "retry now", every attempt (delivery.max_attempts) was made within
+    the same window and refused, and the reply was failed: the user got nothing."""
+    fake_openai.reset()
+    fake_openai.responder = lambda req: oa.text("after the limit")
+    gateway = await start(tmp_path, fake_openai, fake_feishu, running)
+    chat = "oc_ratelimit000000000000000000002"
+    fake_feishu.rate_limit("create", 0.9)
+    assert (await fake_feishu.post_event(url(gateway), fake_feishu.text_event("hi", chat_id=chat)))[0] == 200
+    await wait_until(lambda: gateway.store.outbox_rows() and gateway.store.outbox_rows()[-1]["status"] in
+                     ("sent", "failed"), timeout=10, what="the reply settled")
+    assert gateway.store.outbox_rows()[-1]["status"] == "sent"
+    assert [post_text(m["content"]) for m in fake_feishu.sent(chat)] == ["after the limit"]
+
+
 async def test_links_feishu_refuses_do_not_lose_the_reply(tmp_path, fake_feishu, fake_openai, running):
     """Feishu takes only http(s) links in a post (230001 "invalid href" otherwise), and models link
     to files and anchors: such a link is sent as its text; real links stay links; one post."""

@@ -107,6 +107,9 @@ TOKEN_INVALID_CODES = frozenset({99991663, 99991661})
 """Feishu: tenant_access_token invalid/expired (99991663) or missing (99991661), with HTTP 400 or 200."""
 RATE_LIMIT_CODES = frozenset({99991400, 230020, 11232})
 """Feishu: app frequency limit (99991400, HTTP 429), per-chat limit (230020), message-service limit (11232)."""
+RATE_LIMIT_MIN_WAIT_S = 1.0
+"""The least wait after a rate limit (also without ``x-ogw-ratelimit-reset``): the header counts whole
+seconds, so ``0`` means the window turns within one."""
 SCOPE_MISSING_CODES = frozenset({99991672, 99991679})
 """Feishu: the app (or token) lacks a required permission scope."""
 NO_PERMISSION = 230027
@@ -783,14 +786,18 @@ class FeishuAdapter:
 
     @staticmethod
     def _failure(response: Any, ids: tuple[str, ...]) -> DeliveryResult:
+        """A refused call as a delivery result. A rate limit is retryable after
+        ``x-ogw-ratelimit-reset`` seconds (Feishu "Rate limits": the limit's recovery period in whole
+        seconds), at least ``RATE_LIMIT_MIN_WAIT_S``: ``0`` means under a second is left, and a
+        retry at once is refused again, in the same window, until the attempts are used up."""
         status = response.raw.status_code if response.raw is not None else None
         error = f"feishu code {response.code} (HTTP {status}): {response.msg}"
         if response.code in RATE_LIMIT_CODES or status == 429:
             reset = _header(response.raw.headers if response.raw is not None else None, "x-ogw-ratelimit-reset")
             try:
-                retry_after = max(0.0, float(reset)) if reset is not None else 1.0
+                retry_after = max(RATE_LIMIT_MIN_WAIT_S, float(reset)) if reset is not None else RATE_LIMIT_MIN_WAIT_S
             except ValueError:
-                retry_after = 1.0
+                retry_after = RATE_LIMIT_MIN_WAIT_S
             return DeliveryResult(False, ids, retryable=True, retry_after=retry_after, error=error)
         retryable = status is None or status >= 500 or response.code in TOKEN_INVALID_CODES
         return DeliveryResult(False, ids, retryable=retryable, error=error)

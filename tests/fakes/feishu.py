@@ -251,6 +251,7 @@ class FakeFeishu(ThreadedServer):
         self._lock = threading.Lock()
         self._calls: list[Call] = []
         self._faults: dict[str, deque[ApiError]] = {}
+        self._limited: dict[str, float] = {}  # route -> monotonic time its rate limit lifts
         self._tokens: dict[str, float] = {}  # token -> expiry (time.time())
         self._token_ids = itertools.count(1)
         self._message_ids = itertools.count(1)
@@ -278,6 +279,7 @@ class FakeFeishu(ThreadedServer):
         with self._lock:
             self._calls.clear()
             self._faults.clear()
+            self._limited.clear()
             self._messages.clear()
             self._order.clear()
             self._uuids.clear()
@@ -338,6 +340,13 @@ class FakeFeishu(ThreadedServer):
                       INVALID_TOKEN: "Invalid access token for authorization."}.get(code, "error")
         with self._lock:
             self._faults.setdefault(route, deque()).append(ApiError(status, code, msg, headers))
+
+    def rate_limit(self, route: str, seconds: float) -> None:
+        """Frequency control on ``route`` for ``seconds``: every call meanwhile is answered HTTP 429,
+        code 99991400, with ``x-ogw-ratelimit-reset`` = the whole seconds left (Feishu "Rate limits":
+        "Recovery period for limit, unit: second"; under a second left reads ``0``)."""
+        with self._lock:
+            self._limited[route] = time.monotonic() + seconds
 
     def drop_ws(self) -> None:
         """Closes every long connection from the server side (a Feishu host restarting)."""
@@ -555,7 +564,13 @@ class FakeFeishu(ThreadedServer):
     def _fault(self, route: str) -> ApiError | None:
         with self._lock:
             faults = self._faults.get(route)
-            return faults.popleft() if faults else None
+            if faults:
+                return faults.popleft()
+            left = self._limited.get(route, 0.0) - time.monotonic()
+        if left > 0:
+            return ApiError(429, 99991400, "request trigger frequency limit",
+                            {"x-ogw-ratelimit-reset": str(int(left))})
+        return None
 
     def _learn(self, body: JSON) -> None:
         """Remembers a user message from an event (so replies to it can be validated and the message
