@@ -147,6 +147,14 @@ class Budget:
             return "wall_clock"
         return None
 
+    def spent_before(self, calls: int, tokens: int, cost_usd: float) -> None:
+        """Counts what an earlier run of the same task spent (a turn resumed after a restart: its
+        stored calls), so a restart does not give the task its budget again."""
+        with self._totals.lock:
+            self.used += calls
+            self._totals.tokens += tokens
+            self._totals.cost_usd += cost_usd
+
     def charge(self, usage: Usage, cost_usd: float) -> None:
         """Records one model call of this account."""
         with self._totals.lock:

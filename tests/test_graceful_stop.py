@@ -277,3 +277,44 @@ def test_sighup_from_a_closed_terminal_stops_as_gracefully_as_sigterm(tmp_path):
             gate.set()
             gateway.terminate()
         assert [c.params["text"] for c in telegram.calls("sendMessage")] == ["re: hup-0"]
+
+
+async def test_a_turn_resumed_after_a_restart_keeps_what_it_spent_of_its_budget(
+        tmp_path, fake_telegram, fake_openai, page_server):
+    """A resumed turn started with a fresh budget (90 calls, $1, per task), so each restart gave the
+    same task its budget again (found by a review). Its stored calls now count: with two calls
+    allowed and one made before the stop, the resumed turn makes one more and says why it stopped."""
+    fake_openai.reset()
+    gate = threading.Event()
+    fetch = oa.call("web_fetch", {"url": f"{page_server.url}/page"})
+    fake_openai.script(oa.hold(gate, oa.tool_calls(fetch)))
+    fake_openai.responder = lambda req: oa.tool_calls(oa.call("web_fetch", {"url": f"{page_server.url}/page"}))
+    config = gateway_config(tmp_path, fake_openai, fake_telegram, agent={"streaming": [], "iteration_budget": 2})
+    update = fixture("telegram", "dm_text.json")
+    update.pop("update_id")
+    chat = update["message"]["from"]["id"] = update["message"]["chat"]["id"] = 5552003
+    update["message"].update(message_id=79, text="keep fetching that page")
+
+    first = Gateway(config, build_adapters(config))
+    await first.start()
+    fake_telegram.inject(update)
+    await asyncio.to_thread(fake_openai.wait_for_requests, 1, 10)
+    stopping = asyncio.create_task(first.stop())
+    while first.started:
+        await asyncio.sleep(0.01)
+    gate.set()
+    await asyncio.wait_for(stopping, 30)
+    assert len(fake_openai.requests) == 1
+
+    second = Gateway(config, build_adapters(config))
+    await second.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not fake_telegram.sent_messages(chat) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)
+        assert len(fake_openai.requests) == 2  # one more call, not two
+        [reply] = [m["text"] for m in fake_telegram.sent_messages(chat)]
+        assert "I reached the iteration budget (2 model calls) for this task" in reply, reply
+    finally:
+        await second.stop()

@@ -23,7 +23,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError,
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agent.bridge import AsyncBridge
-from agent.budget import Limits, initial_note
+from agent.budget import Budget, Limits, initial_note
 from agent.cache import AgentCache, AgentSpec
 from agent.context import RunContext
 from agent.loop import run_turn
@@ -609,11 +609,15 @@ class TurnRunner:
         if progress is not None:
             plan.append(progress)
             state.on_plan = progress.show
+        budget = Budget.wallet(self.limits)
+        earlier = [m.id for m in window if m.turn_id == turn_id and m.role == "assistant"]
+        if earlier:  # resumed after a restart: what its first run spent counts (a restart is no new budget)
+            budget.spent_before(*self.store.calls_spent(turn_id, earlier))
         token = CURRENT_MESSAGE.set(message)
         approver = self._approver(last, turn_id)
         try:
             outcome = run_turn(system_prompt=system_prompt, history=projection.history, model=model,
-                               tools=agent.tools, bridge=self.bridge, limits=self.limits, record=record,
+                               tools=agent.tools, bridge=self.bridge, limits=self.limits, record=record, budget=budget,
                                should_stop=should_stop, on_text=stream.on_text if stream is not None else None,
                                context=RunContext(session_id=session_id, turn_id=turn_id, approver=approver,
                                                   awaiting=approver.awaiting if approver is not None else None,

@@ -564,6 +564,7 @@ class UsageRow(Base):
         Index("ix_usage_user_day", "user_id", "day"),
         Index("ix_usage_chat_day", "chat_key", "day"),
         Index("ix_usage_day", "day"),
+        Index("ix_usage_turn", "turn_id"),  # a resumed turn's spend (Store.calls_spent)
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

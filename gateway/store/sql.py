@@ -768,6 +768,21 @@ class Store(OutboxStore):
         with read_tx(self.engine) as conn:
             return self._window(conn, session_id, limit)
 
+    def calls_spent(self, turn_id: str, message_ids: Sequence[int]) -> tuple[int, int, float]:
+        """``(model calls, tokens, USD)`` of ``turn_id`` recorded with its assistant messages
+        ``message_ids`` (their own calls and their sub-agents', keyed ``message:<id>`` and
+        ``message:<id>:<n>``; a transcription, kept with the user message, is not a model call):
+        what a turn resumed after a restart has spent already (``ix_usage_turn``)."""
+        wanted = {str(i) for i in message_ids}
+        if not wanted:
+            return 0, 0, 0.0
+        with read_tx(self.engine) as conn:
+            rows = conn.execute(select(_usage.c.call_key, _usage.c.prompt_tokens, _usage.c.completion_tokens,
+                                       _usage.c.cost_usd).where(_usage.c.turn_id == turn_id)).all()
+        mine = [r for r in rows if r.call_key.startswith("message:") and r.call_key.split(":")[1] in wanted]
+        return (len(mine), sum(r.prompt_tokens + r.completion_tokens for r in mine),
+                sum(float(r.cost_usd) for r in mine))
+
     def turn_texts(self, session_id: str, turn_ids: Sequence[str],
                    scan: int = 400) -> list[tuple[int, str, str | None]]:
         """``(id, role, content)`` of the messages of ``turn_ids`` among the newest ``scan``
