@@ -160,6 +160,40 @@ def test_sigterm_with_ten_turns_in_flight_delivers_each_reply_exactly_once(tmp_p
         assert sorted(sent) == sorted([f"re: a-{i}" for i in range(TURNS)] + [f"re: b-{i}" for i in range(TURNS)])
 
 
+def dm_asking(chat: int, message_id: int, text: str) -> dict[str, Any]:
+    """A Telegram DM update (no update id: the fake numbers it) from user ``chat``."""
+    update = fixture("telegram", "dm_text.json")
+    update.pop("update_id")
+    update["message"]["from"]["id"] = update["message"]["chat"]["id"] = chat
+    update["message"].update(message_id=message_id, text=text)
+    return update
+
+
+async def stop_during_the_tool_step(config: Any, telegram: FakeTelegram, model: FakeOpenAI,
+                                    update: dict[str, Any], gate: threading.Event) -> Gateway:
+    """Starts a gateway, sends ``update``, begins a graceful stop while the model's first call (held
+    by ``gate``) is in flight, then lets it answer: its tool step runs during the stop and the turn
+    stops before its next model call. Returns the stopped gateway."""
+    gateway = Gateway(config, build_adapters(config))
+    await gateway.start()
+    telegram.inject(update)
+    await asyncio.to_thread(model.wait_for_requests, 1, 10)
+    stopping = asyncio.create_task(gateway.stop())
+    while gateway.started:
+        await asyncio.sleep(0.01)
+    gate.set()  # the model answers the step in flight: a tool call, run during the stop
+    await asyncio.wait_for(stopping, 30)
+    return gateway
+
+
+async def first_reply(telegram: FakeTelegram, chat: int) -> None:
+    """Waits (at most 20 s) for a reply to ``chat``, then half a second more (a second would show)."""
+    deadline = time.monotonic() + 20
+    while not telegram.sent_messages(chat) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.5)
+
+
 async def test_stop_lets_the_tool_step_finish_and_the_turn_resume_after_the_restart(
         tmp_path, fake_telegram, fake_openai, page_server):
     fake_openai.reset()
@@ -169,20 +203,10 @@ async def test_stop_lets_the_tool_step_finish_and_the_turn_resume_after_the_rest
     fake_openai.responder = lambda req: oa.text(
         "codename amber-falcon-42" if "amber-falcon-42" in str(req["messages"][-1]["content"]) else "no tool result")
     config = gateway_config(tmp_path, fake_openai, fake_telegram, agent={"streaming": []})
-    update = fixture("telegram", "dm_text.json")
-    update.pop("update_id")
-    chat = update["message"]["from"]["id"] = update["message"]["chat"]["id"] = 5552001
-    update["message"].update(message_id=77, text="what is the codename on that page?")
+    chat = 5552001
+    update = dm_asking(chat, 77, "what is the codename on that page?")
 
-    first = Gateway(config, build_adapters(config))
-    await first.start()
-    fake_telegram.inject(update)
-    await asyncio.to_thread(fake_openai.wait_for_requests, 1, 10)
-    stopping = asyncio.create_task(first.stop())
-    while first.started:
-        await asyncio.sleep(0.01)
-    gate.set()  # the model answers the step in flight: a tool call, run during the stop
-    await asyncio.wait_for(stopping, 30)
+    first = await stop_during_the_tool_step(config, fake_telegram, fake_openai, update, gate)
     assert len(fake_openai.requests) == 1  # no further model call after the stop began
     assert not fake_telegram.sent_messages(chat)
     assert first.unfinished_turns == 0  # the step ended within the stop timeout
@@ -190,10 +214,7 @@ async def test_stop_lets_the_tool_step_finish_and_the_turn_resume_after_the_rest
     second = Gateway(config, build_adapters(config))
     await second.start()
     try:
-        deadline = time.monotonic() + 20
-        while not fake_telegram.sent_messages(chat) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.5)  # a second reply would show up now
+        await first_reply(fake_telegram, chat)
         assert [m["text"] for m in fake_telegram.sent_messages(chat)] == ["codename amber-falcon-42"]
         resumed = fake_openai.requests[1]["json"]["messages"]
         assert [m["role"] for m in resumed] == ["system", "user", "assistant", "tool"]
@@ -220,29 +241,15 @@ async def test_a_turn_resumed_after_a_restart_is_not_moved_to_a_new_conversation
         "codename amber-falcon-42" if "amber-falcon-42" in str(req["messages"][-1]["content"]) else "no tool result")
     config = gateway_config(tmp_path, fake_openai, fake_telegram, agent={"streaming": []},
                             sessions={"idle_reset_minutes": 0.02})  # 1.2 s
-    update = fixture("telegram", "dm_text.json")
-    update.pop("update_id")
-    chat = update["message"]["from"]["id"] = update["message"]["chat"]["id"] = 5552011
-    update["message"].update(message_id=78, text="what is the codename on that page?")
-
-    first = Gateway(config, build_adapters(config))
-    await first.start()
-    fake_telegram.inject(update)
-    await asyncio.to_thread(fake_openai.wait_for_requests, 1, 10)
-    stopping = asyncio.create_task(first.stop())
-    while first.started:
-        await asyncio.sleep(0.01)
-    gate.set()  # the tool step runs during the stop; the turn resumes at the next start
-    await asyncio.wait_for(stopping, 30)
+    chat = 5552011
+    await stop_during_the_tool_step(config, fake_telegram, fake_openai,
+                                    dm_asking(chat, 78, "what is the codename on that page?"), gate)
     await asyncio.sleep(1.5)  # down longer than the idle reset
 
     second = Gateway(config, build_adapters(config))
     await second.start()
     try:
-        deadline = time.monotonic() + 20
-        while not fake_telegram.sent_messages(chat) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.5)
+        await first_reply(fake_telegram, chat)
         assert [m["text"] for m in fake_telegram.sent_messages(chat)] == ["codename amber-falcon-42"]
         resumed = fake_openai.requests[1]["json"]["messages"]
         assert [m["role"] for m in resumed] == ["system", "user", "assistant", "tool"]
@@ -290,29 +297,15 @@ async def test_a_turn_resumed_after_a_restart_keeps_what_it_spent_of_its_budget(
     fake_openai.script(oa.hold(gate, oa.tool_calls(fetch)))
     fake_openai.responder = lambda req: oa.tool_calls(oa.call("web_fetch", {"url": f"{page_server.url}/page"}))
     config = gateway_config(tmp_path, fake_openai, fake_telegram, agent={"streaming": [], "iteration_budget": 2})
-    update = fixture("telegram", "dm_text.json")
-    update.pop("update_id")
-    chat = update["message"]["from"]["id"] = update["message"]["chat"]["id"] = 5552003
-    update["message"].update(message_id=79, text="keep fetching that page")
-
-    first = Gateway(config, build_adapters(config))
-    await first.start()
-    fake_telegram.inject(update)
-    await asyncio.to_thread(fake_openai.wait_for_requests, 1, 10)
-    stopping = asyncio.create_task(first.stop())
-    while first.started:
-        await asyncio.sleep(0.01)
-    gate.set()
-    await asyncio.wait_for(stopping, 30)
+    chat = 5552003
+    await stop_during_the_tool_step(config, fake_telegram, fake_openai,
+                                    dm_asking(chat, 79, "keep fetching that page"), gate)
     assert len(fake_openai.requests) == 1
 
     second = Gateway(config, build_adapters(config))
     await second.start()
     try:
-        deadline = time.monotonic() + 20
-        while not fake_telegram.sent_messages(chat) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.3)
+        await first_reply(fake_telegram, chat)
         assert len(fake_openai.requests) == 2  # one more call, not two
         [reply] = [m["text"] for m in fake_telegram.sent_messages(chat)]
         assert "I reached the iteration budget (2 model calls) for this task" in reply, reply
