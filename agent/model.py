@@ -266,8 +266,13 @@ class OpenAIChatModel:
         without an id, or with the id of an earlier call of the reply (some models give parallel
         calls one id; the API refuses two results for one ``tool_call_id``), gets a ``call_`` id.
 
+        Arguments sent as a JSON object (some servers) are sent on as its text; a ``refusal`` with no
+        content is the reply's text (OpenAI: ``message.refusal``), not "(no answer)".
+
         Raises ``ModelError`` (reason ``stream``: the provider's fault, the route fails over) for a
-        200 answer without a choice (a proxy's ``{"error": ...}``, empty ``choices``)."""
+        200 answer without a choice (a proxy's ``{"error": ...}``, empty ``choices``), or with a tool
+        call without a name or whose arguments are not text (stored, it would make every later
+        request of the session invalid)."""
         choices = getattr(response, "choices", None)
         if not isinstance(choices, list) or not choices or getattr(choices[0], "message", None) is None:
             error = getattr(response, "error", None)
@@ -278,13 +283,27 @@ class OpenAIChatModel:
         message = choice.message
         tool_calls: list[dict[str, Any]] = []
         for call in message.tool_calls or []:
-            if getattr(call, "function", None) is None:
+            function = getattr(call, "function", None)
+            if function is None:
                 continue
-            taken = call.id and any(call.id == earlier["id"] for earlier in tool_calls)
-            tool_calls.append({"id": call.id if call.id and not taken else new_call_id(), "type": "function",
-                               "function": {"name": call.function.name, "arguments": call.function.arguments}})
+            fields = function if isinstance(function, dict) else {"name": getattr(function, "name", None),
+                                                                   "arguments": getattr(function, "arguments", None)}
+            name, arguments = fields.get("name"), fields.get("arguments")
+            if isinstance(arguments, dict):
+                arguments = json.dumps(arguments, ensure_ascii=False)
+            if not isinstance(name, str) or not name or not isinstance(arguments, (str, type(None))):
+                raise ModelError("model endpoint answered a tool call without a name or with arguments that are "
+                                 "not text", "The model's answer broke off; try again.", reason="stream")
+            call_id = getattr(call, "id", None)
+            taken = call_id and any(call_id == earlier["id"] for earlier in tool_calls)
+            tool_calls.append({"id": call_id if call_id and not taken else new_call_id(), "type": "function",
+                               "function": {"name": name, "arguments": arguments or ""}})
         usage = _usage(response.usage.model_dump() if response.usage is not None else None)
-        return ModelReply(message.content, tool_calls, choice.finish_reason or "stop", usage)
+        content = message.content
+        refusal = getattr(message, "refusal", None)
+        if not content and isinstance(refusal, str) and refusal:
+            content = refusal
+        return ModelReply(content, tool_calls, choice.finish_reason or "stop", usage)
 
 
 def request_json(body: dict[str, Any]) -> bytes:

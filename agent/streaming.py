@@ -89,11 +89,12 @@ class StreamAccumulator:
             pieces = delta.get("tool_calls") or () if isinstance(delta, dict) else None
             if not isinstance(delta, dict) or not isinstance(pieces, (list, tuple)):
                 raise _malformed("a delta or its tool_calls has the wrong type")
-            if delta.get("content"):
-                if not isinstance(delta["content"], str):
-                    raise _malformed("content is not text")
-                text = delta["content"]
-                self.content.append(text)
+            for field_name in ("content", "refusal"):  # a refusal streams in place of content (OpenAI)
+                if delta.get(field_name):
+                    if not isinstance(delta[field_name], str):
+                        raise _malformed(f"{field_name} is not text")
+                    text = delta[field_name]
+                    self.content.append(text)
             for piece in pieces:
                 if not isinstance(piece, dict):
                     raise _malformed("a tool call delta is not an object")
