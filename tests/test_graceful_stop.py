@@ -169,6 +169,18 @@ def dm_asking(chat: int, message_id: int, text: str) -> dict[str, Any]:
     return update
 
 
+def codename_model(model: FakeOpenAI, page_server: Any) -> tuple[threading.Event, Any]:
+    """The model's first answer (held until the returned gate is set) fetches the page; later ones
+    answer its codename when the fetched page is in the request. Returns the gate and the call."""
+    model.reset()
+    gate = threading.Event()
+    fetch = oa.call("web_fetch", {"url": f"{page_server.url}/page"})
+    model.script(oa.hold(gate, oa.tool_calls(fetch)))
+    model.responder = lambda req: oa.text(
+        "codename amber-falcon-42" if "amber-falcon-42" in str(req["messages"][-1]["content"]) else "no tool result")
+    return gate, fetch
+
+
 async def stop_during_the_tool_step(config: Any, telegram: FakeTelegram, model: FakeOpenAI,
                                     update: dict[str, Any], gate: threading.Event) -> Gateway:
     """Starts a gateway, sends ``update``, begins a graceful stop while the model's first call (held
@@ -196,12 +208,7 @@ async def first_reply(telegram: FakeTelegram, chat: int) -> None:
 
 async def test_stop_lets_the_tool_step_finish_and_the_turn_resume_after_the_restart(
         tmp_path, fake_telegram, fake_openai, page_server):
-    fake_openai.reset()
-    gate = threading.Event()
-    fetch = oa.call("web_fetch", {"url": f"{page_server.url}/page"})
-    fake_openai.script(oa.hold(gate, oa.tool_calls(fetch)))
-    fake_openai.responder = lambda req: oa.text(
-        "codename amber-falcon-42" if "amber-falcon-42" in str(req["messages"][-1]["content"]) else "no tool result")
+    gate, fetch = codename_model(fake_openai, page_server)
     config = gateway_config(tmp_path, fake_openai, fake_telegram, agent={"streaming": []})
     chat = 5552001
     update = dm_asking(chat, 77, "what is the codename on that page?")
@@ -233,12 +240,7 @@ async def test_a_turn_resumed_after_a_restart_is_not_moved_to_a_new_conversation
     step: the resumed turn went to a new conversation (the reset), with its user message again and
     its tool run a second time, and its answer began with the reset notice. A turn already begun
     finishes in its own conversation."""
-    fake_openai.reset()
-    gate = threading.Event()
-    fetch = oa.call("web_fetch", {"url": f"{page_server.url}/page"})
-    fake_openai.script(oa.hold(gate, oa.tool_calls(fetch)))
-    fake_openai.responder = lambda req: oa.text(
-        "codename amber-falcon-42" if "amber-falcon-42" in str(req["messages"][-1]["content"]) else "no tool result")
+    gate, _ = codename_model(fake_openai, page_server)
     config = gateway_config(tmp_path, fake_openai, fake_telegram, agent={"streaming": []},
                             sessions={"idle_reset_minutes": 0.02})  # 1.2 s
     chat = 5552011
