@@ -163,10 +163,10 @@ class ChatApprover:
                 continue  # decided at the last moment: read the decision
             time.sleep(self.policy.poll_s)
 
-
     def awaiting(self, call_id: str) -> bool:
-        """``RunContext.awaiting``: whether this turn's call ``call_id`` has a request still open
-        (it was waiting for a decision when the turn stopped, so it never ran)."""
+        """``RunContext.awaiting``: whether this turn's call ``call_id`` made a request that was not
+        approved (pending, denied, expired or cancelled: the call never ran, so the resumed turn
+        asks about it again and the approver answers from that request)."""
         earlier = self.approvals.of_call(self.session_key, self.turn_id, call_id)
         # Not "approved": an approved call may have run before the process died (run it once only).
         return earlier is not None and earlier.status != "approved"
